@@ -1,0 +1,31 @@
+# attache: `make up` runs the whole system locally, `make test` runs every test.
+SHELL := /bin/bash
+VENV := .venv
+PY := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+PORT ?= 8000
+
+.PHONY: up install release test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+release: install
+	ATTACHE_DEV=1 honcho start -f Procfile release
+
+up: release
+	ATTACHE_DEV=1 honcho start -f Procfile -p $(PORT) web worker scheduler
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m bench
+
+clean:
+	rm -rf $(VENV) var .pytest_cache

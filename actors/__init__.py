@@ -1,0 +1,68 @@
+"""Dramatiq actors: one per pipeline step, each a one-line hand-off to :class:`Workflow`.
+
+Run with ``dramatiq actors`` (the Procfile's ``worker``). Importing this
+module builds the broker from the environment and registers the actors.
+
+Dramatiq's own retries (the ``Retries`` middleware, bounded by
+``ATTACHE_BROKER_RETRIES``) are used only when a step could not record its
+outcome at all, i.e. PostgreSQL was unreachable; after that the message is
+dead-lettered to ``<queue>.XQ``. Poison messages and missing effects are
+listed in ``throws`` and go to ``.XQ`` at once, unprocessed.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import dramatiq
+from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit
+
+from app import logs
+from app.broker import AttacheBroker
+from app.config import Settings
+from app.errors import ConfigError, EffectMissing, PoisonMessage
+from app.messages import ROUTES
+from app.services import Services
+from app.workflow import Workflow
+
+try:
+    settings = Settings.from_env()
+except ConfigError as exc:
+    print(f"attache worker: configuration error: {exc}", file=sys.stderr)
+    raise SystemExit(2)
+
+logs.configure("worker")
+
+services = Services(settings, pool_size=8)
+broker = AttacheBroker(
+    url=settings.broker_url,
+    delivery_limit=settings.broker_delivery_limit,
+    socket_timeout=settings.publish_timeout_seconds,
+    middleware=[
+        TimeLimit(time_limit=10 * 60 * 1000),
+        ShutdownNotifications(),
+        CurrentMessage(),
+        Retries(max_retries=settings.broker_retries, min_backoff=settings.broker_min_backoff_ms,
+                max_backoff=60_000),
+    ],
+)
+services.__dict__["broker"] = broker  # the worker publishes follow-up messages through the same broker
+dramatiq.set_broker(broker)
+workflow = Workflow(services)
+
+NEVER_RETRY = (PoisonMessage, EffectMissing)
+
+
+def _actor(step: str):
+    actor_name, queue_name = ROUTES[step]
+
+    def run(payload):
+        workflow.handle(payload, step=step)
+
+    run.__name__ = actor_name
+    return dramatiq.actor(run, actor_name=actor_name, queue_name=queue_name, throws=NEVER_RETRY)
+
+
+inspect = _actor("inspect")
+render = _actor("render")
+publish = _actor("publish")

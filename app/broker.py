@@ -1,0 +1,155 @@
+"""RabbitMQ through Dramatiq, with the three things Dramatiq's broker lacks.
+
+:class:`AttacheBroker` is a small subclass of Dramatiq's ``RabbitmqBroker``:
+
+1. **Native AMQP headers and properties.** Dramatiq publishes a bare body.
+   We copy the W3C trace carrier (``traceparent``/``tracestate``) and the
+   job identifiers from the message body into AMQP headers, and set
+   ``message_id``, ``content_type``, ``type``, ``app_id`` and ``timestamp``
+   (the field mapping is in ``docs/contract.md``).
+2. **Publisher confirms with ``mandatory``** on every publish: ``enqueue``
+   returns only after RabbitMQ confirmed the message was routed to a queue
+   and persisted, and raises :class:`BrokerUnavailable` otherwise.
+3. **Quorum queues with a delivery limit.** The main queues are declared
+   ``x-queue-type: quorum`` with ``x-delivery-limit``: a message that kills
+   every worker that takes it is dead-lettered to ``<queue>.XQ`` after that
+   many deliveries instead of looping forever (the job's lease recovery
+   then decides its fate in PostgreSQL).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import pika
+import pika.exceptions
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, q_name, xq_name
+from dramatiq.common import current_millis
+from dramatiq.message import Message
+
+from app import faults
+from app.errors import BrokerUnavailable
+
+log = logging.getLogger("attache.broker")
+
+PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError)
+
+
+def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParameters:
+    params = pika.URLParameters(url)
+    params.socket_timeout = socket_timeout
+    params.stack_timeout = socket_timeout * 2
+    params.blocked_connection_timeout = socket_timeout * 2
+    params.connection_attempts = 1
+    params.heartbeat = 30
+    params.client_properties = {"connection_name": "attache"}
+    return params
+
+
+def amqp_headers(payload: dict[str, Any]) -> dict[str, Any]:
+    """The AMQP headers for a job message body (see docs/contract.md)."""
+    headers = {
+        "traceparent": payload["traceparent"],
+        "x-attache-job-id": payload["job_id"],
+        "x-attache-attempt": payload["attempt"],
+        "x-attache-step": payload["step"],
+        "x-attache-schema-version": payload["schema_version"],
+    }
+    if payload.get("tracestate"):
+        headers["tracestate"] = payload["tracestate"]
+    if payload.get("variant"):
+        headers["x-attache-variant"] = payload["variant"]
+    return headers
+
+
+class AttacheBroker(RabbitmqBroker):
+    def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
+                 middleware: list | None = None):
+        super().__init__(url=url, confirm_delivery=True, middleware=middleware)
+        self.parameters = connection_parameters(url, socket_timeout=socket_timeout)
+        self.delivery_limit = delivery_limit
+
+    # --- queues -----------------------------------------------------------
+
+    def _declare_queue(self, queue_name):
+        arguments = self._build_queue_arguments(queue_name)
+        arguments["x-queue-type"] = "quorum"
+        arguments["x-delivery-limit"] = self.delivery_limit
+        return self.channel.queue_declare(queue=queue_name, durable=True, arguments=arguments)
+
+    # --- publishing -------------------------------------------------------
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """Publish with confirms, ``mandatory`` and native headers.
+
+        Raises :class:`BrokerUnavailable` when RabbitMQ cannot be reached or
+        does not confirm; the caller (the outbox) then leaves its row
+        unmarked for the scheduler to publish later.
+        """
+        canonical = message.queue_name
+        routing_key = canonical
+        if delay is not None:
+            routing_key = dq_name(canonical)
+            message = message.copy(queue_name=routing_key, options={"eta": current_millis() + delay})
+
+        payload = message.args[0] if message.args and isinstance(message.args[0], dict) else {}
+        properties = pika.BasicProperties(
+            delivery_mode=2,
+            content_type="application/json",
+            message_id=message.message_id,
+            type=message.actor_name,
+            app_id="attache",
+            timestamp=int(time.time()),
+            headers=amqp_headers(payload) if "job_id" in payload else None,
+        )
+        body = message.encode()
+        try:
+            self.declare_queue(canonical, ensure=True)
+            self.emit_before("enqueue", message, delay)
+            if faults.armed("after_publish"):
+                self._publish_then_die(routing_key, body, properties)
+            self.channel.basic_publish(
+                exchange="", routing_key=routing_key, body=body, properties=properties, mandatory=True)
+            self.emit_after("enqueue", message, delay)
+            return message
+        except PUBLISH_ERRORS as exc:
+            del self.connection
+            if isinstance(exc, pika.exceptions.UnroutableError):
+                self.queues_pending.add(q_name(routing_key))
+            raise BrokerUnavailable(f"publish to {routing_key} not confirmed: {type(exc).__name__}") from exc
+
+    def _publish_then_die(self, routing_key: str, body: bytes, properties: pika.BasicProperties) -> None:
+        """Window 3: the bytes go to RabbitMQ, the process dies before any confirm."""
+        channel = self.connection.channel()  # a channel without confirm mode
+        channel.basic_publish(exchange="", routing_key=routing_key, body=body, properties=properties)
+        faults.point("after_publish")
+
+    # --- inspection -------------------------------------------------------
+
+    def queue_depth(self, queue_name: str) -> int | None:
+        """Messages ready in a queue (passive declare), None if it does not exist."""
+        try:
+            channel = self.connection.channel()
+            try:
+                frame = channel.queue_declare(queue=queue_name, passive=True)
+                return frame.method.message_count
+            finally:
+                if channel.is_open:
+                    channel.close()
+        except pika.exceptions.ChannelClosedByBroker:
+            return None
+        except PUBLISH_ERRORS as exc:
+            del self.connection
+            raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
+
+    def ping(self) -> None:
+        try:
+            conn = pika.BlockingConnection(self.parameters)
+            conn.close()
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
+
+
+__all__ = ["AttacheBroker", "amqp_headers", "connection_parameters", "dq_name", "q_name", "xq_name"]

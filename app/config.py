@@ -1,0 +1,148 @@
+"""Configuration from the environment (12-factor).
+
+Every setting has a documented default (see ``docs/configuration.md``) and
+an environment variable. A bad value raises :class:`ConfigError` naming the
+variable, and every process entry point turns that into a one-line message
+and a non-zero exit before doing anything else.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
+
+from app.errors import ConfigError
+
+DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
+DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+DEFAULT_STORAGE_URL = "file://./var/storage"
+
+
+def _int(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
+    def parse(name: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not an integer") from None
+        if value < minimum or (maximum is not None and value > maximum):
+            bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+            raise ConfigError(f"{name}={raw!r} must be {bound}")
+        return value
+
+    return parse
+
+
+def _float(minimum: float) -> Callable[[str, str], float]:
+    def parse(name: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(f"{name}={raw!r} is not a number") from None
+        if value < minimum:
+            raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+        return value
+
+    return parse
+
+
+def _str(name: str, raw: str) -> str:
+    if not raw.strip():
+        raise ConfigError(f"{name} must not be empty")
+    return raw.strip()
+
+
+def _url(*schemes: str) -> Callable[[str, str], str]:
+    def parse(name: str, raw: str) -> str:
+        raw = raw.strip()
+        if not any(raw.startswith(s + "://") for s in schemes):
+            raise ConfigError(f"{name}={raw!r} must start with one of: " + ", ".join(s + "://" for s in schemes))
+        return raw
+
+    return parse
+
+
+def _bool(name: str, raw: str) -> bool:
+    lowered = raw.strip().lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off", ""}:
+        return False
+    raise ConfigError(f"{name}={raw!r} is not a boolean (use 1/0, true/false)")
+
+
+def setting(env: str, default: Any, parse: Callable[[str, str], Any], doc: str) -> Any:
+    return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str = setting(
+        "DATABASE_URL", DEFAULT_DATABASE_URL, _url("postgresql", "postgresql+psycopg2"),
+        "PostgreSQL, the only source of truth")
+    broker_url: str = setting(
+        "BROKER_URL", DEFAULT_BROKER_URL, _url("amqp", "amqps"), "RabbitMQ")
+    storage_url: str = setting(
+        "STORAGE_URL", DEFAULT_STORAGE_URL, _url("file", "s3"),
+        "object storage: file://PATH or s3://BUCKET?endpoint=URL")
+    s3_access_key: str = setting("S3_ACCESS_KEY", "", lambda n, r: r, "S3 access key")
+    s3_secret_key: str = setting("S3_SECRET_KEY", "", lambda n, r: r, "S3 secret key")
+    port: int = setting("PORT", 8000, _int(1, 65535), "HTTP port of web")
+    pipeline_version: int = setting(
+        "ATTACHE_PIPELINE_VERSION", 1, _int(1), "pipeline version of new uploads")
+    max_upload_bytes: int = setting(
+        "ATTACHE_MAX_UPLOAD_BYTES", 50 * 1024 * 1024, _int(1), "largest accepted upload, bytes")
+    max_pixels: int = setting(
+        "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
+    max_dimension: int = setting(
+        "ATTACHE_MAX_DIMENSION", 20_000, _int(1), "longest accepted side in pixels")
+    lease_seconds: float = setting(
+        "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
+    max_attempts: int = setting(
+        "ATTACHE_MAX_ATTEMPTS", 5, _int(1, 100), "managed attempts per job before failed")
+    outbox_publish_after_seconds: float = setting(
+        "ATTACHE_OUTBOX_PUBLISH_AFTER_SECONDS", 10.0, _float(0),
+        "an unmarked outbox row older than this is published by the scheduler")
+    outbox_interval_seconds: float = setting(
+        "ATTACHE_OUTBOX_INTERVAL_SECONDS", 5.0, _float(0.1), "how often the scheduler sweeps the outbox")
+    lease_interval_seconds: float = setting(
+        "ATTACHE_LEASE_INTERVAL_SECONDS", 10.0, _float(0.1), "how often the scheduler looks for expired leases")
+    broker_retries: int = setting(
+        "ATTACHE_BROKER_RETRIES", 5, _int(0, 50),
+        "Dramatiq retries for a step whose outcome could not be recorded (then .XQ)")
+    broker_min_backoff_ms: int = setting(
+        "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
+    broker_delivery_limit: int = setting(
+        "ATTACHE_BROKER_DELIVERY_LIMIT", 20, _int(1),
+        "quorum-queue x-delivery-limit: redeliveries before RabbitMQ dead-letters a message")
+    publish_timeout_seconds: float = setting(
+        "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1), "socket timeout for publishing to RabbitMQ")
+    fault: str = setting("ATTACHE_FAULT", "", lambda n, r: r.strip(), "named fault point (tests only)")
+    dev_mode: bool = setting("ATTACHE_DEV", False, _bool, "development mode (make up)")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            env = f.metadata["env"]
+            raw = environ.get(env)
+            if raw is not None:
+                values[f.name] = f.metadata["parse"](env, raw)
+        settings = cls(**values)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        from app import faults  # local import: faults imports nothing from here
+
+        if self.fault and self.fault not in faults.POINTS:
+            raise ConfigError(
+                f"ATTACHE_FAULT={self.fault!r} is not a fault point; known: {', '.join(sorted(faults.POINTS))}")
+        if self.lease_interval_seconds > self.lease_seconds * 10:
+            raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
+
+    @classmethod
+    def documented(cls) -> list[tuple[str, Any, str]]:
+        """(variable, default, meaning) for every setting: used by docs and tests."""
+        return [(f.metadata["env"], f.default, f.metadata["doc"]) for f in fields(cls)]

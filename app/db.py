@@ -1,0 +1,73 @@
+"""Database access: one engine per process, migrations, and error translation."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from app.errors import DatabaseUnavailable
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+
+
+def make_engine(database_url: str, *, pool_size: int = 5) -> Engine:
+    url = make_url(database_url).set(drivername="postgresql+psycopg2")
+    return create_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=10,
+        pool_pre_ping=True,
+        connect_args={"connect_timeout": 5, "application_name": "attache"},
+    )
+
+
+@contextlib.contextmanager
+def transaction(engine: Engine) -> Iterator[Connection]:
+    """``BEGIN ... COMMIT`` that turns a lost database into :class:`DatabaseUnavailable`."""
+    try:
+        with engine.begin() as conn:
+            yield conn
+    except OperationalError as exc:
+        raise DatabaseUnavailable("database unavailable") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise DatabaseUnavailable("database connection lost") from exc
+        raise
+
+
+def ensure_database(database_url: str) -> bool:
+    """Create the database named in the URL if it is missing. True if created."""
+    url = make_url(database_url).set(drivername="postgresql+psycopg2")
+    name = url.database
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
+            if not exists:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+                return True
+            return False
+    finally:
+        admin.dispose()
+
+
+def alembic_config(database_url: str):
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", make_url(database_url).set(drivername="postgresql+psycopg2")
+                        .render_as_string(hide_password=False).replace("%", "%%"))
+    return cfg
+
+
+def upgrade(database_url: str) -> None:
+    """Apply every migration (idempotent; safe to run from two processes at once)."""
+    from alembic import command
+
+    command.upgrade(alembic_config(database_url), "head")

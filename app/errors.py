@@ -1,0 +1,174 @@
+"""One exception tree for attache.
+
+Every error that can end up in a job's history or an HTTP answer derives
+from :class:`AttacheError` and carries a stable, machine-readable
+``error_code``. Two branches matter to the workflow:
+
+* :class:`PermanentError` - retrying cannot help (the bytes are what they
+  are). A step that raises one moves its job to ``failed`` with the code.
+* :class:`TransientError` - the world may be better later (a service is
+  down, a timeout). A step that raises one moves its job back to
+  ``queued`` with a backoff, until its attempts are spent.
+
+Vendor exceptions (botocore/minio, psycopg2, pika, Pillow) are translated
+into this tree at the edge of the module that talks to the vendor, so the
+rest of the code never imports a vendor exception type.
+"""
+
+from __future__ import annotations
+
+
+class AttacheError(Exception):
+    """Base of every attache error."""
+
+    error_code = "internal_error"
+
+    def __init__(self, message: str = "", *, error_code: str | None = None):
+        super().__init__(message or self.__class__.__doc__ or self.error_code)
+        if error_code is not None:
+            self.error_code = error_code
+
+    @property
+    def reason(self) -> str:
+        """A short human text, safe to store and show (no secrets)."""
+        return str(self)
+
+
+class ConfigError(AttacheError):
+    """A setting is missing or invalid; the message names the variable."""
+
+    error_code = "config_error"
+
+
+# --- permanent: the input is the problem ---------------------------------
+
+
+class PermanentError(AttacheError):
+    """Retrying cannot help; the job ends ``failed``."""
+
+    error_code = "permanent_error"
+
+
+class UnsupportedFormat(PermanentError):
+    """The bytes are not an image format attache processes."""
+
+    error_code = "unsupported_format"
+
+
+class CorruptImage(PermanentError):
+    """The image claims a supported format but cannot be decoded."""
+
+    error_code = "corrupt_image"
+
+
+class DecompressionBomb(PermanentError):
+    """The image declares more pixels than the configured limit."""
+
+    error_code = "decompression_bomb"
+
+
+class ImageTooLarge(PermanentError):
+    """One side of the image is longer than the configured limit."""
+
+    error_code = "image_too_large"
+
+
+class StagingMissing(PermanentError):
+    """The staged original is gone, so the job can never be processed."""
+
+    error_code = "staging_missing"
+
+
+# --- transient: the world is the problem ---------------------------------
+
+
+class TransientError(AttacheError):
+    """A dependency failed in a way that may heal; retry later."""
+
+    error_code = "transient_error"
+
+
+class StorageError(AttacheError):
+    """Base of object-storage errors (translated from the vendor)."""
+
+    error_code = "storage_error"
+
+
+class StorageUnavailable(StorageError, TransientError):
+    """Object storage cannot be reached or answered with a server error."""
+
+    error_code = "storage_unavailable"
+
+
+class ObjectNotFound(StorageError):
+    """The key does not exist in object storage."""
+
+    error_code = "object_not_found"
+
+
+class DatabaseUnavailable(TransientError):
+    """PostgreSQL cannot be reached."""
+
+    error_code = "database_unavailable"
+
+
+class BrokerUnavailable(TransientError):
+    """RabbitMQ cannot be reached or did not confirm a publish."""
+
+    error_code = "broker_unavailable"
+
+
+# --- messages -------------------------------------------------------------
+
+
+class PoisonMessage(AttacheError):
+    """A message that must never be processed: it is dead-lettered at once."""
+
+    error_code = "poison_message"
+
+
+class InvalidMessage(PoisonMessage):
+    """The message body does not validate against ``jobs.schema.json``."""
+
+    error_code = "invalid_message"
+
+
+class UnknownJob(PoisonMessage):
+    """The message names a job that does not exist in PostgreSQL."""
+
+    error_code = "unknown_job"
+
+
+class EffectMissing(AttacheError):
+    """A ``ready`` job's published effect is not all there (reported, never hidden)."""
+
+    error_code = "effect_missing"
+
+
+# --- upload refusals ------------------------------------------------------
+
+
+class UploadRejected(AttacheError):
+    """An upload was refused; ``status`` is the HTTP answer."""
+
+    status = 400
+    error_code = "bad_request"
+
+    def __init__(self, message: str = "", *, error_code: str | None = None, status: int | None = None):
+        super().__init__(message, error_code=error_code)
+        if status is not None:
+            self.status = status
+
+
+class UploadTooLarge(UploadRejected):
+    """The body is larger than the configured upload limit."""
+
+    status = 413
+    error_code = "too_large"
+
+
+class DigestMismatch(UploadRejected):
+    """A digest header does not match the bytes received."""
+
+    status = 422
+    error_code = "digest_mismatch"

@@ -1,0 +1,64 @@
+"""Named fault points: the contract's five failure windows, made reachable.
+
+A process started with ``ATTACHE_FAULT=<name>`` SIGKILLs its whole process
+group the first time execution reaches :func:`point` with that name, which
+is what a power cut, an OOM kill or ``kill -9`` does at that instant. The
+tests start real ``web``/``worker``/``scheduler`` processes in their own
+session, arm one point, wait for the process to die, restart it without the
+fault and check the invariants.
+
+The points (window numbers from ``seed/contract.en.md``):
+
+==============================  ==  ==============================================
+name                            #   where
+==============================  ==  ==============================================
+``after_staging``               1   web: original staged, no database row yet
+``after_commit``                2   web: upload committed, nothing published yet
+``after_publish``               3   web: message handed to RabbitMQ, confirm not
+                                    awaited (the row stays unmarked)
+``after_object_write``          4   worker: a variant's object written, its row not
+                                    committed
+``after_result_commit``         5   worker: the job committed ``ready``, message
+                                    not acked (and staging not yet removed)
+==============================  ==  ==============================================
+
+Without ``ATTACHE_FAULT`` every point is a cheap no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+
+POINTS = {
+    "after_staging": 1,
+    "after_commit": 2,
+    "after_publish": 3,
+    "after_object_write": 4,
+    "after_result_commit": 5,
+}
+
+log = logging.getLogger("attache.faults")
+
+
+def armed(name: str) -> bool:
+    if name not in POINTS:
+        raise ValueError(f"unknown fault point {name!r}")
+    return os.environ.get("ATTACHE_FAULT", "") == name
+
+
+def point(name: str) -> None:
+    """Die here, at once and without cleanup, if this point is armed."""
+    if not armed(name):
+        return
+    log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
+    for handler in logging.getLogger().handlers:
+        try:
+            handler.flush()
+        except Exception:
+            pass
+    try:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+    finally:
+        os._exit(137)

@@ -1,0 +1,137 @@
+"""The database schema (SQLAlchemy Core). PostgreSQL is the only source of truth.
+
+Migrations in ``app/migrations/versions`` create exactly these tables; a
+test compares the two so they cannot drift.
+
+* ``attachments`` - one uploaded original: who owns it, the sanitized display
+  name, what was sniffed and the server-generated storage keys.
+* ``jobs`` - one logical piece of work ``(attachment_id, pipeline_version)``;
+  the state machine in :mod:`app.states` is the only writer of ``state``.
+* ``job_history`` - append-only audit trail, one row per transition.
+* ``variants`` - the effects. ``(attachment_id, pipeline_version, variant)``
+  is unique, so a variant can be recorded once and only once. A row with
+  ``published_at IS NULL`` is a finished render step waiting for the
+  publish step; rows become visible only when the publish transaction sets
+  ``published_at`` together with flipping the job to ``ready``.
+* ``outbox`` - every message is born here, in the transaction of the state
+  change it announces; ``published_at`` is set when RabbitMQ confirmed it.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB, UUID
+
+metadata = MetaData()
+
+JOB_STATES = ("queued", "processing", "ready", "failed")
+
+attachments = Table(
+    "attachments",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("filename", Text, nullable=False),
+    Column("content_type", Text, nullable=False),
+    Column("format", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", Text, nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("staging_key", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+jobs = Table(
+    "jobs",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
+    Column("pipeline_version", Integer, nullable=False),
+    Column("state", Text, nullable=False),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("max_attempts", Integer, nullable=False),
+    Column("lease_owner", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("next_attempt_at", DateTime(timezone=True)),
+    Column("error_code", Text),
+    Column("error_reason", Text),
+    Column("traceparent", Text, nullable=False),
+    Column("tracestate", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("ready_at", DateTime(timezone=True)),
+    UniqueConstraint("attachment_id", "pipeline_version", name="jobs_attachment_version_key"),
+    CheckConstraint("state IN ('queued', 'processing', 'ready', 'failed')", name="jobs_state_check"),
+    CheckConstraint("state <> 'failed' OR error_code IS NOT NULL", name="jobs_failed_has_code"),
+    CheckConstraint("state <> 'processing' OR lease_expires_at IS NOT NULL", name="jobs_processing_has_lease"),
+    CheckConstraint("attempt >= 0", name="jobs_attempt_check"),
+)
+Index("jobs_lease_expiry_idx", jobs.c.lease_expires_at, postgresql_where=text("state = 'processing'"))
+Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
+
+job_history = Table(
+    "job_history",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id"), nullable=False),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("from_state", Text),
+    Column("to_state", Text, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("actor", Text, nullable=False),
+    Column("error_code", Text),
+    Column("reason", Text),
+)
+Index("job_history_job_idx", job_history.c.job_id, job_history.c.id)
+
+variants = Table(
+    "variants",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id"), nullable=False),
+    Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
+    Column("pipeline_version", Integer, nullable=False),
+    Column("variant", Text, nullable=False),
+    Column("storage_key", Text, nullable=False),
+    Column("content_type", Text, nullable=False),
+    Column("size", BigInteger, nullable=False),
+    Column("sha256", Text, nullable=False),
+    Column("width", Integer, nullable=False),
+    Column("height", Integer, nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("published_at", DateTime(timezone=True)),
+    UniqueConstraint("attachment_id", "pipeline_version", "variant", name="variants_effect_key"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id"), nullable=False),
+    Column("message_id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("queue_name", Text, nullable=False),
+    Column("actor_name", Text, nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("available_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("published_at", DateTime(timezone=True)),
+    Column("publish_attempts", Integer, nullable=False, server_default=text("0")),
+    Column("last_error", Text),
+)
+Index("outbox_pending_idx", outbox.c.available_at, postgresql_where=text("published_at IS NULL"))

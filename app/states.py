@@ -1,0 +1,220 @@
+"""The job state machine: the only code that writes ``jobs.state``.
+
+Every transition is ONE conditional ``UPDATE ... WHERE state = <from> ...``
+in the caller's transaction plus an append to ``job_history``; if the
+``WHERE`` matches nothing the transition did not happen and the caller is
+told so (``None``/``False``), never an exception. A database trigger
+(migration 0001) refuses any UPDATE that moves a job out of ``ready``.
+
+States (the contract's table, ``seed/contract.en.md``)
+------------------------------------------------------
+``queued``
+    Durable intent to process. In: the upload's transaction
+    (:func:`create_job`, web), a transient failure with attempts left
+    (:func:`retry_later`, worker), an expired lease with attempts left
+    (:func:`recover_expired`, scheduler). Out: :func:`claim` (worker).
+``processing``
+    Claimed by attempt ``attempt`` with a lease until ``lease_expires_at``.
+    Every write of a step is fenced by ``(job_id, attempt)`` and a live
+    lease (:func:`fence`). In: :func:`claim`. Out: :func:`publish_ready`,
+    :func:`fail`, :func:`retry_later` (worker), :func:`recover_expired`
+    (scheduler).
+``ready``
+    Every variant of the pipeline version is published; terminal, never
+    regresses. In: :func:`publish_ready` (worker). Out: none.
+``failed``
+    Permanent error or attempts spent, with an ``error_code``. In:
+    :func:`fail`, :func:`retry_later` on the last attempt (worker),
+    :func:`recover_expired` with ``worker_lost`` (scheduler). Out: operator
+    replay (``failed`` -> ``queued``, issue 4).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy.engine import Connection, Row
+
+from app import messages, outbox
+from app.models import job_history, jobs, variants
+from app.tracing import child_of
+
+QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
+STATES = (QUEUED, PROCESSING, READY, FAILED)
+
+WORKER_LOST = "worker_lost"
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+    seconds: float
+
+
+def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, error_code=None, reason=None) -> None:
+    conn.execute(insert(job_history).values(
+        job_id=job_id, from_state=from_state, to_state=to_state, attempt=attempt,
+        actor=actor, error_code=error_code, reason=reason))
+
+
+def _interval(seconds: float):
+    return text(f"interval '{float(seconds):.3f} seconds'")
+
+
+def _inspect_message(conn: Connection, job: Row | Any, attempt: int, available_at: datetime | None = None) -> int:
+    payload = messages.build(
+        job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
+        attempt=attempt, step="inspect", traceparent=child_of(job.traceparent), tracestate=job.tracestate)
+    return outbox.add(conn, payload, available_at=available_at)
+
+
+def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
+               traceparent: str, tracestate: str | None, actor: str) -> tuple[uuid.UUID, int]:
+    """none -> queued, with the first message in the outbox. Returns (job_id, outbox_id)."""
+    job_id = uuid.uuid4()
+    row = conn.execute(insert(jobs).values(
+        id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=QUEUED,
+        attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
+    ).returning(jobs)).one()
+    _history(conn, job_id, None, QUEUED, 0, actor, reason="upload accepted")
+    return job_id, _inspect_message(conn, row, attempt=1)
+
+
+def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
+    query = select(jobs).where(jobs.c.id == job_id)
+    if lock:
+        query = query.with_for_update()
+    return conn.execute(query).one_or_none()
+
+
+def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
+    """queued -> processing for the message of attempt ``attempt`` (= stored attempt + 1).
+
+    A message for any other attempt is stale and claims nothing. A job
+    whose ``next_attempt_at`` lies in the future is not claimable yet.
+    """
+    row = conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == QUEUED, jobs.c.attempt == attempt - 1,
+               (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
+        .values(state=PROCESSING, attempt=attempt, lease_owner=lease.owner,
+                lease_expires_at=func.now() + _interval(lease.seconds), next_attempt_at=None,
+                error_code=None, error_reason=None, updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+    if row is not None:
+        _history(conn, job_id, QUEUED, PROCESSING, attempt, lease.owner)
+    return row
+
+
+def fence(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
+    """Heartbeat and fence in one: extend the lease of ``(job_id, attempt)`` if it is still live.
+
+    Returns the job (locked for this transaction) or ``None`` when this
+    attempt no longer owns the job: another attempt claimed it, the lease
+    expired, or it is no longer ``processing``. A worker that gets ``None``
+    must write nothing visible. A redelivered message of the same attempt
+    may take the lease over: steps are idempotent per effect key.
+    """
+    return conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+               jobs.c.lease_expires_at > func.now())
+        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
+                updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+
+
+def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
+    conditions = [jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt]
+    if require_live_lease:
+        conditions.append(jobs.c.lease_expires_at > func.now())
+    return conn.execute(
+        update(jobs).where(and_(*conditions))
+        .values(state=to_state, lease_owner=None, lease_expires_at=None, updated_at=func.now(), **values)
+        .returning(jobs)
+    ).one_or_none()
+
+
+def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, ...], actor: str) -> bool:
+    """processing -> ready: publish every recorded variant and flip the job, atomically.
+
+    Runs only if ``(job_id, attempt)`` still holds a live lease and every
+    required variant has been recorded by a render step.
+    """
+    recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job_id)).scalars())
+    if not set(required) <= recorded:
+        return False
+    row = _leave_processing(conn, job_id, attempt, READY, {"ready_at": func.now(), "error_code": None,
+                                                           "error_reason": None}, require_live_lease=True)
+    if row is None:
+        return False
+    conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
+                 .values(published_at=func.now()))
+    _history(conn, job_id, PROCESSING, READY, attempt, actor)
+    return True
+
+
+def fail(conn: Connection, job_id, attempt: int, error_code: str, reason: str, actor: str) -> bool:
+    """processing -> failed with an error code an operator can act on."""
+    row = _leave_processing(conn, job_id, attempt, FAILED, {"error_code": error_code, "error_reason": reason},
+                            require_live_lease=False)
+    if row is None:
+        return False
+    _history(conn, job_id, PROCESSING, FAILED, attempt, actor, error_code, reason)
+    return True
+
+
+def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason: str, delay_seconds: float,
+                actor: str) -> str | None:
+    """processing -> queued (attempts left) or -> failed (spent). Returns the new state.
+
+    The next attempt's message goes to the outbox with ``available_at`` in
+    the future; the scheduler publishes it when due (no broker-side delay).
+    """
+    job = get(conn, job_id, lock=True)
+    if job is None or job.state != PROCESSING or job.attempt != attempt:
+        return None
+    if attempt >= job.max_attempts:
+        return FAILED if fail(conn, job_id, attempt, error_code, f"attempts exhausted: {reason}", actor) else None
+    due = datetime.now(timezone.utc) + timedelta(seconds=delay_seconds)
+    row = _leave_processing(conn, job_id, attempt, QUEUED, {"error_code": error_code, "error_reason": reason,
+                                                            "next_attempt_at": due}, require_live_lease=False)
+    if row is None:
+        return None
+    _history(conn, job_id, PROCESSING, QUEUED, attempt, actor, error_code, reason)
+    _inspect_message(conn, row, attempt + 1, available_at=due)
+    return QUEUED
+
+
+def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
+    """Scheduler: processing with an expired lease -> queued (or failed ``worker_lost``).
+
+    ``SKIP LOCKED`` keeps two schedulers from taking the same row.
+    """
+    expired = conn.execute(
+        select(jobs).where(jobs.c.state == PROCESSING, jobs.c.lease_expires_at <= func.now())
+        .order_by(jobs.c.lease_expires_at).limit(batch).with_for_update(skip_locked=True)
+    ).all()
+    counts = {"requeued": 0, "failed": 0}
+    for job in expired:
+        if job.attempt >= job.max_attempts:
+            reason = f"lease expired in attempt {job.attempt} of {job.max_attempts}; attempts spent"
+            _leave_processing(conn, job.id, job.attempt, FAILED, {"error_code": WORKER_LOST, "error_reason": reason},
+                              require_live_lease=False)
+            _history(conn, job.id, PROCESSING, FAILED, job.attempt, actor, WORKER_LOST, reason)
+            counts["failed"] += 1
+        else:
+            reason = f"lease of {job.lease_owner} expired"
+            row = _leave_processing(conn, job.id, job.attempt, QUEUED,
+                                    {"error_code": WORKER_LOST, "error_reason": reason},
+                                    require_live_lease=False)
+            _history(conn, job.id, PROCESSING, QUEUED, job.attempt, actor, WORKER_LOST, reason)
+            _inspect_message(conn, row, job.attempt + 1)
+            counts["requeued"] += 1
+    return counts

@@ -1,0 +1,44 @@
+"""The Flask application factory (``web`` in the Procfile, under gunicorn).
+
+Blueprints never import the app: they reach shared objects through
+``current_app.extensions["attache"]`` (a :class:`~app.services.Services`).
+"""
+
+from __future__ import annotations
+
+import sys
+
+from flask import Flask, jsonify
+from werkzeug.exceptions import HTTPException
+
+from app import logs
+from app.config import Settings
+from app.errors import ConfigError
+from app.services import Services
+from app.web.request import UploadRequest
+
+
+def create_app(settings: Settings | None = None) -> Flask:
+    if settings is None:
+        try:
+            settings = Settings.from_env()
+        except ConfigError as exc:
+            print(f"attache web: configuration error: {exc}", file=sys.stderr)
+            raise SystemExit(2)
+        logs.configure("web")
+    app = Flask(__name__)
+    app.request_class = UploadRequest
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + 1024 * 1024  # multipart framing headroom
+    app.extensions["attache"] = Services(settings, pool_size=10)
+
+    from app.web import attachments, health
+
+    app.register_blueprint(attachments.bp)
+    app.register_blueprint(health.bp)
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        code = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.code, "http_error")
+        return jsonify(error=code, message=exc.description), exc.code
+
+    return app

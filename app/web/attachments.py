@@ -1,0 +1,227 @@
+"""``/v1/attachments``: upload, status and downloads."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import quote
+
+from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from sqlalchemy import select
+from werkzeug.http import parse_options_header
+
+from app import filenames, intake
+from app.db import transaction
+from app.errors import (
+    AttacheError,
+    DatabaseUnavailable,
+    ObjectNotFound,
+    PermanentError,
+    StorageUnavailable,
+    UploadRejected,
+)
+from app.models import attachments, jobs, variants
+from app.tracing import accept_traceparent
+from app.uploads import HashingSpool, spool_stream, verify_digests
+
+bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
+
+#: HTTP status for each refusal a probe can raise
+REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompression_bomb": 413,
+                  "image_too_large": 413}
+
+
+def _services():
+    return current_app.extensions["attache"]
+
+
+def _error(status: int, code: str, message: str, **headers):
+    response = jsonify(error=code, message=message)
+    response.status_code = status
+    response.headers.update(headers)
+    return response
+
+
+def _owner() -> str:
+    return "anonymous"  # access control arrives with issue 4
+
+
+@bp.post("")
+def upload():
+    services = _services()
+    spool = None
+    received = None
+    try:
+        spool = _receive_body(services.settings.max_upload_bytes)
+        received = spool.finish()
+        verify_digests(received, content_digest=request.headers.get("Content-Digest"),
+                       content_md5=request.headers.get("Content-MD5"))
+        accepted = intake.accept(
+            services, received, filename=_display_name(), owner=_owner(),
+            traceparent=accept_traceparent(request.headers.get("traceparent")),
+            tracestate=(request.headers.get("tracestate") or None))
+    except UploadRejected as exc:
+        return _error(exc.status, exc.error_code, str(exc))
+    except PermanentError as exc:
+        return _error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
+    except (DatabaseUnavailable, StorageUnavailable) as exc:
+        return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
+                      **{"Retry-After": "5"})
+    finally:
+        if received is not None:
+            received.discard()
+        elif spool is not None:
+            spool.discard()
+        request.discard_spools()
+    location = url_for("attachments.status", attachment_id=accepted.attachment_id)
+    body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
+            "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
+    return jsonify(body), 202, {"Location": location}
+
+
+def _receive_body(max_bytes: int) -> HashingSpool:
+    mimetype = request.mimetype
+    if mimetype == "multipart/form-data":
+        storage = request.files.get("file")
+        if storage is None:
+            raise UploadRejected("multipart upload has no 'file' field", error_code="missing_file")
+        spool = storage.stream
+        if not isinstance(spool, HashingSpool):  # pragma: no cover - werkzeug keeps small parts in memory otherwise
+            raise UploadRejected("unexpected upload stream")
+        request.discard_spools(keep=spool)
+        request.__dict__["attache_filename"] = storage.filename
+        return spool
+    if mimetype in ("application/x-www-form-urlencoded", ""):
+        raise UploadRejected("send the file as multipart/form-data field 'file' or as a raw body with a "
+                             "Content-Type", error_code="bad_content_type")
+    spool = HashingSpool(max_bytes)
+    try:
+        spool_stream(request.stream, spool)
+    except BaseException:
+        spool.discard()
+        raise
+    if spool.size == 0:
+        spool.discard()
+        raise UploadRejected("the upload is empty", error_code="empty_body", status=400)
+    return spool
+
+
+def _display_name() -> str:
+    if "attache_filename" in request.__dict__:
+        return filenames.sanitize(request.__dict__["attache_filename"])
+    disposition = request.headers.get("Content-Disposition")
+    if disposition:
+        _, options = parse_options_header(disposition)
+        return filenames.sanitize(options.get("filename"))
+    return filenames.sanitize(None)
+
+
+# --- status -------------------------------------------------------------------
+
+
+def _load(attachment_id: uuid.UUID, version: int | None):
+    with transaction(_services().engine) as conn:
+        attachment = conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one_or_none()
+        if attachment is None or attachment.owner != _owner():
+            return None, None, []
+        query = select(jobs).where(jobs.c.attachment_id == attachment_id)
+        if version is not None:
+            job = conn.execute(query.where(jobs.c.pipeline_version == version)).one_or_none()
+        else:
+            # the newest version with a ready job, else the newest job
+            candidates = conn.execute(query.order_by(jobs.c.pipeline_version.desc())).all()
+            job = next((j for j in candidates if j.state == "ready"), candidates[0] if candidates else None)
+        published = [] if job is None else conn.execute(select(variants).where(
+            variants.c.job_id == job.id, variants.c.published_at.is_not(None)).order_by(variants.c.id)).all()
+    return attachment, job, published
+
+
+def _iso(value):
+    return value.isoformat() if value is not None else None
+
+
+@bp.get("/<uuid:attachment_id>")
+def status(attachment_id: uuid.UUID):
+    version = request.args.get("version", type=int)
+    attachment, job, published = _load(attachment_id, version)
+    if attachment is None or job is None:
+        return _error(404, "not_found", "no such attachment" + (f" at version {version}" if version else ""))
+    body = {
+        "id": str(attachment.id),
+        "job_id": str(job.id),
+        "state": job.state,
+        "filename": attachment.filename,
+        "content_type": attachment.content_type,
+        "size": attachment.size,
+        "sha256": attachment.sha256,
+        "width": attachment.width,
+        "height": attachment.height,
+        "pipeline_version": job.pipeline_version,
+        "attempt": job.attempt,
+        "error_code": job.error_code,
+        "error_reason": job.error_reason,
+        "variants": {
+            row.variant: {
+                "url": url_for("attachments.download_variant", attachment_id=attachment.id, name=row.variant,
+                               **({"version": job.pipeline_version} if version else {})),
+                "content_type": row.content_type, "width": row.width, "height": row.height,
+                "size": row.size, "sha256": row.sha256,
+            }
+            for row in published
+        },
+        "created_at": _iso(attachment.created_at),
+        "ready_at": _iso(job.ready_at),
+    }
+    return jsonify(body)
+
+
+# --- downloads --------------------------------------------------------------------
+
+
+@bp.get("/<uuid:attachment_id>/original")
+def download_original(attachment_id: uuid.UUID):
+    return download_variant(attachment_id, "original")
+
+
+@bp.get("/<uuid:attachment_id>/variants/<name>")
+def download_variant(attachment_id: uuid.UUID, name: str):
+    version = request.args.get("version", type=int)
+    attachment, job, published = _load(attachment_id, version)
+    if attachment is None or job is None:
+        return _error(404, "not_found", "no such attachment")
+    row = next((r for r in published if r.variant == name), None)
+    if row is None:
+        if job.state != "ready":
+            return _error(409, "not_ready", f"the attachment is {job.state}, not ready")
+        return _error(404, "not_found", f"no variant {name!r}")
+    etag = f'"{row.sha256}"'
+    headers = {
+        "ETag": etag,
+        "X-Content-Type-Options": "nosniff",
+        "Content-Security-Policy": "default-src 'none'; sandbox",
+        "Cache-Control": "private, max-age=31536000, immutable",
+        "Content-Disposition": _disposition(attachment.filename, name, row.storage_key),
+    }
+    if etag in (request.headers.get("If-None-Match") or ""):
+        return Response(status=304, headers=headers)
+    try:
+        stream = _services().storage.open_stream(row.storage_key)
+        first = next(stream, b"")
+    except ObjectNotFound:
+        return _error(500, "effect_missing", "the published object is missing; operators have been told")
+    except AttacheError:
+        return _error(503, "storage_unavailable", "storage is unavailable; retry later", **{"Retry-After": "5"})
+
+    def body():
+        yield first
+        yield from stream
+
+    headers["Content-Length"] = str(row.size)
+    return Response(body(), status=200, mimetype=row.content_type, headers=headers)
+
+
+def _disposition(display_name: str, variant: str, key: str) -> str:
+    stem = display_name.rsplit(".", 1)[0] if "." in display_name else display_name
+    extension = key.rsplit(".", 1)[-1] if variant != "original" else display_name.rsplit(".", 1)[-1]
+    name = display_name if variant == "original" else f"{stem}-{variant}.{extension}"
+    fallback = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name) or "download"
+    return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"

@@ -1,0 +1,70 @@
+"""The ``scheduler`` process: APScheduler running one maintenance service per concern.
+
+Run with ``python -m scheduler``. SIGTERM stops it after the running job.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from datetime import datetime, timezone
+
+from apscheduler.schedulers.blocking import BlockingScheduler
+
+from app import logs
+from app.config import Settings
+from app.errors import AttacheError, ConfigError
+from app.services import Services
+from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
+from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+
+log = logging.getLogger("attache.scheduler")
+
+
+def build(services: Services) -> list[tuple[object, float]]:
+    settings = services.settings
+    return [
+        (OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
+         settings.outbox_interval_seconds),
+        (LeaseRecovery(services, LeaseRecoveryConfig()), settings.lease_interval_seconds),
+    ]
+
+
+def guarded(service):
+    def run():
+        try:
+            service.run_once()
+        except AttacheError as exc:
+            log.warning("%s skipped a round: %s", service.name, exc, extra={"service": service.name})
+        except Exception:
+            log.exception("%s failed", service.name, extra={"service": service.name})
+
+    return run
+
+
+def main() -> int:
+    try:
+        settings = Settings.from_env()
+    except ConfigError as exc:
+        print(f"attache scheduler: configuration error: {exc}", file=sys.stderr)
+        return 2
+    logs.configure("scheduler")
+    services = Services(settings, pool_size=2)
+    scheduler = BlockingScheduler(timezone="UTC")
+    for service, interval in build(services):
+        scheduler.add_job(guarded(service), "interval", seconds=interval, id=service.name,
+                          max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
+
+    def stop(signum, frame):
+        log.info("scheduler stopping")
+        scheduler.shutdown(wait=False)
+
+    signal.signal(signal.SIGTERM, stop)
+    log.info("scheduler started")
+    scheduler.start()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

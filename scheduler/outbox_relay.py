@@ -1,0 +1,43 @@
+"""Outbox relay: publishes rows no producer managed to publish, and delayed rows when due.
+
+Safe with two schedulers: rows are taken ``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from app.services import Services
+
+log = logging.getLogger("attache.scheduler.outbox")
+
+
+@dataclass(frozen=True)
+class OutboxRelayConfig:
+    #: a row unmarked for this long is taken to be abandoned by its producer
+    publish_after_seconds: float = 10.0
+    #: rows per batch; ``run_once`` loops over batches until none is left or the broker fails
+    batch: int = 100
+    max_batches: int = 50
+
+
+class OutboxRelay:
+    name = "outbox_relay"
+
+    def __init__(self, services: Services, config: OutboxRelayConfig):
+        self.services = services
+        self.config = config
+
+    def run_once(self) -> dict[str, int]:
+        totals = {"published": 0, "pending": 0}
+        for _ in range(self.config.max_batches):
+            counts = self.services.publisher.publish_due(
+                older_than_seconds=self.config.publish_after_seconds, batch=self.config.batch)
+            totals["published"] += counts["published"]
+            totals["pending"] = counts["pending"]
+            if counts["pending"] or counts["published"] < self.config.batch:
+                break
+        if totals["published"] or totals["pending"]:
+            log.info("outbox relay published %(published)d, %(pending)d left pending", totals, extra=totals)
+        return totals

@@ -1,0 +1,159 @@
+"""Real attache processes for tests: started from the Procfile's own command lines.
+
+Each process runs in its own session (process group), so a fault point's
+``killpg`` or a test's SIGKILL takes down exactly that process and its
+children, like ``kill -9`` on a real host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import requests
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(os.sys.executable).parent
+
+
+def procfile() -> dict[str, str]:
+    entries = {}
+    for line in (REPO / "Procfile").read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, command = line.split(":", 1)
+            entries[name.strip()] = command.strip()
+    return entries
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float = 0.1, message: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+            if value:
+                return value
+        except Exception as exc:  # the thing polled may not be up yet
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {message}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+class Process:
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path):
+        self.name = name
+        self.env = env
+        self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
+        self.popen: subprocess.Popen | None = None
+
+    def start(self) -> "Process":
+        command = procfile()[self.name]
+        env = {**os.environ, **self.env, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
+        self._log = open(self.log_path, "wb")
+        self.popen = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], cwd=REPO, env=env, stdout=self._log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self.popen is not None and self.popen.poll() is None
+
+    def wait_dead(self, timeout: float = 30) -> int:
+        assert self.popen is not None
+        return self.popen.wait(timeout=timeout)
+
+    def signal(self, sig: int) -> None:
+        if self.popen is not None and self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(timeout=30)
+
+    def stop(self, timeout: float = 20) -> None:
+        if not self.alive:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+
+class Deployment:
+    """web + worker + scheduler of one test, sharing one database, vhost and storage."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path):
+        self.env = dict(env)
+        self.log_dir = log_dir
+        self.port = free_port()
+        self.processes: dict[str, Process] = {}
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, name: str, *, wait: bool = True, **extra_env: str) -> Process:
+        old = self.processes.get(name)
+        if old is not None and old.alive:
+            raise RuntimeError(f"{name} is already running")
+        env = {**self.env, **extra_env}
+        if name == "web":
+            env.setdefault("PORT", str(self.port))
+            env.setdefault("BIND", "127.0.0.1")
+            env.setdefault("WEB_CONCURRENCY", "1")
+        process = Process(name, env, self.log_dir).start()
+        self.processes[name] = process
+        if wait and name == "web":
+            wait_for(lambda: self._healthy(process), timeout=30, message="web /healthz")
+        if wait and name == "worker":
+            wait_for(lambda: "Worker process is ready" in process.output() or not process.alive, timeout=30,
+                     message="worker ready")
+            assert process.alive, process.output()[-3000:]
+        return process
+
+    def _healthy(self, process: Process) -> bool:
+        if not process.alive:
+            raise AssertionError(f"web exited: {process.output()[-3000:]}")
+        return requests.get(self.url + "/healthz", timeout=2).status_code == 200
+
+    def stop_all(self) -> None:
+        for process in self.processes.values():
+            process.stop()
+
+    def logs(self) -> str:
+        return "\n".join(f"===== {name} =====\n{p.output()[-4000:]}" for name, p in self.processes.items())
+
+    # --- client helpers ---------------------------------------------------
+
+    def upload(self, path: Path, **kwargs) -> requests.Response:
+        with open(path, "rb") as fh:
+            return requests.post(self.url + "/v1/attachments", files={"file": (path.name, fh)}, timeout=30, **kwargs)
+
+    def status(self, attachment_id: str) -> dict:
+        response = requests.get(f"{self.url}/v1/attachments/{attachment_id}", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def wait_state(self, attachment_id: str, states=("ready", "failed"), timeout: float = 60) -> dict:
+        return wait_for(lambda: (lambda s: s if s["state"] in states else None)(self.status(attachment_id)),
+                        timeout=timeout, interval=0.2, message=f"{attachment_id} in {states}")

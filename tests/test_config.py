@@ -1,0 +1,49 @@
+"""Configuration: defaults, overrides, and a bad setting stops the process with its name."""
+
+import subprocess
+import sys
+
+import pytest
+
+from app.config import Settings
+from app.errors import ConfigError
+
+from tests.processes import REPO
+
+
+def test_defaults_match_the_design():
+    settings = Settings.from_env({})
+    assert settings.database_url == "postgresql://postgres@127.0.0.1:5432/attache"
+    assert settings.broker_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
+    assert settings.storage_url == "file://./var/storage"
+    assert settings.port == 8000
+    assert settings.max_upload_bytes == 50 * 1024 * 1024
+
+
+@pytest.mark.parametrize("variable,value", [
+    ("ATTACHE_MAX_UPLOAD_BYTES", "lots"),
+    ("ATTACHE_MAX_UPLOAD_BYTES", "0"),
+    ("ATTACHE_LEASE_SECONDS", "-1"),
+    ("STORAGE_URL", "ftp://x"),
+    ("BROKER_URL", "redis://x"),
+    ("ATTACHE_FAULT", "nowhere"),
+    ("ATTACHE_DEV", "maybe"),
+])
+def test_bad_setting_names_the_variable(variable, value):
+    with pytest.raises(ConfigError) as info:
+        Settings.from_env({variable: value})
+    assert variable in str(info.value)
+
+
+def test_every_setting_is_documented():
+    documented = (REPO / "docs" / "configuration.md").read_text()
+    for variable, _default, _doc in Settings.documented():
+        assert f"`{variable}`" in documented, f"{variable} missing from docs/configuration.md"
+
+
+@pytest.mark.parametrize("command", [["-m", "scheduler"], ["-c", "import actors"]])
+def test_process_refuses_to_start_on_bad_setting(command):
+    result = subprocess.run([sys.executable, *command], cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={"PATH": "/usr/bin:/bin", "ATTACHE_MAX_UPLOAD_BYTES": "lots"})
+    assert result.returncode == 2
+    assert "ATTACHE_MAX_UPLOAD_BYTES" in result.stderr

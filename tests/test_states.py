@@ -1,0 +1,148 @@
+"""The state machine, driven directly against a real PostgreSQL."""
+
+import uuid
+
+import pytest
+from sqlalchemy import func, insert, select, text, update
+from sqlalchemy.exc import DBAPIError
+
+from app import states
+from app.models import attachments, job_history, jobs, outbox, variants
+from app.tracing import new_traceparent
+
+LEASE = states.Lease("worker:test", 30)
+REQUIRED = ("original", "thumbnail")
+
+
+def seed(conn, max_attempts=3):
+    attachment_id = uuid.uuid4()
+    conn.execute(insert(attachments).values(
+        id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
+        sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
+    job_id, outbox_id = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1,
+                                          max_attempts=max_attempts, traceparent=new_traceparent(),
+                                          tracestate=None, actor="test")
+    return attachment_id, job_id
+
+
+def record(conn, attachment_id, job_id, name, attempt=1):
+    conn.execute(insert(variants).values(
+        job_id=job_id, attachment_id=attachment_id, pipeline_version=1, variant=name, storage_key=f"k/{name}",
+        content_type="image/jpeg", size=1, sha256="1" * 64, width=1, height=1, attempt=attempt))
+
+
+def history(conn, job_id):
+    return [(r.from_state, r.to_state, r.attempt) for r in
+            conn.execute(select(job_history).where(job_history.c.job_id == job_id).order_by(job_history.c.id))]
+
+
+def test_create_job_writes_job_history_and_outbox_in_one_go(engine):
+    with engine.begin() as conn:
+        _, job_id = seed(conn)
+        job = states.get(conn, job_id)
+        assert (job.state, job.attempt) == ("queued", 0)
+        assert history(conn, job_id) == [(None, "queued", 0)]
+        rows = conn.execute(select(outbox).where(outbox.c.job_id == job_id)).all()
+        assert len(rows) == 1 and rows[0].payload["step"] == "inspect" and rows[0].payload["attempt"] == 1
+
+
+def test_claim_takes_exactly_the_next_attempt(engine):
+    with engine.begin() as conn:
+        _, job_id = seed(conn)
+        assert states.claim(conn, job_id, 2, LEASE) is None       # a message from the future claims nothing
+        row = states.claim(conn, job_id, 1, LEASE)
+        assert (row.state, row.attempt, row.lease_owner) == ("processing", 1, "worker:test")
+        assert states.claim(conn, job_id, 1, LEASE) is None       # a duplicate cannot claim twice
+        assert history(conn, job_id)[-1] == ("queued", "processing", 1)
+
+
+def test_fence_refuses_other_attempts_and_expired_leases(engine):
+    with engine.begin() as conn:
+        _, job_id = seed(conn)
+        states.claim(conn, job_id, 1, LEASE)
+        assert states.fence(conn, job_id, 1, LEASE) is not None
+        assert states.fence(conn, job_id, 2, LEASE) is None
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
+        assert states.fence(conn, job_id, 1, LEASE) is None
+
+
+def test_publish_needs_every_variant_and_flips_atomically(engine):
+    with engine.begin() as conn:
+        attachment_id, job_id = seed(conn)
+        states.claim(conn, job_id, 1, LEASE)
+        record(conn, attachment_id, job_id, "original")
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, "w") is False
+        assert conn.execute(select(func.count()).select_from(variants).where(variants.c.published_at.is_not(None))).scalar() == 0
+        record(conn, attachment_id, job_id, "thumbnail")
+        assert states.publish_ready(conn, job_id, 2, REQUIRED, "w") is False   # wrong attempt
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, "w") is True
+        assert states.get(conn, job_id).state == "ready"
+        assert conn.execute(select(func.count()).select_from(variants).where(variants.c.published_at.is_(None))).scalar() == 0
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, "w") is False   # idempotent
+
+
+def test_effect_key_is_unique(engine):
+    with pytest.raises(DBAPIError):
+        with engine.begin() as conn:
+            attachment_id, job_id = seed(conn)
+            record(conn, attachment_id, job_id, "thumbnail")
+            record(conn, attachment_id, job_id, "thumbnail", attempt=2)
+
+
+def test_ready_never_regresses_even_for_raw_sql(engine):
+    with engine.begin() as conn:
+        attachment_id, job_id = seed(conn)
+        states.claim(conn, job_id, 1, LEASE)
+        for name in REQUIRED:
+            record(conn, attachment_id, job_id, name)
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, "w")
+        # the state machine offers no way out of ready ...
+        assert states.claim(conn, job_id, 2, LEASE) is None
+        assert states.fail(conn, job_id, 1, "x", "y", "w") is False
+        assert states.retry_later(conn, job_id, 1, "x", "y", 0, "w") is None
+    # ... and PostgreSQL refuses a hand-written regression
+    with pytest.raises(DBAPIError, match="ready never regresses"):
+        with engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="processing"))
+
+
+def test_retry_later_backs_off_through_the_outbox_then_fails_when_spent(engine):
+    with engine.begin() as conn:
+        _, job_id = seed(conn, max_attempts=2)
+        states.claim(conn, job_id, 1, LEASE)
+        assert states.retry_later(conn, job_id, 1, "storage_unavailable", "down", 30, "w") == "queued"
+        job = states.get(conn, job_id)
+        assert job.state == "queued" and job.error_code == "storage_unavailable" and job.next_attempt_at is not None
+        delayed = conn.execute(select(outbox).where(outbox.c.job_id == job_id).order_by(outbox.c.id.desc())).first()
+        assert delayed.payload["attempt"] == 2 and delayed.available_at > delayed.created_at
+        assert states.claim(conn, job_id, 2, LEASE) is None        # not due yet
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(next_attempt_at=func.now()))
+        assert states.claim(conn, job_id, 2, LEASE) is not None
+        assert states.retry_later(conn, job_id, 2, "storage_unavailable", "down", 30, "w") == "failed"
+        job = states.get(conn, job_id)
+        assert job.state == "failed" and job.error_code == "storage_unavailable"
+        assert "attempts exhausted" in job.error_reason
+
+
+def test_expired_lease_is_recovered_then_fails_worker_lost(engine):
+    with engine.begin() as conn:
+        _, job_id = seed(conn, max_attempts=2)
+        for attempt in (1, 2):
+            states.claim(conn, job_id, attempt, LEASE)
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
+            counts = states.recover_expired(conn, batch=10, actor="scheduler:test")
+            if attempt == 1:
+                assert counts == {"requeued": 1, "failed": 0}
+                assert states.get(conn, job_id).state == "queued"
+            else:
+                assert counts == {"requeued": 0, "failed": 1}
+        job = states.get(conn, job_id)
+        assert (job.state, job.error_code) == ("failed", "worker_lost")
+        assert [h[1] for h in history(conn, job_id)] == ["queued", "processing", "queued", "processing", "failed"]
+
+
+def test_a_failed_job_always_has_a_code(engine):
+    with pytest.raises(DBAPIError):
+        with engine.begin() as conn:
+            _, job_id = seed(conn)
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="failed"))
