@@ -25,6 +25,7 @@ from typing import Any
 
 import pika
 import pika.exceptions
+from dramatiq import errors as dramatiq_errors
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, q_name, xq_name
 from dramatiq.common import current_millis
 from dramatiq.message import Message
@@ -34,7 +35,7 @@ from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
 
-PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError)
+PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError, dramatiq_errors.ConnectionError)
 
 
 def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParameters:

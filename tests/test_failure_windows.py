@@ -1,0 +1,127 @@
+"""The contract's five failure windows, proven by killing real processes.
+
+Each test starts the Procfile's real ``web``/``worker``/``scheduler``
+processes, arms one fault point (the process SIGKILLs its own process group
+there), restarts what died without the fault, and checks the invariants:
+
+* every upload that got 202 ends ``ready``;
+* exactly one effect per ``(attachment_id, pipeline_version, variant)``,
+  and each effect's object exists with its recorded size and sha256;
+* nothing that got no 202 becomes visible;
+* ``ready`` is never left (history ends in ``ready`` with no later entry).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import requests
+from sqlalchemy import func, select
+
+from app import pipeline
+from app.models import attachments, job_history, jobs, outbox, variants
+from tests.processes import Deployment, wait_for
+
+pytestmark = pytest.mark.processes
+
+PHOTO = "photos/chelsea.jpg"
+
+
+@pytest.fixture
+def deployment(env, tmp_path):
+    deployment = Deployment(env, tmp_path)
+    yield deployment
+    deployment.stop_all()
+
+
+def assert_invariants(engine, storage_dir, accepted_ids: list[str]):
+    """The contract's invariants over the whole database and store."""
+    with engine.connect() as conn:
+        all_jobs = conn.execute(select(jobs)).all()
+        assert sorted(str(j.attachment_id) for j in all_jobs) == sorted(accepted_ids)
+        for job in all_jobs:
+            assert job.state == "ready", (job.state, job.error_code, job.error_reason)
+            effects = conn.execute(select(variants).where(variants.c.attachment_id == job.attachment_id)).all()
+            names = [e.variant for e in effects]
+            assert sorted(names) == sorted(pipeline.get(1).variants), names
+            for effect in effects:
+                assert effect.published_at is not None
+                data = (storage_dir / effect.storage_key).read_bytes()
+                assert len(data) == effect.size and hashlib.sha256(data).hexdigest() == effect.sha256
+            transitions = conn.execute(select(job_history.c.to_state).where(job_history.c.job_id == job.id)
+                                       .order_by(job_history.c.id)).scalars().all()
+            assert transitions[-1] == "ready" and transitions.count("ready") == 1, transitions
+            staging = conn.execute(select(attachments.c.staging_key).where(attachments.c.id == job.attachment_id)).scalar()
+            wait_for(lambda: not (storage_dir / staging).exists(), timeout=20, message="staging removed after publish")
+        duplicates = conn.execute(
+            select(variants.c.attachment_id, variants.c.pipeline_version, variants.c.variant, func.count())
+            .group_by(variants.c.attachment_id, variants.c.pipeline_version, variants.c.variant)
+            .having(func.count() > 1)).all()
+        assert duplicates == []
+
+
+def test_window_1_after_staging_before_job_row(deployment, engine, storage_dir, data_file):
+    deployment.start("worker")
+    deployment.start("scheduler")
+    web = deployment.start("web", ATTACHE_FAULT="after_staging")
+    with pytest.raises(requests.ConnectionError):
+        deployment.upload(data_file(PHOTO))
+    assert web.wait_dead() != 0
+    deployment.start("web")
+    # no answer, no row: nothing is visible, and the staged bytes are an orphan for the cleanup
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(attachments)).scalar() == 0
+    assert [p.parent.name for p in storage_dir.rglob("*") if p.is_file()] == ["staging"]
+    # the service keeps working
+    response = deployment.upload(data_file(PHOTO))
+    assert response.status_code == 202
+    deployment.wait_state(response.json()["id"])
+    assert_invariants(engine, storage_dir, [response.json()["id"]])
+
+
+@pytest.mark.parametrize("fault", ["after_commit", "after_publish"])
+def test_windows_2_and_3_commit_survives_a_dead_producer(deployment, engine, storage_dir, data_file, fault):
+    deployment.start("worker")
+    web = deployment.start("web", ATTACHE_FAULT=fault)
+    with pytest.raises(requests.ConnectionError):
+        deployment.upload(data_file(PHOTO))
+    assert web.wait_dead() != 0
+    with engine.connect() as conn:
+        row = conn.execute(select(outbox)).one()
+        attachment_id = str(conn.execute(select(attachments.c.id)).scalar_one())
+    assert row.published_at is None, "the producer died before any confirm"
+    # the scheduler publishes the unmarked row; a duplicate (window 3) is harmless
+    deployment.start("scheduler")
+    deployment.start("web")
+    status = deployment.wait_state(attachment_id)
+    assert status["state"] == "ready"
+    assert_invariants(engine, storage_dir, [attachment_id])
+
+    def relayed():
+        with engine.connect() as conn:
+            return conn.execute(select(outbox.c.published_at).where(outbox.c.id == row.id)).scalar()
+
+    wait_for(relayed, timeout=20, message="the scheduler to publish and mark the abandoned row")
+
+
+@pytest.mark.parametrize("fault", ["after_object_write", "after_result_commit"])
+def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, storage_dir, data_file, fault):
+    deployment.start("web")
+    deployment.start("scheduler")
+    worker = deployment.start("worker", ATTACHE_FAULT=fault)
+    response = deployment.upload(data_file(PHOTO))
+    assert response.status_code == 202
+    attachment_id = response.json()["id"]
+    assert worker.wait_dead(timeout=60) != 0
+    with engine.connect() as conn:
+        state = conn.execute(select(jobs.c.state)).scalar_one()
+    assert state == ("processing" if fault == "after_object_write" else "ready")
+    deployment.start("worker")
+    status = deployment.wait_state(attachment_id)
+    assert status["state"] == "ready"
+    assert_invariants(engine, storage_dir, [attachment_id])
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs)).one()
+    if fault == "after_result_commit":
+        assert job.attempt == 1, "a redelivery of finished work is not a new attempt"

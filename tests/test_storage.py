@@ -1,0 +1,654 @@
+"""Tests for app.storage: one suite run against both backends.
+
+The S3 backend talks real HTTP, through minio and urllib3, to moto's
+``ThreadedMotoServer`` started here on 127.0.0.1 and an ephemeral port.
+Error-path tests use a closed port, a socket that never answers, and a tiny
+HTTP server that answers with fixed S3 error documents.
+"""
+
+from __future__ import annotations
+
+import builtins
+import errno
+import hashlib
+import http.server
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+from app.errors import ConfigError, ObjectNotFound, StorageError, StorageUnavailable
+from app.storage import ObjectInfo, Storage, storage_from_url, validate_key
+from app.storage import filesystem as fs_module
+from app.storage.filesystem import FilesystemStorage
+from app.storage.s3 import S3Storage, make_http_client
+
+ACCESS_KEY = "AKIATESTACCESSKEY"
+SECRET_KEY = "s3cr3t-never-in-messages"
+KEY = "staging/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60"
+
+
+# --- fixtures ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def moto_endpoint():
+    """A real moto S3 server on 127.0.0.1 and a port the kernel picked."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def _s3(moto_endpoint: str, bucket: str | None = None) -> S3Storage:
+    bucket = bucket or f"attache-test-{uuid.uuid4().hex[:12]}"
+    return storage_from_url(f"s3://{bucket}?endpoint={moto_endpoint}",
+                            access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+
+
+@pytest.fixture(params=["filesystem", "s3"])
+def storage(request, tmp_path) -> Storage:
+    """Each backend, empty: a fresh root directory or a fresh moto bucket."""
+    if request.param == "filesystem":
+        store = storage_from_url(f"file://{tmp_path / 'objects'}")
+    else:
+        store = _s3(request.getfixturevalue("moto_endpoint"))
+    store.ensure_bucket()
+    return store
+
+
+def _read(store: Storage, key: str, **kwargs) -> bytes:
+    return b"".join(store.open_stream(key, **kwargs))
+
+
+def _tmp_leftovers(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if p.name.startswith(".tmp-")]
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- key validation ---------------------------------------------------------
+
+GOOD_KEYS = [
+    "staging/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60",
+    "attachments/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60/original/" + "a" * 64,
+    "attachments/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60/v1/thumbnail-0af3.jpg",
+    "x",
+    "a" * 512,
+]
+BAD_KEYS = [
+    "../etc/passwd", "staging/../x", "/abs", "a//b", "Staging/x", "staging/X.jpg",
+    "a\x00b", "staging/x\n", "", "a/", "-a", ".hidden", "a/./b", "a/.tmp-x",
+    "a b", "a\\b", "a" * 513, "staging/é",
+]
+
+
+@pytest.mark.parametrize("key", GOOD_KEYS)
+def test_validate_key_accepts_server_keys(key):
+    assert validate_key(key) == key
+
+
+@pytest.mark.parametrize("key", BAD_KEYS)
+def test_validate_key_rejects(key):
+    with pytest.raises(ValueError):
+        validate_key(key)
+
+
+def test_validate_key_rejects_non_strings():
+    with pytest.raises(ValueError):
+        validate_key(b"staging/x")
+
+
+@pytest.mark.parametrize("key", ["../etc/passwd", "staging/../x", "/abs", "a//b", "Upper", "a\x00b"])
+def test_every_method_validates_keys(storage, key, tmp_path):
+    storage.put_bytes("staging/ok", b"ok")
+    calls = [
+        lambda: storage.put_bytes(key, b"x"),
+        lambda: storage.put_file(key, __file__),
+        lambda: storage.stat(key),
+        lambda: storage.open_stream(key),
+        lambda: storage.fetch_to_path(key).__enter__(),
+        lambda: storage.copy(key, "staging/dst"),
+        lambda: storage.copy("staging/ok", key),
+        lambda: storage.delete(key),
+    ]
+    for call in calls:
+        with pytest.raises(ValueError):
+            call()
+    assert sorted(storage.list_keys()) == ["staging/ok"]
+    assert not (tmp_path / "etc").exists() and not Path("/abs").exists()
+
+
+# --- round trip -------------------------------------------------------------
+
+
+def test_round_trip(storage, tmp_path):
+    data = b"photo bytes " * 1000
+    assert storage.put_bytes(KEY, data, content_type="image/jpeg") == ObjectInfo(KEY, len(data))
+    assert storage.stat(KEY) == ObjectInfo(KEY, len(data))
+    assert _read(storage, KEY) == data
+
+    with storage.fetch_to_path(KEY) as path:
+        with open(path, "rb") as fh:
+            fh.seek(-4, os.SEEK_END)
+            assert fh.read() == b"tes "
+            fh.seek(0)
+            assert fh.read() == data
+
+    dst = "attachments/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60/original/" + hashlib.sha256(data).hexdigest()
+    assert storage.copy(KEY, dst) == ObjectInfo(dst, len(data))
+    assert _read(storage, dst) == data
+    assert sorted(storage.list_keys()) == sorted([KEY, dst])
+
+    assert storage.delete(KEY) is True
+    assert storage.delete(KEY) is False
+    assert storage.stat(KEY) is None
+    assert list(storage.list_keys()) == [dst]
+    assert _read(storage, dst) == data
+
+
+def test_put_file_and_replace(storage, tmp_path):
+    src = tmp_path / "upload.bin"
+    src.write_bytes(b"first version")
+    assert storage.put_file(KEY, src) == ObjectInfo(KEY, 13)
+    src.write_bytes(b"second")
+    assert storage.put_file(KEY, str(src), content_type="image/png") == ObjectInfo(KEY, 6)
+    assert _read(storage, KEY) == b"second"
+    assert storage.put_bytes(KEY, b"") == ObjectInfo(KEY, 0)
+    assert storage.stat(KEY) == ObjectInfo(KEY, 0)
+    assert _read(storage, KEY) == b""
+
+
+def test_copy_is_independent_of_later_writes(storage):
+    storage.put_bytes("staging/src", b"original")
+    storage.copy("staging/src", "attachments/u/original/abc")
+    storage.put_bytes("staging/src", b"overwritten")
+    storage.delete("staging/src")
+    assert _read(storage, "attachments/u/original/abc") == b"original"
+    assert storage.copy("attachments/u/original/abc", "attachments/u/original/abc").size == 8
+
+
+def test_copy_overwrites_destination(storage):
+    storage.put_bytes("a/src", b"new")
+    storage.put_bytes("a/dst", b"old and longer")
+    assert storage.copy("a/src", "a/dst") == ObjectInfo("a/dst", 3)
+    assert _read(storage, "a/dst") == b"new"
+
+
+def test_missing_objects(storage):
+    assert storage.stat("staging/nope") is None
+    with pytest.raises(ObjectNotFound):
+        storage.open_stream("staging/nope")  # raised at call time, not on first next()
+    with pytest.raises(ObjectNotFound):
+        storage.open_stream("staging/nope", length=0)
+    with pytest.raises(ObjectNotFound):
+        with storage.fetch_to_path("staging/nope"):
+            pass
+    with pytest.raises(ObjectNotFound):
+        storage.copy("staging/nope", "staging/dst")
+    assert storage.stat("staging/dst") is None
+    assert storage.delete("staging/nope") is False
+
+
+def test_a_prefix_of_keys_is_not_an_object(storage):
+    storage.put_bytes("attachments/u/v1/thumb.jpg", b"x")
+    assert storage.stat("attachments/u") is None
+    assert storage.delete("attachments/u") is False
+    with pytest.raises(ObjectNotFound):
+        storage.open_stream("attachments/u")
+    with pytest.raises(ObjectNotFound):
+        storage.copy("attachments/u", "staging/x")
+
+
+def test_not_found_is_a_storage_error_and_not_transient():
+    assert issubclass(ObjectNotFound, StorageError)
+    assert not issubclass(ObjectNotFound, StorageUnavailable)
+
+
+# --- streaming --------------------------------------------------------------
+
+BLOB = bytes(range(100))
+
+
+@pytest.mark.parametrize(
+    ("start", "length", "expected"),
+    [
+        (0, None, BLOB),
+        (10, None, BLOB[10:]),
+        (0, 10, BLOB[:10]),
+        (5, 5, BLOB[5:10]),
+        (33, 50, BLOB[33:83]),
+        (95, 10, BLOB[95:]),
+        (99, None, BLOB[99:]),
+        (100, None, b""),
+        (150, 5, b""),
+        (10, 0, b""),
+    ],
+    ids=lambda v: f"{len(v)}bytes" if isinstance(v, bytes) else repr(v),
+)
+def test_stream_ranges(storage, start, length, expected):
+    storage.put_bytes(KEY, BLOB)
+    stream = storage.open_stream(KEY, chunk_size=7, start=start, length=length)
+    chunks = list(stream)
+    stream.close()  # every stream, even an empty one, can be closed
+    assert b"".join(chunks) == expected
+    assert all(0 < len(chunk) <= 7 for chunk in chunks)
+
+
+@pytest.mark.parametrize("kwargs", [{"chunk_size": 0}, {"start": -1}, {"length": -1}])
+def test_stream_rejects_bad_ranges(storage, kwargs):
+    storage.put_bytes(KEY, BLOB)
+    with pytest.raises(ValueError):
+        storage.open_stream(KEY, **kwargs)
+
+
+def test_large_object_streams_in_chunks(storage, tmp_path):
+    src = tmp_path / "big.bin"
+    block = os.urandom(1024 * 1024)
+    with open(src, "wb") as fh:
+        for i in range(20):
+            fh.write(bytes([i]) + block[1:])
+    digest = hashlib.sha256(src.read_bytes()).hexdigest()
+    size = 20 * 1024 * 1024
+    assert storage.put_file(KEY, src, content_type="image/jpeg") == ObjectInfo(KEY, size)
+
+    chunk_size = 256 * 1024
+    hasher, count, biggest, total = hashlib.sha256(), 0, 0, 0
+    for chunk in storage.open_stream(KEY, chunk_size=chunk_size):
+        hasher.update(chunk)
+        count += 1
+        biggest = max(biggest, len(chunk))
+        total += len(chunk)
+    assert total == size and hasher.hexdigest() == digest
+    assert count > 1 and biggest <= chunk_size
+
+    with storage.fetch_to_path(KEY) as path:
+        assert path.stat().st_size == size
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+
+
+def test_closing_a_stream_early_leaves_the_store_usable(storage):
+    storage.put_bytes(KEY, os.urandom(512 * 1024))
+    for _ in range(15):  # more than the pool size: a leaked connection would show
+        stream = storage.open_stream(KEY, chunk_size=1024)
+        assert len(next(stream)) == 1024
+        stream.close()
+        with pytest.raises(StopIteration):
+            next(stream)
+    assert len(_read(storage, KEY)) == 512 * 1024
+
+
+def _open_fds_for(path: Path) -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == str(path):
+                count += 1
+        except OSError:
+            pass
+    return count
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_filesystem_stream_releases_file(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes(KEY, b"x" * 100)
+    path = tmp_path / KEY
+
+    stream = store.open_stream(KEY, chunk_size=10)
+    assert _open_fds_for(path) == 1
+    next(stream)
+    stream.close()
+    assert _open_fds_for(path) == 0
+
+    stream = store.open_stream(KEY, chunk_size=10)
+    assert len(list(stream)) == 10
+    assert _open_fds_for(path) == 0  # exhausted -> closed
+
+    with store.open_stream(KEY, chunk_size=10) as stream:
+        next(stream)
+    assert _open_fds_for(path) == 0
+
+
+def test_readers_never_see_a_partial_object(storage):
+    size = 256 * 1024
+    versions = [b"a" * size, b"b" * size]
+    storage.put_bytes(KEY, versions[0])
+    done = threading.Event()
+    errors: list[BaseException] = []
+
+    def writer():
+        try:
+            for i in range(40):
+                storage.put_bytes(KEY, versions[i % 2])
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        finally:
+            done.set()
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    seen = set()
+    while not done.is_set() or not seen:
+        data = _read(storage, KEY, chunk_size=8192)
+        assert data in versions, f"partial or mixed object: {len(data)} bytes"
+        seen.add(data[:1])
+    thread.join()
+    assert not errors
+    assert _read(storage, KEY) in versions
+
+
+# --- fetch_to_path ----------------------------------------------------------
+
+
+def test_filesystem_fetch_yields_the_real_file(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes(KEY, b"abc")
+    with store.fetch_to_path(KEY) as path:
+        assert path == tmp_path / KEY
+    assert (tmp_path / KEY).exists()
+
+
+def test_s3_fetch_removes_its_temp_file(moto_endpoint, tmp_path):
+    store = S3Storage(f"attache-test-{uuid.uuid4().hex[:12]}", endpoint=moto_endpoint,
+                      access_key=ACCESS_KEY, secret_key=SECRET_KEY, tmp_dir=str(tmp_path))
+    store.ensure_bucket()
+    store.put_bytes(KEY, b"abc")
+    with store.fetch_to_path(KEY) as path:
+        assert path.parent == tmp_path and path.read_bytes() == b"abc"
+    assert not path.exists()
+
+    with pytest.raises(RuntimeError):
+        with store.fetch_to_path(KEY) as path:
+            raise RuntimeError("caller failed")
+    assert not path.exists()
+
+    with pytest.raises(ObjectNotFound):
+        with store.fetch_to_path("staging/nope"):
+            pass
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- listing ----------------------------------------------------------------
+
+
+def test_list_keys_by_prefix(storage):
+    keys = [
+        "staging/a", "staging/b",
+        "attachments/u1/original/x", "attachments/u1/v1/thumbnail-1.jpg",
+        "attachments/u10/original/y",
+    ]
+    for key in keys:
+        storage.put_bytes(key, b"k")
+    assert sorted(storage.list_keys()) == sorted(keys)
+    assert sorted(storage.list_keys("staging/")) == ["staging/a", "staging/b"]
+    assert sorted(storage.list_keys("attachments/u1/")) == keys[2:4]
+    assert sorted(storage.list_keys("attachments/u1")) == keys[2:]
+    assert sorted(storage.list_keys("staging/a")) == ["staging/a"]
+    assert list(storage.list_keys("nothing/")) == []
+    with pytest.raises(ValueError):
+        list(storage.list_keys("../"))
+
+
+def test_filesystem_list_skips_temp_and_foreign_files(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes("staging/a", b"a")
+    (tmp_path / "staging" / ".tmp-abandoned").write_bytes(b"partial")
+    (tmp_path / "README.TXT").write_bytes(b"not a key")
+    assert list(store.list_keys()) == ["staging/a"]
+    assert list(FilesystemStorage(tmp_path / "missing").list_keys()) == []
+
+
+# --- filesystem atomicity and failures ---------------------------------------
+
+
+class _FailingReader:
+    """A source file that delivers one chunk, then an I/O error."""
+
+    def __init__(self, real):
+        self._real = real
+        self._reads = 0
+
+    def read(self, n=-1):
+        self._reads += 1
+        if self._reads > 1:
+            raise OSError(errno.EIO, "simulated I/O error mid-copy")
+        return self._real.read(n)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._real.close()
+
+
+def _fail_reads(monkeypatch):
+    monkeypatch.setattr(fs_module, "open", lambda *a, **kw: _FailingReader(builtins.open(*a, **kw)),
+                        raising=False)
+
+
+def _fail_fsync(monkeypatch):
+    def fsync(fd):
+        raise OSError(errno.EIO, "simulated fsync failure")
+
+    monkeypatch.setattr(fs_module.os, "fsync", fsync)
+
+
+@pytest.mark.parametrize("inject", [_fail_reads, _fail_fsync])
+def test_filesystem_interrupted_write_leaves_nothing(tmp_path, monkeypatch, inject):
+    root = tmp_path / "objects"
+    store = FilesystemStorage(root)
+    store.put_bytes(KEY, b"version one")
+    src = tmp_path / "upload.bin"
+    src.write_bytes(os.urandom(3 * fs_module.COPY_CHUNK))
+
+    inject(monkeypatch)
+    with pytest.raises(StorageUnavailable):
+        store.put_file(KEY, src)
+    with pytest.raises(StorageUnavailable):
+        store.put_file("staging/new", src)
+    monkeypatch.undo()
+
+    assert _read(store, KEY) == b"version one"
+    assert store.stat("staging/new") is None
+    assert sorted(store.list_keys()) == [KEY]
+    assert _tmp_leftovers(root) == []
+
+
+def test_put_from_a_directory_or_missing_file_fails_cleanly(storage, tmp_path):
+    with pytest.raises(StorageError):
+        storage.put_file(KEY, tmp_path)
+    with pytest.raises(StorageError):
+        storage.put_file(KEY, tmp_path / "does-not-exist")
+    assert storage.stat(KEY) is None
+    assert list(storage.list_keys()) == []
+    assert _tmp_leftovers(tmp_path) == []
+
+
+def test_filesystem_key_colliding_with_directory_is_a_storage_error(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes("a/b", b"x")
+    with pytest.raises(StorageError):
+        store.put_bytes("a", b"y")
+    with pytest.raises(StorageError):
+        store.put_bytes("a/b/c", b"y")
+    assert _tmp_leftovers(tmp_path) == []
+
+
+def test_filesystem_root_created_on_first_write(tmp_path):
+    root = tmp_path / "deep" / "root"
+    store = FilesystemStorage(root)
+    assert store.stat(KEY) is None and not root.exists()
+    store.put_bytes(KEY, b"x")
+    assert (root / KEY).read_bytes() == b"x"
+    assert store.describe() == root.as_uri()
+
+
+def test_filesystem_check(tmp_path):
+    FilesystemStorage(tmp_path / "new").check()
+    assert (tmp_path / "new").is_dir() and list((tmp_path / "new").iterdir()) == []
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(StorageUnavailable):
+        FilesystemStorage(tmp_path / "file").check()
+    with pytest.raises(StorageUnavailable):
+        FilesystemStorage(tmp_path / "file" / "sub").check()
+
+
+# --- S3 specifics -----------------------------------------------------------
+
+
+def test_s3_check_and_missing_bucket(moto_endpoint):
+    store = _s3(moto_endpoint)
+    with pytest.raises(StorageUnavailable):
+        store.check()
+    assert store.stat(KEY) is None
+    with pytest.raises(ObjectNotFound):
+        store.open_stream(KEY)
+    with pytest.raises(StorageUnavailable):
+        store.put_bytes(KEY, b"x")
+    with pytest.raises(StorageUnavailable):
+        list(store.list_keys())
+    store.ensure_bucket()
+    store.ensure_bucket()  # idempotent
+    store.check()
+    assert store.describe().startswith("s3://attache-test-")
+
+
+def _assert_clean(exc: BaseException) -> None:
+    text = f"{exc} {exc!r}"
+    assert SECRET_KEY not in text and ACCESS_KEY not in text
+    assert "http://" not in text and "?" not in text
+    assert exc.__cause__ is None and exc.__suppress_context__
+
+
+def test_s3_unreachable_endpoint_fails_fast_without_secrets():
+    store = storage_from_url(f"s3://attache-test?endpoint=http://127.0.0.1:{_closed_port()}",
+                             access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    calls = [
+        store.check,
+        lambda: store.stat(KEY),
+        lambda: store.put_bytes(KEY, b"x"),
+        lambda: store.open_stream(KEY),
+        lambda: list(store.list_keys()),
+        lambda: store.delete(KEY),
+        lambda: store.copy(KEY, "staging/y"),
+    ]
+    for call in calls:
+        began = time.monotonic()
+        with pytest.raises(StorageUnavailable) as info:
+            call()
+        assert time.monotonic() - began < 5
+        _assert_clean(info.value)
+
+
+def test_s3_silent_endpoint_times_out():
+    with socket.socket() as listener:  # accepts connections in the backlog, never answers
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        port = listener.getsockname()[1]
+        store = S3Storage("attache-test", endpoint=f"http://127.0.0.1:{port}", region="us-east-1",
+                          access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                          http_client=make_http_client(connect_timeout=1, read_timeout=0.3))
+        began = time.monotonic()
+        with pytest.raises(StorageUnavailable) as info:
+            store.stat(KEY)
+        assert time.monotonic() - began < 5
+        _assert_clean(info.value)
+
+
+class _FixedAnswer(http.server.BaseHTTPRequestHandler):
+    """Answers every request with the class's status and S3 error code."""
+
+    status = 503
+    code = "SlowDown"
+    hits: list[str] = []
+
+    def _answer(self):
+        type(self).hits.append(self.command)
+        body = (f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{self.code}</Code>'
+                f"<Message>{SECRET_KEY} must not leak</Message></Error>").encode()
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/xml")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_GET = do_PUT = do_HEAD = do_DELETE = do_POST = _answer
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def fixed_answer_server():
+    def start(status: int, code: str) -> str:
+        handler = type("Handler", (_FixedAnswer,), {"status": status, "code": code, "hits": []})
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}", handler
+
+    servers: list[http.server.ThreadingHTTPServer] = []
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "expected", "attempts"),
+    [(503, "SlowDown", StorageUnavailable, 3), (500, "InternalError", StorageUnavailable, 3),
+     (403, "AccessDenied", StorageError, 1)],
+)
+def test_s3_http_errors_are_translated(fixed_answer_server, status, code, expected, attempts):
+    endpoint, handler = fixed_answer_server(status, code)
+    store = S3Storage("attache-test", endpoint=endpoint, region="us-east-1",
+                      access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    with pytest.raises(StorageError) as info:
+        store.open_stream(KEY)
+    assert type(info.value) is expected
+    assert code in str(info.value)
+    assert len(handler.hits) == attempts  # 5xx retried twice by the pool, 4xx not at all
+    _assert_clean(info.value)
+
+
+# --- configuration ----------------------------------------------------------
+
+
+def test_storage_from_url_filesystem(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    relative = storage_from_url("file://./var/storage")
+    assert isinstance(relative, FilesystemStorage)
+    assert relative.describe() == (tmp_path / "var" / "storage").as_uri()
+    absolute = storage_from_url(f"file://{tmp_path}/abs")
+    assert absolute.describe() == f"file://{tmp_path}/abs"
+
+
+def test_storage_from_url_s3():
+    store = storage_from_url("s3://photos?endpoint=http://127.0.0.1:9000&region=eu-west-1",
+                             access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    assert isinstance(store, S3Storage)
+    assert store.describe() == "s3://photos"
+    assert isinstance(storage_from_url("s3://photos"), S3Storage)
+
+
+@pytest.mark.parametrize("url", [
+    "http://example.com/x", "s3://AKIA:s3cr3t-never-in-messages@photos", "s3://photos?endpont=x",
+    "s3://photos?endpoint=ftp://host", "s3://photos/sub", "s3://Bad_Bucket", "file://",
+    "s3://photos?endpoint=http://user:s3cr3t-never-in-messages@host",
+])
+def test_storage_from_url_rejects(url):
+    with pytest.raises(ConfigError) as info:
+        storage_from_url(url)
+    assert SECRET_KEY not in str(info.value)

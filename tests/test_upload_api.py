@@ -1,0 +1,178 @@
+"""POST /v1/attachments through the real Flask app, real PostgreSQL, RabbitMQ and filesystem.
+
+Every refusal must leave nothing visible: no attachment, job or outbox
+row, and no staged object.
+"""
+
+import base64
+import hashlib
+
+import pytest
+from sqlalchemy import func, select
+
+from app.models import attachments, job_history, jobs, outbox
+from app.web import create_app
+
+
+@pytest.fixture
+def client(settings):
+    app = create_app(settings)
+    yield app.test_client()
+    services = app.extensions["attache"]
+    services.engine.dispose()
+    if "broker" in services.__dict__:
+        services.broker.close()
+
+
+def counts(engine):
+    with engine.connect() as conn:
+        return {t.name: conn.execute(select(func.count()).select_from(t)).scalar() for t in (attachments, jobs, outbox)}
+
+
+def stored_files(storage_dir):
+    return sorted(p.relative_to(storage_dir).as_posix() for p in storage_dir.rglob("*") if p.is_file())
+
+
+def post_file(client, path, name=None, **headers):
+    with open(path, "rb") as fh:
+        return client.post("/v1/attachments", data={"file": (fh, name or path.name)},
+                           content_type="multipart/form-data", headers=headers)
+
+
+def test_accepted_upload_is_durable_before_202(client, engine, storage_dir, data_file):
+    path = data_file("photos/chelsea.jpg")
+    response = post_file(client, path)
+    assert response.status_code == 202, response.json
+    body = response.json
+    assert response.headers["Location"] == f"/v1/attachments/{body['id']}"
+    assert body["state"] == "queued" and body["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs)).one()
+        assert (str(job.id), job.state, job.attempt) == (body["job_id"], "queued", 0)
+        row = conn.execute(select(outbox)).one()
+        assert row.published_at is not None, "the broker was up, so the confirm must have marked the row"
+        assert conn.execute(select(job_history.c.to_state)).scalars().all() == ["queued"]
+    assert stored_files(storage_dir) == [f"staging/{body['id']}"]
+    assert (storage_dir / "staging" / body["id"]).read_bytes() == path.read_bytes()
+    status = client.get(response.headers["Location"]).json
+    assert status["state"] == "queued" and status["variants"] == {} and status["filename"] == "chelsea.jpg"
+
+
+def test_raw_body_upload_with_digests(client, engine, data_file):
+    data = data_file("photos/coffee.png").read_bytes()
+    digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+    md5 = base64.b64encode(hashlib.md5(data).digest()).decode()
+    response = client.post("/v1/attachments", data=data, content_type="application/octet-stream",
+                           headers={"Content-Digest": f"sha-256=:{digest}:", "Content-MD5": md5,
+                                    "Content-Disposition": 'attachment; filename="coffee.png"'})
+    assert response.status_code == 202, response.json
+    status = client.get(response.headers["Location"]).json
+    assert status["content_type"] == "image/png", "type is sniffed from the bytes, not the client's header"
+    assert status["filename"] == "coffee.png"
+
+
+@pytest.mark.parametrize("relative,status,code", [
+    ("synthetic/vector_logo.svg", 415, "unsupported_format"),
+    ("synthetic/html_error_page.png", 415, "unsupported_format"),
+    ("pillow/avif_hopper.heif", 415, "unsupported_format"),
+    ("synthetic/jpeg_sof_65000x65000.jpg", 413, "decompression_bomb"),
+    ("synthetic/png_bomb_20000x20000.png", 413, "decompression_bomb"),
+    ("pillow/decompression_bomb.gif", 413, "decompression_bomb"),
+    ("pillow/png_decompression_dos.png", 413, "decompression_bomb"),
+])
+def test_refusals_leave_nothing_behind(client, engine, storage_dir, data_file, relative, status, code):
+    response = post_file(client, data_file(relative))
+    assert response.status_code == status, response.json
+    assert response.json["error"] == code
+    assert counts(engine) == {"attachments": 0, "jobs": 0, "outbox": 0}
+    assert stored_files(storage_dir) == []
+
+
+def test_empty_file_is_refused(client, engine, data_file):
+    response = post_file(client, data_file("synthetic/empty.jpg"))
+    assert response.status_code in (400, 415)
+    assert counts(engine)["attachments"] == 0
+
+
+def test_digest_mismatch_is_422_and_leaves_nothing(client, engine, storage_dir, data_file):
+    wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    response = post_file(client, data_file("photos/chelsea.jpg"), **{"Content-Digest": f"sha-256=:{wrong}:"})
+    assert response.status_code == 422 and response.json["error"] == "digest_mismatch"
+    response = post_file(client, data_file("photos/chelsea.jpg"),
+                         **{"Content-MD5": base64.b64encode(hashlib.md5(b"x").digest()).decode()})
+    assert response.status_code == 422
+    assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
+
+
+def test_malformed_requests_are_400(client, engine):
+    assert client.post("/v1/attachments", data={"other": "x"}, content_type="multipart/form-data").status_code == 400
+    assert client.post("/v1/attachments", data=b"", content_type="image/jpeg").status_code == 400
+    response = client.post("/v1/attachments", data=b"x", content_type="image/jpeg",
+                           headers={"Content-Digest": "sha-256=nonsense"})
+    assert response.status_code == 400
+    assert counts(engine)["attachments"] == 0
+
+
+def test_size_limit_is_enforced_while_streaming(env, engine, storage_dir, data_file, tmp_path):
+    from app.config import Settings
+
+    import tempfile
+    from pathlib import Path
+
+    spools = lambda: set(Path(tempfile.gettempdir()).glob("attache-upload-*"))  # noqa: E731
+    before = spools()
+    app = create_app(Settings.from_env({**env, "ATTACHE_MAX_UPLOAD_BYTES": "10000"}))
+    client = app.test_client()
+    response = post_file(client, data_file("photos/chelsea.jpg"))  # 35 KB
+    assert response.status_code == 413 and response.json["error"] == "too_large"
+    response = client.post("/v1/attachments", data=data_file("photos/chelsea.jpg").read_bytes(), content_type="image/jpeg")
+    assert response.status_code == 413
+    assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
+    assert spools() <= before, "refused uploads leave no spool file"
+    app.extensions["attache"].engine.dispose()
+
+
+@pytest.mark.parametrize("raw,expected", [
+    ("../../etc/passwd", "passwd"),
+    ("evil\x00name.jpg", "evilname.jpg"),
+    ("a" * 10_000 + ".jpg", "a" * 251 + ".jpg"),
+    ("/home/me/photo.jpg", "photo.jpg"),
+    ("\u202egpj.exe", "gpj.exe"),
+])
+def test_absurd_filenames_are_only_sanitized_display_text(client, engine, storage_dir, data_file, raw, expected):
+    data = data_file("pillow/hopper.jpg").read_bytes()
+    import io
+
+    response = client.post("/v1/attachments", data={"file": (io.BytesIO(data), raw)},
+                           content_type="multipart/form-data")
+    assert response.status_code == 202, response.json
+    status = client.get(response.headers["Location"]).json
+    assert status["filename"] == expected
+    assert stored_files(storage_dir) == [f"staging/{status['id']}"], "the name never reaches a key"
+
+
+def test_upload_is_accepted_while_rabbitmq_is_unreachable(env, engine, data_file):
+    from app.config import Settings
+
+    app = create_app(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    client = app.test_client()
+    response = post_file(client, data_file("photos/chelsea.jpg"))
+    assert response.status_code == 202
+    with engine.connect() as conn:
+        row = conn.execute(select(outbox)).one()
+    assert row.published_at is None and row.last_error, "the row waits for the scheduler"
+    app.extensions["attache"].engine.dispose()
+
+
+def test_database_down_is_503_with_retry_after_and_no_staging_left(env, storage_dir, data_file):
+    from app.config import Settings
+
+    app = create_app(Settings.from_env({**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache"}))
+    response = post_file(app.test_client(), data_file("photos/chelsea.jpg"))
+    assert response.status_code == 503 and response.headers["Retry-After"]
+    assert stored_files(storage_dir) == []
+
+
+def test_unknown_attachment_is_404(client):
+    assert client.get("/v1/attachments/00000000-0000-4000-8000-000000000000").status_code == 404
+    assert client.get("/v1/attachments/not-a-uuid").status_code == 404
