@@ -35,7 +35,7 @@ from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
 
-PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError, dramatiq_errors.ConnectionError)
+PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError, dramatiq_errors.BrokerConnectionError)
 
 
 def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParameters:
@@ -49,20 +49,25 @@ def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParamet
     return params
 
 
-def amqp_headers(payload: dict[str, Any]) -> dict[str, Any]:
-    """The AMQP headers for a job message body (see docs/contract.md)."""
-    headers = {
-        "traceparent": payload["traceparent"],
-        "x-attache-job-id": payload["job_id"],
-        "x-attache-attempt": payload["attempt"],
-        "x-attache-step": payload["step"],
-        "x-attache-schema-version": payload["schema_version"],
-    }
-    if payload.get("tracestate"):
-        headers["tracestate"] = payload["tracestate"]
-    if payload.get("variant"):
-        headers["x-attache-variant"] = payload["variant"]
-    return headers
+#: message body field -> AMQP header (the mapping in docs/contract.md)
+HEADER_FIELDS = {
+    "traceparent": "traceparent",
+    "tracestate": "tracestate",
+    "job_id": "x-attache-job-id",
+    "attempt": "x-attache-attempt",
+    "step": "x-attache-step",
+    "variant": "x-attache-variant",
+    "schema_version": "x-attache-schema-version",
+}
+
+
+def amqp_headers(payload: object) -> dict[str, Any] | None:
+    """The AMQP headers mirroring a job message body; fields absent from the body are left out."""
+    if not isinstance(payload, dict):
+        return None
+    headers = {header: payload[field] for field, header in HEADER_FIELDS.items()
+               if isinstance(payload.get(field), (str, int)) and not isinstance(payload.get(field), bool)}
+    return headers or None
 
 
 class AttacheBroker(RabbitmqBroker):
@@ -95,7 +100,7 @@ class AttacheBroker(RabbitmqBroker):
             routing_key = dq_name(canonical)
             message = message.copy(queue_name=routing_key, options={"eta": current_millis() + delay})
 
-        payload = message.args[0] if message.args and isinstance(message.args[0], dict) else {}
+        payload = message.args[0] if message.args else None
         properties = pika.BasicProperties(
             delivery_mode=2,
             content_type="application/json",
@@ -103,7 +108,7 @@ class AttacheBroker(RabbitmqBroker):
             type=message.actor_name,
             app_id="attache",
             timestamp=int(time.time()),
-            headers=amqp_headers(payload) if "job_id" in payload else None,
+            headers=amqp_headers(payload),
         )
         body = message.encode()
         try:

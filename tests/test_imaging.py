@@ -1,0 +1,735 @@
+"""Tests for app.imaging, driven by the corpus manifest in tests/data/.
+
+tests/data/MANIFEST.tsv has one row per file with the format Pillow saw,
+the declared size and the expected outcome (process / reject_*); see
+tests/data/README.md for where every file comes from. These tests need no
+services: no database, broker or network.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+import textwrap
+import time
+import zlib
+from pathlib import Path
+
+import pytest
+from PIL import Image, ImageChops, ImageCms, ImageFile, ImageOps, ImageStat, TiffImagePlugin
+
+from app.errors import (
+    CorruptImage,
+    DecompressionBomb,
+    ImageTooLarge,
+    PermanentError,
+    UnsupportedFormat,
+)
+from app.imaging import (
+    PIPELINE_V1_SPECS,
+    PROCESSED_FORMATS,
+    ImageInfo,
+    Limits,
+    Rendered,
+    VariantSpec,
+    probe,
+    render,
+    sniff,
+)
+
+# Pillow warns about the fuzzer TIFFs' broken tags; that is expected noise.
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:PIL.TiffImagePlugin")
+
+DATA = Path(__file__).resolve().parent / "data"
+REPO = Path(__file__).resolve().parents[1]
+LIMITS = Limits()
+SPECS = list(PIPELINE_V1_SPECS.values())
+
+with open(DATA / "MANIFEST.tsv", newline="", encoding="utf-8") as _fh:
+    MANIFEST = list(csv.DictReader(_fh, delimiter="\t"))
+
+
+def _rows(expected: str, *, processed: bool | None = None) -> list[dict[str, str]]:
+    def fmt_ok(row: dict[str, str]) -> bool:
+        is_processed = row["format"] in PROCESSED_FORMATS or row["format"] == "MPO"
+        return processed is None or is_processed == processed
+
+    return [row for row in MANIFEST if row["expected"] == expected and fmt_ok(row)]
+
+
+def _params(rows: list[dict[str, str]]) -> list:
+    return [pytest.param(row, id=row["path"]) for row in rows]
+
+
+PROCESS_ROWS = _rows("process", processed=True)
+PROCESS_UNPROCESSED_ROWS = _rows("process", processed=False)
+
+# Where each reject_corrupt file is refused. The header of these files is
+# fine (so probe, which reads headers only, accepts them); the pixel data is
+# not, so render refuses them. BLP and SGI are not formats attache processes
+# at all, so the magic-byte sniff refuses them as unsupported before Pillow
+# sees them (no 650 MB allocation for the BLP "timeout" file).
+CORRUPT_OUTCOME = {
+    "pillow/crash-0c7e0e8e11ce787078f00b5b0ca409a167f070e0.tif": ("render", CorruptImage),
+    "pillow/crash-754d9c7ec485ffb76a90eeaab191ef69a2a3a3cd.sgi": ("probe", UnsupportedFormat),
+    "pillow/timeout-060745d3f534ad6e4128c51d336ea5489182c69d.blp": ("probe", UnsupportedFormat),
+    "pillow/timeout-6646305047838720": ("render", CorruptImage),
+    "pillow/truncated_image.png": ("render", CorruptImage),
+    "pillow/truncated_jpeg.jpg": ("render", CorruptImage),
+    "pillow/ultrahdr.jpg": ("render", CorruptImage),
+    "synthetic/astronaut_truncated60.jpg": ("render", CorruptImage),
+}
+
+ALPHA_FILES = [
+    "pillow/pil123rgba.png",  # RGBA, interlaced
+    "synthetic/png_1x1_rgba.png",  # RGBA, alpha 128
+    "pillow/rgb_trns.png",  # RGB + tRNS colour key
+    "pillow/i_trns.png",  # 16-bit grey + tRNS
+]
+
+
+def path_of(rel: str) -> Path:
+    return DATA / rel
+
+
+# --- helpers --------------------------------------------------------------
+
+
+class LoadSpy:
+    """Records every pixel decode Pillow starts: (format, size being decoded)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch):
+        self.calls: list[tuple[str | None, tuple[int, int]]] = []
+        for cls in (ImageFile.ImageFile, TiffImagePlugin.TiffImageFile):
+            original = cls.__dict__["load"]
+
+            def load(self_img, _original=original):
+                if self_img.tile:  # pixel data still to be decoded
+                    self.calls.append((self_img.format, self_img.size))
+                return _original(self_img)
+
+            monkeypatch.setattr(cls, "load", load)
+
+
+def source_orientation(rel: str) -> int:
+    with Image.open(path_of(rel)) as im:
+        return im.getexif().get(0x0112, 1) or 1
+
+
+def upright_size(row: dict[str, str]) -> tuple[int, int]:
+    width, height = int(row["width"]), int(row["height"])
+    if source_orientation(row["path"]) in (5, 6, 7, 8):
+        width, height = height, width
+    return width, height
+
+
+def decode(rendered: Rendered) -> Image.Image:
+    im = Image.open(io.BytesIO(rendered.data))
+    im.load()
+    return im
+
+
+def mean_abs_diff(a: Image.Image, b: Image.Image) -> float:
+    a, b = a.convert("RGB"), b.convert("RGB")
+    assert a.size == b.size
+    return sum(ImageStat.Stat(ImageChops.difference(a, b)).mean) / 3
+
+
+def reference(rel: str, spec: VariantSpec, size: tuple[int, int]) -> Image.Image:
+    """What a derivative should look like: exif_transpose, to sRGB, resize."""
+    with Image.open(path_of(rel)) as im:
+        icc = im.info.get("icc_profile")
+        upright = ImageOps.exif_transpose(im).convert("RGB")
+    if icc:
+        source = ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        upright = ImageCms.profileToProfile(upright, source, ImageCms.createProfile("sRGB"))
+    if spec.kind == "cover":
+        return ImageOps.fit(upright, size, Image.Resampling.LANCZOS)
+    return upright.resize(size, Image.Resampling.LANCZOS)
+
+
+# Container structures a derivative may contain: nothing that carries
+# metadata (APPn other than JFIF, COM; PNG text/eXIf/iCCP; WebP EXIF/XMP/ICCP).
+ALLOWED_STRUCTURE = {
+    "JPEG": {"APP0", "DQT", "SOF0", "SOF2", "DHT", "SOS", "DRI"},
+    "PNG": {"IHDR", "PLTE", "tRNS", "IDAT", "IEND"},
+    "WEBP": {"VP8 ", "VP8L", "VP8X", "ALPH"},
+}
+
+
+def container_structure(data: bytes) -> tuple[str, list[str]]:
+    """Segment / chunk names of a JPEG, PNG or WebP file, up to the pixel data."""
+    if data[:2] == b"\xff\xd8":
+        names, pos = [], 2
+        while True:
+            marker = data[pos + 1]
+            length = int.from_bytes(data[pos + 2 : pos + 4], "big")
+            name = {0xC0: "SOF0", 0xC2: "SOF2", 0xC4: "DHT", 0xDB: "DQT", 0xDA: "SOS", 0xDD: "DRI",
+                    0xFE: "COM"}.get(marker, f"APP{marker - 0xE0}" if 0xE0 <= marker <= 0xEF else hex(marker))
+            names.append(name)
+            if name == "SOS":  # entropy-coded data follows
+                return "JPEG", names
+            pos += 2 + length
+    if data[:8] == b"\x89PNG\r\n\x1a\n":
+        names, pos = [], 8
+        while pos < len(data):
+            length = int.from_bytes(data[pos : pos + 4], "big")
+            names.append(data[pos + 4 : pos + 8].decode("latin-1"))
+            pos += 12 + length
+        return "PNG", names
+    assert data[:4] == b"RIFF" and data[8:12] == b"WEBP"
+    names, pos = [], 12
+    while pos < len(data):
+        length = int.from_bytes(data[pos + 4 : pos + 8], "little")
+        names.append(data[pos : pos + 4].decode("latin-1"))
+        pos += 8 + length + (length & 1)
+    return "WEBP", names
+
+
+def assert_no_metadata(rendered: Rendered) -> None:
+    kind, names = container_structure(rendered.data)
+    assert set(names) <= ALLOWED_STRUCTURE[kind], names
+    if kind == "JPEG":
+        assert rendered.data[6:11] == b"JFIF\x00"  # the only APP0 Pillow writes
+    im = decode(rendered)
+    assert len(im.getexif()) == 0
+    assert "icc_profile" not in im.info
+    assert "comment" not in im.info
+    assert "xmp" not in im.info and "XML:com.adobe.xmp" not in im.info
+
+
+# --- sniff ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        (b"\xff\xd8\xff\xe0\x00\x10JFIF", "JPEG"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "PNG"),
+        (b"GIF87a\x01\x00", "GIF"),
+        (b"GIF89a\x01\x00", "GIF"),
+        (b"RIFF\x24\x00\x00\x00WEBPVP8 ", "WEBP"),
+        (b"II*\x00\x08\x00\x00\x00", "TIFF"),
+        (b"MM\x00*\x00\x00\x00\x08", "TIFF"),
+        (b"BM\x36\x00\x00\x00", "BMP"),
+        (b"", None),
+        (b"\xff\xd8", None),  # too short to be a JPEG
+        (b"RIFF\x24\x00\x00\x00WAVEfmt ", None),  # RIFF, but audio
+        (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
+        (b"<!DOCTYPE html><html>", None),
+        (b"\x00\x00\x00\x1cftypheic\x00\x00\x00\x00", None),  # HEIF
+        (b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00", None),  # AVIF
+        (b"\x00\x00\x01\x00\x01\x00", None),  # ICO
+        (b"\x00\x00\x0a\x00\x00\x00\x00\x00", None),  # TGA (no magic)
+        (b"GIF90a", None),
+    ],
+)
+def test_sniff_magic_bytes(head: bytes, expected: str | None) -> None:
+    assert sniff(head) == expected
+
+
+@pytest.mark.parametrize("row", _params(PROCESS_ROWS))
+def test_sniff_agrees_with_pillow_on_corpus(row: dict[str, str]) -> None:
+    head = path_of(row["path"]).read_bytes()[:32]
+    assert sniff(head) == ("JPEG" if row["format"] == "MPO" else row["format"])
+
+
+def test_processed_formats_table() -> None:
+    assert PROCESSED_FORMATS == {
+        "JPEG": "image/jpeg",
+        "PNG": "image/png",
+        "GIF": "image/gif",
+        "WEBP": "image/webp",
+        "TIFF": "image/tiff",
+        "BMP": "image/bmp",
+    }
+
+
+# --- the corpus ----------------------------------------------------------
+
+
+def test_manifest_is_complete_and_covered() -> None:
+    for row in MANIFEST:
+        assert path_of(row["path"]).is_file(), row["path"]
+        assert path_of(row["path"]).stat().st_size == int(row["bytes"])
+    outcomes = [row["expected"] for row in MANIFEST]
+    assert outcomes.count("process") == 47
+    assert set(CORRUPT_OUTCOME) == {row["path"] for row in _rows("reject_corrupt")}
+    # MPO is processed as JPEG, not refused
+    assert any(row["format"] == "MPO" for row in PROCESS_ROWS)
+
+
+@pytest.mark.parametrize("row", _params(PROCESS_ROWS))
+def test_process_rows_probe_and_render(row: dict[str, str], monkeypatch) -> None:
+    rel = row["path"]
+    spy = LoadSpy(monkeypatch)
+    info = probe(path_of(rel), LIMITS)
+    assert spy.calls == [], "probe must not decode pixel data"
+
+    family = "JPEG" if row["format"] == "MPO" else row["format"]
+    assert isinstance(info, ImageInfo)
+    assert (info.format, info.content_type) == (family, PROCESSED_FORMATS[family])
+    assert (info.width, info.height) == (int(row["width"]), int(row["height"]))
+    assert info.orientation == source_orientation(rel)
+    # frames only where the header states it; GIF/TIFF would need a walk
+    assert info.frames == (None if family in ("GIF", "TIFF") else int(row["frames"]))
+
+    up_w, up_h = upright_size(row)
+    longest = max(up_w, up_h)
+    for spec in SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        im = decode(out)
+        assert (out.width, out.height) == im.size
+        assert out.content_type == Image.MIME[im.format]
+        assert out.extension == {"JPEG": "jpg", "PNG": "png", "WEBP": "webp"}[im.format]
+        w, h = im.size
+        if spec.name == "thumbnail":
+            assert max(w, h) == min(256, longest)
+            assert w <= 256 and h <= 256
+        elif spec.name == "crop":
+            assert (w, h) == (512, 512)
+        else:
+            assert max(w, h) == min(2048, longest)
+        if spec.kind != "cover":  # aspect preserved (to a pixel) and upright
+            scale = max(w, h) / longest
+            assert abs(w - up_w * scale) <= 1 and abs(h - up_h * scale) <= 1
+        assert_no_metadata(out)
+
+
+@pytest.mark.parametrize("row", _params(PROCESS_UNPROCESSED_ROWS))
+def test_formats_pillow_reads_but_attache_does_not(row: dict[str, str]) -> None:
+    # AVIF, ICO, TGA: Pillow can open them, attache does not process them
+    assert row["format"] in {"AVIF", "ICO", "TGA"}
+    with pytest.raises(UnsupportedFormat):
+        probe(path_of(row["path"]), LIMITS)
+    with pytest.raises(UnsupportedFormat):
+        render(path_of(row["path"]), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+
+
+def test_mpo_is_processed_as_jpeg_first_frame() -> None:
+    rel = "pillow/sugarshack.mpo"
+    info = probe(path_of(rel), LIMITS)
+    assert (info.format, info.content_type, info.frames) == ("JPEG", "image/jpeg", 2)
+    out = render(path_of(rel), PIPELINE_V1_SPECS["optimized"], LIMITS)
+    assert out.content_type == "image/jpeg"
+    with Image.open(path_of(rel)) as src:  # frame 0, as Pillow shows it
+        ref = src.convert("RGB")
+    assert mean_abs_diff(decode(out), ref) < 4
+
+
+@pytest.mark.parametrize("row", _params(_rows("reject_unsupported")))
+def test_reject_unsupported(row: dict[str, str]) -> None:
+    with pytest.raises(UnsupportedFormat) as err:
+        probe(path_of(row["path"]), LIMITS)
+    assert err.value.error_code == "unsupported_format"
+    assert_short_message(err.value, row["path"])
+    with pytest.raises(UnsupportedFormat):
+        render(path_of(row["path"]), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+
+
+@pytest.mark.parametrize("row", _params(_rows("reject_bomb")))
+def test_reject_bomb_from_header(row: dict[str, str], monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    started = time.perf_counter()
+    with pytest.raises(DecompressionBomb) as err:
+        probe(path_of(row["path"]), LIMITS)
+    assert time.perf_counter() - started < 1.0
+    assert spy.calls == [], "bomb must be refused before decoding"
+    assert err.value.error_code == "decompression_bomb"
+    assert_short_message(err.value, row["path"])
+    with pytest.raises(DecompressionBomb):
+        render(path_of(row["path"]), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert spy.calls == [], "render must apply the limits before decoding"
+
+
+@pytest.mark.parametrize("row", _params(_rows("reject_corrupt")))
+def test_reject_corrupt(row: dict[str, str]) -> None:
+    stage, error = CORRUPT_OUTCOME[row["path"]]
+    if stage == "probe":
+        with pytest.raises(error) as err:
+            probe(path_of(row["path"]), LIMITS)
+    else:
+        probe(path_of(row["path"]), LIMITS)  # the header is fine
+        for spec in SPECS:
+            with pytest.raises(error) as err:
+                render(path_of(row["path"]), spec, LIMITS)
+    assert_short_message(err.value, row["path"])
+
+
+def assert_short_message(exc: PermanentError, rel: str) -> None:
+    message = str(exc)
+    assert 0 < len(message) <= 120
+    assert Path(rel).name not in message and "/" not in message
+
+
+def test_pillow_exceptions_never_escape() -> None:
+    for row in MANIFEST:
+        for call in (
+            lambda p: probe(p, LIMITS),
+            lambda p: render(p, PIPELINE_V1_SPECS["thumbnail"], LIMITS),
+        ):
+            try:
+                call(path_of(row["path"]))
+            except PermanentError:
+                pass
+
+
+# --- limits ---------------------------------------------------------------
+
+
+def test_limits_apply_in_probe_and_render_before_decoding(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    big = path_of("photos/coffee_24mp_6000x4000.jpg")
+    with pytest.raises(DecompressionBomb):
+        probe(big, Limits(max_pixels=20_000_000))
+    with pytest.raises(ImageTooLarge) as err:
+        probe(big, Limits(max_dimension=5_000))
+    assert err.value.error_code == "image_too_large"
+    for spec in SPECS:
+        with pytest.raises(DecompressionBomb):
+            render(big, spec, Limits(max_pixels=20_000_000))
+        with pytest.raises(ImageTooLarge):
+            render(big, spec, Limits(max_dimension=5_000))
+    assert spy.calls == []
+    assert probe(big, Limits(max_pixels=24_000_000, max_dimension=6_000)).width == 6000
+
+
+def test_bomb_warning_band_is_refused_even_with_generous_limits() -> None:
+    # 100 MP: above Pillow's MAX_IMAGE_PIXELS, below twice it (only a warning
+    # by default). Even if attache's own limit allowed it, it is refused.
+    generous = Limits(max_pixels=200_000_000, max_dimension=20_000)
+    with pytest.raises(DecompressionBomb):
+        probe(path_of("synthetic/png_bomb_warn_10000x10000.png"), generous)
+
+
+def test_own_limit_holds_when_pillow_check_is_disabled(monkeypatch) -> None:
+    # Someone else in the process may set MAX_IMAGE_PIXELS = None; the
+    # explicit Limits.max_pixels check must still refuse every pixel bomb.
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", None)
+    for row in _rows("reject_bomb"):
+        with pytest.raises(DecompressionBomb):
+            probe(path_of(row["path"]), LIMITS)
+
+
+def test_truncated_images_are_never_loaded_leniently() -> None:
+    assert ImageFile.LOAD_TRUNCATED_IMAGES is False
+
+
+def test_bombs_do_not_allocate() -> None:
+    """In a fresh interpreter, refusing every bomb leaves peak RSS flat."""
+    files = [str(path_of(row["path"])) for row in _rows("reject_bomb")]
+    delta = _peak_rss_delta_mb(
+        f"""
+        from app.errors import DecompressionBomb
+        from app.imaging import Limits, probe
+        for path in {files!r}:
+            try:
+                probe(path, Limits())
+            except DecompressionBomb:
+                pass
+            else:
+                raise SystemExit("not refused: " + path)
+        """
+    )
+    assert delta < 10
+
+
+# --- decoding at the scale needed -----------------------------------------
+
+
+def test_12mp_jpeg_thumbnail_is_decoded_with_draft(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    out = render(path_of("photos/astronaut_12mp_3464x3464.jpg"), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert (out.width, out.height) == (256, 256)
+    [(fmt, size)] = spy.calls
+    assert fmt == "JPEG"
+    assert max(size) <= 3464 // 4, f"decoded at {size}, expected a DCT-scaled draft"
+    assert min(size) >= 256  # never below the target
+
+
+def test_cover_draft_keeps_the_short_side(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    out = render(path_of("photos/chelsea_12mp_4247x2825.jpg"), PIPELINE_V1_SPECS["crop"], LIMITS)
+    assert (out.width, out.height) == (512, 512)
+    [(_fmt, size)] = spy.calls
+    assert min(size) >= 512 and max(size) < 4247
+
+
+def test_12mp_jpeg_thumbnail_peak_memory() -> None:
+    """The full 3464x3464 decode alone would be 36 MB; the draft needs ~0.5 MB."""
+    path = str(path_of("photos/astronaut_12mp_3464x3464.jpg"))
+    delta = _peak_rss_delta_mb(
+        f"""
+        from app.imaging import PIPELINE_V1_SPECS, Limits, render
+        out = render({path!r}, PIPELINE_V1_SPECS["thumbnail"], Limits())
+        assert (out.width, out.height) == (256, 256)
+        """
+    )
+    assert delta < 20
+
+
+def _peak_rss_delta_mb(body: str) -> float:
+    """Run *body* in a fresh interpreter; return its peak-RSS growth in MB.
+
+    Pillow allocates pixels with malloc, which tracemalloc does not see, so
+    the kernel's high-water mark of this process's memory (``VmHWM``) is
+    used. (``ru_maxrss`` would not do: Linux carries the parent's RSS over
+    fork+exec into it.) The warm-up renders load every plugin and library
+    first, so only the body's own allocations are measured.
+    """
+    status = Path("/proc/self/status")
+    if not status.exists() or "VmHWM" not in status.read_text():
+        pytest.skip("needs Linux /proc/self/status")
+    script = textwrap.dedent(
+        f"""
+        import re
+        from app.imaging import PIPELINE_V1_SPECS, Limits, render
+
+        def peak_kb():
+            with open("/proc/self/status") as fh:
+                return int(re.search(r"VmHWM:\\s+(\\d+) kB", fh.read())[1])
+
+        render({str(path_of("pillow/hopper.jpg"))!r}, PIPELINE_V1_SPECS["crop"], Limits())
+        render({str(path_of("pillow/hopper.gif"))!r}, PIPELINE_V1_SPECS["crop"], Limits())
+        before = peak_kb()
+        """
+    ) + textwrap.dedent(body) + textwrap.dedent(
+        """
+        print((peak_kb() - before) / 1024)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return float(done.stdout.strip().splitlines()[-1])
+
+
+# --- orientation ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("rel", "orientation"),
+    [
+        ("pillow/hopper_orientation_3.jpg", 3),
+        ("pillow/hopper_orientation_6.jpg", 6),
+        ("pillow/hopper_orientation_8.jpg", 8),
+        ("pillow/hopper_orientation_6.webp", 6),
+        ("pillow/xmp_tags_orientation.png", 3),  # only in XMP
+        ("synthetic/exif_gps_orientation6.jpg", 6),
+    ],
+)
+def test_exif_orientation_is_applied(rel: str, orientation: int) -> None:
+    assert probe(path_of(rel), LIMITS).orientation == orientation
+    with Image.open(path_of(rel)) as im:
+        unrotated = im.convert("RGB")
+    for spec in SPECS:
+        out = decode(render(path_of(rel), spec, LIMITS))
+        right = mean_abs_diff(out, reference(rel, spec, out.size))
+        assert right < 6, f"{spec.name}: differs from exif_transpose by {right:.1f}"
+        # and it is clearly not the stored, un-rotated picture
+        wrong_ref = (
+            ImageOps.fit(unrotated, out.size, Image.Resampling.LANCZOS)
+            if spec.kind == "cover"
+            else unrotated.resize(out.size, Image.Resampling.LANCZOS)
+        )
+        assert mean_abs_diff(out, wrong_ref) > 3 * right + 10
+
+
+def test_orientation_rectangle_becomes_portrait() -> None:
+    rel = "pillow/orientation_rectangle.jpg"  # stored 2x1, orientation 8
+    info = probe(path_of(rel), LIMITS)
+    assert (info.width, info.height, info.orientation) == (2, 1, 8)
+    out = render(path_of(rel), PIPELINE_V1_SPECS["optimized"], LIMITS)
+    assert (out.width, out.height) == (1, 2)
+    out = render(path_of(rel), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert (out.width, out.height) == (1, 2)
+
+
+def test_exif_and_gps_are_stripped() -> None:
+    rel = "synthetic/exif_gps_orientation6.jpg"
+    with Image.open(path_of(rel)) as src:
+        assert src.getexif().get_ifd(0x8825)  # the source does carry GPS
+    for spec in SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        assert out.content_type == "image/jpeg"
+        assert_no_metadata(out)
+        assert not decode(out).getexif()
+        assert b"GPS" not in out.data and b"Exif" not in out.data
+        assert out.width > out.height or spec.kind == "cover"  # upright: 451x300
+
+
+# --- colour and output format -------------------------------------------
+
+
+@pytest.mark.parametrize("rel", ALPHA_FILES)
+def test_alpha_images_give_png_and_webp(rel: str) -> None:
+    for spec in SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        expected = "image/webp" if spec.name == "optimized" else "image/png"
+        assert out.content_type == expected
+        im = decode(out)
+        assert im.mode == "RGBA"
+        assert im.getchannel("A").getextrema()[0] < 255
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "photos/chelsea.png",
+        "pillow/iss634.apng",  # RGBA, but every pixel is opaque
+        "pillow/iss634.webp",  # ditto, animated WebP
+        "pillow/hopper.gif",
+        "pillow/pil_sample_cmyk.jpg",
+        "pillow/tiff_tiled_cmyk_jpeg.tif",
+        "pillow/hopper.bmp",
+    ],
+)
+def test_opaque_images_give_jpeg(rel: str) -> None:
+    for spec in SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        assert out.content_type == "image/jpeg"
+        assert decode(out).mode in ("RGB", "L")
+
+
+def test_optimized_jpeg_is_progressive_and_small_ones_are_not() -> None:
+    rel = "photos/rocket.jpg"
+    assert decode(render(path_of(rel), PIPELINE_V1_SPECS["optimized"], LIMITS)).info.get("progressive")
+    assert not decode(render(path_of(rel), PIPELINE_V1_SPECS["thumbnail"], LIMITS)).info.get("progressive")
+
+
+def test_grayscale_stays_grayscale() -> None:
+    out = render(path_of("photos/camera.jpg"), PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert decode(out).mode == "L"
+
+
+def test_embedded_icc_profile_is_converted_not_copied() -> None:
+    rel = "pillow/icc_profile_big.jpg"  # ~400 KB profile
+    for spec in SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        assert len(out.data) < 200_000
+        assert_no_metadata(out)
+
+
+def test_unparseable_icc_profile_is_dropped(tmp_path: Path) -> None:
+    path = tmp_path / "bad_icc.jpg"
+    Image.new("RGB", (40, 30), (200, 30, 30)).save(path, "JPEG", icc_profile=b"not a profile" * 10)
+    out = render(path, PIPELINE_V1_SPECS["optimized"], LIMITS)
+    r, g, b = decode(out).getpixel((20, 15))
+    assert r > 180 and g < 60 and b < 60
+
+
+def test_cmyk_becomes_rgb() -> None:
+    with Image.open(path_of("pillow/pil_sample_cmyk.jpg")) as src:
+        ref = src.convert("RGB")
+    out = decode(render(path_of("pillow/pil_sample_cmyk.jpg"), PIPELINE_V1_SPECS["optimized"], LIMITS))
+    assert out.mode == "RGB"
+    assert mean_abs_diff(out, ref) < 10  # an inverted-CMYK mistake gives > 100
+
+
+def test_16_bit_is_scaled_not_clipped(tmp_path: Path) -> None:
+    path = tmp_path / "gradient16.png"
+    gradient = Image.linear_gradient("L").resize((256, 256)).convert("I")
+    gradient.point(lambda v: v * 257).convert("I;16").save(path)
+    with Image.open(path) as check:
+        assert check.mode == "I;16" and check.getextrema() == (0, 65535)
+    out = decode(render(path, PIPELINE_V1_SPECS["optimized"], LIMITS))
+    assert out.mode == "L"
+    low, high = out.getextrema()
+    assert low <= 2 and high >= 253
+    assert 115 < ImageStat.Stat(out).mean[0] < 140  # a clip would give ~254
+
+
+def test_palette_transparency_becomes_alpha(tmp_path: Path) -> None:
+    path = tmp_path / "transparent.gif"
+    im = Image.new("P", (64, 64), 1)
+    im.putpalette([0, 0, 0, 255, 0, 0] + [0] * 762)
+    im.paste(0, (0, 0, 32, 64))
+    im.save(path, transparency=0)
+    out = render(path, PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert out.content_type == "image/png"
+    px = decode(out)
+    assert px.getpixel((10, 10))[3] == 0 and px.getpixel((50, 10)) == (255, 0, 0, 255)
+
+
+def _png_with_trailing_chunk(path: Path, kind: bytes, data: bytes, size=(40, 20)) -> Path:
+    """A valid PNG with one extra chunk after the pixel data (before IEND)."""
+    buf = io.BytesIO()
+    Image.linear_gradient("L").resize(size).convert("RGB").save(buf, "PNG")
+    png = buf.getvalue()
+    chunk = len(data).to_bytes(4, "big") + kind + data + zlib.crc32(kind + data).to_bytes(4, "big")
+    assert png[-12:-8] == b"\x00\x00\x00\x00" and png[-8:-4] == b"IEND"
+    path.write_bytes(png[:-12] + chunk + png[-12:])
+    return path
+
+
+def test_png_text_chunk_bomb_after_pixel_data(tmp_path: Path) -> None:
+    # zTXt that inflates past Pillow's MAX_TEXT_CHUNK, placed after IDAT, so
+    # only decoding reaches it: the header probe passes, render refuses it.
+    payload = b"Comment\x00\x00" + zlib.compress(b"\x00" * (8 * 1024 * 1024))
+    path = _png_with_trailing_chunk(tmp_path / "ztxt_bomb.png", b"zTXt", payload)
+    probe(path, LIMITS)
+    with pytest.raises(DecompressionBomb):
+        render(path, PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+
+
+def test_png_exif_after_pixel_data_is_honoured_by_render(tmp_path: Path) -> None:
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    path = _png_with_trailing_chunk(tmp_path / "late_exif.png", b"eXIf", exif.tobytes()[6:])
+    # probe reads headers only and cannot see it (documented) ...
+    assert probe(path, LIMITS).orientation == 1
+    # ... render decodes the file anyway and applies it
+    out = render(path, PIPELINE_V1_SPECS["optimized"], LIMITS)
+    assert (out.width, out.height) == (20, 40)
+
+
+def test_animated_gif_renders_first_frame_only() -> None:
+    # the second frame declares 4.3 gigapixels; it must never be reached
+    out = render(path_of("pillow/decompression_bomb_extents.gif"), PIPELINE_V1_SPECS["crop"], LIMITS)
+    assert (out.width, out.height) == (512, 512)
+    with Image.open(path_of("pillow/iss634.gif")) as src:
+        first = src.convert("RGB")
+    out = decode(render(path_of("pillow/iss634.gif"), PIPELINE_V1_SPECS["optimized"], LIMITS))
+    assert mean_abs_diff(out, first) < 6
+
+
+def test_cover_upscales_small_images_to_exact_size() -> None:
+    out = render(path_of("synthetic/png_1x1_rgba.png"), PIPELINE_V1_SPECS["crop"], LIMITS)
+    assert (out.width, out.height) == (512, 512)
+    out = render(path_of("pillow/hopper.jpg"), PIPELINE_V1_SPECS["crop"], LIMITS)
+    assert (out.width, out.height) == (512, 512)
+
+
+def test_cover_crops_the_centre() -> None:
+    rel = "photos/chelsea.jpg"
+    spec = PIPELINE_V1_SPECS["crop"]
+    out = decode(render(path_of(rel), spec, LIMITS))
+    assert mean_abs_diff(out, reference(rel, spec, (512, 512))) < 4
+
+
+# --- determinism ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rel",
+    [
+        "photos/astronaut_12mp_3464x3464.jpg",
+        "pillow/icc_profile_big.jpg",
+        "pillow/pil123rgba.png",  # PNG + WebP output
+        "pillow/xmp_tags_orientation.png",
+        "pillow/tiff_tiled_cmyk_jpeg.tif",
+        "synthetic/exif_gps_orientation6.jpg",
+    ],
+)
+def test_output_is_deterministic(rel: str) -> None:
+    for spec in SPECS:
+        first = render(path_of(rel), spec, LIMITS)
+        second = render(path_of(rel), spec, LIMITS)
+        assert first == second

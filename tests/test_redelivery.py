@@ -1,0 +1,142 @@
+"""Redelivery, stale and poison messages against a running worker.
+
+Messages are published straight to RabbitMQ (as a duplicate, a late
+redelivery or a hostile producer would), and the effects are read back
+from PostgreSQL and storage.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+
+import pika
+import pytest
+import requests
+from dramatiq.message import Message
+from sqlalchemy import func, select
+
+from app import messages
+from app.models import job_history, jobs, outbox, variants
+from tests.processes import Deployment, wait_for
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture
+def deployment(env, tmp_path):
+    deployment = Deployment(env, tmp_path)
+    deployment.start("web")
+    deployment.start("worker")
+    deployment.start("scheduler")
+    yield deployment
+    deployment.stop_all()
+
+
+def publish_raw(services, payload, *, actor="inspect", queue="attache.inspect"):
+    message = Message(queue_name=queue, actor_name=actor, args=(payload,), kwargs={}, options={})
+    services.broker.enqueue(message)
+    return message.message_id
+
+
+def xq_depth(broker_url, queue):
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        return connection.channel().queue_declare(queue=queue, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
+def snapshot(engine, job_id):
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+        effects = conn.execute(select(variants.c.variant, variants.c.sha256, variants.c.storage_key)
+                               .where(variants.c.job_id == job_id).order_by(variants.c.variant)).all()
+        history = conn.execute(select(func.count()).select_from(job_history).where(job_history.c.job_id == job_id)).scalar()
+    return job.state, job.attempt, job.ready_at, [tuple(e) for e in effects], history
+
+
+def test_12mp_upload_becomes_ready_with_a_matching_thumbnail(deployment, data_file):
+    path = data_file("photos/rocket_12mp_4241x2830.jpg")
+    response = deployment.upload(path)
+    assert response.status_code == 202
+    status = deployment.wait_state(response.json()["id"], timeout=60)
+    assert status["state"] == "ready", status
+    assert status["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    thumb = status["variants"]["thumbnail"]
+    assert max(thumb["width"], thumb["height"]) == 256
+    body = requests.get(deployment.url + thumb["url"], timeout=10)
+    assert body.status_code == 200 and body.headers["Content-Type"] == thumb["content_type"]
+    assert hashlib.sha256(body.content).hexdigest() == thumb["sha256"] == body.headers["ETag"].strip('"')
+    assert body.headers["X-Content-Type-Options"] == "nosniff"
+    original = requests.get(f"{deployment.url}/v1/attachments/{status['id']}/original", timeout=10)
+    assert original.content == path.read_bytes()
+
+
+def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment, services, engine, storage_dir, data_file):
+    response = deployment.upload(data_file("photos/chelsea.jpg"))
+    attachment_id, job_id = response.json()["id"], response.json()["job_id"]
+    assert deployment.wait_state(attachment_id)["state"] == "ready"
+    before = snapshot(engine, job_id)
+    objects_before = sorted(p for p in storage_dir.rglob("*") if p.is_file())
+    with engine.connect() as conn:
+        sent = [row.payload for row in conn.execute(select(outbox).where(outbox.c.job_id == job_id))]
+    assert {p["step"] for p in sent} == {"inspect", "render", "publish"}
+    for payload in sent:  # every message of the job, delivered again
+        actor, queue = messages.ROUTES[payload["step"]]
+        publish_raw(services, payload, actor=actor, queue=queue)
+    stale = dict(sent[0], attempt=7)  # an attempt that never existed
+    publish_raw(services, stale)
+    wait_for(lambda: services.broker.queue_depth("attache.inspect") == 0
+             and services.broker.queue_depth("attache.render") == 0
+             and services.broker.queue_depth("attache.publish") == 0, timeout=30, message="queues drained")
+    wait_for(lambda: "already_ready" in deployment.processes["worker"].output(), timeout=10, message="verify log")
+    assert snapshot(engine, job_id) == before
+    assert sorted(p for p in storage_dir.rglob("*") if p.is_file()) == objects_before
+
+
+@pytest.mark.parametrize("payload", [
+    {"job_id": "x"},
+    "just a string",
+    None,
+])
+def test_schema_invalid_messages_are_dead_lettered_unprocessed(deployment, services, broker_url, payload):
+    publish_raw(services, payload)
+    wait_for(lambda: xq_depth(broker_url, "attache.inspect.XQ") == 1, timeout=30, message="message in .XQ")
+
+
+def test_message_for_unknown_job_is_dead_lettered(deployment, services, broker_url):
+    from app.tracing import new_traceparent
+
+    payload = messages.build(job_id=uuid.uuid4(), attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
+                             step="inspect", traceparent=new_traceparent())
+    publish_raw(services, payload)
+    wait_for(lambda: xq_depth(broker_url, "attache.inspect.XQ") == 1, timeout=30, message="message in .XQ")
+
+
+def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_file, settings):
+    """The outbox publishes with native headers mirroring the body (docs/contract.md)."""
+    from app.web import create_app
+
+    app = create_app(settings)
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    with open(data_file("photos/chelsea.jpg"), "rb") as fh:
+        response = app.test_client().post("/v1/attachments", data={"file": (fh, "c.jpg")},
+                                          content_type="multipart/form-data", headers={"traceparent": traceparent})
+    assert response.status_code == 202
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        method, properties, body = connection.channel().basic_get("attache.inspect", auto_ack=True)
+    finally:
+        connection.close()
+    decoded = json.loads(body)
+    payload = decoded["args"][0]
+    assert payload["traceparent"].split("-")[1] == "0af7651916cd43dd8448eb211c80319c", "same trace"
+    assert properties.headers["traceparent"] == payload["traceparent"]
+    assert properties.headers["x-attache-job-id"] == payload["job_id"] == response.json["job_id"]
+    assert properties.message_id == decoded["message_id"]
+    assert properties.delivery_mode == 2 and properties.content_type == "application/json"
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.traceparent)).scalar() == traceparent
+    app.extensions["attache"].engine.dispose()
