@@ -20,8 +20,10 @@ from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, 
 from app import logs
 from app.broker import AttacheBroker
 from app.config import Settings
-from app.errors import ConfigError, EffectMissing, PoisonMessage
+from app.dead_letters import DeadLetterRecorder
+from app.errors import ConfigError
 from app.messages import ROUTES
+from app.policies import NEVER_RETRY
 from app.services import Services
 from app.workflow import Workflow
 
@@ -42,6 +44,9 @@ broker = AttacheBroker(
         TimeLimit(time_limit=10 * 60 * 1000),
         ShutdownNotifications(),
         CurrentMessage(),
+        # Dramatiq runs after_* hooks in reverse order: listed before Retries,
+        # the recorder runs after it and sees its verdict (message.failed).
+        DeadLetterRecorder(services.engine),
         Retries(max_retries=settings.broker_retries, min_backoff=settings.broker_min_backoff_ms,
                 max_backoff=60_000),
     ],
@@ -50,7 +55,6 @@ services.__dict__["broker"] = broker  # the worker publishes follow-up messages 
 dramatiq.set_broker(broker)
 workflow = Workflow(services)
 
-NEVER_RETRY = (PoisonMessage, EffectMissing)
 
 
 def _actor(step: str):

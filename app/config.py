@@ -100,6 +100,21 @@ class Settings:
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
     max_attempts: int = setting(
         "ATTACHE_MAX_ATTEMPTS", 5, _int(1, 100), "managed attempts per job before failed")
+    retry_initial_seconds: float = setting(
+        "ATTACHE_RETRY_INITIAL_SECONDS", 2.0, _float(0), "first managed-retry delay after a transient error")
+    retry_max_seconds: float = setting(
+        "ATTACHE_RETRY_MAX_SECONDS", 300.0, _float(0), "longest managed-retry delay")
+    staging_grace_seconds: float = setting(
+        "ATTACHE_STAGING_GRACE_SECONDS", 3600.0, _float(0),
+        "a staged object with no attachment row is removed after this long")
+    failed_retention_seconds: float = setting(
+        "ATTACHE_FAILED_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "the staged original of a failed job is kept this long after it failed (for replay)")
+    object_grace_seconds: float = setting(
+        "ATTACHE_OBJECT_GRACE_SECONDS", 3600.0, _float(0),
+        "an object under attachments/ that no variant row references is removed after this long")
+    cleanup_interval_seconds: float = setting(
+        "ATTACHE_CLEANUP_INTERVAL_SECONDS", 300.0, _float(0.1), "how often the staging and object cleanups run")
     outbox_publish_after_seconds: float = setting(
         "ATTACHE_OUTBOX_PUBLISH_AFTER_SECONDS", 10.0, _float(0),
         "an unmarked outbox row older than this is published by the scheduler")
@@ -139,6 +154,8 @@ class Settings:
         if self.fault and self.fault not in faults.POINTS:
             raise ConfigError(
                 f"ATTACHE_FAULT={self.fault!r} is not a fault point; known: {', '.join(sorted(faults.POINTS))}")
+        if self.retry_max_seconds < self.retry_initial_seconds:
+            raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
 

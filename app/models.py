@@ -13,6 +13,9 @@ test compares the two so they cannot drift.
   ``published_at IS NULL`` is a finished render step waiting for the
   publish step; rows become visible only when the publish transaction sets
   ``published_at`` together with flipping the job to ``ready``.
+* ``dead_letters`` - why a message was dead-lettered (Dramatiq's dead
+  letters carry no failure details): written by the worker's
+  :class:`~app.dead_letters.DeadLetterRecorder` when it gives up on one.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
 """
@@ -135,3 +138,19 @@ outbox = Table(
     Column("last_error", Text),
 )
 Index("outbox_pending_idx", outbox.c.available_at, postgresql_where=text("published_at IS NULL"))
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("message_id", Text, nullable=False),
+    Column("queue_name", Text, nullable=False),
+    Column("actor_name", Text, nullable=False),
+    Column("job_id", UUID(as_uuid=True)),
+    Column("error_code", Text, nullable=False),
+    Column("reason", Text, nullable=False),
+    Column("retries", Integer, nullable=False, server_default=text("0")),
+    Column("body", JSONB),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("dead_letters_message_idx", dead_letters.c.message_id)

@@ -51,6 +51,7 @@ from app.errors import (
 )
 from app.logs import bound
 from app.models import attachments, variants
+from app.policies import step_policies
 from app.retry import RetryPolicy, error_code, sanitized_reason
 from app.services import Services, identity
 from app.tracing import child_of, trace_id
@@ -67,10 +68,9 @@ class Outcome:
 
 
 class Workflow:
-    def __init__(self, services: Services, policy: RetryPolicy | None = None):
+    def __init__(self, services: Services, policies: dict[str, RetryPolicy] | None = None):
         self.services = services
-        settings = services.settings
-        self.policy = policy or RetryPolicy(max_attempts=settings.max_attempts)
+        self.policies = policies or step_policies(services.settings)
 
     # --- entry point --------------------------------------------------------
 
@@ -112,7 +112,7 @@ class Workflow:
         except (PoisonMessage, DatabaseUnavailable):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
-            return self.record_failure(job, attempt, error, lease.owner)
+            return self.record_failure(job, attempt, body["step"], error, lease.owner)
 
     # --- steps --------------------------------------------------------------
 
@@ -197,7 +197,7 @@ class Workflow:
 
     # --- failures ------------------------------------------------------------
 
-    def record_failure(self, job, attempt: int, error: BaseException, actor: str) -> Outcome:
+    def record_failure(self, job, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
         """Permanent -> ``failed``; otherwise ``queued`` with a backoff (or ``failed`` once spent).
 
         The next attempt's message waits in the outbox until it is due; the
@@ -206,9 +206,10 @@ class Workflow:
         code, reason = error_code(error), sanitized_reason(error)
         if not isinstance(error, AttacheError):
             log.error("unexpected %s in step", type(error).__name__, exc_info=error)
+        policy = self.policies[step]
         with transaction(self.services.engine) as conn:
-            if self.policy.retryable(error):
-                new_state = states.retry_later(conn, job.id, attempt, code, reason, self.policy.delay(attempt), actor)
+            if policy.retryable(error):
+                new_state = states.retry_later(conn, job.id, attempt, code, reason, policy.delay(attempt), actor)
             else:
                 new_state = states.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
         return Outcome(new_state or "stale", f"{code}: {reason}")

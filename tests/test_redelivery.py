@@ -101,18 +101,31 @@ def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment
     "just a string",
     None,
 ])
-def test_schema_invalid_messages_are_dead_lettered_unprocessed(deployment, services, broker_url, payload):
-    publish_raw(services, payload)
+def test_schema_invalid_messages_are_dead_lettered_unprocessed(deployment, services, engine, broker_url, payload):
+    message_id = publish_raw(services, payload)
     wait_for(lambda: xq_depth(broker_url, "attache.inspect.XQ") == 1, timeout=30, message="message in .XQ")
+    record = wait_for(lambda: dead_letter(engine, message_id), timeout=10, message="dead letter recorded")
+    assert record.error_code == "invalid_message" and record.retries == 0
+    assert "jobs.schema.json" in record.reason
 
 
-def test_message_for_unknown_job_is_dead_lettered(deployment, services, broker_url):
+def dead_letter(engine, message_id):
+    from app.models import dead_letters
+
+    with engine.connect() as conn:
+        return conn.execute(select(dead_letters).where(dead_letters.c.message_id == message_id)).one_or_none()
+
+
+def test_message_for_unknown_job_is_dead_lettered(deployment, services, engine, broker_url):
     from app.tracing import new_traceparent
 
-    payload = messages.build(job_id=uuid.uuid4(), attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
+    job_id = uuid.uuid4()
+    payload = messages.build(job_id=job_id, attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
                              step="inspect", traceparent=new_traceparent())
-    publish_raw(services, payload)
+    message_id = publish_raw(services, payload)
     wait_for(lambda: xq_depth(broker_url, "attache.inspect.XQ") == 1, timeout=30, message="message in .XQ")
+    record = wait_for(lambda: dead_letter(engine, message_id), timeout=10, message="dead letter recorded")
+    assert (record.error_code, record.job_id) == ("unknown_job", job_id)
 
 
 def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_file, settings):
