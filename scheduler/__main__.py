@@ -17,7 +17,9 @@ from app.config import Settings
 from app.errors import AttacheError, ConfigError
 from app.services import Services
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
+from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
 log = logging.getLogger("attache.scheduler")
 
@@ -28,6 +30,11 @@ def build(services: Services) -> list[tuple[object, float]]:
         (OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
          settings.outbox_interval_seconds),
         (LeaseRecovery(services, LeaseRecoveryConfig()), settings.lease_interval_seconds),
+        (StagingCleanup(services, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
+                                                       failed_retention_seconds=settings.failed_retention_seconds)),
+         settings.cleanup_interval_seconds),
+        (ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+         settings.cleanup_interval_seconds),
     ]
 
 

@@ -1,0 +1,34 @@
+"""One scheduler at a time per cleanup: a PostgreSQL advisory lock per service.
+
+Row-level services (outbox relay, lease recovery) use ``SKIP LOCKED``
+instead; the cleanups walk object storage, so two schedulers would only
+repeat each other's listing. The second one skips its round.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import zlib
+from typing import Iterator
+
+from sqlalchemy import text
+from sqlalchemy.engine import Engine
+
+
+def lock_key(name: str) -> int:
+    return zlib.crc32(f"attache:{name}".encode())
+
+
+@contextlib.contextmanager
+def exclusive(engine: Engine, name: str) -> Iterator[bool]:
+    """Yields True if this process holds the lock for ``name`` (released on exit)."""
+    key = lock_key(name)
+    with engine.connect() as conn:
+        held = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+        conn.commit()
+        try:
+            yield held
+        finally:
+            if held:
+                conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                conn.commit()

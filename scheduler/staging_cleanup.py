@@ -1,0 +1,97 @@
+"""Orphaned staging: staged originals that no current work needs.
+
+A staged object ``staging/{attachment_id}`` is removed when, on a fresh
+look at the database taken right before the delete:
+
+* no attachment row points at it and it is older than
+  ``ATTACHE_STAGING_GRACE_SECONDS`` (window 1: the web died between staging
+  and COMMIT, or a refused upload's delete failed); or
+* every job of its attachment is ``ready`` (the worker's own removal after
+  publish did not happen); or
+* every job of its attachment is ``failed`` and has been for longer than
+  ``ATTACHE_FAILED_RETENTION_SECONDS`` (after that a replay is impossible).
+
+A job in ``queued`` or ``processing`` always keeps its staging.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+
+from sqlalchemy import select
+
+from app.db import transaction
+from app.models import attachments, jobs
+from app.services import Services
+from scheduler.locking import exclusive
+
+log = logging.getLogger("attache.scheduler.staging")
+
+PREFIX = "staging/"
+
+
+@dataclass(frozen=True)
+class StagingCleanupConfig:
+    grace_seconds: float = 3600.0
+    failed_retention_seconds: float = 7 * 24 * 3600.0
+    batch: int = 200
+
+
+class StagingCleanup:
+    name = "staging_cleanup"
+
+    def __init__(self, services: Services, config: StagingCleanupConfig):
+        self.services = services
+        self.config = config
+
+    def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
+        counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0}
+        with exclusive(self.services.engine, self.name) as held:
+            if not held:
+                counts["skipped"] = 1
+                return counts
+            batch = []
+            for info in self.services.storage.list_objects(PREFIX):
+                batch.append(info)
+                if len(batch) >= self.config.batch:
+                    self._process(batch, counts, dry_run)
+                    batch = []
+            if batch:
+                self._process(batch, counts, dry_run)
+        if counts["removed"]:
+            log.info("staging cleanup removed %(removed)d of %(examined)d staged objects", counts, extra=counts)
+        return counts
+
+    def _process(self, batch, counts, dry_run: bool) -> None:
+        now = datetime.now(timezone.utc)
+        for info in batch:
+            counts["examined"] += 1
+            if self._removable(info, now):
+                if not dry_run:
+                    self.services.storage.delete(info.key)
+                    log.info("removed staged object %s", info.key, extra={"key": info.key})
+                counts["removed"] += 1
+            else:
+                counts["kept"] += 1
+
+    def _removable(self, info, now: datetime) -> bool:
+        try:
+            attachment_id = uuid.UUID(info.key[len(PREFIX):])
+        except ValueError:
+            attachment_id = None
+        with transaction(self.services.engine) as conn:
+            owner = None if attachment_id is None else conn.execute(
+                select(attachments.c.id).where(attachments.c.staging_key == info.key)).scalar()
+            if owner is None:
+                age = now - (info.last_modified or now)
+                return age >= timedelta(seconds=self.config.grace_seconds)
+            states = conn.execute(select(jobs.c.state, jobs.c.updated_at).where(jobs.c.attachment_id == owner)).all()
+        if not states:
+            return False
+        if all(state == "ready" for state, _ in states):
+            return True
+        retention = timedelta(seconds=self.config.failed_retention_seconds)
+        return all(state == "failed" and now - updated >= retention for state, updated in states)

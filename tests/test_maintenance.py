@@ -1,0 +1,167 @@
+"""Each maintenance service, tested by seeding rows and objects and calling ``run_once()``."""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+
+import pytest
+from sqlalchemy import func, insert, select, text, update
+
+from app import pipeline, states
+from app.models import attachments, jobs, outbox, variants
+from app.tracing import new_traceparent
+from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
+from scheduler.locking import exclusive
+from scheduler.object_gc import ObjectGc, ObjectGcConfig
+from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+HOUR = 3600
+
+
+def seed(engine, storage, state="queued", *, stage=True):
+    attachment_id = uuid.uuid4()
+    key = pipeline.staging_key(attachment_id)
+    if stage:
+        storage.put_bytes(key, b"original bytes")
+    with engine.begin() as conn:
+        conn.execute(insert(attachments).values(
+            id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=14,
+            sha256="0" * 64, width=1, height=1, staging_key=key))
+        job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
+                                      traceparent=new_traceparent(), tracestate=None, actor="test")
+        if state != "queued":
+            values = {"state": state, "attempt": 1}
+            if state == "failed":
+                values["error_code"] = "corrupt_image"
+            if state == "processing":
+                values["lease_expires_at"] = func.now() + text("interval '1 hour'")
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
+    return attachment_id, job_id, key
+
+
+def age(storage_dir, key, seconds):
+    path = storage_dir / key
+    past = time.time() - seconds
+    os.utime(path, (past, past))
+
+
+def exists(storage_dir, key):
+    return (storage_dir / key).exists()
+
+
+# --- outbox relay -------------------------------------------------------------
+
+
+def test_outbox_relay_publishes_only_abandoned_and_due_rows(services, engine):
+    _, young_job, _ = seed(engine, services.storage)
+    _, old_job, _ = seed(engine, services.storage)
+    _, delayed_job, _ = seed(engine, services.storage)
+    with engine.begin() as conn:
+        conn.execute(update(outbox).where(outbox.c.job_id == old_job).values(created_at=func.now() - text("interval '1 minute'")))
+        conn.execute(update(outbox).where(outbox.c.job_id == delayed_job)
+                     .values(available_at=func.now() + text("interval '1 hour'")))
+    relay = OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=30))
+    assert relay.run_once() == {"published": 1, "pending": 0}
+    assert services.broker.queue_depth("attache.inspect") == 1
+    with engine.begin() as conn:
+        marked = dict(conn.execute(select(outbox.c.job_id, outbox.c.published_at)).all())
+        assert marked[old_job] is not None and marked[young_job] is None and marked[delayed_job] is None
+        conn.execute(update(outbox).where(outbox.c.job_id == delayed_job).values(available_at=func.now()))
+    # a delayed row is published as soon as it is due, without waiting for the threshold
+    assert relay.run_once()["published"] == 1
+    assert relay.run_once()["published"] == 0, "a marked row is never published again by the relay"
+
+
+def test_outbox_relay_leaves_rows_unmarked_while_the_broker_is_down(settings, engine):
+    from app.config import Settings
+    from app.services import Services
+
+    down = Services(Settings.from_env({"DATABASE_URL": settings.database_url,
+                                       "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                       "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "1"}))
+    seed(engine, down.storage, stage=False)
+    counts = OutboxRelay(down, OutboxRelayConfig(publish_after_seconds=0)).run_once()
+    assert counts == {"published": 0, "pending": 1}
+    with engine.connect() as conn:
+        row = conn.execute(select(outbox)).one()
+    assert row.published_at is None and row.publish_attempts == 1 and "not confirmed" in row.last_error
+    down.engine.dispose()
+
+
+# --- lease recovery ------------------------------------------------------------
+
+
+def test_lease_recovery_requeues_expired_and_publishes_the_next_attempt(services, engine):
+    _, expired, _ = seed(engine, services.storage, "processing")
+    _, live, _ = seed(engine, services.storage, "processing")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == expired).values(lease_expires_at=func.now() - text("interval '1 second'")))
+    assert LeaseRecovery(services, LeaseRecoveryConfig()).run_once() == {"requeued": 1, "failed": 0}
+    with engine.connect() as conn:
+        got = dict(conn.execute(select(jobs.c.id, jobs.c.state)).all())
+        newest = conn.execute(select(outbox.c.payload, outbox.c.published_at).where(outbox.c.job_id == expired)
+                              .order_by(outbox.c.id.desc())).first()
+    assert got == {expired: "queued", live: "processing"}
+    assert newest.payload["attempt"] == 2 and newest.published_at is not None
+
+
+# --- staging cleanup -------------------------------------------------------------
+
+
+def test_staging_cleanup_never_removes_current_work(services, engine, storage_dir):
+    orphan_old, orphan_young = f"staging/{uuid.uuid4()}", f"staging/{uuid.uuid4()}"
+    for key in (orphan_old, orphan_young):
+        services.storage.put_bytes(key, b"x")
+    _, _, queued_key = seed(engine, services.storage, "queued")
+    _, _, processing_key = seed(engine, services.storage, "processing")
+    _, _, ready_key = seed(engine, services.storage, "ready")
+    _, _, failed_recent_key = seed(engine, services.storage, "failed")
+    _, failed_old_job, failed_old_key = seed(engine, services.storage, "failed")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == failed_old_job).values(updated_at=func.now() - text("interval '8 days'")))
+    for key in (orphan_old, queued_key, processing_key, ready_key, failed_recent_key, failed_old_key):
+        age(storage_dir, key, 2 * HOUR)
+    cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=HOUR, failed_retention_seconds=7 * 24 * HOUR))
+    assert cleanup.run_once(dry_run=True)["removed"] == 3
+    assert all(exists(storage_dir, k) for k in (orphan_old, ready_key, failed_old_key)), "a dry run removes nothing"
+    counts = cleanup.run_once()
+    assert counts["removed"] == 3 and counts["examined"] == 7
+    assert not exists(storage_dir, orphan_old) and not exists(storage_dir, ready_key)
+    assert not exists(storage_dir, failed_old_key)
+    for key in (orphan_young, queued_key, processing_key, failed_recent_key):
+        assert exists(storage_dir, key), key
+
+
+def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, engine):
+    with exclusive(engine, "staging_cleanup") as held:
+        assert held
+        assert StagingCleanup(services, StagingCleanupConfig()).run_once()["skipped"] == 1
+    assert StagingCleanup(services, StagingCleanupConfig()).run_once()["skipped"] == 0
+
+
+# --- unreferenced objects ------------------------------------------------------------
+
+
+def test_object_gc_removes_only_old_unreferenced_objects(services, engine, storage_dir):
+    attachment_id, job_id, _ = seed(engine, services.storage, "processing")
+    referenced = pipeline.variant_key(attachment_id, 1, "thumbnail", "a" * 64, "jpg")
+    unreferenced_old = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
+    unreferenced_young = pipeline.variant_key(attachment_id, 1, "crop", "c" * 64, "jpg")
+    for key in (referenced, unreferenced_old, unreferenced_young):
+        services.storage.put_bytes(key, b"bytes")
+    for key in (referenced, unreferenced_old):
+        age(storage_dir, key, 2 * HOUR)
+    with engine.begin() as conn:
+        conn.execute(insert(variants).values(
+            job_id=job_id, attachment_id=attachment_id, pipeline_version=1, variant="thumbnail",
+            storage_key=referenced, content_type="image/jpeg", size=5, sha256="a" * 64, width=1, height=1,
+            attempt=1))
+    gc = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR))
+    counts = gc.run_once()
+    assert (counts["removed"], counts["referenced"], counts["young"]) == (1, 1, 1)
+    assert exists(storage_dir, referenced) and exists(storage_dir, unreferenced_young)
+    assert not exists(storage_dir, unreferenced_old)
+    assert gc.run_once()["removed"] == 0

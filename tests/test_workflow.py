@@ -1,0 +1,175 @@
+"""The pipeline steps run in-process against real PostgreSQL and storage.
+
+Messages are taken from the outbox and handed to :class:`Workflow` directly
+(what a worker does, without RabbitMQ in between), so each behaviour can be
+driven step by step.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from sqlalchemy import func, insert, select, text, update
+
+from app import intake, pipeline, states
+from app.config import Settings
+from app.models import job_history, jobs, outbox, variants
+from app.services import Services
+from app.uploads import HashingSpool
+from app.workflow import Workflow
+
+
+def upload(services, path):
+    spool = HashingSpool(10**9)
+    spool.write(path.read_bytes())
+    received = spool.finish()
+    try:
+        return intake.accept(services, received, filename=path.name, owner="t",
+                             traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", tracestate=None)
+    finally:
+        received.discard()
+
+
+def take_messages(engine, job_id):
+    """Unpublished, due outbox rows of a job, marked as published (we deliver them ourselves)."""
+    with engine.begin() as conn:
+        rows = conn.execute(select(outbox).where(outbox.c.job_id == job_id, outbox.c.published_at.is_(None),
+                                                 outbox.c.available_at <= func.now()).order_by(outbox.c.id)).all()
+        conn.execute(update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=func.now()))
+    return [r.payload for r in rows]
+
+
+def run(workflow, engine, job_id, limit=20):
+    outcomes = []
+    for _ in range(limit):
+        payloads = take_messages(engine, job_id)
+        if not payloads:
+            break
+        outcomes += [workflow.handle(p, step=p["step"]).status for p in payloads]
+    return outcomes
+
+
+def job(engine, job_id):
+    with engine.connect() as conn:
+        return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+
+
+@pytest.fixture
+def quiet_services(env):
+    """Services whose broker is unreachable: the tests deliver messages themselves."""
+    services = Services(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
+                                           "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+    yield services
+    services.engine.dispose()
+
+
+def test_a_job_runs_to_ready_through_every_step(quiet_services, engine, data_file):
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    outcomes = run(Workflow(quiet_services), engine, accepted.job_id)
+    assert outcomes[0] == "inspected" and outcomes[-1] == "ready"
+    assert sorted(o for o in outcomes if o == "rendered") == ["rendered"] * 4
+    assert job(engine, accepted.job_id).state == "ready"
+
+
+def test_corrupt_pixels_end_failed_with_a_specific_code(quiet_services, engine, data_file):
+    accepted = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.error_code) == ("failed", "corrupt_image")
+    with engine.connect() as conn:
+        published = conn.execute(select(func.count()).select_from(variants).where(variants.c.published_at.is_not(None))).scalar()
+    assert published == 0, "a failed job publishes nothing"
+
+
+def test_transient_storage_error_requeues_with_backoff_then_heals(quiet_services, env, engine, data_file):
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    broken = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
+                                         "S3_ACCESS_KEY": "k", "S3_SECRET_KEY": "super-secret-value",
+                                         "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+    payload = take_messages(engine, accepted.job_id)[0]
+    assert Workflow(broken).handle(payload, step="inspect").status == "queued"
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.attempt, row.error_code) == ("queued", 1, "storage_unavailable")
+    assert row.next_attempt_at is not None
+    assert "super-secret-value" not in row.error_reason and "http://" not in row.error_reason
+    broken.engine.dispose()
+    # storage is back: the next attempt (from the outbox) finishes the job
+    outcomes = run(Workflow(quiet_services), engine, accepted.job_id)
+    assert outcomes[-1] == "ready" and job(engine, accepted.job_id).attempt == 2
+
+
+def test_attempts_are_bounded(env, engine, data_file):
+    services = Services(Settings.from_env({**env, "ATTACHE_MAX_ATTEMPTS": "2", "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    broken = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
+                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                         "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    run(Workflow(broken), engine, accepted.job_id)
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.attempt, row.error_code) == ("failed", 2, "storage_unavailable")
+    assert row.error_reason.startswith("attempts exhausted")
+    services.engine.dispose()
+    broken.engine.dispose()
+
+
+def test_recovered_job_resumes_at_the_first_unfinished_step(quiet_services, engine, data_file):
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(quiet_services)
+    [inspect] = take_messages(engine, accepted.job_id)
+    workflow.handle(inspect, step="inspect")
+    renders = take_messages(engine, accepted.job_id)
+    done = [p for p in renders if p["variant"] in ("original", "thumbnail")]
+    for payload in done:
+        workflow.handle(payload, step="render")
+    # the worker dies; the lease expires; the scheduler requeues
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
+        states.recover_expired(conn, batch=10, actor="scheduler:test")
+    [retry] = take_messages(engine, accepted.job_id)
+    assert retry["step"] == "inspect" and retry["attempt"] == 2
+    workflow.handle(retry, step="inspect")
+    announced = take_messages(engine, accepted.job_id)
+    assert sorted(p["variant"] for p in announced) == ["crop", "optimized"], "finished renders are not redone"
+    for payload in announced:
+        workflow.handle(payload, step="render")
+    [publish] = take_messages(engine, accepted.job_id)
+    assert workflow.handle(publish, step="publish").status == "ready"
+    with engine.connect() as conn:
+        attempts = dict(conn.execute(select(variants.c.variant, variants.c.attempt)).all())
+    assert attempts == {"original": 1, "thumbnail": 1, "crop": 2, "optimized": 2}
+
+
+def test_a_worker_that_lost_its_lease_makes_nothing_visible(quiet_services, engine, data_file):
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(quiet_services)
+    [inspect] = take_messages(engine, accepted.job_id)
+    workflow.handle(inspect, step="inspect")
+    renders = take_messages(engine, accepted.job_id)
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
+    assert {workflow.handle(p, step="render").status for p in renders} == {"stale"}
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(variants)).scalar() == 0
+
+
+def test_heartbeat_keeps_a_long_step_leased(env, engine, data_file):
+    services = Services(Settings.from_env({**env, "ATTACHE_LEASE_SECONDS": "1",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    lease = states.Lease("worker:test", 1.0)
+    with engine.begin() as conn:
+        assert states.claim(conn, accepted.job_id, 1, lease)
+    workflow = Workflow(services)
+    with workflow._lease_kept(accepted.job_id, 1, lease):
+        time.sleep(2.5)  # a step that runs past its lease length
+    with engine.begin() as conn:
+        assert states.fence(conn, accepted.job_id, 1, lease) is not None, "the heartbeat kept the lease alive"
+    time.sleep(1.2)
+    with engine.begin() as conn:
+        assert states.fence(conn, accepted.job_id, 1, lease) is None, "without it, the lease expires"
+    services.engine.dispose()
