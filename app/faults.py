@@ -20,6 +20,7 @@ name                            #   where
                                     committed
 ``after_result_commit``         5   worker: the job committed ``ready``, message
                                     not acked (and staging not yet removed)
+``during_render``               -   worker: a render step started, nothing written
 ==============================  ==  ==============================================
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
@@ -37,6 +38,9 @@ POINTS = {
     "after_publish": 3,
     "after_object_write": 4,
     "after_result_commit": 5,
+    # not a contract window: a worker dying in the middle of rendering
+    # (a file that crashes the decoder, an OOM kill)
+    "during_render": 0,
 }
 
 log = logging.getLogger("attache.faults")

@@ -143,6 +143,7 @@ class Workflow:
                 variants.c.attachment_id == job.attachment_id, variants.c.pipeline_version == job.pipeline_version,
                 variants.c.variant == variant)).first() is not None
         if not done:
+            faults.point("during_render")
             with self._lease_kept(job.id, attempt, lease):
                 effect = self._make_object(attachment, version, variant)
             faults.point("after_object_write")

@@ -17,6 +17,7 @@ import socket
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -400,6 +401,79 @@ def test_list_keys_by_prefix(storage):
         list(storage.list_keys("../"))
 
 
+def _assert_recent(when: datetime | None) -> None:
+    assert when is not None and when.tzinfo is not None
+    assert when.utcoffset() == timedelta(0), "last_modified must be UTC"
+    assert abs(datetime.now(timezone.utc) - when) < timedelta(minutes=1), when
+
+
+def _set_mtime(store: Storage, key: str, when: datetime) -> None:
+    """Backdate an object: ``os.utime`` on disk, the object's record inside the in-process moto server."""
+    if isinstance(store, FilesystemStorage):
+        os.utime(store.root / key, (when.timestamp(), when.timestamp()))
+        return
+    from moto.s3.models import s3_backends
+
+    for regions in s3_backends.values():
+        for backend in regions.values():
+            bucket = backend.buckets.get(store.bucket)
+            if bucket is not None:
+                bucket.keys[key].last_modified = when.replace(tzinfo=None)  # moto keeps naive UTC
+                return
+    raise AssertionError(f"bucket {store.bucket} not found in moto")
+
+
+def test_list_objects_reports_size_and_age(storage):
+    objects = {"staging/a": b"a" * 10, "staging/b": b"", "attachments/u1/original/x": b"x" * 1000}
+    for key, data in objects.items():
+        storage.put_bytes(key, data)
+    listed = {info.key: info for info in storage.list_objects()}
+    assert sorted(listed) == sorted(objects)
+    for key, info in listed.items():
+        assert isinstance(info, ObjectInfo)
+        assert info.size == len(objects[key])
+        _assert_recent(info.last_modified)
+    assert sorted(i.key for i in storage.list_objects("staging/")) == ["staging/a", "staging/b"]
+    assert sorted(storage.list_keys()) == sorted(objects)  # list_keys agrees with list_objects
+    assert list(storage.list_objects("nothing/")) == []
+    with pytest.raises(ValueError):
+        list(storage.list_objects("../"))
+
+
+def test_stat_reports_last_modified(storage):
+    storage.put_bytes(KEY, b"photo")
+    info = storage.stat(KEY)
+    assert info == ObjectInfo(KEY, 5)  # equality ignores the timestamp
+    _assert_recent(info.last_modified)
+    listed = next(iter(storage.list_objects(KEY)))
+    assert abs(listed.last_modified - info.last_modified) < timedelta(seconds=2)
+
+
+def test_backdated_object_appears_older(storage):
+    storage.put_bytes("staging/old", b"old")
+    storage.put_bytes("staging/new", b"new")
+    past = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=25)
+    _set_mtime(storage, "staging/old", past)
+
+    old = storage.stat("staging/old")
+    assert old.last_modified == past
+    _assert_recent(storage.stat("staging/new").last_modified)
+    listed = {info.key: info.last_modified for info in storage.list_objects("staging/")}
+    assert listed["staging/old"] == past
+    assert listed["staging/new"] - listed["staging/old"] > timedelta(hours=24)
+    cutoff = datetime.now(timezone.utc) - timedelta(hours=24)
+    assert [i.key for i in storage.list_objects() if i.last_modified < cutoff] == ["staging/old"]
+
+
+def test_filesystem_list_objects_skips_vanishing_and_odd_files(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes("staging/a", b"a")
+    (tmp_path / "staging" / "dangling").symlink_to(tmp_path / "nowhere")
+    (tmp_path / "staging" / ".tmp-abandoned").write_bytes(b"partial")
+    assert [(i.key, i.size) for i in store.list_objects()] == [("staging/a", 1)]
+    assert list(FilesystemStorage(tmp_path / "missing").list_objects()) == []
+
+
 def test_filesystem_list_skips_temp_and_foreign_files(tmp_path):
     store = FilesystemStorage(tmp_path)
     store.put_bytes("staging/a", b"a")
@@ -540,6 +614,7 @@ def test_s3_unreachable_endpoint_fails_fast_without_secrets():
         lambda: store.put_bytes(KEY, b"x"),
         lambda: store.open_stream(KEY),
         lambda: list(store.list_keys()),
+        lambda: list(store.list_objects()),
         lambda: store.delete(KEY),
         lambda: store.copy(KEY, "staging/y"),
     ]

@@ -11,7 +11,8 @@ import os
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import ContextManager
 
@@ -75,10 +76,28 @@ def validate_range(chunk_size: int, start: int, length: int | None) -> None:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What a backend knows about a stored object."""
+    """What a backend knows about a stored object.
+
+    ``last_modified`` is a timezone-aware UTC datetime when the backend
+    reported one (``stat`` and ``list_objects`` always do; ``put_*`` and
+    ``copy`` may not). It takes no part in equality: two infos for the same
+    key and size compare equal whatever their timestamps.
+    """
 
     key: str
     size: int
+    last_modified: datetime | None = field(default=None, compare=False)
+
+
+def utc_datetime(value: datetime | float | None) -> datetime | None:
+    """A timezone-aware UTC datetime from a POSIX timestamp or a (naive = UTC) datetime."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return datetime.fromtimestamp(value, tz=timezone.utc)
+    if value.tzinfo is None:
+        return value.replace(tzinfo=timezone.utc)
+    return value.astimezone(timezone.utc)
 
 
 class ChunkStream(Iterator[bytes]):
@@ -198,8 +217,16 @@ class Storage(ABC):
         """Delete ``key``; return True if something was deleted (idempotent)."""
 
     @abstractmethod
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Yield an :class:`ObjectInfo` (with ``last_modified``) for every valid key starting with ``prefix``.
+
+        String prefix, recursive, unsorted; ``ValueError`` for a bad prefix.
+        """
+
     def list_keys(self, prefix: str = "") -> Iterator[str]:
         """Yield every valid key starting with ``prefix`` (string prefix, recursive, unsorted)."""
+        for info in self.list_objects(prefix):
+            yield info.key
 
     @abstractmethod
     def check(self) -> None:

@@ -4,7 +4,7 @@ An object ``a/b/c`` is the regular file ``<root>/a/b/c``. Writes go to a
 ``.tmp-*`` file in the destination directory, are flushed and fsynced,
 renamed into place with :func:`os.replace` and the directory is fsynced, so
 a reader sees either the old object or the whole new one, and a crash leaves
-at most a ``.tmp-*`` file that :meth:`FilesystemStorage.list_keys` ignores.
+at most a ``.tmp-*`` file that :meth:`FilesystemStorage.list_objects` ignores.
 ``OSError`` never leaves this module: it becomes a :mod:`app.errors` error.
 """
 
@@ -22,8 +22,8 @@ from typing import BinaryIO
 
 from app.errors import ObjectNotFound, StorageError, StorageUnavailable
 
-from .base import (ChunkStream, ObjectInfo, Storage, is_valid_key, validate_key, validate_prefix,
-                   validate_range)
+from .base import (ChunkStream, ObjectInfo, Storage, is_valid_key, utc_datetime, validate_key,
+                   validate_prefix, validate_range)
 
 TMP_PREFIX = ".tmp-"
 COPY_CHUNK = 1024 * 1024
@@ -124,7 +124,7 @@ class FilesystemStorage(Storage):
                 return None
         if not stat_mod.S_ISREG(st.st_mode):
             return None
-        return ObjectInfo(key, st.st_size)
+        return ObjectInfo(key, st.st_size, utc_datetime(st.st_mtime))
 
     def open_stream(
         self, key: str, chunk_size: int = 65536, start: int = 0, length: int | None = None
@@ -151,7 +151,12 @@ class FilesystemStorage(Storage):
         self._require(key)
         yield self._path(key)
 
-    def list_keys(self, prefix: str = "") -> Iterator[str]:
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Walk the tree below ``prefix``; ``last_modified`` is the file's mtime.
+
+        Dot-files (``.tmp-*`` leftovers), foreign names and anything that is
+        not a regular file are skipped, as is a file removed mid-walk.
+        """
         validate_prefix(prefix)
         base, _, first = prefix.rpartition("/")
         top = self._root / base if base else self._root
@@ -163,8 +168,14 @@ class FilesystemStorage(Storage):
                 rel = Path(dirpath).relative_to(self._root).as_posix()
                 for name in filenames:
                     key = name if rel == "." else f"{rel}/{name}"
-                    if key.startswith(prefix) and not name.startswith(".") and is_valid_key(key):
-                        yield key
+                    if not key.startswith(prefix) or name.startswith(".") or not is_valid_key(key):
+                        continue
+                    try:
+                        st = os.stat(os.path.join(dirpath, name))
+                    except _MISSING:
+                        continue
+                    if stat_mod.S_ISREG(st.st_mode):
+                        yield ObjectInfo(key, st.st_size, utc_datetime(st.st_mtime))
 
     # --- health ------------------------------------------------------------
 

@@ -27,8 +27,8 @@ from minio.helpers import check_bucket_name
 
 from app.errors import ObjectNotFound, StorageError, StorageUnavailable
 
-from .base import (ChunkStream, ObjectInfo, Storage, is_valid_key, validate_key, validate_prefix,
-                   validate_range)
+from .base import (ChunkStream, ObjectInfo, Storage, is_valid_key, utc_datetime, validate_key,
+                   validate_prefix, validate_range)
 
 DEFAULT_ENDPOINT = "https://s3.amazonaws.com"
 DEFAULT_CONTENT_TYPE = "application/octet-stream"
@@ -137,7 +137,7 @@ class S3Storage(Storage):
                 obj = self._client.stat_object(self.bucket, key)
         except ObjectNotFound:
             return None
-        return ObjectInfo(key, int(obj.size or 0))
+        return ObjectInfo(key, int(obj.size or 0), utc_datetime(obj.last_modified))
 
     def open_stream(
         self, key: str, chunk_size: int = 65536, start: int = 0, length: int | None = None
@@ -189,13 +189,14 @@ class S3Storage(Storage):
         finally:
             _unlink_quietly(tmp)
 
-    def list_keys(self, prefix: str = "") -> Iterator[str]:
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """``ListObjectsV2`` (recursive, paged by minio): each entry carries size and LastModified."""
         validate_prefix(prefix)
         with self._errors("list", prefix, reading=False):
             for obj in self._client.list_objects(self.bucket, prefix=prefix or None, recursive=True):
                 name = obj.object_name
                 if not obj.is_dir and name and name.startswith(prefix) and is_valid_key(name):
-                    yield name
+                    yield ObjectInfo(name, int(obj.size or 0), utc_datetime(obj.last_modified))
 
     # --- health ------------------------------------------------------------
 

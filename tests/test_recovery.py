@@ -1,0 +1,149 @@
+"""Level-4 recovery with real processes and no manual step.
+
+Short leases and sweeps come from the environment (tests/conftest.py).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+
+import pika
+import pytest
+from sqlalchemy import func, insert, select, text, update
+
+from app import states
+from app.models import attachments, job_history, jobs, outbox
+from app.tracing import new_traceparent
+from tests.processes import Deployment, wait_for
+from tests.test_failure_windows import assert_invariants
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture
+def deployment(env, tmp_path):
+    deployment = Deployment(env, tmp_path)
+    yield deployment
+    deployment.stop_all()
+
+
+def history(engine, job_id):
+    with engine.connect() as conn:
+        return conn.execute(select(job_history.c.from_state, job_history.c.to_state, job_history.c.error_code)
+                            .where(job_history.c.job_id == job_id).order_by(job_history.c.id)).all()
+
+
+def test_worker_killed_mid_render_is_recovered_through_its_lease(deployment, engine, storage_dir, data_file):
+    deployment.start("web")
+    deployment.start("scheduler")
+    worker = deployment.start("worker", ATTACHE_FAULT="during_render")
+    response = deployment.upload(data_file("photos/coffee.jpg"))
+    attachment_id, job_id = response.json()["id"], uuid.UUID(response.json()["job_id"])
+    assert worker.wait_dead(timeout=60) != 0
+    # no worker runs: only the lease can bring the job back
+    wait_for(lambda: ("processing", "queued", "worker_lost") in [tuple(h) for h in history(engine, job_id)],
+             timeout=30, message="the scheduler to requeue the expired lease")
+    deployment.start("worker")
+    assert deployment.wait_state(attachment_id)["state"] == "ready"
+    assert_invariants(engine, storage_dir, [attachment_id])
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.attempt)).scalar() == 2
+
+
+def test_a_file_that_kills_every_worker_ends_failed_worker_lost(deployment, engine, data_file):
+    deployment.env["ATTACHE_MAX_ATTEMPTS"] = "2"
+    deployment.start("web")
+    deployment.start("scheduler")
+    response = deployment.upload(data_file("photos/coffee.jpg"))
+    attachment_id = response.json()["id"]
+    restarts = 0
+
+    def failed_or_restart():
+        nonlocal restarts
+        status = deployment.status(attachment_id)
+        if status["state"] == "failed":
+            return status
+        worker = deployment.processes.get("worker")
+        if worker is None or not worker.alive:
+            restarts += 1
+            assert restarts < 40, "the job must not loop forever"
+            deployment.start("worker", wait=False, ATTACHE_FAULT="during_render")
+        return None
+
+    status = wait_for(failed_or_restart, timeout=120, interval=0.5, message="job failed with worker_lost")
+    assert (status["state"], status["error_code"], status["attempt"]) == ("failed", "worker_lost", 2)
+    assert status["variants"] == {}
+
+
+def test_rabbitmq_outage_loses_nothing_and_uploads_keep_being_accepted(deployment, engine, storage_dir, data_file):
+    deployment.start("web")
+    deployment.start("worker")
+    deployment.start("scheduler")
+    accepted = [deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]]
+    subprocess.run(["rabbitmqctl", "-q", "stop_app"], check=True, timeout=120)
+    try:
+        for name in ("photos/coffee.jpg", "photos/rocket.jpg", "pillow/hopper.bmp"):
+            response = deployment.upload(data_file(name))
+            assert response.status_code == 202, response.text
+            accepted.append(response.json()["id"])
+        with engine.connect() as conn:
+            unpublished = conn.execute(select(func.count()).select_from(outbox).where(outbox.c.published_at.is_(None))).scalar()
+        assert unpublished >= 3, "work accepted during the outage waits in the outbox"
+    finally:
+        subprocess.run(["rabbitmqctl", "-q", "start_app"], check=True, timeout=120)
+        subprocess.run(["rabbitmqctl", "-q", "await_startup"], check=True, timeout=120)
+    for attachment_id in accepted:
+        assert deployment.wait_state(attachment_id, timeout=120)["state"] == "ready"
+    assert_invariants(engine, storage_dir, accepted)
+
+
+def seed_stuck(engine, count):
+    """Jobs whose producers died: unpublished outbox rows, and expired leases."""
+    outbox_jobs, lease_jobs = [], []
+    with engine.begin() as conn:
+        for i in range(2 * count):
+            attachment_id = uuid.uuid4()
+            conn.execute(insert(attachments).values(
+                id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
+                sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
+            job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=5,
+                                          traceparent=new_traceparent(), tracestate=None, actor="test")
+            if i < count:
+                outbox_jobs.append(job_id)
+            else:
+                conn.execute(update(outbox).where(outbox.c.job_id == job_id).values(published_at=func.now()))
+                conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+                    state="processing", attempt=1, lease_expires_at=func.now() - text("interval '1 second'")))
+                lease_jobs.append(job_id)
+        conn.execute(update(outbox).values(created_at=func.now() - text("interval '1 minute'")))
+    return outbox_jobs, lease_jobs
+
+
+def test_two_schedulers_do_nothing_twice(deployment, engine, broker_url):
+    outbox_jobs, lease_jobs = seed_stuck(engine, 40)
+    deployment.start("scheduler")
+    second = Deployment(deployment.env, deployment.log_dir)
+    second.start("scheduler")
+    try:
+        def settled():
+            with engine.connect() as conn:
+                pending = conn.execute(select(func.count()).select_from(outbox).where(outbox.c.published_at.is_(None))).scalar()
+                stuck = conn.execute(select(func.count()).select_from(jobs).where(jobs.c.state == "processing")).scalar()
+            return pending == 0 and stuck == 0
+
+        wait_for(settled, timeout=60, message="both schedulers to settle")
+    finally:
+        second.stop_all()
+    with engine.connect() as conn:
+        for job_id in lease_jobs:
+            requeues = [h for h in history(engine, job_id) if h.to_state == "queued" and h.from_state == "processing"]
+            assert len(requeues) == 1, f"job {job_id} was requeued {len(requeues)} times"
+        assert conn.execute(select(func.count()).select_from(outbox)).scalar() == 2 * 40 + 40
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        depth = connection.channel().queue_declare("attache.inspect", passive=True).method.message_count
+    finally:
+        connection.close()
+    # 40 abandoned rows + 40 fresh attempts after lease recovery, each published exactly once
+    assert depth == 80

@@ -1,0 +1,157 @@
+"""The whole pipeline on S3: real web, worker and scheduler processes against moto.
+
+moto's ``ThreadedMotoServer`` runs in this test process on 127.0.0.1 and a
+port the kernel picked; the Procfile's processes reach it over real HTTP
+through ``STORAGE_URL=s3://attache-e2e?endpoint=...``. Every check on the
+store goes through the S3 API (the storage adapter), never the disk.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import socket
+
+import pytest
+import requests
+from moto.server import ThreadedMotoServer
+from sqlalchemy import func, select
+
+from app import pipeline
+from app.models import attachments, jobs, outbox, variants
+from app.storage import Storage, storage_from_url
+from tests.processes import Deployment, wait_for
+
+pytestmark = pytest.mark.processes
+
+BUCKET = "attache-e2e"
+ACCESS_KEY = "test"
+SECRET_KEY = "test-secret"
+PHOTOS = ["photos/chelsea.jpg", "pillow/hopper_orientation_6.jpg"]
+
+
+# --- fixtures ---------------------------------------------------------------
+
+
+@pytest.fixture
+def moto_endpoint():
+    """A real moto S3 server on 127.0.0.1 and a port the kernel picked (fresh per test)."""
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def env(env, moto_endpoint) -> dict[str, str]:
+    """conftest's deployment environment, with the store moved to the moto bucket."""
+    return {**env, "STORAGE_URL": f"s3://{BUCKET}?endpoint={moto_endpoint}",
+            "S3_ACCESS_KEY": ACCESS_KEY, "S3_SECRET_KEY": SECRET_KEY}
+
+
+@pytest.fixture
+def store(env) -> Storage:
+    store = storage_from_url(env["STORAGE_URL"], access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    store.ensure_bucket()
+    return store
+
+
+@pytest.fixture
+def deployment(env, store, tmp_path):
+    deployment = Deployment(env, tmp_path)
+    yield deployment
+    deployment.stop_all()
+    print(deployment.logs())  # shown by pytest only when the test failed
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read(store: Storage, key: str) -> bytes:
+    return b"".join(store.open_stream(key))
+
+
+def _published_keys(engine, attachment_id: str) -> dict[str, str]:
+    with engine.connect() as conn:
+        rows = conn.execute(select(variants.c.variant, variants.c.storage_key).where(
+            variants.c.attachment_id == attachment_id, variants.c.published_at.is_not(None))).all()
+    return {row.variant: row.storage_key for row in rows}
+
+
+def _counts(engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        return {t.name: conn.execute(select(func.count()).select_from(t)).scalar()
+                for t in (attachments, jobs, outbox)}
+
+
+# --- tests ------------------------------------------------------------------
+
+
+def test_uploads_become_ready_with_every_variant_in_s3(deployment, store, engine, data_file):
+    deployment.start("web")
+    deployment.start("worker")
+    deployment.start("scheduler")
+
+    uploads = {}
+    for relative in PHOTOS:
+        path = data_file(relative)
+        response = deployment.upload(path)
+        assert response.status_code == 202, response.text
+        body = response.json()
+        assert body["sha256"] == _sha256(path.read_bytes())
+        uploads[body["id"]] = path
+
+    for attachment_id, path in uploads.items():
+        status = deployment.wait_state(attachment_id, timeout=90)
+        assert status["state"] == "ready", (status["error_code"], status["error_reason"])
+        upload = path.read_bytes()
+
+        # every variant the status reports exists in the bucket with its size and sha256
+        assert sorted(status["variants"]) == sorted(pipeline.get(1).variants)
+        keys = _published_keys(engine, attachment_id)
+        assert sorted(keys) == sorted(status["variants"])
+        for name, reported in status["variants"].items():
+            info = store.stat(keys[name])
+            assert info is not None, f"{name}: no object {keys[name]}"
+            assert info.size == reported["size"], name
+            data = _read(store, keys[name])
+            assert len(data) == reported["size"] and _sha256(data) == reported["sha256"], name
+
+        # the bucket holds exactly the published objects under the attachment's prefix
+        listed = {info.key: info.size for info in store.list_objects(f"attachments/{attachment_id}/")}
+        assert listed == {keys[name]: status["variants"][name]["size"] for name in keys}
+
+        # the original is the uploaded bytes, unchanged
+        assert _read(store, keys["original"]) == upload
+        assert status["variants"]["original"]["sha256"] == status["sha256"] == _sha256(upload)
+
+        # staging is removed once ready
+        wait_for(lambda: store.stat(f"staging/{attachment_id}") is None, timeout=20,
+                 message=f"staging/{attachment_id} removed after ready")
+
+        # the web streams the thumbnail from S3
+        response = requests.get(f"{deployment.url}/v1/attachments/{attachment_id}/variants/thumbnail", timeout=30)
+        assert response.status_code == 200, response.text
+        thumbnail = status["variants"]["thumbnail"]
+        assert _sha256(response.content) == thumbnail["sha256"]
+        assert len(response.content) == thumbnail["size"]
+        assert response.content == _read(store, keys["thumbnail"])
+        assert response.headers["Content-Type"].startswith(thumbnail["content_type"])
+
+    assert list(store.list_keys("staging/")) == []
+
+
+def test_unreachable_storage_refuses_uploads_with_503(deployment, engine, data_file):
+    deployment.start("web", STORAGE_URL=f"s3://{BUCKET}?endpoint=http://127.0.0.1:{_closed_port()}")
+    response = deployment.upload(data_file(PHOTOS[0]))
+    assert response.status_code == 503, response.text
+    assert response.headers.get("Retry-After"), response.headers
+    assert response.json()["error"] == "storage_unavailable"
+    assert _counts(engine) == {"attachments": 0, "jobs": 0, "outbox": 0}
