@@ -16,6 +16,8 @@ test compares the two so they cannot drift.
 * ``dead_letters`` - why a message was dead-lettered (Dramatiq's dead
   letters carry no failure details): written by the worker's
   :class:`~app.dead_letters.DeadLetterRecorder` when it gives up on one.
+* ``audit_log`` - every operator action (replay, dead-letter requeue and
+  purge): who, what, on which target, why.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
 """
@@ -154,3 +156,16 @@ dead_letters = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 Index("dead_letters_message_idx", dead_letters.c.message_id)
+
+audit_log = Table(
+    "audit_log",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("actor", Text, nullable=False),
+    Column("action", Text, nullable=False),
+    Column("target", Text, nullable=False),
+    Column("reason", Text),
+    Column("details", JSONB),
+)
+Index("audit_log_target_idx", audit_log.c.target, audit_log.c.id)

@@ -1,0 +1,20 @@
+"""The operators' audit trail: one row per action, in the transaction of the action."""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, select
+from sqlalchemy.engine import Connection
+
+from app.models import audit_log
+
+
+def record(conn: Connection, *, actor: str, action: str, target: str, reason: str | None = None,
+           details: dict | None = None) -> int:
+    return conn.execute(insert(audit_log).values(actor=actor, action=action, target=target, reason=reason,
+                                                 details=details).returning(audit_log.c.id)).scalar_one()
+
+
+def for_target(conn: Connection, target: str) -> list[dict]:
+    rows = conn.execute(select(audit_log).where(audit_log.c.target == target).order_by(audit_log.c.id)).all()
+    return [{"at": r.at.isoformat(), "actor": r.actor, "action": r.action, "reason": r.reason,
+             "details": r.details} for r in rows]
