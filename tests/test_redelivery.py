@@ -153,3 +153,30 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
     with engine.connect() as conn:
         assert conn.execute(select(jobs.c.traceparent)).scalar() == traceparent
     app.extensions["attache"].engine.dispose()
+
+
+def test_when_postgresql_is_unreachable_dramatiq_retries_are_bounded_then_dead_letter(env, tmp_path, services, broker_url):
+    """The only case for Dramatiq's own retries: the outcome cannot be recorded at all."""
+    from app.tracing import new_traceparent
+
+    deployment = Deployment({**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache",
+                             "ATTACHE_BROKER_RETRIES": "2", "ATTACHE_BROKER_MIN_BACKOFF_MS": "50"}, tmp_path)
+    deployment.start("worker")
+    try:
+        payload = messages.build(job_id=uuid.uuid4(), attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
+                                 step="inspect", traceparent=new_traceparent())
+        message_id = publish_raw(services, payload)
+        wait_for(lambda: xq_depth(broker_url, "attache.inspect.XQ") == 1, timeout=60, message="message in .XQ")
+        connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+        try:
+            _, _, body = connection.channel().basic_get("attache.inspect.XQ", auto_ack=False)
+        finally:
+            connection.close()
+        dead = json.loads(body)
+        assert dead["message_id"] == message_id
+        assert dead["options"]["retries"] == 2, "delivered once, retried twice, then given up"
+        assert "DatabaseUnavailable" in dead["options"]["traceback"]
+        log = deployment.processes["worker"].output()
+        assert "dead letter not recorded in PostgreSQL" in log, "the record falls back to the log"
+    finally:
+        deployment.stop_all()
