@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Mapping
 
+from app.auth import parse_tokens
 from app.errors import ConfigError
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
@@ -132,6 +133,9 @@ class Settings:
         "quorum-queue x-delivery-limit: redeliveries before RabbitMQ dead-letters a message")
     publish_timeout_seconds: float = setting(
         "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1), "socket timeout for publishing to RabbitMQ")
+    api_tokens: tuple = setting(
+        "ATTACHE_API_TOKENS", (), parse_tokens,
+        "who may do what: TOKEN=PRINCIPAL:ROLE, comma-separated; roles uploader, operator")
     fault: str = setting("ATTACHE_FAULT", "", lambda n, r: r.strip(), "named fault point (tests only)")
     dev_mode: bool = setting("ATTACHE_DEV", False, _bool, "development mode (make up)")
 

@@ -26,7 +26,7 @@ States (the contract's table, ``seed/contract.en.md``)
     Permanent error or attempts spent, with an ``error_code``. In:
     :func:`fail`, :func:`retry_later` on the last attempt (worker),
     :func:`recover_expired` with ``worker_lost`` (scheduler). Out: operator
-    replay (``failed`` -> ``queued``, issue 4).
+    replay (:func:`replay`, web/CLI on an operator's request).
 """
 
 from __future__ import annotations
@@ -218,3 +218,22 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
             _inspect_message(conn, row, job.attempt + 1)
             counts["requeued"] += 1
     return counts
+
+
+def replay(conn: Connection, job_id, *, actor: str, reason: str, budget: int) -> Row | None:
+    """failed -> queued by an operator, with ``budget`` fresh attempts and an audited reason.
+
+    Variants already recorded stay (the effect key keeps them single), so
+    the replayed job resumes at its first unfinished step.
+    """
+    row = conn.execute(
+        update(jobs).where(jobs.c.id == job_id, jobs.c.state == FAILED)
+        .values(state=QUEUED, max_attempts=jobs.c.attempt + budget, next_attempt_at=None, error_code=None,
+                error_reason=None, updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+    if row is None:
+        return None
+    _history(conn, job_id, FAILED, QUEUED, row.attempt, actor, None, reason)
+    _inspect_message(conn, row, row.attempt + 1)
+    return row

@@ -22,6 +22,19 @@ from app.config import Settings
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
 ADMIN_URL = os.environ.get("ATTACHE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+UPLOADER_TOKEN = "alice-uploader-token"
+OTHER_UPLOADER_TOKEN = "bob-uploader-token"
+OPERATOR_TOKEN = "olga-operator-token"
+API_TOKENS = f"{UPLOADER_TOKEN}=alice:uploader,{OTHER_UPLOADER_TOKEN}=bob:uploader,{OPERATOR_TOKEN}=olga:operator"
+
+
+def authed(app, token: str = UPLOADER_TOKEN):
+    """A Flask test client that sends a bearer token on every request."""
+    client = app.test_client()
+    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {token}"
+    return client
+
+
 AMQP_HOST = os.environ.get("ATTACHE_TEST_AMQP", "guest:guest@127.0.0.1:5672")
 
 
@@ -91,6 +104,7 @@ def env(database_url, broker_url, storage_dir) -> dict[str, str]:
         "ATTACHE_OUTBOX_INTERVAL_SECONDS": "0.5",
         "ATTACHE_BROKER_MIN_BACKOFF_MS": "100",
         "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "2",
+        "ATTACHE_API_TOKENS": API_TOKENS,
     }
 
 

@@ -100,13 +100,20 @@ class Process:
 
 
 class Deployment:
-    """web + worker + scheduler of one test, sharing one database, vhost and storage."""
+    """web + worker + scheduler of one test, sharing one database, vhost and storage.
+
+    Client helpers send the uploader token of ``tests.conftest`` (principal ``alice``).
+    """
+
+    token = "alice-uploader-token"
 
     def __init__(self, env: dict[str, str], log_dir: Path):
         self.env = dict(env)
         self.log_dir = log_dir
         self.port = free_port()
         self.processes: dict[str, Process] = {}
+        self.session = requests.Session()
+        self.session.headers["Authorization"] = f"Bearer {self.token}"
 
     @property
     def url(self) -> str:
@@ -147,10 +154,11 @@ class Deployment:
 
     def upload(self, path: Path, **kwargs) -> requests.Response:
         with open(path, "rb") as fh:
-            return requests.post(self.url + "/v1/attachments", files={"file": (path.name, fh)}, timeout=30, **kwargs)
+            return self.session.post(self.url + "/v1/attachments", files={"file": (path.name, fh)}, timeout=30,
+                                     **kwargs)
 
     def status(self, attachment_id: str) -> dict:
-        response = requests.get(f"{self.url}/v1/attachments/{attachment_id}", timeout=10)
+        response = self.session.get(f"{self.url}/v1/attachments/{attachment_id}", timeout=10)
         response.raise_for_status()
         return response.json()
 

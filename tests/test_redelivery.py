@@ -19,6 +19,7 @@ from sqlalchemy import func, select
 
 from app import messages
 from app.models import job_history, jobs, outbox, variants
+from tests.conftest import authed
 from tests.processes import Deployment, wait_for
 
 pytestmark = pytest.mark.processes
@@ -66,11 +67,11 @@ def test_12mp_upload_becomes_ready_with_a_matching_thumbnail(deployment, data_fi
     assert status["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
     thumb = status["variants"]["thumbnail"]
     assert max(thumb["width"], thumb["height"]) == 256
-    body = requests.get(deployment.url + thumb["url"], timeout=10)
+    body = deployment.session.get(deployment.url + thumb["url"], timeout=10)
     assert body.status_code == 200 and body.headers["Content-Type"] == thumb["content_type"]
     assert hashlib.sha256(body.content).hexdigest() == thumb["sha256"] == body.headers["ETag"].strip('"')
     assert body.headers["X-Content-Type-Options"] == "nosniff"
-    original = requests.get(f"{deployment.url}/v1/attachments/{status['id']}/original", timeout=10)
+    original = deployment.session.get(f"{deployment.url}/v1/attachments/{status['id']}/original", timeout=10)
     assert original.content == path.read_bytes()
 
 
@@ -135,7 +136,7 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
     app = create_app(settings)
     traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
     with open(data_file("photos/chelsea.jpg"), "rb") as fh:
-        response = app.test_client().post("/v1/attachments", data={"file": (fh, "c.jpg")},
+        response = authed(app).post("/v1/attachments", data={"file": (fh, "c.jpg")},
                                           content_type="multipart/form-data", headers={"traceparent": traceparent})
     assert response.status_code == 202
     connection = pika.BlockingConnection(pika.URLParameters(broker_url))

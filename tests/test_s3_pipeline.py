@@ -137,7 +137,7 @@ def test_uploads_become_ready_with_every_variant_in_s3(deployment, store, engine
                  message=f"staging/{attachment_id} removed after ready")
 
         # the web streams the thumbnail from S3
-        response = requests.get(f"{deployment.url}/v1/attachments/{attachment_id}/variants/thumbnail", timeout=30)
+        response = deployment.session.get(f"{deployment.url}/v1/attachments/{attachment_id}/variants/thumbnail", timeout=30)
         assert response.status_code == 200, response.text
         thumbnail = status["variants"]["thumbnail"]
         assert _sha256(response.content) == thumbnail["sha256"]

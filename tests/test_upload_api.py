@@ -12,12 +12,13 @@ from sqlalchemy import func, select
 
 from app.models import attachments, job_history, jobs, outbox
 from app.web import create_app
+from tests.conftest import authed
 
 
 @pytest.fixture
 def client(settings):
     app = create_app(settings)
-    yield app.test_client()
+    yield authed(app)
     services = app.extensions["attache"]
     services.engine.dispose()
     if "broker" in services.__dict__:
@@ -122,7 +123,7 @@ def test_size_limit_is_enforced_while_streaming(env, engine, storage_dir, data_f
     spools = lambda: set(Path(tempfile.gettempdir()).glob("attache-upload-*"))  # noqa: E731
     before = spools()
     app = create_app(Settings.from_env({**env, "ATTACHE_MAX_UPLOAD_BYTES": "10000"}))
-    client = app.test_client()
+    client = authed(app)
     response = post_file(client, data_file("photos/chelsea.jpg"))  # 35 KB
     assert response.status_code == 413 and response.json["error"] == "too_large"
     response = client.post("/v1/attachments", data=data_file("photos/chelsea.jpg").read_bytes(), content_type="image/jpeg")
@@ -155,7 +156,7 @@ def test_upload_is_accepted_while_rabbitmq_is_unreachable(env, engine, data_file
     from app.config import Settings
 
     app = create_app(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
-    client = app.test_client()
+    client = authed(app)
     response = post_file(client, data_file("photos/chelsea.jpg"))
     assert response.status_code == 202
     with engine.connect() as conn:
@@ -168,7 +169,7 @@ def test_database_down_is_503_with_retry_after_and_no_staging_left(env, storage_
     from app.config import Settings
 
     app = create_app(Settings.from_env({**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache"}))
-    response = post_file(app.test_client(), data_file("photos/chelsea.jpg"))
+    response = post_file(authed(app), data_file("photos/chelsea.jpg"))
     assert response.status_code == 503 and response.headers["Retry-After"]
     assert stored_files(storage_dir) == []
 

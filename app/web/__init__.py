@@ -12,6 +12,7 @@ from flask import Flask, jsonify
 from werkzeug.exceptions import HTTPException
 
 from app import logs
+from app.auth import effective_tokens
 from app.config import Settings
 from app.errors import ConfigError
 from app.services import Services
@@ -30,11 +31,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.request_class = UploadRequest
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + 1024 * 1024  # multipart framing headroom
     app.extensions["attache"] = Services(settings, pool_size=10)
+    app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
 
-    from app.web import attachments, health
+    from app.web import attachments, health, ops
 
     app.register_blueprint(attachments.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(ops.bp)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -22,6 +22,7 @@ from app.errors import (
 from app.models import attachments, jobs, variants
 from app.tracing import accept_traceparent
 from app.uploads import HashingSpool, spool_stream, verify_digests
+from app.web.access import identity, protect
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 
@@ -41,8 +42,16 @@ def _error(status: int, code: str, message: str, **headers):
     return response
 
 
+protect(bp)
+
+
 def _owner() -> str:
-    return "anonymous"  # access control arrives with issue 4
+    return identity().principal
+
+
+def _visible(attachment) -> bool:
+    """An uploader sees only its own attachments; an operator sees all."""
+    return identity().is_operator or attachment.owner == identity().principal
 
 
 @bp.post("")
@@ -121,7 +130,7 @@ def _display_name() -> str:
 def _load(attachment_id: uuid.UUID, version: int | None):
     with transaction(_services().engine) as conn:
         attachment = conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one_or_none()
-        if attachment is None or attachment.owner != _owner():
+        if attachment is None or not _visible(attachment):
             return None, None, []
         query = select(jobs).where(jobs.c.attachment_id == attachment_id)
         if version is not None:

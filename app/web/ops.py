@@ -1,0 +1,125 @@
+"""``/v1/ops``: the operator API (role ``operator``)."""
+
+from __future__ import annotations
+
+import uuid
+
+from flask import Blueprint, current_app, jsonify, request
+
+from app import operations
+from app.errors import BrokerUnavailable
+from app.web.access import identity, protect
+
+bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
+protect(bp, role="operator")
+
+
+def _services():
+    return current_app.extensions["attache"]
+
+
+def _error(status: int, code: str, message: str):
+    response = jsonify(error=code, message=message)
+    response.status_code = status
+    return response
+
+
+@bp.errorhandler(operations.NotFound)
+def not_found(exc):
+    return _error(404, exc.error_code, str(exc))
+
+
+@bp.errorhandler(operations.Conflict)
+def conflict(exc):
+    return _error(409, exc.error_code, str(exc))
+
+
+@bp.errorhandler(operations.MissingReason)
+def missing_reason(exc):
+    return _error(400, exc.error_code, str(exc))
+
+
+@bp.get("/jobs")
+def jobs():
+    try:
+        listed = operations.list_jobs(_services(), state=request.args.get("state") or None,
+                                      pipeline_version=request.args.get("pipeline_version", type=int),
+                                      limit=request.args.get("limit", 100, type=int))
+    except ValueError as exc:
+        return _error(400, "bad_request", str(exc))
+    return jsonify(jobs=listed)
+
+
+@bp.get("/jobs/<uuid:job_id>")
+def job(job_id: uuid.UUID):
+    return jsonify(operations.show_job(_services(), job_id))
+
+
+@bp.post("/jobs/<uuid:job_id>/replay")
+def replay(job_id: uuid.UUID):
+    body = request.get_json(silent=True) or {}
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if not isinstance(reason, (str, type(None))):
+        return _error(400, "bad_request", "reason must be a string")
+    return jsonify(operations.replay(_services(), job_id, operator=identity().principal, reason=reason))
+
+
+@bp.get("/outbox")
+def outbox():
+    return jsonify(operations.outbox_status(_services()))
+
+
+@bp.get("/leases")
+def leases():
+    return jsonify(operations.lease_status(_services()))
+
+
+# --- dead letters ---------------------------------------------------------------
+
+
+def _dead_letters():
+    from app.dlq import DeadLetters
+
+    settings = _services().settings
+    return DeadLetters(settings.broker_url, _services().engine, socket_timeout=settings.publish_timeout_seconds)
+
+
+@bp.errorhandler(ValueError)
+def bad_value(exc):
+    return _error(404, "not_found", str(exc))
+
+
+@bp.errorhandler(BrokerUnavailable)
+def broker_down(exc):
+    response = _error(503, exc.error_code, "RabbitMQ is unavailable; retry later")
+    response.headers["Retry-After"] = "5"
+    return response
+
+
+@bp.get("/dlq")
+def dlq_queues():
+    return jsonify(queues=_dead_letters().queues())
+
+
+@bp.get("/dlq/<queue>/messages")
+def dlq_messages(queue: str):
+    limit = request.args.get("limit", 50, type=int)
+    return jsonify(queue=queue, messages=_dead_letters().messages(queue, limit=max(1, min(limit, 500))))
+
+
+@bp.post("/dlq/<queue>/requeue")
+def dlq_requeue(queue: str):
+    body = request.get_json(silent=True) or {}
+    ids = body.get("message_ids") if isinstance(body, dict) else None
+    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
+        return _error(400, "bad_request", "message_ids must be a list of strings (or absent for all)")
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return jsonify(_dead_letters().requeue(queue, actor=f"operator:{identity().principal}", message_ids=ids,
+                                           reason=reason))
+
+
+@bp.post("/dlq/<queue>/purge")
+def dlq_purge(queue: str):
+    body = request.get_json(silent=True) or {}
+    reason = body.get("reason") if isinstance(body, dict) else None
+    return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason))
