@@ -17,6 +17,7 @@ install: $(VENV)/.installed
 
 release: install
 	ATTACHE_DEV=1 honcho start -f Procfile release
+	ATTACHE_DEV=1 attache dev-token
 
 up: release
 	ATTACHE_DEV=1 honcho start -f Procfile -p $(PORT) web worker scheduler

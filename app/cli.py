@@ -1,12 +1,19 @@
-"""The ``attache`` command for operators and deploys."""
+"""The ``attache`` command for operators and deploys: the same powers as ``/v1/ops``.
+
+Readable tables by default, ``--json`` where a script would want it, and a
+non-zero exit status on any failure.
+"""
 
 from __future__ import annotations
 
+import getpass
 import json
 import sys
+import uuid
 
 import click
 from rich.console import Console
+from rich.progress import Progress
 from rich.table import Table
 
 from app.config import Settings
@@ -22,9 +29,54 @@ def _settings() -> Settings:
         raise click.ClickException(f"configuration error: {exc}")
 
 
+def _services():
+    from app.services import Services
+
+    return Services(_settings(), pool_size=2)
+
+
+def _operator() -> str:
+    try:
+        return f"cli:{getpass.getuser()}"
+    except Exception:
+        return "cli:unknown"
+
+
+def _emit(data, as_json: bool, render) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data)
+
+
+def _table(title: str, columns: list[str], rows: list[list]) -> None:
+    table = Table(*columns, title=title)
+    for row in rows:
+        table.add_row(*["-" if v is None else str(v) for v in row])
+    console.print(table)
+
+
+def _fail_on_attache_errors(fn):
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (AttacheError, ValueError) as exc:
+            raise click.ClickException(str(exc))
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+
+
 @click.group()
 def main() -> None:
     """attache: a durable attachment pipeline."""
+
+
+# --- db ----------------------------------------------------------------------------
 
 
 @main.group()
@@ -48,30 +100,211 @@ def db_upgrade(create: bool) -> None:
     console.print("database is at the newest migration")
 
 
+# --- dev -------------------------------------------------------------------------------
+
+
+@main.command("dev-token")
+def dev_token() -> None:
+    """Create (once) and print the development token, with a ready-to-paste curl line."""
+    from app.auth import dev_token as make
+
+    settings = _settings()
+    if settings.api_tokens:
+        console.print("ATTACHE_API_TOKENS is set: no development token is used")
+        return
+    token = make().secret
+    click.echo(f"development token (operator 'dev'): {token}")
+    click.echo(f"  curl -H 'Authorization: Bearer {token}' -F file=@photo.jpg http://127.0.0.1:{settings.port}/v1/attachments")
+
+
+# --- jobs ------------------------------------------------------------------------------
+
+
+@main.group()
+def jobs() -> None:
+    """Jobs, their history, and replay."""
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice(["queued", "processing", "ready", "failed"]))
+@click.option("--pipeline-version", type=int)
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+@_fail_on_attache_errors
+def jobs_list(state, pipeline_version, limit, as_json) -> None:
+    """List jobs, newest first."""
+    from app import operations
+
+    listed = operations.list_jobs(_services(), state=state, pipeline_version=pipeline_version, limit=limit)
+    _emit(listed, as_json, lambda rows: _table(
+        f"{len(rows)} job(s)", ["job", "attachment", "v", "state", "attempt", "error", "updated"],
+        [[r["job_id"], r["attachment_id"], r["pipeline_version"], r["state"], f"{r['attempt']}/{r['max_attempts']}",
+          r["error_code"], r["updated_at"]] for r in rows]))
+
+
+@jobs.command("show")
+@click.argument("job_id", type=click.UUID)
+@json_option
+@_fail_on_attache_errors
+def jobs_show(job_id: uuid.UUID, as_json: bool) -> None:
+    """A job with its full history and trace context."""
+    from app import operations
+
+    job = operations.show_job(_services(), job_id)
+
+    def render(job):
+        console.print(f"[bold]{job['job_id']}[/] {job['state']} attempt {job['attempt']}/{job['max_attempts']}"
+                      f" error={job['error_code'] or '-'}  trace={job['trace']['traceparent']}")
+        _table("history", ["at", "from", "to", "attempt", "who", "error", "reason"],
+               [[h["at"], h["from"], h["to"], h["attempt"], h["who"], h["error_code"], h["reason"]]
+                for h in job["history"]])
+
+    _emit(job, as_json, render)
+
+
+@jobs.command("replay")
+@click.argument("job_id", type=click.UUID)
+@click.option("--reason", required=True, help="Why; kept in the audit trail.")
+@json_option
+@_fail_on_attache_errors
+def jobs_replay(job_id: uuid.UUID, reason: str, as_json: bool) -> None:
+    """Replay a failed job (failed -> queued) with a fresh attempt budget."""
+    from app import operations
+
+    job = operations.replay(_services(), job_id, operator=_operator(), reason=reason)
+    _emit(job, as_json, lambda j: console.print(f"{j['job_id']} is {j['state']} (attempt budget up to {j['max_attempts']})"))
+
+
+# --- dead letters ---------------------------------------------------------------------------
+
+
+@main.group()
+def dlq() -> None:
+    """Dead-letter queues: list, show, requeue, purge (every action audited)."""
+
+
+def _dead_letters():
+    from app.db import make_engine
+    from app.dlq import DeadLetters
+
+    settings = _settings()
+    return DeadLetters(settings.broker_url, make_engine(settings.database_url, pool_size=1),
+                       socket_timeout=settings.publish_timeout_seconds)
+
+
+@dlq.command("list")
+@json_option
+@_fail_on_attache_errors
+def dlq_list(as_json: bool) -> None:
+    """The dead-letter queues and their depths."""
+    queues = _dead_letters().queues()
+    _emit(queues, as_json, lambda qs: _table("dead-letter queues", ["queue", "of", "messages"],
+                                             [[q["name"], q["queue"], q["messages"]] for q in qs]))
+
+
+@dlq.command("show")
+@click.argument("queue")
+@click.option("--limit", type=int, default=50, show_default=True)
+@json_option
+@_fail_on_attache_errors
+def dlq_show(queue: str, limit: int, as_json: bool) -> None:
+    """Decoded dead letters with why they died (they stay in the queue)."""
+    listed = _dead_letters().messages(queue, limit=limit)
+
+    def render(items):
+        _table(f"{len(items)} dead letter(s) in {queue}", ["message", "job", "death", "recorded error", "reason"],
+               [[m["message_id"], (m["body"] or {}).get("job_id") if isinstance(m["body"], dict) else None,
+                 ", ".join(f"{d['reason']}×{d['count']}" for d in m["death"]),
+                 (m["recorded"] or {}).get("error_code"), (m["recorded"] or {}).get("reason")] for m in items])
+
+    _emit(listed, as_json, render)
+
+
+@dlq.command("requeue")
+@click.argument("queue")
+@click.argument("message_ids", nargs=-1)
+@click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of the queue.")
+@click.option("--reason", help="Why; kept in the audit trail.")
+@json_option
+@_fail_on_attache_errors
+def dlq_requeue(queue: str, message_ids: tuple[str, ...], everything: bool, reason: str | None, as_json: bool) -> None:
+    """Move chosen dead letters (or --all) back to their original queue."""
+    if bool(message_ids) == everything:
+        raise click.UsageError("name message ids, or pass --all")
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        progress.add_task(f"requeueing from {queue}", total=None)
+        result = _dead_letters().requeue(queue, actor=f"operator:{_operator()}", message_ids=list(message_ids) or None,
+                                         reason=reason)
+    _emit(result, as_json, lambda r: console.print(
+        f"requeued {r['requeued']}" + (f"; not found: {', '.join(r['not_found'])}" if r["not_found"] else "")))
+    if result["not_found"]:
+        sys.exit(1)
+
+
+@dlq.command("purge")
+@click.argument("queue")
+@click.option("--reason", help="Why; kept in the audit trail.")
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+@json_option
+@_fail_on_attache_errors
+def dlq_purge(queue: str, reason: str | None, yes: bool, as_json: bool) -> None:
+    """Delete every dead letter of a queue."""
+    if not yes:
+        click.confirm(f"purge every message of {queue}?", abort=True)
+    result = _dead_letters().purge(queue, actor=f"operator:{_operator()}", reason=reason)
+    _emit(result, as_json, lambda r: console.print(f"purged {r['purged']}"))
+
+
+# --- outbox and cleanup -------------------------------------------------------------------------
+
+
 @main.group()
 def outbox() -> None:
     """The transactional outbox."""
 
 
 @outbox.command("status")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
+@_fail_on_attache_errors
 def outbox_status(as_json: bool) -> None:
     """Unpublished rows and the age of the oldest."""
-    from app import outbox as outbox_module
-    from app.db import make_engine, transaction
+    from app import operations
 
-    engine = make_engine(_settings().database_url, pool_size=1)
-    try:
-        with transaction(engine) as conn:
-            status = outbox_module.status(conn)
-    except AttacheError as exc:
-        raise click.ClickException(str(exc))
-    if as_json:
-        click.echo(json.dumps(status))
-        return
-    table = Table("pending", "oldest created", "oldest age (s)")
-    table.add_row(str(status["pending"]), status["oldest_created_at"] or "-", f"{status['oldest_age_seconds']:.1f}")
-    console.print(table)
+    status = operations.outbox_status(_services())
+    _emit(status, as_json, lambda s: _table("outbox", ["pending", "oldest created", "oldest age (s)"],
+                                            [[s["pending"], s["oldest_created_at"], f"{s['oldest_age_seconds']:.1f}"]]))
+
+
+@main.group()
+def gc() -> None:
+    """Cleanup of orphaned staging and unreferenced objects."""
+
+
+@gc.command("run")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+@json_option
+@_fail_on_attache_errors
+def gc_run(dry_run: bool, as_json: bool) -> None:
+    """Run the staging cleanup and the object GC once, now."""
+    from scheduler.object_gc import ObjectGc, ObjectGcConfig
+    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+    services = _services()
+    settings = services.settings
+    cleanups = [
+        StagingCleanup(services, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
+                                                      failed_retention_seconds=settings.failed_retention_seconds)),
+        ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+    ]
+    results = {}
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        task = progress.add_task("cleaning up", total=len(cleanups))
+        for cleanup in cleanups:
+            results[cleanup.name] = cleanup.run_once(dry_run=dry_run)
+            progress.advance(task)
+    _emit({"dry_run": dry_run, **results}, as_json, lambda r: _table(
+        "cleanup" + (" (dry run)" if dry_run else ""), ["service", "counts"],
+        [[name, ", ".join(f"{k}={v}" for k, v in counts.items())] for name, counts in results.items()]))
 
 
 if __name__ == "__main__":

@@ -136,6 +136,9 @@ class Settings:
     api_tokens: tuple = setting(
         "ATTACHE_API_TOKENS", (), parse_tokens,
         "who may do what: TOKEN=PRINCIPAL:ROLE, comma-separated; roles uploader, operator")
+    secret_key: str = setting(
+        "ATTACHE_SECRET_KEY", "", lambda n, r: r.strip(),
+        "signs console login sessions; empty: derived from the API tokens, so every web worker agrees")
     fault: str = setting("ATTACHE_FAULT", "", lambda n, r: r.strip(), "named fault point (tests only)")
     dev_mode: bool = setting("ATTACHE_DEV", False, _bool, "development mode (make up)")
 

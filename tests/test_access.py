@@ -59,6 +59,7 @@ ENDPOINTS = [
     ("get", "/v1/ops/dlq/attache.inspect.XQ/messages", False, True, 200),
     ("post", "/v1/ops/dlq/attache.inspect.XQ/requeue", False, True, 200),
     ("post", "/v1/ops/dlq/attache.inspect.XQ/purge", False, True, 200),
+    ("get", "/metrics", False, True, 200),
 ]
 
 

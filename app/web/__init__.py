@@ -33,11 +33,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["attache"] = Services(settings, pool_size=10)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
 
-    from app.web import attachments, health, ops
+    from app.web import attachments, health, metrics, ops
 
     app.register_blueprint(attachments.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
+    app.register_blueprint(metrics.bp)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

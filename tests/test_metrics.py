@@ -1,0 +1,44 @@
+"""/metrics reflects PostgreSQL and RabbitMQ, for operators only."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from app.web import create_app
+from app.workflow import Workflow
+from tests.conftest import OPERATOR_TOKEN, authed
+from tests.test_workflow import quiet_services, run, upload  # noqa: F401  (fixture)
+
+
+def samples(app):
+    response = authed(app, OPERATOR_TOKEN).get("/metrics")
+    assert response.status_code == 200 and response.mimetype == "text/plain"
+    found = {}
+    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+        for sample in family.samples:
+            found[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return found
+
+
+def test_metrics_follow_the_pipeline(settings, quiet_services, engine, data_file):
+    app = create_app(settings)
+    assert authed(app).get("/metrics").status_code == 403
+    assert app.test_client().get("/metrics").status_code == 401
+    before = samples(app)
+    assert before[("attache_uploads_total", ())] == 0
+    ok = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    bad = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
+    mid = samples(app)
+    assert mid[("attache_uploads_total", ())] == 2
+    assert mid[("attache_outbox_backlog", ())] == 2, "the quiet services could not publish"
+    assert mid[("attache_jobs", (("pipeline_version", "1"), ("state", "queued")))] == 2
+    for job_id in (ok.job_id, bad.job_id):
+        run(Workflow(quiet_services), engine, job_id)
+    after = samples(app)
+    assert after[("attache_jobs", (("pipeline_version", "1"), ("state", "ready")))] == 1
+    assert after[("attache_jobs", (("pipeline_version", "1"), ("state", "failed")))] == 1
+    assert after[("attache_job_transitions_total", (("from", "processing"), ("to", "ready")))] == 1
+    assert after[("attache_job_transitions_total", (("from", "processing"), ("to", "failed")))] == 1
+    assert after[("attache_job_duration_seconds_count", ())] == 1
+    assert after[("attache_dlq_messages", (("queue", "attache.inspect.XQ"),))] == 0
+    app.extensions["attache"].engine.dispose()
