@@ -21,7 +21,7 @@ from dramatiq.message import Message
 from sqlalchemy import func, insert, or_, select, text, update
 from sqlalchemy.engine import Connection, Engine
 
-from app import messages
+from app import messages, telemetry
 from app.db import transaction
 from app.errors import BrokerUnavailable
 from app.models import outbox
@@ -84,7 +84,8 @@ class OutboxPublisher:
         published = 0
         for row in rows:
             try:
-                self.broker.enqueue(to_message(row))
+                with telemetry.producing(row.payload, row.queue_name, str(row.message_id)):
+                    self.broker.enqueue(to_message(row))
             except BrokerUnavailable as exc:
                 log.warning("outbox row %s not published: %s", row.id, exc, extra={"outbox_id": row.id})
                 self._mark(conn, row.id, error=str(exc))

@@ -37,7 +37,7 @@ from typing import Iterator
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
-from app import faults, imaging, messages, outbox, pipeline, states
+from app import faults, imaging, messages, outbox, pipeline, states, telemetry
 from app.db import transaction
 from app.errors import (
     AttacheError,
@@ -83,8 +83,10 @@ class Workflow:
         except InvalidMessage as error:
             log.error("poison message: %s", error, extra={"actor": step})
             raise
+        _, queue = messages.ROUTES[step]
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
-                   trace_id=trace_id(body["traceparent"]), variant=body.get("variant")):
+                   trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
+                telemetry.consuming(body, queue):
             outcome = self._handle(body)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
             return outcome

@@ -20,7 +20,8 @@ from app.errors import (
     UploadRejected,
 )
 from app.models import attachments, jobs, variants
-from app.tracing import accept_traceparent
+from app.logs import bound
+from app.tracing import accept_traceparent, trace_id
 from app.uploads import HashingSpool, spool_stream, verify_digests
 from app.web.access import identity, protect
 
@@ -64,10 +65,10 @@ def upload():
         received = spool.finish()
         verify_digests(received, content_digest=request.headers.get("Content-Digest"),
                        content_md5=request.headers.get("Content-MD5"))
-        accepted = intake.accept(
-            services, received, filename=_display_name(), owner=_owner(),
-            traceparent=accept_traceparent(request.headers.get("traceparent")),
-            tracestate=(request.headers.get("tracestate") or None))
+        traceparent = accept_traceparent(request.headers.get("traceparent"))
+        with bound(trace_id=trace_id(traceparent), principal=_owner()):
+            accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
+                                     traceparent=traceparent, tracestate=(request.headers.get("tracestate") or None))
     except UploadRejected as exc:
         return _error(exc.status, exc.error_code, str(exc))
     except PermanentError as exc:
