@@ -307,5 +307,54 @@ def gc_run(dry_run: bool, as_json: bool) -> None:
         [[name, ", ".join(f"{k}={v}" for k, v in counts.items())] for name, counts in results.items()]))
 
 
+# --- pipeline versions ----------------------------------------------------------------
+
+
+@main.group()
+def pipeline() -> None:
+    """Pipeline versions and backfill."""
+
+
+@pipeline.command("list")
+@json_option
+def pipeline_list(as_json: bool) -> None:
+    """The registered versions and their variants."""
+    from app import pipeline as registry
+
+    listed = [{"version": v.version, "variants": list(v.variants), "fingerprint": v.fingerprint,
+               "newest": v.version == registry.NEWEST} for v in registry.REGISTRY.values()]
+    _emit(listed, as_json, lambda rows: _table("pipeline versions", ["version", "variants", "fingerprint"],
+                                               [[r["version"], ", ".join(r["variants"]), r["fingerprint"][:16]]
+                                                for r in rows]))
+
+
+@pipeline.command("backfill")
+@click.option("--to", "to_version", type=int, required=True, help="The pipeline version to reprocess into.")
+@click.option("--dry-run", is_flag=True, help="Count and estimate; change nothing.")
+@click.option("--batch", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@json_option
+@_fail_on_attache_errors
+def pipeline_backfill(to_version: int, dry_run: bool, batch: int, as_json: bool) -> None:
+    """Create jobs at version N for every attachment ready at an older one (idempotent, resumable)."""
+    from app import backfill
+
+    services = _services()
+    try:
+        estimate = backfill.estimate(services, to_version)
+    except LookupError as exc:
+        raise click.ClickException(str(exc))
+    if dry_run:
+        _emit({"dry_run": True, **estimate.as_dict()}, as_json, lambda e: console.print(
+            f"dry run: {e['candidates']} attachment(s) to reprocess into v{to_version}, {e['renders']} render(s)"
+            + (f", about {e['estimated_worker_seconds']} worker-seconds" if e["estimated_worker_seconds"] else "")))
+        return
+    with Progress(console=console, disable=as_json) as progress:
+        task = progress.add_task(f"backfill to v{to_version}", total=estimate.candidates)
+        result = backfill.run(services, to_version, batch=batch, actor=f"backfill:{_operator()}",
+                              progress=lambda n: progress.advance(task, n))
+    _emit({"dry_run": False, "to_version": to_version, **result}, as_json,
+          lambda r: console.print(f"created {r['created']} job(s) at v{to_version}, published {r['published']}"))
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,7 +9,7 @@ and a non-zero exit before doing anything else.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
 from app.auth import parse_tokens
@@ -89,8 +89,8 @@ class Settings:
     s3_access_key: str = setting("S3_ACCESS_KEY", "", lambda n, r: r, "S3 access key")
     s3_secret_key: str = setting("S3_SECRET_KEY", "", lambda n, r: r, "S3 secret key")
     port: int = setting("PORT", 8000, _int(1, 65535), "HTTP port of web")
-    pipeline_version: int = setting(
-        "ATTACHE_PIPELINE_VERSION", 1, _int(1), "pipeline version of new uploads")
+    pipeline_version: int | None = setting(
+        "ATTACHE_PIPELINE_VERSION", None, _int(1), "pipeline version of new uploads (default: the newest registered)")
     max_upload_bytes: int = setting(
         "ATTACHE_MAX_UPLOAD_BYTES", 50 * 1024 * 1024, _int(1), "largest accepted upload, bytes")
     max_pixels: int = setting(
@@ -114,6 +114,9 @@ class Settings:
     object_grace_seconds: float = setting(
         "ATTACHE_OBJECT_GRACE_SECONDS", 3600.0, _float(0),
         "an object under attachments/ that no variant row references is removed after this long")
+    retire_grace_seconds: float = setting(
+        "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "objects of a pipeline version are collected this long after a newer version is ready")
     cleanup_interval_seconds: float = setting(
         "ATTACHE_CLEANUP_INTERVAL_SECONDS", 300.0, _float(0.1), "how often the staging and object cleanups run")
     outbox_publish_after_seconds: float = setting(
@@ -152,6 +155,10 @@ class Settings:
             if raw is not None:
                 values[f.name] = f.metadata["parse"](env, raw)
         settings = cls(**values)
+        if settings.pipeline_version is None:
+            from app.pipeline import NEWEST
+
+            settings = replace(settings, pipeline_version=NEWEST)
         settings.validate()
         return settings
 
@@ -161,6 +168,11 @@ class Settings:
         if self.fault and self.fault not in faults.POINTS:
             raise ConfigError(
                 f"ATTACHE_FAULT={self.fault!r} is not a fault point; known: {', '.join(sorted(faults.POINTS))}")
+        from app.pipeline import REGISTRY
+
+        if self.pipeline_version is not None and self.pipeline_version not in REGISTRY:
+            raise ConfigError(f"ATTACHE_PIPELINE_VERSION={self.pipeline_version} is not registered; known: "
+                              + ", ".join(str(v) for v in sorted(REGISTRY)))
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
         if self.lease_interval_seconds > self.lease_seconds * 10:

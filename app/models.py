@@ -18,6 +18,8 @@ test compares the two so they cannot drift.
   :class:`~app.dead_letters.DeadLetterRecorder` when it gives up on one.
 * ``audit_log`` - every operator action (replay, dead-letter requeue and
   purge): who, what, on which target, why.
+* ``pipeline_versions`` - the fingerprint of each pipeline version's
+  definition when its first job was made (see :mod:`app.pipeline`).
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
 """
@@ -121,6 +123,7 @@ variants = Table(
     Column("attempt", Integer, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
+    Column("retired_at", DateTime(timezone=True)),
     UniqueConstraint("attachment_id", "pipeline_version", "variant", name="variants_effect_key"),
 )
 
@@ -169,3 +172,11 @@ audit_log = Table(
     Column("details", JSONB),
 )
 Index("audit_log_target_idx", audit_log.c.target, audit_log.c.id)
+
+pipeline_versions = Table(
+    "pipeline_versions",
+    metadata,
+    Column("version", Integer, primary_key=True, autoincrement=False),
+    Column("fingerprint", Text, nullable=False),
+    Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

@@ -37,6 +37,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
 from app import messages, outbox
@@ -73,14 +74,24 @@ def _inspect_message(conn: Connection, job: Row | Any, attempt: int, available_a
 
 
 def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
-               traceparent: str, tracestate: str | None, actor: str) -> tuple[uuid.UUID, int]:
-    """none -> queued, with the first message in the outbox. Returns (job_id, outbox_id)."""
+               traceparent: str, tracestate: str | None, actor: str,
+               reason: str = "upload accepted") -> tuple[uuid.UUID, int] | None:
+    """none -> queued, with the first message in the outbox. Returns (job_id, outbox_id).
+
+    One job per ``(attachment_id, pipeline_version)``: if it exists already,
+    nothing is written and ``None`` is returned (a backfill run twice).
+    """
+    from app.pipeline import ensure_recorded
+
+    ensure_recorded(conn, pipeline_version)
     job_id = uuid.uuid4()
-    row = conn.execute(insert(jobs).values(
+    row = conn.execute(pg_insert(jobs).values(
         id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=QUEUED,
         attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
-    ).returning(jobs)).one()
-    _history(conn, job_id, None, QUEUED, 0, actor, reason="upload accepted")
+    ).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)).one_or_none()
+    if row is None:
+        return None
+    _history(conn, job_id, None, QUEUED, 0, actor, reason=reason)
     return job_id, _inspect_message(conn, row, attempt=1)
 
 

@@ -222,10 +222,22 @@ class Workflow:
     def _attachment(self, conn, attachment_id):
         return conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one()
 
+    def _source_key(self, attachment) -> str:
+        """Where the original's bytes are: staging until the first publish, then the kept original.
+
+        A backfill into a new pipeline version runs long after staging was
+        removed; it reads the published original (shared by all versions).
+        """
+        with transaction(self.services.engine) as conn:
+            kept = conn.execute(select(variants.c.storage_key).where(
+                variants.c.attachment_id == attachment.id, variants.c.variant == pipeline.ORIGINAL,
+                variants.c.published_at.is_not(None)).limit(1)).scalar()
+        return kept or attachment.staging_key
+
     @contextlib.contextmanager
     def _staged(self, attachment) -> Iterator:
         try:
-            with self.services.storage.fetch_to_path(attachment.staging_key) as path:
+            with self.services.storage.fetch_to_path(self._source_key(attachment)) as path:
                 yield path
         except ObjectNotFound:
             raise StagingMissing("the staged original is missing") from None
@@ -234,10 +246,12 @@ class Workflow:
         storage = self.services.storage
         if variant == pipeline.ORIGINAL:
             key = pipeline.original_key(attachment.id, attachment.sha256)
-            try:
-                info = storage.copy(attachment.staging_key, key)
-            except ObjectNotFound:
-                raise StagingMissing("the staged original is missing") from None
+            info = storage.stat(key)  # kept by an earlier version, or an earlier try of this one
+            if info is None or info.size != attachment.size:
+                try:
+                    info = storage.copy(attachment.staging_key, key)
+                except ObjectNotFound:
+                    raise StagingMissing("the staged original is missing") from None
             return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
                         sha256=attachment.sha256, width=attachment.width, height=attachment.height)
         with self._staged(attachment) as path:

@@ -19,6 +19,7 @@ from app.services import Services
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.retirement import Retirement, RetirementConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
 log = logging.getLogger("attache.scheduler")
@@ -34,6 +35,8 @@ def build(services: Services) -> list[tuple[object, float]]:
                                                        failed_retention_seconds=settings.failed_retention_seconds)),
          settings.cleanup_interval_seconds),
         (ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+         settings.cleanup_interval_seconds),
+        (Retirement(services, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
          settings.cleanup_interval_seconds),
     ]
 

@@ -63,6 +63,7 @@ from .probe import Limits, open_checked, read_orientation
 #: Pillow's thumbnail() default: integer reduce() while >= 2x the final size
 #: remains, then LANCZOS for the rest.
 REDUCING_GAP = 2.0
+OUTPUTS = ("auto", "webp")
 JPEG_QUALITY = 85
 WEBP_QUALITY = 85
 WEBP_METHOD = 4
@@ -91,16 +92,23 @@ class VariantSpec:
       to exactly that size. Images smaller than the target *are* upscaled,
       so a ``cover`` output always has exactly the requested size.
     * ``bounded``: longest side <= ``max(width, height)``, never upscaled.
+
+    ``output`` chooses the encoding: ``auto`` (JPEG when opaque; PNG, or WebP
+    for ``bounded``, when translucent) or ``webp`` (always WebP q85, alpha
+    kept when there is some).
     """
 
     name: str
     kind: str
     width: int
     height: int
+    output: str = "auto"
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"unknown variant kind {self.kind!r}")
+        if self.output not in OUTPUTS:
+            raise ValueError(f"unknown variant output {self.output!r}")
         if self.width < 1 or self.height < 1:
             raise ValueError("variant width and height must be positive")
 
@@ -219,7 +227,12 @@ def _load(img: Image.Image) -> None:
 def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
     img.info = {}  # nothing from the source (comment, exif, icc, ...) is written
     buf = io.BytesIO()
-    if img.mode == "RGBA":
+    if spec.output == "webp":
+        if img.mode not in ("RGB", "RGBA"):
+            img = img.convert("RGB")
+        img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
+        content_type, extension = "image/webp", "webp"
+    elif img.mode == "RGBA":
         if spec.kind == "bounded":
             img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
             content_type, extension = "image/webp", "webp"

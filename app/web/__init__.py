@@ -6,6 +6,7 @@ Blueprints never import the app: they reach shared objects through
 
 from __future__ import annotations
 
+import hashlib
 import sys
 
 from flask import Flask, jsonify
@@ -32,6 +33,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + 1024 * 1024  # multipart framing headroom
     app.extensions["attache"] = Services(settings, pool_size=10)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
+    # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
+    app.secret_key = settings.secret_key or hashlib.sha256(
+        b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()
+    ).hexdigest()
+    app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
 
     from app.web import attachments, health, metrics, ops
 
@@ -39,6 +45,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
     app.register_blueprint(metrics.bp)
+    from app.web import console  # the /ops operator console (HTML, login session)
+
+    app.register_blueprint(console.bp)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

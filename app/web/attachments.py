@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from urllib.parse import quote
 
-from flask import Blueprint, Response, current_app, jsonify, request, url_for
+from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
@@ -141,7 +141,11 @@ def _load(attachment_id: uuid.UUID, version: int | None):
             candidates = conn.execute(query.order_by(jobs.c.pipeline_version.desc())).all()
             job = next((j for j in candidates if j.state == "ready"), candidates[0] if candidates else None)
         published = [] if job is None else conn.execute(select(variants).where(
-            variants.c.job_id == job.id, variants.c.published_at.is_not(None)).order_by(variants.c.id)).all()
+            variants.c.job_id == job.id, variants.c.published_at.is_not(None), variants.c.retired_at.is_(None),
+        ).order_by(variants.c.id)).all()
+        versions = conn.execute(select(jobs.c.pipeline_version, jobs.c.state).where(
+            jobs.c.attachment_id == attachment_id).order_by(jobs.c.pipeline_version)).all()
+    g.attache_versions = [{"pipeline_version": v, "state": s} for v, s in versions]
     return attachment, job, published
 
 
@@ -180,6 +184,7 @@ def status(attachment_id: uuid.UUID):
         },
         "created_at": _iso(attachment.created_at),
         "ready_at": _iso(job.ready_at),
+        "versions": g.attache_versions,
     }
     return jsonify(body)
 

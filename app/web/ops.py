@@ -123,3 +123,28 @@ def dlq_purge(queue: str):
     body = request.get_json(silent=True) or {}
     reason = body.get("reason") if isinstance(body, dict) else None
     return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason))
+
+
+# --- pipeline versions ----------------------------------------------------------------
+
+
+@bp.post("/pipelines/<int:version>/backfill")
+def backfill(version: int):
+    from app import backfill as backfill_module
+    from app import pipeline
+
+    body = request.get_json(silent=True) or {}
+    if not isinstance(body, dict):
+        return _error(400, "bad_request", "send a JSON object")
+    try:
+        pipeline.get(version)
+    except LookupError as exc:
+        return _error(404, "not_found", str(exc))
+    batch = body.get("batch", 100)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= 10_000:
+        return _error(400, "bad_request", "batch must be an integer between 1 and 10000")
+    estimate = backfill_module.estimate(_services(), version).as_dict()
+    if body.get("dry_run"):
+        return jsonify(dry_run=True, **estimate)
+    result = backfill_module.run(_services(), version, batch=batch, actor=f"backfill:operator:{identity().principal}")
+    return jsonify(dry_run=False, to_version=version, **result)

@@ -1,0 +1,86 @@
+"""Retirement: objects of superseded pipeline versions, collected after a grace period.
+
+A variant of version *v* is superseded once a newer version of the same
+attachment is ``ready``: from then on the status and downloads serve the
+newer one by default. After ``ATTACHE_RETIRE_GRACE_SECONDS`` (7 days by
+default, so caches and clients holding old URLs drain) the old rows are
+marked ``retired_at`` in a transaction that re-checks the condition, and
+their objects are deleted unless a row that is not retired still points
+at the same key (the original is shared by every version, so it stays).
+``?version=v`` then answers with the job and no variants.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from sqlalchemy import and_, exists, func, select, text, update
+from sqlalchemy.orm import aliased
+
+from app.db import transaction
+from app.models import jobs, variants
+from app.services import Services
+from scheduler.locking import exclusive
+
+log = logging.getLogger("attache.scheduler.retirement")
+
+
+@dataclass(frozen=True)
+class RetirementConfig:
+    grace_seconds: float = 7 * 24 * 3600.0
+    batch: int = 500
+
+
+class Retirement:
+    name = "retirement"
+
+    def __init__(self, services: Services, config: RetirementConfig):
+        self.services = services
+        self.config = config
+
+    def _superseded(self):
+        newer = aliased(jobs)
+        return exists().where(and_(
+            newer.c.attachment_id == variants.c.attachment_id,
+            newer.c.pipeline_version > variants.c.pipeline_version,
+            newer.c.state == "ready",
+            newer.c.ready_at <= func.now() - text(f"interval '{float(self.config.grace_seconds):.3f} seconds'"),
+        ))
+
+    def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
+        counts = {"retired": 0, "objects_removed": 0, "objects_kept": 0, "skipped": 0}
+        with exclusive(self.services.engine, self.name) as held:
+            if not held:
+                counts["skipped"] = 1
+                return counts
+            while True:
+                with transaction(self.services.engine) as conn:
+                    candidates = select(variants.c.id).where(
+                        variants.c.published_at.is_not(None), variants.c.retired_at.is_(None), self._superseded(),
+                    ).limit(self.config.batch).with_for_update(skip_locked=True)
+                    if dry_run:
+                        counts["retired"] += len(conn.execute(candidates).all())
+                        return counts
+                    retired = conn.execute(
+                        update(variants).where(variants.c.id.in_(candidates.scalar_subquery()))
+                        .values(retired_at=func.now()).returning(variants.c.storage_key)).scalars().all()
+                if not retired:
+                    break
+                counts["retired"] += len(retired)
+                for key in set(retired):
+                    self._collect(key, counts)
+        if counts["retired"]:
+            log.info("retired %(retired)d superseded variants, removed %(objects_removed)d objects", counts,
+                     extra=counts)
+        return counts
+
+    def _collect(self, key: str, counts: dict) -> None:
+        with transaction(self.services.engine) as conn:  # re-check right before the delete
+            still_used = conn.execute(select(func.count()).select_from(variants).where(
+                variants.c.storage_key == key, variants.c.retired_at.is_(None))).scalar()
+        if still_used:
+            counts["objects_kept"] += 1
+            return
+        self.services.storage.delete(key)
+        counts["objects_removed"] += 1

@@ -1,0 +1,43 @@
+"""A real headless Chromium for console tests (Debian's ``chromium`` + ``chromium-driver``).
+
+Missing browser = a failed test with the install command, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+INSTALL = "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver"
+ARGUMENTS = ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-quic",
+             "--no-first-run", "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--no-proxy-server", "--window-size=1280,900")
+
+
+def require_chromium() -> None:
+    missing = [str(p) for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
+    if missing:
+        pytest.fail(f"headless browser missing: {', '.join(missing)}; install it with: {INSTALL} "
+                    "(.ci/run does this)", pytrace=False)
+
+
+def chromium(tmp_dir: Path | None = None):
+    """A Selenium Chrome driver on a fresh profile under ``tmp_dir``; the caller quits it."""
+    require_chromium()
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    profile = tempfile.mkdtemp(prefix="chromium-profile-", dir=tmp_dir)
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for argument in ARGUMENTS:
+        options.add_argument(argument)
+    options.add_argument(f"--user-data-dir={profile}")
+    driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
+    driver.set_page_load_timeout(30)
+    return driver

@@ -1,0 +1,361 @@
+"""/ops, the operator console: login session, CSRF, pages, and one run in a real headless Chromium."""
+
+from __future__ import annotations
+
+import re
+import uuid
+
+import pytest
+from sqlalchemy import select
+
+from app import states
+from app.config import Settings
+from app.models import audit_log, jobs, outbox
+from app.web import create_app
+from tests.conftest import OPERATOR_TOKEN, UPLOADER_TOKEN, authed
+from tests.test_states import seed
+
+ERROR_CODE = "corrupt_image"
+ERROR_REASON = "cannot identify image file"
+CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'"
+NOWHERE = "amqp://guest:guest@127.0.0.1:1/%2F"
+
+
+def make_failed_job(engine) -> str:
+    """A job that was claimed by a worker and failed permanently (what a corrupt upload ends as)."""
+    with engine.begin() as conn:
+        _, job_id = seed(conn)
+        conn.execute(outbox.update().where(outbox.c.job_id == job_id).values(published_at=outbox.c.created_at))
+        assert states.claim(conn, job_id, 1, states.Lease("worker:test", 30)) is not None
+        assert states.fail(conn, job_id, 1, ERROR_CODE, ERROR_REASON, "worker:test")
+    return str(job_id)
+
+
+def job_state(engine, job_id) -> str:
+    with engine.connect() as conn:
+        return conn.execute(select(jobs.c.state).where(jobs.c.id == uuid.UUID(job_id))).scalar_one()
+
+
+def audit_rows(engine):
+    with engine.connect() as conn:
+        return conn.execute(select(audit_log).order_by(audit_log.c.id)).all()
+
+
+def csrf_of(html: str) -> str:
+    found = re.search(r'name="csrf_token" value="([^"]+)"', html)
+    assert found, "page has no CSRF field"
+    return found.group(1)
+
+
+def login(client, token: str = OPERATOR_TOKEN):
+    page = client.get("/ops/login")
+    assert page.status_code == 200
+    return client.post("/ops/login", data={"token": token, "csrf_token": csrf_of(page.text)})
+
+
+def signed_in(app):
+    client = app.test_client()
+    response = login(client)
+    assert response.status_code == 303 and response.headers["Location"].endswith("/ops")
+    return client
+
+
+@pytest.fixture
+def app(env):
+    # RabbitMQ unreachable on purpose: the console must still work (DLQ "unavailable", replay published later)
+    app = create_app(Settings.from_env({**env, "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+@pytest.fixture
+def failed_job(engine):
+    return make_failed_job(engine)
+
+
+# --- login and session --------------------------------------------------------------
+
+
+def test_login_page_is_accessible_and_carries_a_csrf_token(app):
+    client = app.test_client()
+    page = client.get("/ops/login")
+    assert page.status_code == 200
+    assert "<title>" in page.text and "<h1>" in page.text
+    assert '<label for="token">' in page.text and 'id="token"' in page.text
+    assert '<button type="submit">Sign in</button>' in page.text
+    with client.session_transaction() as session:
+        assert session["csrf"] == csrf_of(page.text)
+    assert page.headers["Content-Security-Policy"] == CSP
+    assert page.headers["X-Frame-Options"] == "DENY"
+
+
+def test_operator_token_logs_in_and_the_session_never_holds_the_token(app):
+    client = app.test_client()
+    before = csrf_of(client.get("/ops/login").text)
+    response = client.post("/ops/login", data={"token": OPERATOR_TOKEN, "csrf_token": before})
+    assert response.status_code == 303 and response.headers["Location"].endswith("/ops")
+    cookie = response.headers["Set-Cookie"]
+    assert "HttpOnly" in cookie and "SameSite=Lax" in cookie
+    with client.session_transaction() as session:
+        assert (session["principal"], session["role"]) == ("olga", "operator")
+        assert session["csrf"] != before, "a new CSRF token after login"
+        assert OPERATOR_TOKEN not in repr(dict(session))
+    assert OPERATOR_TOKEN not in cookie
+    dashboard = client.get("/ops")
+    assert dashboard.status_code == 200 and "<h1>Dashboard</h1>" in dashboard.text
+    assert 'id="operator">olga<' in dashboard.text
+    assert dashboard.headers["Content-Security-Policy"] == CSP
+
+
+def test_wrong_token_is_401_and_uploader_token_is_403(app):
+    client = app.test_client()
+    wrong = login(client, "not-a-valid-token")
+    assert wrong.status_code == 401 and "not valid" in wrong.text
+    uploader = login(client, UPLOADER_TOKEN)
+    assert uploader.status_code == 403 and "operator" in uploader.text
+    empty = login(client, "")
+    assert empty.status_code == 401
+    with client.session_transaction() as session:
+        assert "principal" not in session
+    assert client.get("/ops").status_code == 302
+
+
+def test_login_and_logout_need_the_csrf_token(app):
+    client = app.test_client()
+    client.get("/ops/login")
+    assert client.post("/ops/login", data={"token": OPERATOR_TOKEN}).status_code == 400
+    assert client.post("/ops/login", data={"token": OPERATOR_TOKEN, "csrf_token": "forged"}).status_code == 400
+    with client.session_transaction() as session:
+        assert "principal" not in session
+    client = signed_in(app)
+    assert client.post("/ops/logout", data={"csrf_token": "forged"}).status_code == 400
+    assert client.get("/ops").status_code == 200, "a forged logout changes nothing"
+    token = csrf_of(client.get("/ops").text)
+    response = client.post("/ops/logout", data={"csrf_token": token})
+    assert response.status_code == 303 and response.headers["Location"].endswith("/ops/login")
+    assert client.get("/ops").status_code == 302
+
+
+def test_pages_redirect_to_login_without_a_session(app, failed_job):
+    client = app.test_client()
+    for path in ("/ops", "/ops/", f"/ops/jobs/{failed_job}", "/ops/dlq", "/ops/dlq/attache.inspect.XQ"):
+        response = client.get(path)
+        assert response.status_code == 302, path
+        assert response.headers["Location"].endswith("/ops/login"), path
+    response = client.post(f"/ops/jobs/{failed_job}/replay", data={"reason": "no session"})
+    assert response.status_code == 303 and response.headers["Location"].endswith("/ops/login")
+
+
+def test_bearer_header_works_for_get_pages_only(app, engine, failed_job):
+    assert authed(app, OPERATOR_TOKEN).get(f"/ops/jobs/{failed_job}").status_code == 200
+    assert authed(app, UPLOADER_TOKEN).get("/ops").status_code == 403
+    assert authed(app, "not-a-valid-token").get("/ops").status_code == 401
+    response = authed(app, OPERATOR_TOKEN).post(f"/ops/jobs/{failed_job}/replay", data={"reason": "header only"})
+    assert response.status_code == 303 and response.headers["Location"].endswith("/ops/login")
+    assert job_state(engine, failed_job) == "failed"
+
+
+def test_a_session_ends_when_its_operator_token_is_revoked(app):
+    client = signed_in(app)
+    app.extensions["attache_tokens"] = tuple(t for t in app.extensions["attache_tokens"]
+                                             if t.identity.principal != "olga")
+    assert client.get("/ops").status_code == 302
+
+
+# --- dashboard and replay -----------------------------------------------------------
+
+
+def test_dashboard_shows_failed_jobs_with_their_error_code(app, failed_job):
+    page = signed_in(app).get("/ops")
+    assert page.status_code == 200
+    assert f'href="/ops/jobs/{failed_job}"' in page.text
+    assert ERROR_CODE in page.text and ERROR_REASON in page.text
+    assert "failed" in page.text and "<th" in page.text
+    assert "unavailable" in page.text, "RabbitMQ is down in this test: DLQ depths say so, the page still renders"
+
+
+def test_job_page_shows_timeline_trace_and_a_labelled_replay_form(app, failed_job):
+    page = signed_in(app).get(f"/ops/jobs/{failed_job}")
+    assert page.status_code == 200
+    assert 'id="job-state" class="state state-failed">failed<' in page.text
+    assert '<label for="reason">' in page.text and '<textarea id="reason" name="reason" required' in page.text
+    assert "<button type=\"submit\">Replay</button>" in page.text
+    assert "worker:test" in page.text and "traceparent" in page.text and "00-" in page.text
+    assert authed(app, OPERATOR_TOKEN).get(f"/ops/jobs/{uuid.uuid4()}").status_code == 404
+
+
+def test_replay_with_a_wrong_or_missing_csrf_token_is_400_and_changes_nothing(app, engine, failed_job):
+    client = signed_in(app)
+    path = f"/ops/jobs/{failed_job}/replay"
+    assert client.post(path, data={"reason": "forged"}).status_code == 400
+    assert client.post(path, data={"reason": "forged", "csrf_token": "x" * 43}).status_code == 400
+    other = signed_in(app)  # another session's token is no good either
+    assert client.post(path, data={"reason": "forged", "csrf_token": csrf_of(other.get("/ops").text)}).status_code == 400
+    assert job_state(engine, failed_job) == "failed"
+    assert audit_rows(engine) == []
+
+
+def test_replay_needs_a_reason_then_queues_the_job_and_audits_the_operator(app, engine, failed_job):
+    client = signed_in(app)
+    path = f"/ops/jobs/{failed_job}/replay"
+    token = csrf_of(client.get(f"/ops/jobs/{failed_job}").text)
+    for reason in ("", "   "):
+        response = client.post(path, data={"reason": reason, "csrf_token": token})
+        assert response.status_code == 400
+        assert "needs a reason" in response.text and 'id="replay-form"' in response.text
+    assert job_state(engine, failed_job) == "failed"
+
+    response = client.post(path, data={"reason": "decoder <b>upgraded</b>", "csrf_token": token})
+    assert response.status_code == 303 and response.headers["Location"].endswith(f"/ops/jobs/{failed_job}")
+    page = client.get(f"/ops/jobs/{failed_job}")
+    assert 'id="job-state" class="state state-queued">queued<' in page.text
+    assert "replayed" in page.text, "a flash message"
+    assert "decoder &lt;b&gt;upgraded&lt;/b&gt;" in page.text and "<b>upgraded" not in page.text
+    assert 'id="replay-form"' not in page.text
+    assert job_state(engine, failed_job) == "queued"
+    [row] = audit_rows(engine)
+    assert (row.actor, row.action, row.reason) == ("operator:olga", "job.replay", "decoder <b>upgraded</b>")
+
+    again = client.post(path, data={"reason": "again", "csrf_token": token})
+    assert again.status_code == 409
+    assert len(audit_rows(engine)) == 1
+
+
+# --- dead letters (real RabbitMQ vhost) ---------------------------------------------
+
+
+@pytest.fixture
+def broker_app(env):
+    app = create_app(Settings.from_env(env))
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+def test_dlq_pages_requeue_selected_and_purge_only_when_confirmed(broker_app, services, broker_url, engine):
+    from app.models import dead_letters
+    from tests.test_dlq import XQ, dead_letter_three, depth
+
+    ids = dead_letter_three(services, broker_url)
+    with engine.begin() as conn:
+        conn.execute(dead_letters.insert().values(
+            message_id=ids[0], queue_name="attache.inspect", actor_name="inspect", job_id=None,
+            error_code="invalid_message", reason="message does not match <schema>", retries=0))
+    client = signed_in(broker_app)
+    overview = client.get("/ops/dlq")
+    assert overview.status_code == 200 and XQ in overview.text
+    assert re.search(rf'{re.escape(XQ)}</a></td><td>attache.inspect</td><td class="num">3<', overview.text)
+    assert re.search(r'attache.inspect.XQ</a></dt><dd>3<', client.get("/ops").text)
+
+    page = client.get(f"/ops/dlq/{XQ}")
+    assert page.status_code == 200
+    assert all(i in page.text for i in ids)
+    assert "invalid_message" in page.text and "message does not match &lt;schema&gt;" in page.text
+    assert "rejected" in page.text, "the x-death reason"
+    for label in ("Requeue selected", "Requeue all", "Purge"):
+        assert f">{label}</button>" in page.text
+    token = csrf_of(page.text)
+
+    assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all"}).status_code == 400, "no CSRF token"
+    assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "selected", "csrf_token": token}).status_code == 400
+    response = client.post(f"/ops/dlq/{XQ}/requeue",
+                           data={"scope": "selected", "message_id": [ids[0]], "csrf_token": token})
+    assert response.status_code == 303
+    assert depth(broker_url, XQ) == 2 and depth(broker_url, "attache.inspect") == 1
+    assert "Requeued 1 message" in client.get(f"/ops/dlq/{XQ}").text
+
+    assert client.post(f"/ops/dlq/{XQ}/purge", data={"csrf_token": token}).status_code == 400, "not confirmed"
+    assert client.post(f"/ops/dlq/{XQ}/purge", data={"confirm": "yes", "csrf_token": "forged"}).status_code == 400
+    assert depth(broker_url, XQ) == 2
+    response = client.post(f"/ops/dlq/{XQ}/purge", data={"confirm": "yes", "reason": "junk", "csrf_token": token})
+    assert response.status_code == 303 and depth(broker_url, XQ) == 0
+    assert [(r.actor, r.action) for r in audit_rows(engine)] == [("operator:olga", "dlq.requeue"),
+                                                               ("operator:olga", "dlq.purge")]
+    assert client.get("/ops/dlq/not-a-queue").status_code == 404
+
+
+# --- a real browser against the real web process ------------------------------------
+
+
+@pytest.mark.processes
+def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import chromium, require_chromium
+    from tests.processes import Deployment
+
+    require_chromium()
+    job_id = make_failed_job(engine)
+    reason = "decoder upgraded, retry"
+    deployment = Deployment(env, tmp_path)
+    driver = None
+    try:
+        deployment.start("web")
+        driver = chromium(tmp_path)
+        wait = WebDriverWait(driver, 20)
+
+        driver.get(deployment.url + "/ops")
+        wait.until(EC.url_contains("/ops/login"))
+        token_field = wait.until(EC.visibility_of_element_located((By.ID, "token")))
+        assert driver.find_element(By.CSS_SELECTOR, "label[for=token]").text == "Operator token"
+        token_field.send_keys(OPERATOR_TOKEN)
+        driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+
+        failed = wait.until(EC.visibility_of_element_located((By.ID, "failed-jobs")))
+        assert driver.find_element(By.TAG_NAME, "h1").text == "Dashboard"
+        row = failed.find_element(By.XPATH, f".//tr[.//a[normalize-space()='{job_id}']]")
+        assert ERROR_CODE in row.text
+        driver.save_screenshot(str(tmp_path / "dashboard.png"))  # for a human to look at
+
+        row.find_element(By.LINK_TEXT, job_id).click()
+        wait.until(EC.url_contains(f"/ops/jobs/{job_id}"))
+        history = wait.until(EC.visibility_of_element_located((By.ID, "history")))
+        assert [h.text for h in history.find_elements(By.CSS_SELECTOR, "thead th")] == [
+            "Time", "From", "To", "Attempt", "Who", "Error code", "Reason"]
+        assert driver.find_element(By.ID, "job-state").text == "failed"
+        assert len(history.find_elements(By.CSS_SELECTOR, "tbody tr")) == 3
+
+        driver.find_element(By.ID, "reason").send_keys(reason)
+        driver.find_element(By.CSS_SELECTOR, "#replay-form button[type=submit]").click()
+
+        wait.until(EC.text_to_be_present_in_element((By.ID, "job-state"), "queued"))
+        assert "replayed" in driver.find_element(By.CSS_SELECTOR, ".flash").text
+        rows = driver.find_elements(By.CSS_SELECTOR, "#history tbody tr")
+        cells = [td.text for td in rows[-1].find_elements(By.TAG_NAME, "td")]
+        assert f"{cells[1]} → {cells[2]}" == "failed → queued", cells
+        assert "olga" in cells[4] and cells[6] == reason, cells
+        assert driver.find_elements(By.ID, "replay-form") == []
+    except Exception:
+        if driver is not None:
+            driver.save_screenshot(str(tmp_path / "failure.png"))
+        print(deployment.logs())
+        raise
+    finally:
+        if driver is not None:
+            driver.quit()
+        deployment.stop_all()
+
+    assert job_state(engine, job_id) == "queued"
+    with engine.connect() as conn:
+        audits = conn.execute(select(audit_log).where(audit_log.c.target == f"job:{job_id}")).all()
+    assert [(a.actor, a.action, a.reason) for a in audits] == [("operator:olga", "job.replay", reason)]
+
+
+def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, monkeypatch):
+    from app.config import Settings
+    from app.web import create_app
+
+    monkeypatch.chdir(tmp_path)
+    dev = {k: v for k, v in env.items() if k != "ATTACHE_API_TOKENS"}
+    app = create_app(Settings.from_env({**dev, "ATTACHE_DEV": "1"}))
+    client = app.test_client()
+    response = client.get("/ops", follow_redirects=True)
+    assert response.status_code == 200 and b"<h1" in response.data and b"login" not in response.request.path.encode()
+    remote = app.test_client().get("/ops/login", environ_base={"REMOTE_ADDR": "10.1.2.3"})
+    assert remote.status_code == 200 and b"token" in remote.data.lower(), "only the local user is signed in"
+    app.extensions["attache"].engine.dispose()
+    prod = create_app(Settings.from_env(env))
+    assert prod.test_client().get("/ops/login").status_code == 200
+    assert prod.test_client().get("/ops").status_code == 302, "outside development mode, a login is needed"
+    prod.extensions["attache"].engine.dispose()
