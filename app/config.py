@@ -114,6 +114,12 @@ class Settings:
     object_grace_seconds: float = setting(
         "ATTACHE_OBJECT_GRACE_SECONDS", 3600.0, _float(0),
         "an object under attachments/ that no variant row references is removed after this long")
+    presign_seconds: int = setting(
+        "ATTACHE_PRESIGN_SECONDS", 300, _int(0, 7 * 24 * 3600),
+        "on S3, downloads redirect to a presigned URL valid this long; 0 streams through the web instead")
+    idempotency_ttl_seconds: float = setting(
+        "ATTACHE_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0, _float(1),
+        "how long an Idempotency-Key keeps returning the same attachment")
     retire_grace_seconds: float = setting(
         "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0),
         "objects of a pipeline version are collected this long after a newer version is ready")
@@ -182,3 +188,22 @@ class Settings:
     def documented(cls) -> list[tuple[str, Any, str]]:
         """(variable, default, meaning) for every setting: used by docs and tests."""
         return [(f.metadata["env"], f.default, f.metadata["doc"]) for f in fields(cls)]
+
+
+DEFAULT_NOTES = {
+    "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
+    "ATTACHE_PIPELINE_VERSION": "the newest registered",
+}
+
+
+def markdown_table() -> str:
+    """The settings table of ``docs/configuration.md`` (``python -m app.config`` prints it)."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for env, default, doc in Settings.documented():
+        shown = DEFAULT_NOTES.get(env) or ("(empty)" if default in ("", ()) else f"`{default}`")
+        lines.append(f"| `{env}` | {shown} | {doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -19,13 +19,14 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import insert
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import faults, imaging, pipeline, states
 from app.db import transaction
-from app.errors import AttacheError, DatabaseUnavailable
-from app.models import attachments
+from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
+from app.models import attachments, idempotency_keys, jobs
 from app.services import Services
 from app.uploads import Received
 
@@ -38,11 +39,65 @@ class Accepted:
     job_id: uuid.UUID
     pipeline_version: int
     published: bool
+    replayed: bool = False
+
+
+class IdempotencyKeyReused(UploadRejected):
+    """The Idempotency-Key was used for different content."""
+
+    status = 422
+    error_code = "idempotency_key_reused"
+
+
+class _LostRace(Exception):
+    """Another request with the same Idempotency-Key committed first."""
+
+
+def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
+    """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
+    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    with transaction(services.engine) as conn:
+        row = conn.execute(select(idempotency_keys, jobs.c.id.label("job_id"), jobs.c.pipeline_version)
+                           .join(jobs, jobs.c.attachment_id == idempotency_keys.c.attachment_id)
+                           .where(idempotency_keys.c.principal == owner, idempotency_keys.c.key == idempotency_key,
+                                  idempotency_keys.c.created_at > func.now() - ttl)
+                           .order_by(jobs.c.pipeline_version).limit(1)).one_or_none()
+    if row is None:
+        return None
+    if row.request_sha256 != sha256:
+        raise IdempotencyKeyReused("this Idempotency-Key was used for different content")
+    return Accepted(row.attachment_id, row.job_id, row.pipeline_version, published=True, replayed=True)
+
+
+def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
+    """Take the key in the upload's transaction; an expired key is taken over."""
+    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    statement = pg_insert(idempotency_keys).values(principal=owner, key=idempotency_key, request_sha256=sha256,
+                                                   attachment_id=attachment_id)
+    statement = statement.on_conflict_do_update(
+        index_elements=["principal", "key"],
+        set_={"request_sha256": statement.excluded.request_sha256,
+              "attachment_id": statement.excluded.attachment_id, "created_at": func.now()},
+        where=idempotency_keys.c.created_at <= func.now() - ttl,
+    ).returning(idempotency_keys.c.principal)
+    if conn.execute(statement).first() is None:
+        raise _LostRace()
 
 
 def accept(services: Services, received: Received, *, filename: str, owner: str, traceparent: str,
-           tracestate: str | None) -> Accepted:
+           tracestate: str | None, idempotency_key: str | None = None) -> Accepted:
+    """Stage, then record in one transaction, then publish. See the module docstring.
+
+    With an ``idempotency_key``, a retry of the same content by the same
+    principal returns the first attachment (no second job, no second staged
+    object); two concurrent requests race on the key's primary key inside
+    the upload transaction, and the loser returns the winner's attachment.
+    """
     settings = services.settings
+    if idempotency_key is not None:
+        earlier = _earlier(services, owner, idempotency_key, received.sha256)
+        if earlier is not None:
+            return earlier
     info = imaging.probe(received.path, services.limits)  # header only; refusals raise PermanentError
     attachment_id = uuid.uuid4()
     key = pipeline.staging_key(attachment_id)
@@ -54,10 +109,18 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
                 height=info.height, staging_key=key))
+            if idempotency_key is not None:
+                _claim_key(conn, services, owner, idempotency_key, received.sha256, attachment_id)
             job_id, outbox_id = states.create_job(
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
                 actor=f"web:{owner}")
+    except _LostRace:
+        _forget_staging(services, key)
+        earlier = _earlier(services, owner, idempotency_key, received.sha256)
+        if earlier is None:  # pragma: no cover - the winner committed before we looked
+            raise DatabaseUnavailable("the upload could not be recorded; retry")
+        return earlier
     except (DatabaseUnavailable, SQLAlchemyError) as exc:
         _forget_staging(services, key)
         if isinstance(exc, DatabaseUnavailable):

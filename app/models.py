@@ -20,6 +20,8 @@ test compares the two so they cannot drift.
   purge): who, what, on which target, why.
 * ``pipeline_versions`` - the fingerprint of each pipeline version's
   definition when its first job was made (see :mod:`app.pipeline`).
+* ``idempotency_keys`` - ``Idempotency-Key`` of an upload per principal:
+  a retried POST returns the attachment its first try created.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
 """
@@ -179,4 +181,14 @@ pipeline_versions = Table(
     Column("version", Integer, primary_key=True, autoincrement=False),
     Column("fingerprint", Text, nullable=False),
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+idempotency_keys = Table(
+    "idempotency_keys",
+    metadata,
+    Column("principal", Text, primary_key=True),
+    Column("key", Text, primary_key=True),
+    Column("request_sha256", Text, nullable=False),
+    Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

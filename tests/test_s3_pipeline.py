@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import socket
+from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
@@ -155,3 +156,26 @@ def test_unreachable_storage_refuses_uploads_with_503(deployment, engine, data_f
     assert response.headers.get("Retry-After"), response.headers
     assert response.json()["error"] == "storage_unavailable"
     assert _counts(engine) == {"attachments": 0, "jobs": 0, "outbox": 0}
+
+
+def test_downloads_on_s3_redirect_to_a_short_lived_presigned_url(env, store, tmp_path, data_file):
+    """The lifetime is the configured one; moto ignores expiry, so only the URL's claim is checked."""
+    deployment = Deployment({**env, "ATTACHE_PRESIGN_SECONDS": "120"}, tmp_path)
+    deployment.start("web")
+    deployment.start("worker")
+    try:
+        path = data_file("photos/chelsea.jpg")
+        attachment_id = deployment.upload(path).json()["id"]
+        status = deployment.wait_state(attachment_id)
+        assert status["state"] == "ready"
+        response = deployment.session.get(deployment.url + status["variants"]["original"]["url"],
+                                          allow_redirects=False, timeout=10)
+        assert response.status_code == 302
+        location = response.headers["Location"]
+        query = parse_qs(urlparse(location).query)
+        assert query["X-Amz-Expires"] == ["120"] and "X-Amz-Signature" in query
+        assert "test-secret" not in location, "the secret never appears in a URL"
+        fetched = requests.get(location, timeout=10)
+        assert fetched.status_code == 200 and fetched.content == path.read_bytes()
+    finally:
+        deployment.stop_all()

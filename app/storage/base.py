@@ -236,6 +236,15 @@ class Storage(ABC):
     def ensure_bucket(self) -> None:
         """Create the container (bucket or root directory) if missing; idempotent."""
 
+    def presigned_url(self, key: str, expires_seconds: int) -> str | None:
+        """A short-lived URL that serves the object without attache in between, or None.
+
+        Backends that cannot sign (the filesystem) return None and the web
+        streams the bytes itself.
+        """
+        validate_key(key)
+        return None
+
     @abstractmethod
     def describe(self) -> str:
         """A credential-free location string such as ``file:///srv/x`` or ``s3://bucket``."""

@@ -81,6 +81,14 @@ class S3Storage(Storage):
     def describe(self) -> str:
         return f"s3://{self.bucket}"
 
+    def presigned_url(self, key: str, expires_seconds: int) -> str | None:
+        """A presigned GET (computed locally, no request is made)."""
+        from datetime import timedelta
+
+        validate_key(key)
+        with self._errors("presign", key):
+            return self._client.presigned_get_object(self.bucket, key, expires=timedelta(seconds=expires_seconds))
+
     # --- writing -----------------------------------------------------------
 
     def put_file(self, key: str, path: str | os.PathLike, content_type: str | None = None) -> ObjectInfo:

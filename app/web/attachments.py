@@ -68,7 +68,8 @@ def upload():
         traceparent = accept_traceparent(request.headers.get("traceparent"))
         with bound(trace_id=trace_id(traceparent), principal=_owner()):
             accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
-                                     traceparent=traceparent, tracestate=(request.headers.get("tracestate") or None))
+                                     traceparent=traceparent, tracestate=(request.headers.get("tracestate") or None),
+                                     idempotency_key=_idempotency_key())
     except UploadRejected as exc:
         return _error(exc.status, exc.error_code, str(exc))
     except PermanentError as exc:
@@ -85,7 +86,26 @@ def upload():
     location = url_for("attachments.status", attachment_id=accepted.attachment_id)
     body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
             "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
-    return jsonify(body), 202, {"Location": location}
+    headers = {"Location": location}
+    if accepted.replayed:
+        headers["Idempotent-Replayed"] = "true"
+        body["state"] = _state_of(accepted.job_id)
+    return jsonify(body), 202, headers
+
+
+def _idempotency_key() -> str | None:
+    raw = request.headers.get("Idempotency-Key")
+    if raw is None:
+        return None
+    key = raw.strip().strip('"')
+    if not key or len(key) > 255 or not key.isprintable():
+        raise UploadRejected("Idempotency-Key must be 1-255 printable characters", error_code="bad_idempotency_key")
+    return key
+
+
+def _state_of(job_id) -> str:
+    with transaction(_services().engine) as conn:
+        return conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
 
 
 def _receive_body(max_bytes: int) -> HashingSpool:
@@ -215,11 +235,25 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "Content-Security-Policy": "default-src 'none'; sandbox",
         "Cache-Control": "private, max-age=31536000, immutable",
         "Content-Disposition": _disposition(attachment.filename, name, row.storage_key),
+        "Accept-Ranges": "bytes",
     }
     if etag in (request.headers.get("If-None-Match") or ""):
         return Response(status=304, headers=headers)
+    storage = _services().storage
+    lifetime = _services().settings.presign_seconds
     try:
-        stream = _services().storage.open_stream(row.storage_key)
+        redirect_to = storage.presigned_url(row.storage_key, lifetime) if lifetime else None
+    except AttacheError:
+        redirect_to = None
+    if redirect_to:
+        return Response(status=302, headers={"Location": redirect_to, "Cache-Control": "no-store",
+                                             "X-Content-Type-Options": "nosniff"})
+    byte_range = _requested_range(row.size, etag)
+    if byte_range == "unsatisfiable":
+        return Response(status=416, headers={**headers, "Content-Range": f"bytes */{row.size}"})
+    start, length = byte_range or (0, row.size)
+    try:
+        stream = storage.open_stream(row.storage_key, start=start, length=length)
         first = next(stream, b"")
     except ObjectNotFound:
         return _error(500, "effect_missing", "the published object is missing; operators have been told")
@@ -230,8 +264,41 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         yield first
         yield from stream
 
-    headers["Content-Length"] = str(row.size)
-    return Response(body(), status=200, mimetype=row.content_type, headers=headers)
+    headers["Content-Length"] = str(length)
+    status = 200
+    if byte_range is not None:
+        status = 206
+        headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{row.size}"
+    return Response(body(), status=status, mimetype=row.content_type, headers=headers)
+
+
+def _requested_range(size: int, etag: str):
+    """One ``Range: bytes=…`` range as (start, length), None for the whole, or "unsatisfiable".
+
+    Multiple ranges are answered with the whole body (allowed by RFC 9110).
+    """
+    header = request.headers.get("Range")
+    if not header or not header.startswith("bytes=") or "," in header:
+        return None
+    if request.headers.get("If-Range") and request.headers.get("If-Range") != etag:
+        return None
+    first, _, last = header[len("bytes="):].strip().partition("-")
+    try:
+        if first == "":
+            suffix = int(last)
+            if suffix <= 0:
+                return "unsatisfiable"
+            start = max(0, size - suffix)
+            end = size - 1
+        else:
+            start = int(first)
+            end = int(last) if last else size - 1
+    except ValueError:
+        return None
+    if start >= size or end < start:
+        return "unsatisfiable"
+    end = min(end, size - 1)
+    return start, end - start + 1
 
 
 def _disposition(display_name: str, variant: str, key: str) -> str:

@@ -1,0 +1,73 @@
+"""Safe downloads: ETag/304, ranges, headers; presigned redirects on S3."""
+
+from __future__ import annotations
+
+import hashlib
+from urllib.parse import parse_qs, urlparse
+
+import pytest
+
+from app.web import create_app
+from app.workflow import Workflow
+from tests.conftest import authed
+from tests.test_workflow import quiet_services, run, upload  # noqa: F401
+
+
+@pytest.fixture
+def ready(quiet_services, engine, data_file, settings):
+    path = data_file("photos/chelsea.jpg")
+    accepted = upload(quiet_services, path)
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    app = create_app(settings)
+    yield app, accepted, path.read_bytes()
+    app.extensions["attache"].engine.dispose()
+
+
+def owned_client(app):
+    client = authed(app, "olga-operator-token")  # the in-process upload belongs to "t"; operators see all
+    return client
+
+
+def test_headers_etag_and_304(ready):
+    app, accepted, data = ready
+    client = owned_client(app)
+    response = client.get(f"/v1/attachments/{accepted.attachment_id}/original")
+    assert response.status_code == 200 and response.data == data
+    assert response.headers["ETag"] == f'"{hashlib.sha256(data).hexdigest()}"'
+    assert response.headers["X-Content-Type-Options"] == "nosniff"
+    assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+    assert response.headers["Content-Disposition"] == 'attachment; filename="chelsea.jpg"; filename*=UTF-8\'\'chelsea.jpg'
+    again = client.get(f"/v1/attachments/{accepted.attachment_id}/original",
+                       headers={"If-None-Match": response.headers["ETag"]})
+    assert again.status_code == 304 and again.data == b""
+
+
+def test_ranges_on_originals(ready):
+    app, accepted, data = ready
+    client = owned_client(app)
+    path = f"/v1/attachments/{accepted.attachment_id}/original"
+    part = client.get(path, headers={"Range": "bytes=100-199"})
+    assert part.status_code == 206 and part.data == data[100:200]
+    assert part.headers["Content-Range"] == f"bytes 100-199/{len(data)}"
+    tail = client.get(path, headers={"Range": "bytes=-50"})
+    assert tail.status_code == 206 and tail.data == data[-50:]
+    open_ended = client.get(path, headers={"Range": f"bytes={len(data) - 10}-"})
+    assert open_ended.data == data[-10:]
+    assert client.get(path, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+    stale = client.get(path, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
+    assert stale.status_code == 200 and stale.data == data, "If-Range mismatch: the whole, current body"
+
+
+def test_disposition_of_an_unusual_display_name(quiet_services, engine, settings, data_file, tmp_path):
+    odd = tmp_path / "Ünïcødé \"quoted\" ;name.jpg"
+    odd.write_bytes(data_file("photos/chelsea.jpg").read_bytes())
+    accepted = upload(quiet_services, odd)
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    app = create_app(settings)
+    disposition = owned_client(app).get(f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail").headers[
+        "Content-Disposition"]
+    assert disposition.startswith('attachment; filename="') and "\n" not in disposition
+    fallback = disposition.split('filename="')[1].split('"')[0]
+    assert fallback.isascii() and '"' not in fallback and ";" not in fallback
+    assert "filename*=UTF-8''%C3%9Cn%C3%AFc%C3%B8d%C3%A9%20%22quoted%22%20%3Bname-thumbnail.jpg" in disposition
+    app.extensions["attache"].engine.dispose()

@@ -1,0 +1,94 @@
+"""Idempotency-Key: a retried POST returns the same attachment, never a second one."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from sqlalchemy import func, select, update
+
+from app.models import attachments, idempotency_keys, jobs
+from app.web import create_app
+from tests.conftest import OTHER_UPLOADER_TOKEN, authed
+from tests.processes import Deployment
+
+
+@pytest.fixture
+def app(settings):
+    app = create_app(settings)
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+def post(client, path, key):
+    with open(path, "rb") as fh:
+        return client.post("/v1/attachments", data={"file": (fh, path.name)}, content_type="multipart/form-data",
+                           headers={"Idempotency-Key": key})
+
+
+def count(engine, table):
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table)).scalar()
+
+
+def staged(storage_dir):
+    return sorted(p.name for p in (storage_dir / "staging").glob("*")) if (storage_dir / "staging").exists() else []
+
+
+def test_same_key_same_content_returns_the_same_attachment(app, engine, storage_dir, data_file):
+    client = authed(app)
+    first = post(client, data_file("photos/chelsea.jpg"), "order-42")
+    second = post(client, data_file("photos/chelsea.jpg"), "order-42")
+    assert first.status_code == second.status_code == 202
+    assert second.json["id"] == first.json["id"] and second.json["job_id"] == first.json["job_id"]
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert count(engine, attachments) == 1 and count(engine, jobs) == 1
+    assert staged(storage_dir) == [first.json["id"]], "no second staged object is kept"
+
+
+def test_same_key_different_content_is_422(app, engine, storage_dir, data_file):
+    client = authed(app)
+    assert post(client, data_file("photos/chelsea.jpg"), "k1").status_code == 202
+    reused = post(client, data_file("photos/coffee.jpg"), "k1")
+    assert reused.status_code == 422 and reused.json["error"] == "idempotency_key_reused"
+    assert count(engine, attachments) == 1 and len(staged(storage_dir)) == 1
+
+
+def test_keys_belong_to_their_principal_and_expire(app, engine, data_file):
+    alice = post(authed(app), data_file("photos/chelsea.jpg"), "shared-name")
+    bob = post(authed(app, OTHER_UPLOADER_TOKEN), data_file("photos/chelsea.jpg"), "shared-name")
+    assert bob.status_code == 202 and bob.json["id"] != alice.json["id"], "another principal's key is another key"
+    with engine.begin() as conn:  # a day later
+        conn.execute(update(idempotency_keys).values(created_at=func.now() - func.make_interval(0, 0, 0, 2)))
+    again = post(authed(app), data_file("photos/chelsea.jpg"), "shared-name")
+    assert again.status_code == 202 and again.json["id"] != alice.json["id"], "an expired key starts afresh"
+    assert "Idempotent-Replayed" not in again.headers
+
+
+def test_bad_keys_are_400(app, data_file):
+    assert post(authed(app), data_file("photos/chelsea.jpg"), "x" * 300).status_code == 400
+
+
+@pytest.mark.processes
+def test_parallel_posts_with_one_key_make_one_attachment(env, tmp_path, engine, storage_dir, data_file):
+    deployment = Deployment(env, tmp_path)
+    deployment.start("web", WEB_CONCURRENCY="2")
+    try:
+        barrier = threading.Barrier(6)
+        results = []
+
+        def send():
+            barrier.wait()
+            results.append(deployment.upload(data_file("photos/coffee.jpg"), headers={"Idempotency-Key": "race"}))
+
+        threads = [threading.Thread(target=send) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert [r.status_code for r in results] == [202] * 6
+        assert len({r.json()["id"] for r in results}) == 1
+        assert count(engine, attachments) == 1 and count(engine, jobs) == 1
+        assert staged(storage_dir) == [results[0].json()["id"]], "the losers removed their staged copies"
+    finally:
+        deployment.stop_all()
