@@ -63,6 +63,17 @@ def _url(*schemes: str) -> Callable[[str, str], str]:
     return parse
 
 
+PROCESSED = ("JPEG", "PNG", "WEBP", "GIF", "TIFF", "BMP")
+
+
+def _formats(name: str, raw: str) -> tuple[str, ...]:
+    chosen = tuple(dict.fromkeys(item.strip().upper() for item in raw.split(",") if item.strip()))
+    unknown = [f for f in chosen if f not in PROCESSED]
+    if not chosen or unknown:
+        raise ConfigError(f"{name}={raw!r}: choose from {', '.join(PROCESSED)}")
+    return chosen
+
+
 def _bool(name: str, raw: str) -> bool:
     lowered = raw.strip().lower()
     if lowered in {"1", "true", "yes", "on"}:
@@ -97,6 +108,9 @@ class Settings:
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(
         "ATTACHE_MAX_DIMENSION", 20_000, _int(1), "longest accepted side in pixels")
+    accepted_formats: tuple = setting(
+        "ATTACHE_ACCEPTED_FORMATS", ("JPEG", "PNG", "WEBP", "GIF", "TIFF", "BMP"), _formats,
+        "comma-separated image formats accepted at upload (a subset of the six processed)")
     lease_seconds: float = setting(
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
     max_attempts: int = setting(
@@ -191,6 +205,7 @@ class Settings:
 
 
 DEFAULT_NOTES = {
+    "ATTACHE_ACCEPTED_FORMATS": "`JPEG,PNG,WEBP,GIF,TIFF,BMP`",
     "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
     "ATTACHE_PIPELINE_VERSION": "the newest registered",
 }

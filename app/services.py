@@ -45,7 +45,8 @@ class Services:
     def limits(self):
         from app.imaging import Limits
 
-        return Limits(max_pixels=self.settings.max_pixels, max_dimension=self.settings.max_dimension)
+        return Limits(max_pixels=self.settings.max_pixels, max_dimension=self.settings.max_dimension,
+                      formats=self.settings.accepted_formats)
 
 
 def identity(process: str) -> str:

@@ -177,3 +177,18 @@ def test_database_down_is_503_with_retry_after_and_no_staging_left(env, storage_
 def test_unknown_attachment_is_404(client):
     assert client.get("/v1/attachments/00000000-0000-4000-8000-000000000000").status_code == 404
     assert client.get("/v1/attachments/not-a-uuid").status_code == 404
+
+
+def test_formats_and_pixel_limits_are_configurable(env, engine, data_file):
+    from app.config import Settings
+
+    app = create_app(Settings.from_env({**env, "ATTACHE_ACCEPTED_FORMATS": "jpeg,webp",
+                                        "ATTACHE_MAX_PIXELS": "1000000"}))
+    client = authed(app)
+    png = post_file(client, data_file("photos/coffee.png"))
+    assert png.status_code == 415 and "not accepted" in png.json["message"]
+    big = post_file(client, data_file("photos/chelsea_12mp_4247x2825.jpg"))
+    assert big.status_code == 413 and big.json["error"] == "decompression_bomb"
+    assert post_file(client, data_file("photos/chelsea.jpg")).status_code == 202
+    assert counts(engine)["attachments"] == 1
+    app.extensions["attache"].engine.dispose()

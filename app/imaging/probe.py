@@ -49,6 +49,8 @@ class Limits:
     max_pixels: int = 64_000_000
     #: a side longer than this -> :class:`ImageTooLarge`.
     max_dimension: int = 20_000
+    #: the processed families accepted (a subset of PROCESSED_FORMATS) -> else :class:`UnsupportedFormat`.
+    formats: tuple[str, ...] = tuple(PROCESSED_FORMATS)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,8 @@ def open_checked(
         family = sniff(fp.read(SNIFF_BYTES))
         if family is None:
             raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF or BMP image")
+        if family not in limits.formats:
+            raise UnsupportedFormat(f"{family} images are not accepted here (accepted: {', '.join(limits.formats)})")
         fp.seek(0)
         try:
             with bomb_warnings_as_errors():
