@@ -8,8 +8,9 @@ repeat each other's listing. The second one skips its round.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import zlib
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 from sqlalchemy import text
 from sqlalchemy.engine import Engine
@@ -32,3 +33,19 @@ def exclusive(engine: Engine, name: str) -> Iterator[bool]:
             if held:
                 conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
                 conn.commit()
+
+
+def sweep_storage(engine: Engine, name: str, objects: Iterable, batch: int,
+                  process: Callable[[list], None], counts: dict[str, int]) -> dict[str, int]:
+    """The common shape of the storage cleanups: under ``name``'s lock, hand listed objects on in batches.
+
+    ``counts["skipped"]`` is 1 when another scheduler holds the lock (this round does nothing).
+    """
+    with exclusive(engine, name) as held:
+        if not held:
+            counts["skipped"] = 1
+            return counts
+        listing = iter(objects)
+        while chunk := list(itertools.islice(listing, batch)):
+            process(chunk)
+    return counts

@@ -19,7 +19,7 @@ from sqlalchemy import select
 from app.db import transaction
 from app.models import variants
 from app.services import Services
-from scheduler.locking import exclusive
+from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.objects")
 
@@ -41,18 +41,8 @@ class ObjectGc:
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "skipped": 0}
-        with exclusive(self.services.engine, self.name) as held:
-            if not held:
-                counts["skipped"] = 1
-                return counts
-            batch = []
-            for info in self.services.storage.list_objects(PREFIX):
-                batch.append(info)
-                if len(batch) >= self.config.batch:
-                    self._process(batch, counts, dry_run)
-                    batch = []
-            if batch:
-                self._process(batch, counts, dry_run)
+        sweep_storage(self.services.engine, self.name, self.services.storage.list_objects(PREFIX), self.config.batch,
+                      lambda chunk: self._process(chunk, counts, dry_run), counts)
         if counts["removed"]:
             log.info("object gc removed %(removed)d unreferenced objects", counts, extra=counts)
         return counts
