@@ -15,7 +15,9 @@ because the rows they count are append-only (``attachments``,
 * ``attache_leases_expired`` - ``processing`` jobs whose lease has run out now;
 * ``attache_job_duration_seconds`` - time from upload to ``ready`` (histogram over ready jobs);
 * ``attache_attempt_duration_seconds`` - from a claim to the attempt's outcome (ready, failed,
-  requeued), from the history (histogram). Per-step timings are not measured yet.
+  requeued), from the history (histogram);
+* ``attache_step_duration_seconds{step}`` - how long each step took in the worker (histogram over
+  the last 10 000 runs, from ``step_runs``).
 * ``attache_dlq_messages{queue}`` - dead letters waiting (absent while RabbitMQ is down).
 """
 
@@ -101,6 +103,10 @@ class DatabaseCollector:
                 "JOIN LATERAL (SELECT at FROM job_history h WHERE h.job_id = claim.job_id AND h.id > claim.id "
                 "ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = 'processing' "
                 "ORDER BY claim.id DESC LIMIT 10000")
+            yield _histogram(
+                "attache_step_duration_seconds", "Worker time per pipeline step.", conn,
+                "SELECT step, seconds FROM (SELECT step, seconds FROM step_runs ORDER BY id DESC LIMIT 10000) recent",
+                labels=["step"])
 
 
 class BrokerCollector:

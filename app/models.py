@@ -22,6 +22,8 @@ test compares the two so they cannot drift.
   definition when its first job was made (see :mod:`app.pipeline`).
 * ``idempotency_keys`` - ``Idempotency-Key`` of an upload per principal:
   a retried POST returns the attachment its first try created.
+* ``step_runs`` - how long each step took and how it ended (for
+  ``attache_step_duration_seconds``); best effort, written after the step.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
 """
@@ -33,6 +35,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -192,3 +195,17 @@ idempotency_keys = Table(
     Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+step_runs = Table(
+    "step_runs",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("job_id", UUID(as_uuid=True), nullable=False),
+    Column("step", Text, nullable=False),
+    Column("variant", Text),
+    Column("attempt", Integer, nullable=False),
+    Column("outcome", Text, nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("step_runs_finished_idx", step_runs.c.finished_at)

@@ -30,11 +30,12 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from sqlalchemy import select
+from sqlalchemy import insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app import faults, imaging, messages, outbox, pipeline, states, telemetry
@@ -50,7 +51,7 @@ from app.errors import (
     UnknownJob,
 )
 from app.logs import bound
-from app.models import attachments, variants
+from app.models import attachments, step_runs, variants
 from app.policies import step_policies
 from app.retry import RetryPolicy, error_code, sanitized_reason
 from app.services import Services, identity
@@ -87,9 +88,21 @@ class Workflow:
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
                    trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
                 telemetry.consuming(body, queue):
+            began = time.monotonic()
             outcome = self._handle(body)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
+            self._record_run(body, outcome, time.monotonic() - began)
             return outcome
+
+    def _record_run(self, body: dict, outcome: Outcome, seconds: float) -> None:
+        """Best effort: a lost timing must never fail a step whose outcome is recorded."""
+        try:
+            with transaction(self.services.engine) as conn:
+                conn.execute(insert(step_runs).values(
+                    job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
+                    attempt=body["attempt"], outcome=outcome.status, seconds=seconds))
+        except Exception:
+            log.warning("step timing not recorded", exc_info=True)
 
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])

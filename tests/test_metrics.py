@@ -40,5 +40,8 @@ def test_metrics_follow_the_pipeline(settings, quiet_services, engine, data_file
     assert after[("attache_job_transitions_total", (("from", "processing"), ("to", "ready")))] == 1
     assert after[("attache_job_transitions_total", (("from", "processing"), ("to", "failed")))] == 1
     assert after[("attache_job_duration_seconds_count", ())] == 1
+    assert after[("attache_step_duration_seconds_count", (("step", "render"),))] == 4 + 4, \
+        "four render messages per file (those after the failure end 'ignored', and are timed too)"
+    assert after[("attache_step_duration_seconds_count", (("step", "publish"),))] == 1
     assert after[("attache_dlq_messages", (("queue", "attache.inspect.XQ"),))] == 0
     app.extensions["attache"].engine.dispose()
