@@ -14,10 +14,11 @@ import uuid
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine
 
 from app import db
 from app.config import Settings
+from app.services import Services
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = Path(__file__).resolve().parent / "data"
@@ -154,3 +155,13 @@ def _quiet_pika():
     import logging
 
     logging.getLogger("pika").setLevel(logging.CRITICAL)
+
+
+@pytest.fixture
+def quiet_services(env):
+    """Services whose broker is unreachable: the tests deliver messages themselves."""
+    services = Services(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
+                                           "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+    yield services
+    services.engine.dispose()

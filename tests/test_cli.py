@@ -9,9 +9,9 @@ from click.testing import CliRunner
 from sqlalchemy import select
 
 from app.cli import main
-from app.models import audit_log, jobs
+from app.models import audit_log
 from app.workflow import Workflow
-from tests.test_workflow import run, upload
+from tests.driver import run, upload
 
 
 @pytest.fixture
@@ -31,8 +31,6 @@ def failed_job_id(quiet_services, engine, data_file):
     run(Workflow(quiet_services), engine, accepted.job_id)
     return str(accepted.job_id)
 
-
-from tests.test_workflow import quiet_services  # noqa: E402,F401  (fixture)
 
 
 def test_jobs_list_show_and_replay(cli, engine, failed_job_id):

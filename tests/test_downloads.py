@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import hashlib
-from urllib.parse import parse_qs, urlparse
 
 import pytest
 
 from app.web import create_app
 from app.workflow import Workflow
 from tests.conftest import authed
-from tests.test_workflow import quiet_services, run, upload  # noqa: F401
+from tests.driver import run, upload
 
 
 @pytest.fixture

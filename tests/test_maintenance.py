@@ -6,7 +6,6 @@ import os
 import time
 import uuid
 
-import pytest
 from sqlalchemy import func, insert, select, text, update
 
 from app import pipeline, states

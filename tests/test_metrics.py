@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app.web import create_app
 from app.workflow import Workflow
 from tests.conftest import OPERATOR_TOKEN, authed
-from tests.test_workflow import quiet_services, run, upload  # noqa: F401  (fixture)
+from tests.driver import run, upload
 
 
 def samples(app):

@@ -9,7 +9,7 @@ from app.models import audit_log, variants
 from app.web import create_app
 from app.workflow import Workflow
 from tests.conftest import OPERATOR_TOKEN, authed
-from tests.test_workflow import run
+from tests.driver import run
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ from app.web import create_app
 from app.workflow import Workflow
 from scheduler.retirement import Retirement, RetirementConfig
 from tests.conftest import OPERATOR_TOKEN, authed
-from tests.test_workflow import job, quiet_services, run, take_messages, upload  # noqa: F401
+from tests.driver import job, run, take_messages, upload
 
 #: Pinned on purpose: editing a registered version in place must fail here.
 #: To change the pipeline, register a new version and pin its fingerprint.

@@ -13,7 +13,6 @@ import uuid
 
 import pika
 import pytest
-import requests
 from dramatiq.message import Message
 from sqlalchemy import func, select
 

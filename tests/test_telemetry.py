@@ -12,7 +12,7 @@ from sqlalchemy import select
 
 from app.models import outbox
 from app.workflow import Workflow
-from tests.test_workflow import upload
+from tests.driver import upload
 
 EXPORTER = InMemorySpanExporter()
 
@@ -29,7 +29,7 @@ def sdk():
 def test_producer_and_consumer_spans_follow_the_messaging_conventions(services, engine, data_file):
     EXPORTER.clear()
     accepted = upload(services, data_file("photos/chelsea.jpg"))  # publishes the inspect message
-    upload_trace_id = int("1" * 32, 16)  # tests.test_workflow.upload sends trace id 111…1
+    upload_trace_id = int("1" * 32, 16)  # tests.driver.upload sends trace id 111…1
     [producer] = [s for s in EXPORTER.get_finished_spans() if s.kind == SpanKind.PRODUCER]
     assert producer.context.trace_id == upload_trace_id
     assert producer.attributes["messaging.system"] == "rabbitmq"

@@ -8,62 +8,15 @@ driven step by step.
 from __future__ import annotations
 
 import time
-import uuid
 
-import pytest
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import func, select, text, update
 
-from app import intake, pipeline, states
+from app import states
 from app.config import Settings
-from app.models import job_history, jobs, outbox, variants
+from app.models import jobs, variants
 from app.services import Services
-from app.uploads import HashingSpool
 from app.workflow import Workflow
-
-
-def upload(services, path):
-    spool = HashingSpool(10**9)
-    spool.write(path.read_bytes())
-    received = spool.finish()
-    try:
-        return intake.accept(services, received, filename=path.name, owner="t",
-                             traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01", tracestate=None)
-    finally:
-        received.discard()
-
-
-def take_messages(engine, job_id):
-    """Unpublished, due outbox rows of a job, marked as published (we deliver them ourselves)."""
-    with engine.begin() as conn:
-        rows = conn.execute(select(outbox).where(outbox.c.job_id == job_id, outbox.c.published_at.is_(None),
-                                                 outbox.c.available_at <= func.now()).order_by(outbox.c.id)).all()
-        conn.execute(update(outbox).where(outbox.c.id.in_([r.id for r in rows])).values(published_at=func.now()))
-    return [r.payload for r in rows]
-
-
-def run(workflow, engine, job_id, limit=20):
-    outcomes = []
-    for _ in range(limit):
-        payloads = take_messages(engine, job_id)
-        if not payloads:
-            break
-        outcomes += [workflow.handle(p, step=p["step"]).status for p in payloads]
-    return outcomes
-
-
-def job(engine, job_id):
-    with engine.connect() as conn:
-        return conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
-
-
-@pytest.fixture
-def quiet_services(env):
-    """Services whose broker is unreachable: the tests deliver messages themselves."""
-    services = Services(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
-                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
-                                           "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
-    yield services
-    services.engine.dispose()
+from tests.driver import job, run, take_messages, upload
 
 
 def test_a_job_runs_to_ready_through_every_step(quiet_services, engine, data_file):

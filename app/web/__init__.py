@@ -39,8 +39,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     ).hexdigest()
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
 
-    from app.web import attachments, health, metrics, ops
+    from app.web import attachments, health, metrics, openapi, ops
 
+    app.register_blueprint(openapi.bp)
     app.register_blueprint(attachments.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
@@ -48,6 +49,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web import console  # the /ops operator console (HTML, login session)
 
     app.register_blueprint(console.bp)
+    from app.web import page  # the upload page at / (HTML + static/upload.js, same session)
+
+    app.register_blueprint(page.bp)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -18,10 +18,7 @@ No JavaScript
 
 from __future__ import annotations
 
-import hmac
 import logging
-import secrets
-import time
 import uuid
 from datetime import datetime, timezone
 
@@ -31,6 +28,7 @@ from flask import (Blueprint, current_app, flash, g, redirect, render_template, 
 from app import operations
 from app.auth import Identity, authenticate
 from app.errors import AttacheError
+from app.web.access import csrf_token, form_csrf_ok, local_developer, session_identity, start_session
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +42,6 @@ SECURITY_HEADERS = {
     "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
-SESSION_MAX_AGE_SECONDS = 12 * 3600
-CSRF_FIELD = "csrf_token"
 OPERATOR = "operator"
 #: views reachable without an operator session
 PUBLIC_ENDPOINTS = {"console.login", "console.login_form"}
@@ -62,37 +58,10 @@ def _tokens():
 # --- session, identity and CSRF --------------------------------------------------
 
 
-def csrf_token() -> str:
-    """This session's CSRF token, created on first use (also before login, for the login form)."""
-    token = session.get("csrf")
-    if not isinstance(token, str) or not token:
-        token = session["csrf"] = secrets.token_urlsafe(32)
-    return token
-
-
-def _csrf_ok() -> bool:
-    expected = session.get("csrf")
-    presented = request.form.get(CSRF_FIELD, "")
-    if not isinstance(expected, str) or not expected or not presented:
-        return False
-    return hmac.compare_digest(expected.encode(), presented.encode())
-
-
-def _still_operator(principal: str) -> bool:
-    """The principal still holds an operator token (a revoked token ends its sessions)."""
-    return any(t.identity.principal == principal and t.identity.role == OPERATOR for t in _tokens())
-
-
 def _session_identity() -> Identity | None:
-    principal, role, since = session.get("principal"), session.get("role"), session.get("since")
-    if not isinstance(principal, str) or role != OPERATOR or not isinstance(since, (int, float)):
-        return None
-    if time.time() - since > SESSION_MAX_AGE_SECONDS or not _still_operator(principal):
-        session.pop("principal", None)
-        session.pop("role", None)
-        session.pop("since", None)
-        return None
-    return Identity(principal, role)
+    """The signed-in operator, or None (an uploader's session does not open the console)."""
+    found = session_identity()
+    return found if found is not None and found.role == OPERATOR else None
 
 
 def _page(template: str, status: int = 200, **context):
@@ -131,7 +100,7 @@ def require_operator():
 
 @bp.before_request
 def check_csrf():
-    if request.method == "POST" and not _csrf_ok():
+    if request.method == "POST" and not form_csrf_ok():
         log.warning("console: CSRF check failed on %s", request.path)
         return _message(400, "Form rejected",
                         "This form was not sent from this console session (CSRF check failed). "
@@ -188,28 +157,13 @@ def age(seconds) -> str:
 # --- login / logout -----------------------------------------------------------------
 
 
-def _local_developer() -> Identity | None:
-    """``make up`` (development mode, no tokens configured): the local user needs no typing."""
-    settings = _services().settings
-    if not settings.dev_mode or settings.api_tokens or request.remote_addr not in ("127.0.0.1", "::1"):
-        return None
-    return next((t.identity for t in _tokens() if t.identity.role == OPERATOR), None)
-
-
-def _start_session(found: Identity) -> None:
-    session.clear()  # no fixation: a fresh session, a fresh CSRF token
-    session["principal"], session["role"], session["since"] = found.principal, found.role, int(time.time())
-    session["csrf"] = secrets.token_urlsafe(32)
-    log.info("console: %s signed in", found.principal)
-
-
 @bp.get("/login")
 def login_form():
     if _session_identity() is not None:
         return redirect(url_for("console.dashboard"))
-    developer = _local_developer()
+    developer = local_developer(OPERATOR)
     if developer is not None:
-        _start_session(developer)
+        start_session(developer)
         return redirect(url_for("console.dashboard"))
     return _page("login.html")
 
@@ -224,7 +178,7 @@ def login():
     if found.role != OPERATOR:
         log.info("console: login refused for %s (role %s)", found.principal, found.role)
         return _page("login.html", 403, error="This console is for operators; that token has another role.")
-    _start_session(found)
+    start_session(found)
     return redirect(url_for("console.dashboard"), code=303)
 
 
