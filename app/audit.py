@@ -8,8 +8,16 @@ from sqlalchemy.engine import Connection
 from app.models import audit_log
 
 
+def clean(text: str | None, limit: int = 1000) -> str | None:
+    """Operator-typed text made storable: no NUL or other control characters but newlines, bounded."""
+    if text is None:
+        return None
+    return "".join(ch for ch in str(text) if ch in "\n\t" or ch.isprintable())[:limit]
+
+
 def record(conn: Connection, *, actor: str, action: str, target: str, reason: str | None = None,
            details: dict | None = None) -> int:
+    reason = clean(reason)
     return conn.execute(insert(audit_log).values(actor=actor, action=action, target=target, reason=reason,
                                                  details=details).returning(audit_log.c.id)).scalar_one()
 

@@ -89,6 +89,10 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
     }
 
 
+class UnknownQueue(ValueError):
+    """A queue name that is not one of attache's dead-letter queues."""
+
+
 class DeadLetters:
     """Dead-letter queues of the step queues in :data:`app.messages.ROUTES`."""
 
@@ -103,7 +107,7 @@ class DeadLetters:
         """``(xq, original)`` for ``attache.inspect`` or ``attache.inspect.XQ``; ValueError for anything else."""
         original = queue[:-3] if isinstance(queue, str) and queue.endswith(".XQ") else queue
         if original not in {name for _, name in ROUTES.values()}:
-            raise ValueError(f"not an attache dead-letter queue: {queue!r}")
+            raise UnknownQueue(f"not an attache dead-letter queue: {queue!r}")
         return xq_name(original), original
 
     @contextlib.contextmanager

@@ -126,6 +126,9 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
         if isinstance(exc, DatabaseUnavailable):
             raise
         raise DatabaseUnavailable("the upload could not be recorded") from exc
+    except BaseException:  # nothing half-made: no row was committed, so the staged bytes go too
+        _forget_staging(services, key)
+        raise
     faults.point("after_commit")
     try:
         published = services.publisher.publish([outbox_id]) == 1

@@ -85,8 +85,8 @@ RETRY_AFTER = {"Retry-After": _header("Seconds to wait before retrying (always `
 #: the answers every protected operation can give before its view runs (app.web.access.protect)
 UNAUTHORIZED = {"401": _ref("responses", "Unauthorized")}
 OPERATOR_ONLY = {"401": _ref("responses", "Unauthorized"), "403": _ref("responses", "Forbidden")}
-#: PostgreSQL unreachable outside the upload (which answers 503): the app-wide handler answers 500 `http_error`
-SERVER_ERROR = {"500": _ref("responses", "ServerError")}
+#: PostgreSQL unreachable: the app-wide handler answers 503 `database_unavailable` with Retry-After
+SERVER_ERROR = {"503": _ref("responses", "DatabaseUnavailable")}
 #: Flask refuses a body above MAX_CONTENT_LENGTH (the upload limit + 1 MiB) when a view reads it
 TOO_LARGE_BODY = {"413": _error("The request body is larger than the upload limit plus 1 MiB.", ["too_large"])}
 
@@ -286,10 +286,11 @@ def _responses() -> dict:
             "headers": {"WWW-Authenticate": _header("`Bearer realm=\"attache\"`")},
             "content": _json({"allOf": [_schema("Error"), {"properties": {"error": {"const": "unauthorized"}}}]}),
         },
-        "ServerError": {
-            "description": "An unexpected error (`error`: `http_error`), notably PostgreSQL being unreachable: "
-                           "unlike the upload, this operation does not turn that into a 503.",
-            "content": _json({"allOf": [_schema("Error"), {"properties": {"error": {"const": "http_error"}}}]}),
+        "DatabaseUnavailable": {
+            "description": "PostgreSQL is unreachable (`error`: `database_unavailable`); retry after the delay.",
+            "headers": RETRY_AFTER,
+            "content": _json({"allOf": [_schema("Error"),
+                                        {"properties": {"error": {"const": "database_unavailable"}}}]}),
         },
         "Forbidden": {
             "description": "The token is valid but lacks the `operator` role (`error`: `forbidden`).",
@@ -323,9 +324,10 @@ def _dead_letter_queue_names() -> list[str]:
 
 
 def _upload() -> dict:
-    header = lambda name, description, schema=None: {  # noqa: E731
-        "name": name, "in": "header", "required": False, "description": description,
-        "schema": schema or {"type": "string"}}
+    def header(name: str, description: str) -> dict:
+        return {"name": name, "in": "header", "required": False, "description": description,
+                "schema": {"type": "string"}}
+
     raw = {"schema": {"type": "string", "format": "binary"}}
     return {"post": {
         "operationId": "uploadAttachment",
@@ -336,8 +338,8 @@ def _upload() -> dict:
                        "transaction. `202` means the work can no longer be lost (RabbitMQ being down is not a "
                        "refusal: the outbox keeps the message). Any answer other than `202` leaves nothing "
                        "behind. Send the file as multipart field `file`, or as the raw body with its content "
-                       "type (any type but `application/x-www-form-urlencoded` is taken as raw bytes; the "
-                       "format is sniffed from the bytes).",
+                       "type (any type but `application/x-www-form-urlencoded` is taken as raw bytes, no "
+                       "Content-Type is refused; the format is always sniffed from the bytes).",
         "security": BEARER,
         "parameters": [
             header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the "
@@ -458,9 +460,9 @@ def _download(operation_id: str, summary: str, extra_parameters: list) -> dict:
                     "headers": {"Content-Range": {**_header("`bytes */size`"), "required": True},
                                 "ETag": common_headers["ETag"]}},
             "500": _error("The published object is missing from storage (`effect_missing`: reported, never "
-                          "hidden), or an unexpected error such as PostgreSQL being unreachable (`http_error`).",
-                          ["effect_missing", "http_error"]),
-            "503": _error("Storage is unavailable; retry later.", ["storage_unavailable"], RETRY_AFTER),
+                          "hidden).", ["effect_missing"]),
+            "503": _error("Storage or PostgreSQL is unavailable; retry later.",
+                          ["storage_unavailable", "database_unavailable"], RETRY_AFTER),
         },
     }}
 
@@ -473,9 +475,18 @@ def _ops_get(operation_id: str, summary: str, schema: dict, *, parameters: list 
         operation["description"] = description
     if parameters:
         operation["parameters"] = parameters
-    operation["responses"] = {"200": _ok("OK.", schema), **OPERATOR_ONLY, **(errors or {}),
-                              **(SERVER_ERROR if database else {})}
+    operation["responses"] = {"200": _ok("OK.", schema), **OPERATOR_ONLY, **_with_database(errors or {}, database)}
     return {"get": operation}
+
+
+def _with_database(errors: dict, database: bool = True) -> dict:
+    """Add PostgreSQL's 503; where RabbitMQ's 503 is there too, one 503 names both codes."""
+    if not database:
+        return errors
+    if "503" not in errors:
+        return {**errors, **SERVER_ERROR}
+    return {**errors, "503": _error("RabbitMQ or PostgreSQL is unavailable; retry later.",
+                                    ["broker_unavailable", "database_unavailable"], RETRY_AFTER)}
 
 
 def _ops_post(operation_id: str, summary: str, description: str, body: dict, ok: dict, *, parameters: list,
@@ -484,7 +495,7 @@ def _ops_post(operation_id: str, summary: str, description: str, body: dict, ok:
         "operationId": operation_id, "tags": ["ops"], "summary": summary, "description": description,
         "security": BEARER, "parameters": parameters,
         "requestBody": {"required": body_required, "content": _json(body)},
-        "responses": {"200": ok, **OPERATOR_ONLY, **TOO_LARGE_BODY, **errors, **SERVER_ERROR},
+        "responses": {"200": ok, **OPERATOR_ONLY, **TOO_LARGE_BODY, **_with_database(errors)},
     }}
 
 

@@ -77,7 +77,7 @@ def show_job(services: Services, job_id: uuid.UUID) -> dict:
 
 def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
     """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason."""
-    reason = (reason or "").strip()
+    reason = (audit.clean(reason) or "").strip()
     if not reason:
         raise MissingReason("a replay needs a reason")
     with transaction(services.engine) as conn:

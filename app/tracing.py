@@ -38,3 +38,20 @@ def child_of(traceparent: str) -> str:
     """Same trace, new span id: what a producer puts on an outgoing message."""
     tid = trace_id(traceparent)
     return new_traceparent(tid or None)
+
+
+_TRACESTATE_MEMBER = re.compile(r"^[a-z0-9][_0-9a-z\-*/@]{0,255}=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]$")
+
+
+def accept_tracestate(value: str | None) -> str | None:
+    """The caller's W3C ``tracestate`` when well-formed (at most 32 members, 512 characters), else None.
+
+    A malformed ``tracestate`` is dropped, as the W3C spec asks, never a reason to refuse an upload.
+    """
+    if not value:
+        return None
+    value = value.strip()
+    members = [m.strip() for m in value.split(",") if m.strip()]
+    if not members or len(value) > 512 or len(members) > 32 or not all(_TRACESTATE_MEMBER.match(m) for m in members):
+        return None
+    return ",".join(members)

@@ -10,7 +10,6 @@ Digest headers (RFC 9530 ``Content-Digest`` with ``sha-256``, and
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import os
 import re
@@ -118,7 +117,7 @@ def parse_content_digest(header: str) -> dict[str, bytes]:
             raise UploadRejected("malformed Content-Digest header", error_code="bad_digest_header")
         try:
             result[match.group(1).lower()] = base64.b64decode(match.group(2), validate=True)
-        except binascii.Error:
+        except ValueError:
             raise UploadRejected("malformed Content-Digest value", error_code="bad_digest_header") from None
     return result
 
@@ -134,7 +133,7 @@ def verify_digests(received: Received, *, content_digest: str | None, content_md
     if content_md5:
         try:
             expected = base64.b64decode(content_md5.strip(), validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, and non-ASCII text
             raise UploadRejected("malformed Content-MD5 header", error_code="bad_digest_header") from None
         if expected != received.md5:
             raise DigestMismatch("Content-MD5 does not match the bytes received")

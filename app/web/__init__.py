@@ -10,12 +10,13 @@ import hashlib
 import sys
 
 from flask import Flask, jsonify
+from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException
 
 from app import logs
 from app.auth import effective_tokens
 from app.config import Settings
-from app.errors import ConfigError
+from app.errors import ConfigError, DatabaseUnavailable
 from app.services import Services
 from app.web.request import UploadRequest
 
@@ -52,6 +53,14 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web import page  # the upload page at / (HTML + static/upload.js, same session)
 
     app.register_blueprint(page.bp)
+
+    @app.errorhandler(DatabaseUnavailable)
+    @app.errorhandler(OperationalError)
+    def database_unavailable(exc):
+        response = jsonify(error="database_unavailable", message="the database is unavailable; retry later")
+        response.status_code = 503
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

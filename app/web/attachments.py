@@ -21,7 +21,7 @@ from app.errors import (
 )
 from app.models import attachments, jobs, variants
 from app.logs import bound
-from app.tracing import accept_traceparent, trace_id
+from app.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.uploads import HashingSpool, spool_stream, verify_digests
 from app.web.access import identity, protect
 
@@ -68,7 +68,8 @@ def upload():
         traceparent = accept_traceparent(request.headers.get("traceparent"))
         with bound(trace_id=trace_id(traceparent), principal=_owner()):
             accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
-                                     traceparent=traceparent, tracestate=(request.headers.get("tracestate") or None),
+                                     traceparent=traceparent,
+                                     tracestate=accept_tracestate(request.headers.get("tracestate")),
                                      idempotency_key=_idempotency_key())
     except UploadRejected as exc:
         return _error(exc.status, exc.error_code, str(exc))

@@ -6,7 +6,10 @@ import uuid
 
 from flask import Blueprint, current_app, jsonify, request
 
+from werkzeug.exceptions import BadRequest
+
 from app import operations
+from app.dlq import UnknownQueue
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
 
@@ -32,6 +35,11 @@ def not_found(exc):
 @bp.errorhandler(operations.Conflict)
 def conflict(exc):
     return _error(409, exc.error_code, str(exc))
+
+
+@bp.errorhandler(BadRequest)
+def bad_request(exc):
+    return _error(400, "bad_request", exc.description)
 
 
 @bp.errorhandler(operations.MissingReason)
@@ -84,9 +92,17 @@ def _dead_letters():
     return DeadLetters(settings.broker_url, _services().engine, socket_timeout=settings.publish_timeout_seconds)
 
 
-@bp.errorhandler(ValueError)
-def bad_value(exc):
+@bp.errorhandler(UnknownQueue)
+def unknown_queue(exc):
     return _error(404, "not_found", str(exc))
+
+
+def _reason(body) -> str | None:
+    """The optional ``reason`` of an audited action: a string, or absent."""
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if reason is not None and not isinstance(reason, str):
+        raise BadRequest("reason must be a string")
+    return reason
 
 
 @bp.errorhandler(BrokerUnavailable)
@@ -113,7 +129,7 @@ def dlq_requeue(queue: str):
     ids = body.get("message_ids") if isinstance(body, dict) else None
     if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
         return _error(400, "bad_request", "message_ids must be a list of strings (or absent for all)")
-    reason = body.get("reason") if isinstance(body, dict) else None
+    reason = _reason(body)
     return jsonify(_dead_letters().requeue(queue, actor=f"operator:{identity().principal}", message_ids=ids,
                                            reason=reason))
 
@@ -121,7 +137,7 @@ def dlq_requeue(queue: str):
 @bp.post("/dlq/<queue>/purge")
 def dlq_purge(queue: str):
     body = request.get_json(silent=True) or {}
-    reason = body.get("reason") if isinstance(body, dict) else None
+    reason = _reason(body)
     return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason))
 
 
