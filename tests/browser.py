@@ -5,9 +5,11 @@ Missing browser = a failed test with the install command, never a silent skip.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -41,3 +43,27 @@ def chromium(tmp_dir: Path | None = None):
     driver = webdriver.Chrome(service=Service(executable_path=str(CHROMEDRIVER)), options=options)
     driver.set_page_load_timeout(30)
     return driver
+
+
+@contextlib.contextmanager
+def browsing(deployment, tmp_dir: Path, *processes: str) -> Iterator:
+    """Start ``processes`` of ``deployment`` and a browser; on failure keep a screenshot and the logs.
+
+    Everything is stopped on the way out, whatever happened.
+    """
+    require_chromium()
+    driver = None
+    try:
+        for name in processes:
+            deployment.start(name)
+        driver = chromium(tmp_dir)
+        yield driver
+    except Exception:
+        if driver is not None:
+            driver.save_screenshot(str(tmp_dir / "failure.png"))
+        print(deployment.logs())
+        raise
+    finally:
+        if driver is not None:
+            driver.quit()
+        deployment.stop_all()

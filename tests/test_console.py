@@ -282,17 +282,13 @@ def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import chromium, require_chromium
+    from tests.browser import browsing
     from tests.processes import Deployment
 
-    require_chromium()
     job_id = make_failed_job(engine)
     reason = "decoder upgraded, retry"
     deployment = Deployment(env, tmp_path)
-    driver = None
-    try:
-        deployment.start("web")
-        driver = chromium(tmp_path)
+    with browsing(deployment, tmp_path, "web") as driver:
         wait = WebDriverWait(driver, 20)
 
         driver.get(deployment.url + "/ops")
@@ -326,15 +322,6 @@ def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
         assert f"{cells[1]} → {cells[2]}" == "failed → queued", cells
         assert "olga" in cells[4] and cells[6] == reason, cells
         assert driver.find_elements(By.ID, "replay-form") == []
-    except Exception:
-        if driver is not None:
-            driver.save_screenshot(str(tmp_path / "failure.png"))
-        print(deployment.logs())
-        raise
-    finally:
-        if driver is not None:
-            driver.quit()
-        deployment.stop_all()
 
     assert job_state(engine, job_id) == "queued"
     with engine.connect() as conn:

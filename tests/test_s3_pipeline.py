@@ -14,12 +14,12 @@ from urllib.parse import parse_qs, urlparse
 
 import pytest
 import requests
-from moto.server import ThreadedMotoServer
 from sqlalchemy import func, select
 
 from app import pipeline
 from app.models import attachments, jobs, outbox, variants
 from app.storage import Storage, storage_from_url
+from tests.s3server import moto_server
 from tests.processes import Deployment, wait_for
 
 pytestmark = pytest.mark.processes
@@ -35,12 +35,8 @@ PHOTOS = ["photos/chelsea.jpg", "pillow/hopper_orientation_6.jpg"]
 
 @pytest.fixture
 def moto_endpoint():
-    """A real moto S3 server on 127.0.0.1 and a port the kernel picked (fresh per test)."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 @pytest.fixture

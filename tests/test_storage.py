@@ -21,13 +21,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from moto.server import ThreadedMotoServer
 
 from app.errors import ConfigError, ObjectNotFound, StorageError, StorageUnavailable
 from app.storage import ObjectInfo, Storage, storage_from_url, validate_key
 from app.storage import filesystem as fs_module
 from app.storage.filesystem import FilesystemStorage
 from app.storage.s3 import S3Storage, make_http_client
+from tests.s3server import moto_server
 
 ACCESS_KEY = "AKIATESTACCESSKEY"
 SECRET_KEY = "s3cr3t-never-in-messages"
@@ -39,12 +39,8 @@ KEY = "staging/3f1c2a9e-0d7b-4f59-9a52-7c1b2e4d5f60"
 
 @pytest.fixture(scope="module")
 def moto_endpoint():
-    """A real moto S3 server on 127.0.0.1 and a port the kernel picked."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as endpoint:
+        yield endpoint
 
 
 def _s3(moto_endpoint: str, bucket: str | None = None) -> S3Storage:

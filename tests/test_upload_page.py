@@ -213,15 +213,14 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
     from selenium.webdriver.support import expected_conditions as EC
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import chromium, require_chromium
+    from tests.browser import browsing
     from tests.processes import Deployment
 
-    require_chromium()
     photo = data_file("photos/chelsea_12mp_4247x2825.jpg")
     corrupt = data_file("pillow/truncated_jpeg.jpg")
     vector = data_file("synthetic/vector_logo.svg")
     deployment = Deployment(env, tmp_path)
-    driver = None
+    driver = None  # the browser, once started below
 
     def row(path):
         return driver.find_element(By.CSS_SELECTOR, f'li.upload[data-file-name="{path.name}"]')
@@ -232,10 +231,7 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
             return found and found[0].get_attribute("data-state") in states and found[0]
         return check
 
-    try:
-        for name in ("web", "worker", "scheduler"):
-            deployment.start(name)
-        driver = chromium(tmp_path)
+    with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
         wait = WebDriverWait(driver, 20)
         slow = WebDriverWait(driver, 120)
 
@@ -276,15 +272,6 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
         assert len(driver.find_elements(By.CSS_SELECTOR, "li.upload")) == 3
         driver.save_screenshot(str(tmp_path / "upload-page.png"))  # for a human to look at
         print(f"screenshot: {tmp_path / 'upload-page.png'}")
-    except Exception:
-        if driver is not None:
-            driver.save_screenshot(str(tmp_path / "failure.png"))
-        print(deployment.logs())
-        raise
-    finally:
-        if driver is not None:
-            driver.quit()
-        deployment.stop_all()
 
     from app.models import jobs
 
