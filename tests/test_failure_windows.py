@@ -73,6 +73,15 @@ def test_window_1_after_staging_before_job_row(deployment, engine, storage_dir, 
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(attachments)).scalar() == 0
     assert [p.parent.name for p in storage_dir.rglob("*") if p.is_file()] == ["staging"]
+    # the orphan is the staging cleanup's: after its grace period it goes, and nothing else does
+    from app.config import Settings
+    from app.services import Services
+    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+    services = Services(Settings.from_env(deployment.env))
+    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 1
+    services.engine.dispose()
+    assert not any(p.is_file() for p in storage_dir.rglob("*"))
     # the service keeps working
     response = deployment.upload(data_file(PHOTO))
     assert response.status_code == 202

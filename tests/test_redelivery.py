@@ -59,7 +59,8 @@ def snapshot(engine, job_id):
 
 def test_12mp_upload_becomes_ready_with_a_matching_thumbnail(deployment, data_file):
     path = data_file("photos/rocket_12mp_4241x2830.jpg")
-    response = deployment.upload(path)
+    trace_id = "4bf92f3577b34da6a3ce929d0e0e4736"
+    response = deployment.upload(path, headers={"traceparent": f"00-{trace_id}-00f067aa0ba902b7-01"})
     assert response.status_code == 202
     status = deployment.wait_state(response.json()["id"], timeout=60)
     assert status["state"] == "ready", status
@@ -72,6 +73,15 @@ def test_12mp_upload_becomes_ready_with_a_matching_thumbnail(deployment, data_fi
     assert body.headers["X-Content-Type-Options"] == "nosniff"
     original = deployment.session.get(f"{deployment.url}/v1/attachments/{status['id']}/original", timeout=10)
     assert original.content == path.read_bytes()
+    # the request's trace reaches the worker's JSON log lines, with the job and the attempt
+    steps = [json.loads(line) for line in deployment.processes["worker"].output().splitlines()
+             if line.startswith("{") and '"logger": "attache.workflow"' in line]
+    mine = [entry for entry in steps if entry.get("job_id") == status["job_id"]]
+    assert {entry["step"] for entry in mine} == {"inspect", "render", "publish"}
+    assert all(entry["trace_id"] == trace_id and entry["attempt"] == 1 for entry in mine), mine[:2]
+    web = [json.loads(line) for line in deployment.processes["web"].output().splitlines()
+           if line.startswith("{") and "upload accepted" in line]
+    assert web and web[-1]["trace_id"] == trace_id and web[-1]["job_id"] == status["job_id"]
 
 
 def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment, services, engine, storage_dir, data_file):
