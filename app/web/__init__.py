@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import sys
 
-from flask import Flask, jsonify
+from flask import Flask
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException
 
@@ -19,6 +19,7 @@ from app.config import Settings
 from app.errors import ConfigError, DatabaseUnavailable
 from app.services import Services
 from app.web.request import UploadRequest
+from app.web.responses import error
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -57,14 +58,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(OperationalError)
     def database_unavailable(exc):
-        response = jsonify(error="database_unavailable", message="the database is unavailable; retry later")
-        response.status_code = 503
-        response.headers["Retry-After"] = "5"
-        return response
+        return error(503, "database_unavailable", "the database is unavailable; retry later", **{"Retry-After": "5"})
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
         code = {413: "too_large", 404: "not_found", 405: "method_not_allowed"}.get(exc.code, "http_error")
-        return jsonify(error=code, message=exc.description), exc.code
+        return error(exc.code, code, exc.description)
 
     return app

@@ -20,9 +20,10 @@ import logging
 import secrets
 import time
 
-from flask import Blueprint, current_app, g, jsonify, request, session
+from flask import Blueprint, current_app, g, request, session
 
 from app.auth import ROLES, Identity, authenticate
+from app.web.responses import error
 
 #: how long a browser sign-in lasts (the console and the upload page share the session)
 SESSION_MAX_AGE_SECONDS = 12 * 3600
@@ -39,11 +40,9 @@ def identity() -> Identity:
 
 
 def _deny(status: int, code: str, message: str):
-    response = jsonify(error=code, message=message)
-    response.status_code = status
     if status == 401:
-        response.headers["WWW-Authenticate"] = 'Bearer realm="attache"'
-    return response
+        return error(status, code, message, **{"WWW-Authenticate": 'Bearer realm="attache"'})
+    return error(status, code, message)
 
 
 def session_identity() -> Identity | None:

@@ -24,6 +24,7 @@ from app.logs import bound
 from app.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.uploads import HashingSpool, spool_stream, verify_digests
 from app.web.access import identity, protect
+from app.web.responses import error as _error
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 
@@ -34,13 +35,6 @@ REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompressio
 
 def _services():
     return current_app.extensions["attache"]
-
-
-def _error(status: int, code: str, message: str, **headers):
-    response = jsonify(error=code, message=message)
-    response.status_code = status
-    response.headers.update(headers)
-    return response
 
 
 protect(bp)

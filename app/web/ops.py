@@ -12,6 +12,7 @@ from app import operations
 from app.dlq import UnknownQueue
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
+from app.web.responses import error as _error
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
 protect(bp, role="operator")
@@ -19,12 +20,6 @@ protect(bp, role="operator")
 
 def _services():
     return current_app.extensions["attache"]
-
-
-def _error(status: int, code: str, message: str):
-    response = jsonify(error=code, message=message)
-    response.status_code = status
-    return response
 
 
 @bp.errorhandler(operations.NotFound)
