@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from app.auth import parse_tokens
 from app.errors import ConfigError
+from app.imaging.sniff import PROCESSED_FORMATS
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -63,7 +64,7 @@ def _url(*schemes: str) -> Callable[[str, str], str]:
     return parse
 
 
-PROCESSED = ("JPEG", "PNG", "WEBP", "GIF", "TIFF", "BMP")
+PROCESSED = tuple(PROCESSED_FORMATS)
 
 
 def _formats(name: str, raw: str) -> tuple[str, ...]:
@@ -109,7 +110,7 @@ class Settings:
     max_dimension: int = setting(
         "ATTACHE_MAX_DIMENSION", 20_000, _int(1), "longest accepted side in pixels")
     accepted_formats: tuple = setting(
-        "ATTACHE_ACCEPTED_FORMATS", ("JPEG", "PNG", "WEBP", "GIF", "TIFF", "BMP"), _formats,
+        "ATTACHE_ACCEPTED_FORMATS", PROCESSED, _formats,
         "comma-separated image formats accepted at upload (a subset of the six processed)")
     lease_seconds: float = setting(
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
@@ -205,7 +206,7 @@ class Settings:
 
 
 DEFAULT_NOTES = {
-    "ATTACHE_ACCEPTED_FORMATS": "`JPEG,PNG,WEBP,GIF,TIFF,BMP`",
+    "ATTACHE_ACCEPTED_FORMATS": f"`{','.join(PROCESSED_FORMATS)}`",
     "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
     "ATTACHE_PIPELINE_VERSION": "the newest registered",
 }
