@@ -148,6 +148,7 @@ outbox = Table(
     Column("last_error", Text),
 )
 Index("outbox_pending_idx", outbox.c.available_at, postgresql_where=text("published_at IS NULL"))
+Index("outbox_job_idx", outbox.c.job_id, outbox.c.id)
 
 dead_letters = Table(
     "dead_letters",

@@ -13,6 +13,9 @@ States (the contract's table, ``seed/contract.en.md``)
     (:func:`create_job`, web), a transient failure with attempts left
     (:func:`retry_later`, worker), an expired lease with attempts left
     (:func:`recover_expired`, scheduler). Out: :func:`claim` (worker).
+    A ``queued`` job whose announcement was lost (dead-lettered, purged)
+    is announced again by :func:`reannounce_stranded` (scheduler): a
+    ``queued -> queued`` history row, the only self-loop of the machine.
 ``processing``
     Claimed by attempt ``attempt`` with a lease until ``lease_expires_at``.
     Every write of a step is fenced by ``(job_id, attempt)`` and a live
@@ -48,6 +51,8 @@ QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
 STATES = (QUEUED, PROCESSING, READY, FAILED)
 
 WORKER_LOST = "worker_lost"
+#: the reason of a ``queued -> queued`` history row written by :func:`reannounce_stranded`
+REANNOUNCED = "re-announced"
 
 
 @dataclass(frozen=True)
@@ -229,6 +234,46 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
             _inspect_message(conn, row, job.attempt + 1)
             counts["requeued"] += 1
     return counts
+
+
+def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings: int, batch: int,
+                        actor: str) -> list[int]:
+    """Scheduler: announce again every ``queued`` job that has no live path forward. Returns outbox ids.
+
+    A ``queued`` job moves only when an inspect message for its next
+    attempt reaches a worker. It is stranded when that message is gone: it
+    has no unpublished outbox row (pending or a delayed retry), it is due
+    (``next_attempt_at`` passed), and nothing was announced for it for
+    ``after_seconds`` × 2^k, where k is how often it was re-announced for
+    this attempt already (a long backlog costs at most one duplicate per
+    doubling period, never a storm). The duplicate of a message that was
+    merely slow is harmless: only one claims the attempt. The job rows are
+    locked ``FOR UPDATE SKIP LOCKED``, so a claim racing this waits and
+    two schedulers never take the same job.
+    """
+    stranded = conn.execute(text("""
+        SELECT j.* FROM jobs j
+        CROSS JOIN LATERAL (
+            SELECT max(greatest(o.created_at, o.available_at, o.published_at)) AS last_announced,
+                   count(*) FILTER (WHERE o.payload->>'step' = 'inspect'
+                                    AND (o.payload->>'attempt')::int = j.attempt + 1) AS announced
+            FROM outbox o WHERE o.job_id = j.id) a
+        WHERE j.state = 'queued'
+          AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now())
+          AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.job_id = j.id AND p.published_at IS NULL)
+          AND greatest(a.last_announced, j.updated_at)
+              < now() - make_interval(secs => :after * power(2, least(greatest(a.announced - 1, 0), :doublings)))
+        ORDER BY j.updated_at
+        LIMIT :batch
+        FOR UPDATE OF j SKIP LOCKED
+    """), {"after": float(after_seconds), "doublings": int(max_doublings), "batch": int(batch)}).all()
+    ids = []
+    for job in stranded:
+        conn.execute(update(jobs).where(jobs.c.id == job.id).values(updated_at=func.now()))
+        _history(conn, job.id, QUEUED, QUEUED, job.attempt, actor, None,
+                 f"{REANNOUNCED}: attempt {job.attempt + 1} had no live message")
+        ids.append(_inspect_message(conn, job, job.attempt + 1))
+    return ids
 
 
 def replay(conn: Connection, job_id, *, actor: str, reason: str, budget: int) -> Row | None:

@@ -19,6 +19,7 @@ from app.services import Services
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.reconciler import Reconciler, ReconcilerConfig
 from scheduler.retirement import Retirement, RetirementConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
@@ -31,6 +32,8 @@ def build(services: Services) -> list[tuple[object, float]]:
         (OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
          settings.outbox_interval_seconds),
         (LeaseRecovery(services, LeaseRecoveryConfig()), settings.lease_interval_seconds),
+        (Reconciler(services, ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
+         settings.reconcile_interval_seconds),
         (StagingCleanup(services, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
                                                        failed_retention_seconds=settings.failed_retention_seconds)),
          settings.cleanup_interval_seconds),

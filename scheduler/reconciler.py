@@ -1,0 +1,62 @@
+"""Reconciler: a ``queued`` job whose message was lost is announced again.
+
+The outbox guarantees a message reaches RabbitMQ; it cannot guarantee the
+message is ever *consumed*. A message can leave the broker without moving
+its job: Dramatiq dead-letters it to ``.XQ`` when PostgreSQL stays down
+longer than the retry budget, an operator purges a queue, a broker loses
+its data. Lease recovery covers ``processing`` jobs (their lease runs
+out); nothing else covers a ``queued`` job whose announcement is gone.
+
+This service finds every ``queued`` job with no live path forward (no
+unpublished outbox row, due, nothing announced for
+``ATTACHE_RECONCILE_AFTER_SECONDS`` doubling with each re-announcement)
+and writes a fresh inspect message to the outbox for it, with a
+``queued -> queued`` history row, then publishes it. See
+:func:`app.states.reannounce_stranded`. Safe with two schedulers
+(``SKIP LOCKED``). ``/metrics`` counts the re-announcements as
+``attache_reconciler_reannounced_total``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from app import states
+from app.db import transaction
+from app.services import Services, identity
+
+log = logging.getLogger("attache.scheduler.reconciler")
+
+
+@dataclass(frozen=True)
+class ReconcilerConfig:
+    #: a queued job with nothing announced for this long is stranded (longer than Dramatiq's retry budget)
+    after_seconds: float = 300.0
+    #: the threshold doubles with each re-announcement of the same attempt, at most this many times
+    max_doublings: int = 6
+    batch: int = 100
+
+    def __post_init__(self) -> None:
+        if self.after_seconds < 0 or self.max_doublings < 0 or self.batch < 1:
+            raise ValueError(f"invalid reconciler config: {self}")
+
+
+class Reconciler:
+    name = "reconciler"
+
+    def __init__(self, services: Services, config: ReconcilerConfig):
+        self.services = services
+        self.config = config
+
+    def run_once(self) -> dict[str, int]:
+        with transaction(self.services.engine) as conn:
+            ids = states.reannounce_stranded(conn, after_seconds=self.config.after_seconds,
+                                             max_doublings=self.config.max_doublings, batch=self.config.batch,
+                                             actor=identity("scheduler"))
+        counts = {"reannounced": len(ids), "published": 0}
+        if ids:
+            counts["published"] = self.services.publisher.publish(ids)
+            log.warning("re-announced %(reannounced)d stranded queued job(s); %(published)d published now",
+                        counts, extra=counts)
+        return counts

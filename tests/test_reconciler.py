@@ -1,0 +1,194 @@
+"""The reconciler: a queued job whose message was lost is announced again.
+
+First against rows (``run_once()`` on a real PostgreSQL), then the finding
+that made it: PostgreSQL down for longer than Dramatiq's retry budget while
+a worker holds the messages, with real web, worker and scheduler processes.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pika
+import pytest
+import requests
+from sqlalchemy import func, insert, select, text, update
+
+from app import db, metrics, states
+from app.models import attachments, job_history, jobs, outbox
+from app.tracing import new_traceparent
+from scheduler.reconciler import Reconciler, ReconcilerConfig
+from tests.pgcluster import PrivateCluster
+from tests.processes import Deployment, wait_for
+from tests.test_failure_windows import assert_invariants
+
+AFTER = 60.0
+
+
+def seed(engine, *, published_seconds_ago: float | None = 2 * AFTER, state: str = "queued") -> uuid.UUID:
+    """A job whose inspect message was announced (and confirmed) ``published_seconds_ago``."""
+    attachment_id = uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(insert(attachments).values(
+            id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
+            sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
+        job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
+                                      traceparent=new_traceparent(), tracestate=None, actor="test")
+        if published_seconds_ago is not None:
+            backdate(conn, job_id, published_seconds_ago)
+        if state == "processing":
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(
+                state="processing", attempt=1, lease_expires_at=func.now() + text("interval '1 hour'")))
+            backdate(conn, job_id, published_seconds_ago)
+    return job_id
+
+
+def backdate(conn, job_id, seconds: float) -> None:
+    past = func.now() - text(f"interval '{seconds} seconds'")
+    conn.execute(update(outbox).where(outbox.c.job_id == job_id)
+                 .values(created_at=past, available_at=past, published_at=past))
+    conn.execute(update(jobs).where(jobs.c.id == job_id).values(updated_at=past))
+
+
+def inspect_rows(engine, job_id):
+    with engine.connect() as conn:
+        return conn.execute(select(outbox.c.payload, outbox.c.published_at).where(outbox.c.job_id == job_id)
+                            .order_by(outbox.c.id)).all()
+
+
+def reconciler(services, after=AFTER):
+    return Reconciler(services, ReconcilerConfig(after_seconds=after))
+
+
+def test_a_queued_job_whose_message_was_consumed_without_effect_is_announced_again(services, engine):
+    stranded = seed(engine)
+    assert reconciler(services).run_once() == {"reannounced": 1, "published": 1}
+    rows = inspect_rows(engine, stranded)
+    assert len(rows) == 2
+    assert rows[-1].payload["step"] == "inspect" and rows[-1].payload["attempt"] == 1
+    assert rows[-1].published_at is not None, "the re-announcement is published at once"
+    assert services.broker.queue_depth("attache.inspect") == 1
+    with engine.connect() as conn:
+        trail = conn.execute(select(job_history.c.from_state, job_history.c.to_state, job_history.c.reason)
+                             .where(job_history.c.job_id == stranded).order_by(job_history.c.id)).all()
+    assert trail[-1][:2] == ("queued", "queued") and trail[-1].reason.startswith(states.REANNOUNCED)
+    assert b"attache_reconciler_reannounced_total 1.0" in metrics.render(services)
+
+
+def test_jobs_with_a_path_forward_are_left_alone(services, engine):
+    young = seed(engine, published_seconds_ago=AFTER / 2)  # announced recently: maybe just a backlog
+    pending = seed(engine, published_seconds_ago=None)  # its outbox row is not published yet
+    with engine.begin() as conn:
+        conn.execute(update(outbox).where(outbox.c.job_id == pending)
+                     .values(created_at=func.now() - text("interval '1 hour'")))
+    leased = seed(engine, state="processing")  # a worker holds a live lease
+    delayed = seed(engine)  # a managed retry waits for its time
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == delayed).values(
+            next_attempt_at=func.now() + text("interval '1 hour'")))
+        conn.execute(update(outbox).where(outbox.c.job_id == delayed).values(
+            published_at=None, available_at=func.now() + text("interval '1 hour'")))
+    for state, code in (("ready", None), ("failed", "corrupt_image")):
+        job = seed(engine)
+        with engine.begin() as conn:
+            conn.execute(update(jobs).where(jobs.c.id == job).values(state=state, attempt=1, error_code=code))
+    assert reconciler(services).run_once() == {"reannounced": 0, "published": 0}
+    for job in (young, pending, leased, delayed):
+        assert len(inspect_rows(engine, job)) == 1
+
+
+def test_re_announcements_back_off_so_a_backlog_never_storms(services, engine):
+    job = seed(engine)
+    assert reconciler(services).run_once()["reannounced"] == 1
+    with engine.begin() as conn:
+        backdate(conn, job, 1.5 * AFTER)
+    assert reconciler(services).run_once()["reannounced"] == 0, "the second time waits twice as long"
+    with engine.begin() as conn:
+        backdate(conn, job, 2.5 * AFTER)
+    assert reconciler(services).run_once()["reannounced"] == 1
+    with engine.begin() as conn:
+        backdate(conn, job, 3.5 * AFTER)
+    assert reconciler(services).run_once()["reannounced"] == 0, "the third time waits four times as long"
+    assert len(inspect_rows(engine, job)) == 3
+
+
+def test_the_reannounced_attempt_is_the_next_one(services, engine):
+    job = seed(engine)
+    with engine.begin() as conn:  # attempt 1 failed transiently; its retry message was consumed and lost
+        conn.execute(update(jobs).where(jobs.c.id == job).values(attempt=1))
+    reconciler(services).run_once()
+    assert inspect_rows(engine, job)[-1].payload["attempt"] == 2
+
+
+# --- the finding, with real processes -------------------------------------------------
+
+
+@pytest.fixture
+def private_postgres():
+    cluster = PrivateCluster()
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.destroy()
+
+
+def xq_depth(broker_url: str, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        return connection.channel().queue_declare(queue, passive=True).method.message_count
+    finally:
+        connection.close()
+
+
+@pytest.mark.processes
+def test_postgres_down_longer_than_the_retry_budget_strands_nothing(private_postgres, env, tmp_path, storage_dir,
+                                                                   data_file):
+    """The review's finding: 10 uploads, PostgreSQL stopped while the worker takes their messages.
+
+    Dramatiq retries a step whose outcome cannot be recorded a bounded number
+    of times, then dead-letters it: the jobs stay ``queued`` with their outbox
+    rows marked published. Without the reconciler they stay so forever.
+    """
+    database_url = private_postgres.url("attache")
+    db.ensure_database(database_url)
+    db.upgrade(database_url)
+    env = {**env, "DATABASE_URL": database_url, "ATTACHE_BROKER_RETRIES": "2",
+           "ATTACHE_RECONCILE_AFTER_SECONDS": "3", "ATTACHE_RECONCILE_INTERVAL_SECONDS": "0.5"}
+    deployment = Deployment(env, tmp_path)
+    engine = db.make_engine(database_url)
+    try:
+        deployment.start("web")
+        deployment.start("scheduler")
+        photos = ["photos/chelsea.jpg", "photos/coffee.jpg", "photos/rocket.jpg", "pillow/hopper.bmp",
+                  "pillow/hopper.gif"] * 2
+        accepted = []
+        for name in photos:
+            response = deployment.upload(data_file(name))
+            assert response.status_code == 202, response.text
+            accepted.append(response.json()["id"])
+        wait_for(lambda: _unpublished(engine) == 0, timeout=30, message="every announcement confirmed")
+
+        private_postgres.stop()
+        try:
+            deployment.start("worker")
+            # every message exhausts its retries against the dead database and is dead-lettered
+            wait_for(lambda: xq_depth(env["BROKER_URL"], "attache.inspect.XQ") == len(accepted), timeout=120,
+                     interval=0.5, message="all inspect messages dead-lettered during the outage")
+        finally:
+            private_postgres.start()
+
+        for attachment_id in accepted:
+            assert deployment.wait_state(attachment_id, timeout=120)["state"] == "ready"
+        assert_invariants(engine, storage_dir, accepted)
+        scraped = requests.get(deployment.url + "/metrics", timeout=10,
+                               headers={"Authorization": "Bearer olga-operator-token"}).text
+        assert f"attache_reconciler_reannounced_total {float(len(accepted))}" in scraped, scraped[-2000:]
+    finally:
+        deployment.stop_all()
+        engine.dispose()
+
+
+def _unpublished(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(outbox).where(outbox.c.published_at.is_(None))).scalar()
