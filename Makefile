@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 PORT ?= 8000
 
-.PHONY: up install release test bench clean
+.PHONY: up install release test bench soak clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,6 +27,10 @@ test: install
 
 bench: install
 	$(PY) -m bench
+
+# a bounded chaos run (SOAK_UPLOADS, SOAK_SECONDS) against servers of its own; prints its figures
+soak: install
+	$(PY) -m pytest -q -s -p no:cacheprovider soak/
 
 clean:
 	rm -rf $(VENV) var .pytest_cache
