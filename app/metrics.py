@@ -10,8 +10,8 @@ because the rows they count are append-only (``attachments``,
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
 * ``attache_retries_total`` - managed retries (``processing`` -> ``queued`` after a transient error);
 * ``attache_lease_expiries_total`` - leases recovered by the scheduler (``worker_lost``);
-* ``attache_reconciler_reannounced_total`` - stranded ``queued`` jobs announced again by the
-  reconciler (its ``queued -> queued`` history rows);
+* ``attache_reconciler_reannounced_total`` - stranded jobs announced again by the reconciler
+  (its self-loop history rows, ``queued -> queued`` and ``processing -> processing``);
 * ``attache_jobs{state,pipeline_version}`` - jobs per state;
 * ``attache_outbox_backlog``, ``attache_outbox_oldest_age_seconds``;
 * ``attache_leases_expired`` - ``processing`` jobs whose lease has run out now;
@@ -77,9 +77,9 @@ class DatabaseCollector:
             yield CounterMetricFamily("attache_lease_expiries", "Expired leases recovered by the scheduler.",
                                       value=expiries)
             reannounced = conn.execute(text(
-                "SELECT count(*) FROM job_history WHERE from_state = 'queued' AND to_state = 'queued'")).scalar()
+                "SELECT count(*) FROM job_history WHERE from_state = to_state")).scalar()
             yield CounterMetricFamily("attache_reconciler_reannounced",
-                                      "Stranded queued jobs announced again by the reconciler.", value=reannounced)
+                                      "Stranded jobs announced again by the reconciler.", value=reannounced)
 
             jobs = GaugeMetricFamily("attache_jobs", "Jobs per state and pipeline version.",
                                      labels=["state", "pipeline_version"])

@@ -15,11 +15,14 @@ States (the contract's table, ``seed/contract.en.md``)
     (:func:`recover_expired`, scheduler). Out: :func:`claim` (worker).
     A ``queued`` job whose announcement was lost (dead-lettered, purged)
     is announced again by :func:`reannounce_stranded` (scheduler): a
-    ``queued -> queued`` history row, the only self-loop of the machine.
+    ``queued -> queued`` history row.
 ``processing``
     Claimed by attempt ``attempt`` with a lease until ``lease_expires_at``.
     Every write of a step is fenced by ``(job_id, attempt)`` and a live
-    lease (:func:`fence`). In: :func:`claim`. Out: :func:`publish_ready`,
+    lease (:func:`fence`). Between steps the job waits for its next message
+    with no lease owner (:func:`hand_off`); a lost message is announced
+    again by :func:`reannounce_stranded` (a ``processing -> processing``
+    history row). In: :func:`claim`. Out: :func:`publish_ready`,
     :func:`fail`, :func:`retry_later` (worker), :func:`recover_expired`
     (scheduler).
 ``ready``
@@ -51,7 +54,8 @@ QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
 STATES = (QUEUED, PROCESSING, READY, FAILED)
 
 WORKER_LOST = "worker_lost"
-#: the reason of a ``queued -> queued`` history row written by :func:`reannounce_stranded`
+#: the reason of the self-loop history rows (``queued -> queued``, ``processing -> processing``)
+#: written by :func:`reannounce_stranded`, the only self-loops of the machine
 REANNOUNCED = "re-announced"
 
 
@@ -127,7 +131,7 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     return row
 
 
-def fence(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
+def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
     """Heartbeat and fence in one: extend the lease of ``(job_id, attempt)`` if it is still live.
 
     Returns the job (locked for this transaction) or ``None`` when this
@@ -135,15 +139,45 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     expired, or it is no longer ``processing``. A worker that gets ``None``
     must write nothing visible. A redelivered message of the same attempt
     may take the lease over: steps are idempotent per effect key.
+
+    ``take=False`` checks and locks without taking the lease: a step that is
+    about to commit its outcome and hand off (:func:`hand_off`) must not
+    take the lease from a sibling step that is still running.
     """
+    conditions = (jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+                  jobs.c.lease_expires_at > func.now())
+    if not take:
+        return conn.execute(select(jobs).where(*conditions).with_for_update()).one_or_none()
     return conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
-               jobs.c.lease_expires_at > func.now())
+        .where(*conditions)
         .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
                 updated_at=func.now())
         .returning(jobs)
     ).one_or_none()
+
+
+def hand_off(conn: Connection, job_id, attempt: int, owner: str, wait_seconds: float) -> bool:
+    """A step finished and announced the next: the job now waits for a message, not for a worker.
+
+    The lease guards a *running* step: a worker that dies or hangs in a step
+    stops renewing it and lease recovery takes the attempt back. Between
+    steps nobody runs; the next messages may wait behind a long backlog, and
+    a short lease would expire there, costing an attempt per expiry until
+    the job fails (a livelock ``make soak`` found). So the finishing step
+    clears the owner and sets the lease ``wait_seconds`` ahead; the next
+    step's fence takes it again. Lost messages of a waiting job are the
+    reconciler's (:func:`reannounce_stranded`); the long lease is only a
+    backstop. Only the step that holds the lease (or none holds it) hands
+    off: a sibling render still running keeps its short lease.
+    """
+    return conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+               (jobs.c.lease_owner == owner) | jobs.c.lease_owner.is_(None))
+        .values(lease_owner=None, lease_expires_at=func.now() + _interval(wait_seconds), updated_at=func.now())
+        .returning(jobs.c.id)
+    ).first() is not None
 
 
 def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
@@ -238,28 +272,35 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
 
 def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings: int, batch: int,
                         actor: str) -> list[int]:
-    """Scheduler: announce again every ``queued`` job that has no live path forward. Returns outbox ids.
+    """Scheduler: announce again every job that has no live path forward. Returns outbox ids.
 
-    A ``queued`` job moves only when an inspect message for its next
-    attempt reaches a worker. It is stranded when that message is gone: it
-    has no unpublished outbox row (pending or a delayed retry), it is due
-    (``next_attempt_at`` passed), and nothing was announced for it for
-    ``after_seconds`` × 2^k, where k is how often it was re-announced for
-    this attempt already (a long backlog costs at most one duplicate per
-    doubling period, never a storm). The duplicate of a message that was
-    merely slow is harmless: only one claims the attempt. The job rows are
-    locked ``FOR UPDATE SKIP LOCKED``, so a claim racing this waits and
-    two schedulers never take the same job.
+    A job moves only when a message for it reaches a worker. It is stranded
+    when that message is gone (dead-lettered after the retry budget, purged,
+    lost with a broker's data):
+
+    * ``queued`` and due (``next_attempt_at`` passed), or ``processing``
+      between steps (:func:`hand_off` cleared the lease owner: no step runs);
+    * no unpublished outbox row (pending, or a delayed retry);
+    * nothing announced and no activity for ``after_seconds`` × 2^k, where k
+      is how often it was re-announced for this attempt already, so a long
+      backlog costs at most one duplicate per doubling period, never a storm.
+
+    The fresh message is an inspect: for attempt + 1 of a ``queued`` job (it
+    claims), for the current attempt of a waiting ``processing`` job (it
+    fences, and announces the renders not yet recorded, or publish). The
+    duplicate of a message that was merely slow is harmless. The job rows
+    are locked ``FOR UPDATE SKIP LOCKED``: a claim racing this waits, and two
+    schedulers never take the same job. No attempt is counted.
     """
     stranded = conn.execute(text("""
-        SELECT j.* FROM jobs j
+        SELECT j.*, j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END AS next_attempt FROM jobs j
         CROSS JOIN LATERAL (
             SELECT max(greatest(o.created_at, o.available_at, o.published_at)) AS last_announced,
-                   count(*) FILTER (WHERE o.payload->>'step' = 'inspect'
-                                    AND (o.payload->>'attempt')::int = j.attempt + 1) AS announced
+                   count(*) FILTER (WHERE o.payload->>'step' = 'inspect' AND (o.payload->>'attempt')::int
+                                    = j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END) AS announced
             FROM outbox o WHERE o.job_id = j.id) a
-        WHERE j.state = 'queued'
-          AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now())
+        WHERE ((j.state = 'queued' AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now()))
+               OR (j.state = 'processing' AND j.lease_owner IS NULL))
           AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.job_id = j.id AND p.published_at IS NULL)
           AND greatest(a.last_announced, j.updated_at)
               < now() - make_interval(secs => :after * power(2, least(greatest(a.announced - 1, 0), :doublings)))
@@ -270,9 +311,9 @@ def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings
     ids = []
     for job in stranded:
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(updated_at=func.now()))
-        _history(conn, job.id, QUEUED, QUEUED, job.attempt, actor, None,
-                 f"{REANNOUNCED}: attempt {job.attempt + 1} had no live message")
-        ids.append(_inspect_message(conn, job, job.attempt + 1))
+        _history(conn, job.id, job.state, job.state, job.attempt, actor, None,
+                 f"{REANNOUNCED}: attempt {job.next_attempt} had no live message")
+        ids.append(_inspect_message(conn, job, job.next_attempt))
     return ids
 
 

@@ -13,6 +13,11 @@ Idempotency, per step:
   render messages for every variant not yet recorded, or the publish
   message when all are: a recovered job resumes at its first unfinished
   step.
+* A step holds the job's lease while it runs (a heartbeat renews it) and
+  hands off when it has committed its outcome: the job then waits for the
+  next message with no owner and a long lease (``ATTACHE_HANDOFF_SECONDS``),
+  so messages waiting behind a backlog cost no attempt
+  (:func:`app.states.hand_off`).
 * ``render`` writes the object under a content-addressed key (a rerun
   writes the same key with the same bytes), then records the variant row
   fenced by ``(job_id, attempt)``; the effect key is unique, so a variant
@@ -140,9 +145,10 @@ class Workflow:
         with self._staged(attachment) as path:
             imaging.probe(path, self.services.limits)
         with transaction(self.services.engine) as conn:
-            if states.fence(conn, job.id, attempt, lease) is None:
+            if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect")
             ids = self._announce_next(conn, job, attempt)
+            self._hand_off(conn, job.id, attempt, lease)
         self.services.publisher.publish(ids)
         return Outcome("inspected", f"{len(ids)} message(s) announced")
 
@@ -163,7 +169,7 @@ class Workflow:
                 effect = self._make_object(attachment, version, variant)
             faults.point("after_object_write")
         with transaction(self.services.engine) as conn:
-            if states.fence(conn, job.id, attempt, lease) is None:
+            if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during render; the object stays unreferenced")
             if not done:
                 conn.execute(pg_insert(variants).values(
@@ -171,6 +177,7 @@ class Workflow:
                     variant=variant, attempt=attempt, **effect,
                 ).on_conflict_do_nothing(constraint="variants_effect_key"))
             ids = self._announce_publish_if_complete(conn, job, attempt, version)
+            self._hand_off(conn, job.id, attempt, lease)
         self.services.publisher.publish(ids)
         return Outcome("rendered" if not done else "already_rendered", variant)
 
@@ -297,6 +304,10 @@ class Workflow:
                                  pipeline_version=job.pipeline_version, attempt=attempt, step=step,
                                  variant=variant, traceparent=child_of(job.traceparent), tracestate=job.tracestate)
         return outbox.add(conn, payload)
+
+    def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:
+        """The step is done: the job waits for its next message without a short lease (see states.hand_off)."""
+        states.hand_off(conn, job_id, attempt, lease.owner, self.services.settings.handoff_seconds)
 
     @contextlib.contextmanager
     def _lease_kept(self, job_id, attempt: int, lease: states.Lease) -> Iterator[None]:

@@ -1,17 +1,19 @@
-"""Reconciler: a ``queued`` job whose message was lost is announced again.
+"""Reconciler: a job whose message was lost is announced again.
 
 The outbox guarantees a message reaches RabbitMQ; it cannot guarantee the
 message is ever *consumed*. A message can leave the broker without moving
 its job: Dramatiq dead-letters it to ``.XQ`` when PostgreSQL stays down
 longer than the retry budget, an operator purges a queue, a broker loses
-its data. Lease recovery covers ``processing`` jobs (their lease runs
-out); nothing else covers a ``queued`` job whose announcement is gone.
+its data. Lease recovery covers a step that dies or hangs while it runs
+(its lease runs out); nothing else covers a ``queued`` job whose
+announcement is gone, or a ``processing`` job waiting between steps for a
+render or publish message that is gone.
 
-This service finds every ``queued`` job with no live path forward (no
-unpublished outbox row, due, nothing announced for
+This service finds every such job with no live path forward (no
+unpublished outbox row, no step holding the lease, nothing announced for
 ``ATTACHE_RECONCILE_AFTER_SECONDS`` doubling with each re-announcement)
 and writes a fresh inspect message to the outbox for it, with a
-``queued -> queued`` history row, then publishes it. See
+self-loop history row, then publishes it. See
 :func:`app.states.reannounce_stranded`. Safe with two schedulers
 (``SKIP LOCKED``). ``/metrics`` counts the re-announcements as
 ``attache_reconciler_reannounced_total``.
@@ -57,6 +59,6 @@ class Reconciler:
         counts = {"reannounced": len(ids), "published": 0}
         if ids:
             counts["published"] = self.services.publisher.publish(ids)
-            log.warning("re-announced %(reannounced)d stranded queued job(s); %(published)d published now",
+            log.warning("re-announced %(reannounced)d stranded job(s); %(published)d published now",
                         counts, extra=counts)
         return counts

@@ -36,9 +36,10 @@ def seed(engine, *, published_seconds_ago: float | None = 2 * AFTER, state: str 
                                       traceparent=new_traceparent(), tracestate=None, actor="test")
         if published_seconds_ago is not None:
             backdate(conn, job_id, published_seconds_ago)
-        if state == "processing":
+        if state in ("processing", "waiting"):  # waiting: between steps, no step holds the lease
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(
-                state="processing", attempt=1, lease_expires_at=func.now() + text("interval '1 hour'")))
+                state="processing", attempt=1, lease_expires_at=func.now() + text("interval '1 hour'"),
+                lease_owner="worker:test" if state == "processing" else None))
             backdate(conn, job_id, published_seconds_ago)
     return job_id
 
@@ -110,6 +111,19 @@ def test_re_announcements_back_off_so_a_backlog_never_storms(services, engine):
         backdate(conn, job, 3.5 * AFTER)
     assert reconciler(services).run_once()["reannounced"] == 0, "the third time waits four times as long"
     assert len(inspect_rows(engine, job)) == 3
+
+
+def test_a_processing_job_waiting_between_steps_is_announced_again_in_its_own_attempt(services, engine):
+    """Its render or publish messages were lost: an inspect of the same attempt announces them again."""
+    waiting = seed(engine, state="waiting")
+    assert reconciler(services).run_once()["reannounced"] == 1
+    assert inspect_rows(engine, waiting)[-1].payload["attempt"] == 1, "no attempt is spent"
+    with engine.connect() as conn:
+        trail = conn.execute(select(job_history.c.from_state, job_history.c.to_state)
+                             .where(job_history.c.job_id == waiting).order_by(job_history.c.id)).all()
+        assert trail[-1] == ("processing", "processing")
+        assert conn.execute(select(jobs.c.state, jobs.c.attempt).where(jobs.c.id == waiting)).one() == (
+            "processing", 1)
 
 
 def test_the_reannounced_attempt_is_the_next_one(services, engine):
