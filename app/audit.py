@@ -1,8 +1,13 @@
-"""The operators' audit trail: one row per action, in the transaction of the action."""
+"""The operators' audit trail: one row per action.
+
+Most actions write their row in their own transaction. An action outside
+PostgreSQL (the dead-letter tools acting on RabbitMQ) writes it *before*
+acting, with ``details.status = "intent"``, and :func:`complete`s it after.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 from sqlalchemy.engine import Connection
 
 from app.models import audit_log
@@ -26,3 +31,8 @@ def for_target(conn: Connection, target: str) -> list[dict]:
     rows = conn.execute(select(audit_log).where(audit_log.c.target == target).order_by(audit_log.c.id)).all()
     return [{"at": r.at.isoformat(), "actor": r.actor, "action": r.action, "reason": r.reason,
              "details": r.details} for r in rows]
+
+
+def complete(conn: Connection, audit_id: int, details: dict) -> None:
+    """Replace the details of an ``intent`` row written before the action with what the action did."""
+    conn.execute(update(audit_log).where(audit_log.c.id == audit_id).values(details=details))

@@ -209,50 +209,91 @@ def dlq_list(as_json: bool) -> None:
 @_fail_on_attache_errors
 def dlq_show(queue: str, limit: int, as_json: bool) -> None:
     """Decoded dead letters with why they died (they stay in the queue)."""
-    listed = _dead_letters().messages(queue, limit=limit)
+    listing = _dead_letters().listing(queue, limit=limit)
 
     def render(items):
-        _table(f"{len(items)} dead letter(s) in {queue}", ["message", "job", "death", "recorded error", "reason"],
+        _table(f"{len(items)} of {listing['depth']} dead letter(s) in {queue}",
+               ["message", "job", "death", "recorded error", "reason"],
                [[m["message_id"], (m["body"] or {}).get("job_id") if isinstance(m["body"], dict) else None,
                  ", ".join(f"{d['reason']}×{d['count']}" for d in m["death"]),
                  (m["recorded"] or {}).get("error_code"), (m["recorded"] or {}).get("reason")] for m in items])
 
-    _emit(listed, as_json, render)
+    _emit(listing["messages"], as_json, render)
 
 
-@dlq.command("requeue")
-@click.argument("queue")
-@click.argument("message_ids", nargs=-1)
-@click.option("--all", "everything", is_flag=True, help="Requeue every dead letter of the queue.")
-@click.option("--reason", help="Why; kept in the audit trail.")
-@json_option
-@_fail_on_attache_errors
-def dlq_requeue(queue: str, message_ids: tuple[str, ...], everything: bool, reason: str | None, as_json: bool) -> None:
-    """Move chosen dead letters (or --all) back to their original queue."""
-    if bool(message_ids) == everything:
-        raise click.UsageError("name message ids, or pass --all")
-    with Progress(console=console, transient=True, disable=as_json) as progress:
-        progress.add_task(f"requeueing from {queue}", total=None)
-        result = _dead_letters().requeue(queue, actor=f"operator:{_operator()}", message_ids=list(message_ids) or None,
-                                         reason=reason)
+def _chosen(message_ids: tuple[str, ...], everything: bool, expect: int | None) -> dict:
+    """Message ids, or ``--all --expect N``: the keyword arguments of a requeue or purge."""
+    if message_ids and everything:
+        raise click.UsageError("name message ids, or pass --all --expect N, not both")
+    if everything:
+        if expect is None:
+            raise click.UsageError("--all needs --expect N: the count you saw (dlq list / dlq show); "
+                                   "a queue holding more is refused and nothing is done")
+        return {"expected": expect}
+    if expect is not None:
+        raise click.UsageError("--expect goes with --all")
+    if not message_ids:
+        raise click.UsageError("name message ids, or pass --all --expect N")
+    return {"message_ids": list(message_ids)}
+
+
+def _selection_options(verb: str):
+    def decorate(fn):
+        fn = click.option("--expect", type=click.IntRange(min=1), metavar="N",
+                          help=f"With --all: the count you saw. If the queue holds more, nothing is {verb}d.")(fn)
+        fn = click.option("--all", "everything", is_flag=True,
+                          help=f"{verb.capitalize()} every dead letter, at most --expect N of them.")(fn)
+        return click.argument("message_ids", nargs=-1)(fn)
+
+    return decorate
+
+
+def _outcome(verb: str, result: dict, as_json: bool) -> None:
     _emit(result, as_json, lambda r: console.print(
-        f"requeued {r['requeued']}" + (f"; not found: {', '.join(r['not_found'])}" if r["not_found"] else "")))
+        f"{verb}d {r[verb + 'd']}" + (f"; not found: {', '.join(r['not_found'])}" if r["not_found"] else "")))
     if result["not_found"]:
         sys.exit(1)
 
 
+@dlq.command("requeue")
+@click.argument("queue")
+@_selection_options("requeue")
+@click.option("--reason", help="Why; kept in the audit trail.")
+@json_option
+@_fail_on_attache_errors
+def dlq_requeue(queue: str, message_ids: tuple[str, ...], everything: bool, expect: int | None, reason: str | None,
+                as_json: bool) -> None:
+    """Move chosen dead letters (or --all --expect N) back to their original queue.
+
+    Exits 1 if an id was not found, or if the queue holds more than N (then nothing is done).
+    """
+    chosen = _chosen(message_ids, everything, expect)
+    with Progress(console=console, transient=True, disable=as_json) as progress:
+        progress.add_task(f"requeueing from {queue}", total=None)
+        result = _dead_letters().requeue(queue, actor=f"operator:{_operator()}", reason=reason, **chosen)
+    _outcome("requeue", result, as_json)
+
+
 @dlq.command("purge")
 @click.argument("queue")
+@_selection_options("purge")
 @click.option("--reason", help="Why; kept in the audit trail.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @_fail_on_attache_errors
-def dlq_purge(queue: str, reason: str | None, yes: bool, as_json: bool) -> None:
-    """Delete every dead letter of a queue."""
+def dlq_purge(queue: str, message_ids: tuple[str, ...], everything: bool, expect: int | None, reason: str | None,
+              yes: bool, as_json: bool) -> None:
+    """Delete chosen dead letters (or --all --expect N) for good.
+
+    Exits 1 if an id was not found, or if the queue holds more than N (then nothing is deleted).
+    """
+    chosen = _chosen(message_ids, everything, expect)
     if not yes:
-        click.confirm(f"purge every message of {queue}?", abort=True)
-    result = _dead_letters().purge(queue, actor=f"operator:{_operator()}", reason=reason)
-    _emit(result, as_json, lambda r: console.print(f"purged {r['purged']}"))
+        what = (f"{len(chosen['message_ids'])} chosen message(s)" if "message_ids" in chosen
+                else f"every message (at most {expect})")
+        click.confirm(f"delete {what} of {queue} for good?", abort=True)
+    result = _dead_letters().purge(queue, actor=f"operator:{_operator()}", reason=reason, **chosen)
+    _outcome("purge", result, as_json)
 
 
 # --- outbox and cleanup -------------------------------------------------------------------------

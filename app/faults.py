@@ -21,6 +21,9 @@ name                            #   where
 ``after_result_commit``         5   worker: the job committed ``ready``, message
                                     not acked (and staging not yet removed)
 ``during_render``               -   worker: a render step started, nothing written
+``dlq_after_intent``            -   web/CLI: a dead-letter requeue or purge has
+                                    committed its audit intent, the broker is not
+                                    yet touched
 ==============================  ==  ==============================================
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
@@ -41,6 +44,8 @@ POINTS = {
     # not a contract window: a worker dying in the middle of rendering
     # (a file that crashes the decoder, an OOM kill)
     "during_render": 0,
+    # not a contract window: an operator's dead-letter action audited, not yet done
+    "dlq_after_intent": 0,
 }
 
 log = logging.getLogger("attache.faults")

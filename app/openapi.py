@@ -25,6 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from app import messages, states
+from app.dlq import MAX_EXPECTED, MAX_MESSAGE_IDS
 
 JSON = "application/json"
 BEARER = [{"bearer": []}]
@@ -227,28 +228,50 @@ def _schemas() -> dict:
         }),
         "DeadLetterMessages": _object({
             "queue": {"type": "string", "description": "The queue name as given in the path."},
+            "depth": {"type": "integer", "minimum": 0,
+                      "description": "Messages in the queue, counted while the listed ones were held: the "
+                                     "`expected` to confirm for an `all` requeue or purge."},
             "messages": {"type": "array", "items": _schema("DeadLetter"),
                          "description": "Looked at, not consumed: they stay in the queue, in order."},
         }),
-        "Reason": _object({"reason": {"type": "string", "description": "Recorded in the audit log."}},
-                          required=[], closed=False),
         "ReplayRequest": _object({
             "reason": {"type": "string", "minLength": 1, "pattern": "\\S",
                        "description": "Why; required, kept in the job's history and the audit log "
                                       "(first 1000 characters)."},
         }, closed=False),
-        "RequeueRequest": _object({
-            "message_ids": {"type": "array", "items": {"type": "string"},
-                            "description": "The dead letters to requeue; absent: all of them."},
-            "reason": {"type": "string", "description": "Recorded in the audit log."},
-        }, required=[], closed=False),
+        "DeadLetterChoice": {"oneOf": [
+            _object({
+                "message_ids": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGE_IDS,
+                                "items": {"type": "string", "minLength": 1},
+                                "description": "The dead letters to act on, as listed; no other message is "
+                                               "touched."},
+                "reason": {"type": "string", "description": "Recorded in the audit log."},
+            }, required=["message_ids"]),
+            _object({
+                "all": {"const": True, "description": "Every message of the queue..."},
+                "expected": {"type": "integer", "minimum": 1, "maximum": MAX_EXPECTED,
+                             "description": "...of which the operator saw this many (the listing's `depth`). "
+                                            "A queue holding more is refused with 409 and nothing is done; "
+                                            "never more than the depth at the start is taken."},
+                "reason": {"type": "string", "description": "Recorded in the audit log."},
+            }, required=["all", "expected"]),
+        ], "description": "What to act on: the chosen message ids, or all with the count the operator confirms."},
         "RequeueResult": _object({
             "requeued": {"type": "integer", "minimum": 0},
+            "message_ids": {"type": "array", "items": _nullable("string"),
+                            "description": "The ids requeued, oldest first (null: a message without an id, "
+                                           "with `all`)."},
             "not_found": {"type": "array", "items": {"type": "string"},
-                          "description": "Asked-for ids that were not in the queue (always empty without "
-                                         "`message_ids`)."},
+                          "description": "Chosen ids that were not in the queue (always empty with `all`)."},
         }),
-        "PurgeResult": _object({"purged": {"type": "integer", "minimum": 0}}),
+        "PurgeResult": _object({
+            "purged": {"type": "integer", "minimum": 0},
+            "message_ids": {"type": "array", "items": _nullable("string"),
+                            "description": "The ids deleted, oldest first (null: a message without an id, "
+                                           "with `all`)."},
+            "not_found": {"type": "array", "items": {"type": "string"},
+                          "description": "Chosen ids that were not in the queue (always empty with `all`)."},
+        }),
         "BackfillRequest": _object({
             "dry_run": {"type": "boolean", "default": False,
                         "description": "Only estimate; create nothing (any truthy JSON value counts)."},
@@ -501,6 +524,15 @@ def _ops_post(operation_id: str, summary: str, description: str, body: dict, ok:
 
 BROKER_DOWN = {"503": _error("RabbitMQ is unavailable; retry later.", ["broker_unavailable"], RETRY_AFTER)}
 NO_SUCH_QUEUE = {"404": _error("Not an attache step queue or dead-letter queue.", ["not_found"])}
+DEAD_LETTER_ACTION_ERRORS = {
+    "400": _error("The body does not name `message_ids`, or `all` with `expected` (see the request schema), or "
+                  "`reason` is not a string.", ["bad_request"]),
+    **NO_SUCH_QUEUE,
+    "409": _error("`all`: the queue holds more messages than `expected`; nothing was done.", ["more_than_expected"]),
+    **BROKER_DOWN,
+}
+DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touched (`details.status`: `intent`) and "
+                     "completed afterwards (`completed` with what was done, or `failed`).")
 
 
 def _paths() -> dict:
@@ -561,19 +593,17 @@ def _paths() -> dict:
                                 "schema": {"type": "integer", "default": 50}}],
             errors={**NO_SUCH_QUEUE, **BROKER_DOWN}),
         "/v1/ops/dlq/{queue}/requeue": _ops_post(
-            "requeueDeadLetters", "Move dead letters back to their step queue",
-            "Publishes each chosen message to the step queue (with confirms) before acking the dead letter; "
-            "one audit row. A body that is not JSON, or has no `message_ids`, requeues every message in the "
-            "queue when the call starts.",
-            _schema("RequeueRequest"), _ok("Done.", _schema("RequeueResult")),
-            parameters=[queue],
-            errors={"400": _error("`message_ids` is not a list of strings.", ["bad_request"]),
-                    **NO_SUCH_QUEUE, **BROKER_DOWN}),
+            "requeueDeadLetters", "Move chosen dead letters back to their step queue",
+            "Publishes each chosen message to the step queue (with confirms) before acking the dead letter. "
+            "A message not chosen is handed back in its place, unchanged. " + DEAD_LETTER_AUDIT,
+            _schema("DeadLetterChoice"), _ok("Done.", _schema("RequeueResult")),
+            parameters=[queue], body_required=True, errors=DEAD_LETTER_ACTION_ERRORS),
         "/v1/ops/dlq/{queue}/purge": _ops_post(
-            "purgeDeadLetters", "Drop every dead letter of a queue",
-            "Drops every ready message of the dead-letter queue; one audit row.",
-            _schema("Reason"), _ok("Done.", _schema("PurgeResult")),
-            parameters=[queue], errors={**NO_SUCH_QUEUE, **BROKER_DOWN}),
+            "purgeDeadLetters", "Delete chosen dead letters for good",
+            "Deletes each chosen message (one by one, never a queue purge). A message not chosen, or "
+            "dead-lettered after the count was confirmed, is not touched. " + DEAD_LETTER_AUDIT,
+            _schema("DeadLetterChoice"), _ok("Done.", _schema("PurgeResult")),
+            parameters=[queue], body_required=True, errors=DEAD_LETTER_ACTION_ERRORS),
         "/v1/ops/pipelines/{version}/backfill": _ops_post(
             "backfillPipeline", "Reprocess existing attachments into a pipeline version",
             "Creates a job at `version` for every attachment that is ready at an older version and has none at "

@@ -57,8 +57,8 @@ ENDPOINTS = [
     ("get", "/v1/ops/leases", False, True, 200),
     ("get", "/v1/ops/dlq", False, True, 200),
     ("get", "/v1/ops/dlq/attache.inspect.XQ/messages", False, True, 200),
-    ("post", "/v1/ops/dlq/attache.inspect.XQ/requeue", False, True, 200),
-    ("post", "/v1/ops/dlq/attache.inspect.XQ/purge", False, True, 200),
+    ("post", "/v1/ops/dlq/attache.inspect.XQ/requeue", False, True, 400),  # no message ids chosen
+    ("post", "/v1/ops/dlq/attache.inspect.XQ/purge", False, True, 400),
     ("get", "/metrics", False, True, 200),
 ]
 

@@ -231,7 +231,7 @@ def broker_app(env):
     app.extensions["attache"].engine.dispose()
 
 
-def test_dlq_pages_requeue_selected_and_purge_only_when_confirmed(broker_app, services, broker_url, engine):
+def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, services, broker_url, engine):
     from app.models import dead_letters
     from tests.test_dlq import XQ, dead_letter_three, depth
 
@@ -251,26 +251,46 @@ def test_dlq_pages_requeue_selected_and_purge_only_when_confirmed(broker_app, se
     assert all(i in page.text for i in ids)
     assert "invalid_message" in page.text and "message does not match &lt;schema&gt;" in page.text
     assert "rejected" in page.text, "the x-death reason"
-    for label in ("Requeue selected", "Requeue all", "Purge"):
+    assert "holds <strong>3</strong> message(s)" in page.text and 'name="expected" value="3"' in page.text
+    for label in ("Requeue selected", "Requeue all 3", "Purge selected", "Purge all 3"):
         assert f">{label}</button>" in page.text
     token = csrf_of(page.text)
 
-    assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all"}).status_code == 400, "no CSRF token"
+    assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all", "expected": "3"}).status_code == 400, \
+        "no CSRF token"
     assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "selected", "csrf_token": token}).status_code == 400
+    assert client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all", "csrf_token": token}).status_code == 400, \
+        "all without the count the page showed"
     response = client.post(f"/ops/dlq/{XQ}/requeue",
                            data={"scope": "selected", "message_id": [ids[0]], "csrf_token": token})
     assert response.status_code == 303
     assert depth(broker_url, XQ) == 2 and depth(broker_url, "attache.inspect") == 1
-    assert "Requeued 1 message" in client.get(f"/ops/dlq/{XQ}").text
+    page = client.get(f"/ops/dlq/{XQ}")
+    assert "Requeued 1 message" in page.text and ">Purge all 2</button>" in page.text
 
-    assert client.post(f"/ops/dlq/{XQ}/purge", data={"csrf_token": token}).status_code == 400, "not confirmed"
-    assert client.post(f"/ops/dlq/{XQ}/purge", data={"confirm": "yes", "csrf_token": "forged"}).status_code == 400
-    assert depth(broker_url, XQ) == 2
-    response = client.post(f"/ops/dlq/{XQ}/purge", data={"confirm": "yes", "reason": "junk", "csrf_token": token})
+    [late] = dead_letter_three(services, broker_url, count=1)  # arrives after the page was shown
+    purge = f"/ops/dlq/{XQ}/purge"
+    assert client.post(purge, data={"scope": "all", "expected": "2", "csrf_token": token}).status_code == 400, \
+        "not confirmed"
+    assert client.post(purge, data={"scope": "all", "expected": "2", "confirm": "yes",
+                                    "csrf_token": "forged"}).status_code == 400
+    stale = client.post(purge, data={"scope": "all", "expected": "2", "confirm": "yes", "csrf_token": token})
+    assert stale.status_code == 409 and "now holds 3 message(s), more than the 2 this page showed" in stale.text
+    assert depth(broker_url, XQ) == 3, "nothing purged"
+    response = client.post(purge, data={"scope": "selected", "message_id": [ids[1], ids[2]], "confirm": "yes",
+                                        "reason": "junk", "csrf_token": token})
+    assert response.status_code == 303 and depth(broker_url, XQ) == 1
+    page = client.get(f"/ops/dlq/{XQ}")
+    assert "Purged 2 message(s)" in page.text and late in page.text and ids[1] not in page.text
+    response = client.post(purge, data={"scope": "all", "expected": "1", "confirm": "yes", "csrf_token": token})
     assert response.status_code == 303 and depth(broker_url, XQ) == 0
-    assert [(r.actor, r.action) for r in audit_rows(engine)] == [("operator:olga", "dlq.requeue"),
-                                                               ("operator:olga", "dlq.purge")]
+    assert [(r.actor, r.action, r.details["status"]) for r in audit_rows(engine)] == [
+        ("operator:olga", "dlq.requeue", "completed"), ("operator:olga", "dlq.purge", "completed"),
+        ("operator:olga", "dlq.purge", "completed")]
+    assert audit_rows(engine)[1].details["purged"] == [ids[1], ids[2]]
     assert client.get("/ops/dlq/not-a-queue").status_code == 404
+    assert client.post("/ops/dlq/not-a-queue/purge", data={"scope": "all", "expected": "1", "confirm": "yes",
+                                                             "csrf_token": token}).status_code == 404
 
 
 # --- a real browser against the real web process ------------------------------------
@@ -327,6 +347,52 @@ def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
     with engine.connect() as conn:
         audits = conn.execute(select(audit_log).where(audit_log.c.target == f"job:{job_id}")).all()
     assert [(a.actor, a.action, a.reason) for a in audits] == [("operator:olga", "job.replay", reason)]
+
+
+@pytest.mark.processes
+def test_operator_purges_only_the_ticked_dead_letters_in_a_real_browser(env, services, broker_url, engine, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.browser import browsing
+    from tests.processes import Deployment
+    from tests.test_dlq import XQ, dead_letter_three, depth
+
+    ids = dead_letter_three(services, broker_url)
+    deployment = Deployment(env, tmp_path)
+    with browsing(deployment, tmp_path, "web") as driver:
+        wait = WebDriverWait(driver, 20)
+        driver.get(deployment.url + "/ops/login")
+        wait.until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(OPERATOR_TOKEN)
+        driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        wait.until(EC.url_matches(r"/ops$"))
+
+        driver.get(f"{deployment.url}/ops/dlq/{XQ}")
+        wait.until(EC.visibility_of_element_located((By.ID, "messages")))
+        driver.find_element(By.CSS_SELECTOR, f"input[name=message_id][value='{ids[1]}']").click()
+        driver.find_element(By.ID, "confirm").click()
+        driver.find_element(By.ID, "reason").send_keys("poison")
+        driver.find_element(By.XPATH, "//button[normalize-space()='Purge selected']").click()
+        flash = wait.until(EC.visibility_of_element_located((By.CSS_SELECTOR, ".flash")))
+        assert f"Purged 1 message(s) from {XQ}." in flash.text
+        assert depth(broker_url, XQ) == 2
+
+        [late] = dead_letter_three(services, broker_url, count=1)  # the page still says 2
+        driver.find_element(By.ID, "confirm").click()
+        driver.find_element(By.XPATH, "//button[normalize-space()='Purge all 2']").click()
+        wait.until(EC.text_to_be_present_in_element((By.TAG_NAME, "h1"), "The queue has changed"))
+        assert "more than the 2 this page showed: nothing was purged" in driver.find_element(By.TAG_NAME, "main").text
+        driver.save_screenshot(str(tmp_path / "dlq-refused.png"))  # for a human to look at
+
+    from app.dlq import DeadLetters
+
+    left = DeadLetters(broker_url, engine).messages(XQ)
+    assert [m["message_id"] for m in left] == [ids[0], ids[2], late], "only the ticked one was purged"
+    with engine.connect() as conn:
+        [row] = conn.execute(select(audit_log)).all()
+    assert (row.actor, row.action, row.reason) == ("operator:olga", "dlq.purge", "poison")
+    assert row.details["status"] == "completed" and row.details["purged"] == [ids[1]]
 
 
 def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, monkeypatch):

@@ -3,22 +3,33 @@
 Messages are dead-lettered without a worker: published to ``attache.inspect``
 like the outbox does, then rejected (``requeue=False``) so RabbitMQ itself
 moves them to ``attache.inspect.XQ`` with an ``x-death`` header.
+
+Requeue and purge act only on what the operator chose (message ids, or all
+with a confirmed count) and are audited before the broker is touched.
 """
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
 import uuid
+from pathlib import Path
+from unittest.mock import ANY
 
 import pika
 import pytest
 from dramatiq.message import Message
 from sqlalchemy import insert, select
 
-from app.dlq import DeadLetters
+from app import faults
+from app.dlq import BadSelection, DeadLetters, MoreThanExpected
 from app.errors import BrokerUnavailable
 from app.models import audit_log, dead_letters
 
 XQ = "attache.inspect.XQ"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def depth(broker_url, queue):
@@ -29,24 +40,28 @@ def depth(broker_url, queue):
         connection.close()
 
 
-def dead_letter_three(services, broker_url) -> list[str]:
-    """Three job messages, enqueued to attache.inspect and rejected into its XQ; their message ids."""
+def dead_letter_three(services, broker_url, count: int = 3) -> list[str]:
+    """Three (or ``count``) job messages, enqueued to attache.inspect and rejected into its XQ; their ids."""
     ids = []
-    for n in range(3):
+    for n in range(count):
         payload = {"job_id": str(uuid.uuid4()), "step": "inspect", "attempt": 1, "n": n}
         message = Message(queue_name="attache.inspect", actor_name="inspect", args=(payload,), kwargs={},
                           options={"retries": n})
         services.broker.enqueue(message)
         ids.append(message.message_id)
+    before = depth(broker_url, "attache.inspect") - len(ids)
     connection = pika.BlockingConnection(pika.URLParameters(broker_url))
     try:
         channel = connection.channel()
-        for _ in ids:
-            method, _properties, _body = channel.basic_get("attache.inspect", auto_ack=False)
-            channel.basic_reject(method.delivery_tag, requeue=False)
+        ours = set(ids)
+        while ours:  # reject ours; any other message (a requeued one) goes back, unacked until the end
+            method, properties, _body = channel.basic_get("attache.inspect", auto_ack=False)
+            if properties.message_id in ours:
+                ours.discard(properties.message_id)
+                channel.basic_reject(method.delivery_tag, requeue=False)
     finally:
         connection.close()
-    assert depth(broker_url, "attache.inspect") == 0
+    assert depth(broker_url, "attache.inspect") == before
     return ids
 
 
@@ -105,9 +120,9 @@ def test_messages_are_decoded_and_left_in_place(dlq, dead, broker_url):
     assert dlq.messages("attache.render") == []  # no XQ yet
 
 
-def test_requeue_one_then_all(dlq, dead, broker_url, engine):
+def test_requeue_moves_the_chosen_ids_then_all_of_a_confirmed_count(dlq, dead, broker_url, engine):
     result = dlq.requeue("attache.inspect", actor="ops:alice", message_ids=[dead[1], "nope"], reason="fixed")
-    assert result == {"requeued": 1, "not_found": ["nope"]}
+    assert result == {"requeued": 1, "message_ids": [dead[1]], "not_found": ["nope"]}
     assert depth(broker_url, XQ) == 2 and depth(broker_url, "attache.inspect") == 1
     assert [m["message_id"] for m in dlq.messages(XQ)] == [dead[0], dead[2]], "others kept, in order"
 
@@ -124,24 +139,123 @@ def test_requeue_one_then_all(dlq, dead, broker_url, engine):
 
     [row] = audit_rows(engine)
     assert (row.actor, row.action, row.target, row.reason) == ("ops:alice", "dlq.requeue", XQ, "fixed")
-    assert row.details == {"message_ids": [dead[1]], "count": 1}
+    assert row.details == {"status": "completed", "message_ids": [dead[1], "nope"], "depth": 3,
+                           "requeued": [dead[1]], "count": 1, "not_found": ["nope"], "completed_at": ANY}
 
-    assert dlq.requeue(XQ, actor="ops:bob") == {"requeued": 2, "not_found": []}
+    with pytest.raises(MoreThanExpected):
+        dlq.requeue(XQ, actor="ops:bob", expected=1)
+    assert depth(broker_url, XQ) == 2 and len(audit_rows(engine)) == 1, "refused: nothing done, nothing audited"
+    assert dlq.requeue(XQ, actor="ops:bob", expected=2) == {"requeued": 2, "message_ids": [dead[0], dead[2]],
+                                                            "not_found": []}
     assert depth(broker_url, XQ) == 0 and depth(broker_url, "attache.inspect") == 3
     last = audit_rows(engine)[-1]
     assert (last.actor, last.action, last.target) == ("ops:bob", "dlq.requeue", XQ)
-    assert last.details == {"message_ids": [dead[0], dead[2]], "count": 2}
+    assert last.details == {"status": "completed", "all": True, "expected": 2, "depth": 2,
+                            "requeued": [dead[0], dead[2]], "count": 2, "completed_at": ANY}
 
-    assert dlq.requeue(XQ, actor="ops:bob", message_ids=[dead[0]]) == {"requeued": 0, "not_found": [dead[0]]}
+    assert dlq.requeue(XQ, actor="ops:bob", message_ids=[dead[0]]) == {"requeued": 0, "message_ids": [],
+                                                                       "not_found": [dead[0]]}
 
 
-def test_purge_empties_and_audits(dlq, dead, broker_url, engine):
-    assert dlq.purge("attache.inspect.XQ", actor="ops:carol", reason="junk") == {"purged": 3}
+def test_purge_of_the_listed_ids_spares_a_message_that_arrived_later(dlq, dead, services, broker_url, engine):
+    listed = dlq.listing("attache.inspect")
+    assert listed["depth"] == 3
+    seen = [m["message_id"] for m in listed["messages"]]
+    [late] = dead_letter_three(services, broker_url, count=1)  # dead-lettered after the operator looked
+    assert depth(broker_url, XQ) == 4
+
+    assert dlq.purge("attache.inspect.XQ", actor="ops:carol", message_ids=seen, reason="junk") == {
+        "purged": 3, "message_ids": seen, "not_found": []}
+    assert [m["message_id"] for m in dlq.messages(XQ)] == [late]
+    [row] = audit_rows(engine)
+    assert (row.actor, row.action, row.target, row.reason) == ("ops:carol", "dlq.purge", XQ, "junk")
+    assert row.details == {"status": "completed", "message_ids": seen, "depth": 4, "purged": seen, "count": 3,
+                           "not_found": [], "completed_at": ANY}
+
+
+def test_purge_of_some_ids_hands_the_others_back_in_place_and_unchanged(dlq, dead, broker_url):
+    before = dlq.messages(XQ)
+    assert dlq.purge(XQ, actor="ops:carol", message_ids=[dead[1], "nope"]) == {
+        "purged": 1, "message_ids": [dead[1]], "not_found": ["nope"]}
+    assert dlq.messages(XQ) == [before[0], before[2]], "same order, same content, death and recorded reason"
+    assert dlq.purge(XQ, actor="ops:carol", message_ids=[dead[1]]) == {"purged": 0, "message_ids": [],
+                                                                       "not_found": [dead[1]]}
+    assert depth(broker_url, XQ) == 2
+
+
+def test_purge_all_removes_nothing_when_the_queue_holds_more_than_confirmed(dlq, dead, broker_url, engine):
+    with pytest.raises(MoreThanExpected) as refused:
+        dlq.purge(XQ, actor="ops:carol", expected=2, reason="junk")
+    assert (refused.value.depth, refused.value.expected) == (3, 2)
+    assert refused.value.error_code == "more_than_expected"
+    assert depth(broker_url, XQ) == 3 and audit_rows(engine) == [], "refused before anything was attempted"
+
+    assert dlq.purge(XQ, actor="ops:carol", expected=5, reason="junk") == {"purged": 3, "message_ids": dead,
+                                                                           "not_found": []}
     assert depth(broker_url, XQ) == 0
     assert by_queue(dlq)["attache.inspect"]["messages"] == 0
     [row] = audit_rows(engine)
     assert (row.actor, row.action, row.target, row.reason) == ("ops:carol", "dlq.purge", XQ, "junk")
-    assert row.details == {"count": 3}
+    assert row.details == {"status": "completed", "all": True, "expected": 5, "depth": 3, "purged": dead,
+                           "count": 3, "completed_at": ANY}
+
+
+@pytest.mark.parametrize("choice", [{}, {"message_ids": []}, {"message_ids": [""]}, {"expected": 0},
+                                    {"expected": True}, {"expected": "3"}, {"message_ids": ["x"], "expected": 3}])
+def test_nothing_chosen_is_nothing_done(dlq, dead, broker_url, engine, choice):
+    for action in (dlq.requeue, dlq.purge):
+        with pytest.raises(BadSelection):
+            action(XQ, actor="ops", **choice)
+    assert depth(broker_url, XQ) == 3 and depth(broker_url, "attache.inspect") == 0
+    assert audit_rows(engine) == []
+
+
+def test_the_audit_intent_is_committed_before_the_broker_is_touched(dlq, dead, broker_url, engine, monkeypatch):
+    seen = []
+
+    def point(name):  # what another connection sees between the intent and the broker action
+        assert name == "dlq_after_intent"
+        seen.append(([(r.action, r.details) for r in audit_rows(engine)],
+                     depth(broker_url, XQ), depth(broker_url, "attache.inspect")))
+
+    monkeypatch.setattr(faults, "point", point)
+    dlq.requeue(XQ, actor="ops:alice", message_ids=[dead[0]])
+    dlq.purge(XQ, actor="ops:bob", expected=2)
+    requeued = {"status": "completed", "message_ids": [dead[0]], "depth": 3, "requeued": [dead[0]], "count": 1,
+                "not_found": [], "completed_at": ANY}
+    assert seen == [
+        ([("dlq.requeue", {"status": "intent", "message_ids": [dead[0]], "depth": 3})], 3, 0),
+        ([("dlq.requeue", requeued), ("dlq.purge", {"status": "intent", "all": True, "expected": 2, "depth": 2})],
+         2, 1),
+    ]
+    assert depth(broker_url, XQ) == 0
+
+
+def test_a_broker_failure_midway_leaves_the_row_failed_with_what_was_done(dlq, dead, broker_url, engine):
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        connection.channel().queue_delete("attache.inspect")  # the requeue's publish is now unroutable
+    finally:
+        connection.close()
+    with pytest.raises(BrokerUnavailable):
+        dlq.requeue(XQ, actor="ops:alice", message_ids=[dead[2], dead[0]])
+    assert depth(broker_url, XQ) == 3, "nothing lost"
+    [row] = audit_rows(engine)
+    assert row.details == {"status": "failed", "message_ids": [dead[2], dead[0]], "depth": 3, "requeued": [],
+                           "count": 0, "completed_at": ANY, "error": ANY}
+    assert "BrokerUnavailable" in row.details["error"]
+
+
+@pytest.mark.processes
+def test_killed_between_intent_and_action_the_intent_row_says_what_was_attempted(env, dead, broker_url, engine):
+    command = [sys.executable, "-m", "app.cli", "dlq", "purge", XQ, dead[1], "--yes", "--reason", "junk"]
+    killed = subprocess.run(command, env={**os.environ, **env, "ATTACHE_FAULT": "dlq_after_intent"}, cwd=REPO,
+                            start_new_session=True, capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert depth(broker_url, XQ) == 3, "the broker was not touched"
+    [row] = audit_rows(engine)
+    assert (row.action, row.target, row.reason) == ("dlq.purge", XQ, "junk") and row.actor.startswith("operator:cli:")
+    assert row.details == {"status": "intent", "message_ids": [dead[1]], "depth": 3}
 
 
 @pytest.mark.parametrize("name", ["attache.inspect.DQ", "attache.nope", "attache.nope.XQ", "", "amq.rabbitmq.log"])
@@ -149,9 +263,9 @@ def test_unknown_queue_is_refused(dlq, name):
     with pytest.raises(ValueError):
         dlq.messages(name)
     with pytest.raises(ValueError):
-        dlq.requeue(name, actor="ops")
+        dlq.requeue(name, actor="ops", message_ids=["x"])
     with pytest.raises(ValueError):
-        dlq.purge(name, actor="ops")
+        dlq.purge(name, actor="ops", expected=1)
 
 
 def test_unreachable_broker_is_broker_unavailable(engine):
@@ -161,7 +275,7 @@ def test_unreachable_broker_is_broker_unavailable(engine):
     with pytest.raises(BrokerUnavailable):
         dlq.messages("attache.inspect")
     with pytest.raises(BrokerUnavailable):
-        dlq.requeue("attache.inspect", actor="ops")
+        dlq.requeue("attache.inspect", actor="ops", message_ids=["x"])
     with pytest.raises(BrokerUnavailable):
-        dlq.purge("attache.inspect", actor="ops")
+        dlq.purge("attache.inspect", actor="ops", expected=1)
     assert audit_rows(engine) == [], "nothing done, nothing audited"

@@ -268,7 +268,7 @@ FOUND_BUGS = [
                  id="dlq-purge-reason-not-a-string"),
     pytest.param("/v1/ops/dlq/attache.inspect/requeue", {"json": {"reason": [1, "x"]}}, 400,
                  id="dlq-requeue-reason-not-a-string"),
-    pytest.param("/v1/ops/dlq/attache.inspect/purge", {"json": {"reason": "a\u0000b"}}, 200,
+    pytest.param("/v1/ops/dlq/attache.inspect/purge", {"json": {"message_ids": ["x"], "reason": "a\u0000b"}}, 200,
                  id="dlq-purge-reason-with-nul-is-cleaned"),
 ]
 

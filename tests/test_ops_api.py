@@ -72,3 +72,53 @@ def test_replay_needs_a_reason_is_audited_and_gets_a_fresh_budget(app, engine, f
     assert audits == 1
     job = ops.get(f"/v1/ops/jobs/{failed_job['job_id']}").json
     assert job["state"] == "failed" and job["attempt"] == 2
+
+
+# --- dead letters (real RabbitMQ vhost) ---------------------------------------------
+
+
+@pytest.fixture
+def broker_app(env):
+    from app.config import Settings
+
+    app = create_app(Settings.from_env(env))
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+def test_dlq_requeue_and_purge_take_the_chosen_ids_or_a_confirmed_count(broker_app, services, broker_url, engine):
+    from tests.test_dlq import XQ, dead_letter_three, depth
+
+    ids = dead_letter_three(services, broker_url)
+    ops = authed(broker_app, OPERATOR_TOKEN)
+    listed = ops.get(f"/v1/ops/dlq/{XQ}/messages?limit=2").json
+    assert listed["depth"] == 3 and [m["message_id"] for m in listed["messages"]] == ids[:2]
+
+    for action in ("requeue", "purge"):
+        for body in (None, {}, {"reason": "all?"}, {"message_ids": []}, {"message_ids": "x"}, {"message_ids": [1]},
+                     {"message_ids": [""]}, {"all": True}, {"all": True, "expected": 0},
+                     {"all": True, "expected": "3"}, {"all": "yes", "expected": 3}, {"expected": 3},
+                     {"all": True, "expected": 3, "message_ids": [ids[0]]}, ["x"]):
+            response = ops.post(f"/v1/ops/dlq/{XQ}/{action}", json=body)
+            assert response.status_code == 400, (action, body, response.json)
+            assert response.json["error"] == "bad_request"
+    assert depth(broker_url, XQ) == 3
+
+    [late] = dead_letter_three(services, broker_url, count=1)  # arrives after the operator counted 3
+    refused = ops.post(f"/v1/ops/dlq/{XQ}/purge", json={"all": True, "expected": 3, "reason": "junk"})
+    assert refused.status_code == 409 and refused.json["error"] == "more_than_expected"
+    assert "holds 4 message(s)" in refused.json["message"]
+    assert depth(broker_url, XQ) == 4
+
+    purged = ops.post(f"/v1/ops/dlq/{XQ}/purge", json={"message_ids": ids[:2], "reason": "junk"})
+    assert purged.status_code == 200 and purged.json == {"purged": 2, "message_ids": ids[:2], "not_found": []}
+    requeued = ops.post("/v1/ops/dlq/attache.inspect/requeue", json={"message_ids": [ids[2], ids[0]]})
+    assert requeued.json == {"requeued": 1, "message_ids": [ids[2]], "not_found": [ids[0]]}
+    assert [m["message_id"] for m in ops.get(f"/v1/ops/dlq/{XQ}/messages").json["messages"]] == [late]
+    assert depth(broker_url, "attache.inspect") == 1
+
+    with engine.connect() as conn:
+        rows = conn.execute(select(audit_log).order_by(audit_log.c.id)).all()
+    assert [(r.actor, r.action, r.details["status"], r.details.get("message_ids")) for r in rows] == [
+        ("operator:olga", "dlq.purge", "completed", ids[:2]),
+        ("operator:olga", "dlq.requeue", "completed", [ids[2], ids[0]])]

@@ -14,6 +14,10 @@ CSRF
 No JavaScript
     Confirmations are form fields (purge needs its ``confirm`` box ticked),
     so the pages work with the strict Content-Security-Policy below.
+Dead letters
+    Requeue and purge act on the ticked message ids, or on "all" with the
+    queue's depth as the page showed it (a hidden ``expected`` field): a
+    queue holding more by then is refused with 409 and nothing is done.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from flask import (Blueprint, current_app, flash, g, redirect, render_template, 
 
 from app import operations
 from app.auth import Identity, authenticate
+from app.dlq import BadSelection, MoreThanExpected, UnknownQueue
 from app.errors import AttacheError
 from app.web.access import csrf_token, form_csrf_ok, local_developer, session_identity, start_session
 
@@ -45,6 +50,8 @@ SECURITY_HEADERS = {
 OPERATOR = "operator"
 #: views reachable without an operator session
 PUBLIC_ENDPOINTS = {"console.login", "console.login_form"}
+#: dead letters shown on a queue's page (the page also shows how many the queue holds)
+LISTED = 200
 
 
 def _services():
@@ -267,17 +274,18 @@ def dlq():
 @bp.get("/dlq/<queue>")
 def dlq_queue(queue: str):
     try:
-        messages = _dead_letters().messages(queue, limit=200)
-    except ValueError:
+        listing = _dead_letters().listing(queue, limit=LISTED)
+    except UnknownQueue:
         return _unknown_queue(queue)
     except (AttacheError, OSError) as exc:
         return _page("dlq.html", 503, queue=queue, messages=None, dlq_error=_broker_down(exc))
+    messages = listing["messages"]
     for message in messages:
         body = message.get("body")
         job_id = (message.get("recorded") or {}).get("job_id") or (body.get("job_id") if isinstance(body, dict)
                                                                      else None)
         message["job_id"] = job_id if _is_uuid(job_id) else None
-    return _page("dlq.html", queue=queue, messages=messages)
+    return _page("dlq.html", queue=queue, messages=messages, depth=listing["depth"])
 
 
 def _is_uuid(value) -> bool:
@@ -292,39 +300,54 @@ def _reason() -> str | None:
     return request.form.get("reason", "").strip()[:1000] or None
 
 
-@bp.post("/dlq/<queue>/requeue")
-def dlq_requeue(queue: str):
+def _chosen(verb: str) -> dict:
+    """The form's choice as keyword arguments of the action; BadSelection when there is none."""
     scope = request.form.get("scope")
-    ids = None
     if scope == "selected":
         ids = [i for i in request.form.getlist("message_id") if i]
         if not ids:
-            return _message(400, "Nothing selected", "Tick the messages to requeue, or use “Requeue all”.")
-    elif scope != "all":
-        return _message(400, "Bad request", "Choose “Requeue selected” or “Requeue all”.")
+            raise BadSelection(f"Tick the messages to {verb}, or use “{verb.capitalize()} all”.")
+        return {"message_ids": ids}
+    if scope == "all":
+        expected = request.form.get("expected", type=int)
+        if expected is None or expected < 1:
+            raise BadSelection("“All” needs the count this page showed; reload the page and try again.")
+        return {"expected": expected}
+    raise BadSelection(f"Choose “{verb.capitalize()} selected” or “{verb.capitalize()} all”.")
+
+
+def _act(verb: str, queue: str):
+    """Requeue or purge what the form chose; a flash and back to the queue, or a page saying why not."""
     try:
-        result = _dead_letters().requeue(queue, actor=f"operator:{principal()}", message_ids=ids, reason=_reason())
-    except ValueError:
+        chosen = _chosen(verb)
+        action = getattr(_dead_letters(), verb)
+        result = action(queue, actor=f"operator:{principal()}", reason=_reason(), **chosen)
+    except UnknownQueue:
         return _unknown_queue(queue)
+    except BadSelection as exc:
+        return _message(400, "Nothing chosen", str(exc))
+    except MoreThanExpected as exc:
+        return _message(409, "The queue has changed",
+                        f"{exc.xq} now holds {exc.depth} message(s), more than the {exc.expected} this page showed: "
+                        f"nothing was {verb}d. Look at the queue again.")
     except (AttacheError, OSError) as exc:
-        return _message(503, "RabbitMQ unavailable", f"{_broker_down(exc)}; nothing more was requeued. "
-                                                     "Any part already moved is in the audit log.")
-    text = f"Requeued {result['requeued']} message(s) from {queue}."
+        return _message(503, "RabbitMQ unavailable", f"{_broker_down(exc)}; nothing more was {verb}d. "
+                                                     "What was already done is in the audit log.")
+    text = f"{verb.capitalize()}d {result[verb + 'd']} message(s) from {queue}."
     if result["not_found"]:
         text += f" Not found (already gone or held by another operator): {', '.join(result['not_found'])}."
+    log.info("console: %s %sd %s message(s) from %s", principal(), verb, result[verb + "d"], queue)
     flash(text)
     return redirect(url_for("console.dlq_queue", queue=queue), code=303)
+
+
+@bp.post("/dlq/<queue>/requeue")
+def dlq_requeue(queue: str):
+    return _act("requeue", queue)
 
 
 @bp.post("/dlq/<queue>/purge")
 def dlq_purge(queue: str):
     if request.form.get("confirm") != "yes":
         return _message(400, "Not confirmed", "Purging deletes the messages for good: tick the confirmation box.")
-    try:
-        result = _dead_letters().purge(queue, actor=f"operator:{principal()}", reason=_reason())
-    except ValueError:
-        return _unknown_queue(queue)
-    except (AttacheError, OSError) as exc:
-        return _message(503, "RabbitMQ unavailable", f"{_broker_down(exc)}; nothing was purged.")
-    flash(f"Purged {result['purged']} message(s) from {queue}.")
-    return redirect(url_for("console.dlq_queue", queue=queue), code=303)
+    return _act("purge", queue)

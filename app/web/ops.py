@@ -9,7 +9,7 @@ from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest
 
 from app import operations
-from app.dlq import UnknownQueue
+from app.dlq import MAX_EXPECTED, MAX_MESSAGE_IDS, MoreThanExpected, UnknownQueue
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
 from app.web.responses import error as _error
@@ -115,25 +115,52 @@ def dlq_queues():
 @bp.get("/dlq/<queue>/messages")
 def dlq_messages(queue: str):
     limit = request.args.get("limit", 50, type=int)
-    return jsonify(queue=queue, messages=_dead_letters().messages(queue, limit=max(1, min(limit, 500))))
+    listing = _dead_letters().listing(queue, limit=max(1, min(limit, 500)))
+    return jsonify(queue=queue, depth=listing["depth"], messages=listing["messages"])
+
+
+def _chosen(body) -> dict:
+    """``{"message_ids": [...]}`` or ``{"all": true, "expected": N}``: the keyword arguments of the action."""
+    if not isinstance(body, dict):
+        raise BadRequest("send a JSON object naming message_ids, or all with expected")
+    ids, everything, expected = body.get("message_ids"), body.get("all", False), body.get("expected")
+    if everything is True:
+        if ids is not None:
+            raise BadRequest("name message_ids or all, not both")
+        if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= MAX_EXPECTED:
+            raise BadRequest(f"all needs expected: the count you saw, an integer in 1..{MAX_EXPECTED}; "
+                             "a queue holding more is refused")
+        return {"expected": expected}
+    if everything is not False:
+        raise BadRequest("all must be true or false")
+    if expected is not None:
+        raise BadRequest("expected goes with all")
+    if not (isinstance(ids, list) and 1 <= len(ids) <= MAX_MESSAGE_IDS
+            and all(isinstance(i, str) and i for i in ids)):
+        raise BadRequest(f"message_ids must be a list of 1..{MAX_MESSAGE_IDS} non-empty strings "
+                         "(or send all with expected)")
+    return {"message_ids": ids}
+
+
+@bp.errorhandler(MoreThanExpected)
+def more_than_expected(exc):
+    return _error(409, exc.error_code, str(exc))
 
 
 @bp.post("/dlq/<queue>/requeue")
 def dlq_requeue(queue: str):
-    body = request.get_json(silent=True) or {}
-    ids = body.get("message_ids") if isinstance(body, dict) else None
-    if ids is not None and not (isinstance(ids, list) and all(isinstance(i, str) for i in ids)):
-        return _error(400, "bad_request", "message_ids must be a list of strings (or absent for all)")
+    body = request.get_json(silent=True)
     reason = _reason(body)
-    return jsonify(_dead_letters().requeue(queue, actor=f"operator:{identity().principal}", message_ids=ids,
-                                           reason=reason))
+    return jsonify(_dead_letters().requeue(queue, actor=f"operator:{identity().principal}", reason=reason,
+                                           **_chosen(body)))
 
 
 @bp.post("/dlq/<queue>/purge")
 def dlq_purge(queue: str):
-    body = request.get_json(silent=True) or {}
+    body = request.get_json(silent=True)
     reason = _reason(body)
-    return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason))
+    return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason,
+                                         **_chosen(body)))
 
 
 # --- pipeline versions ----------------------------------------------------------------
