@@ -46,7 +46,6 @@ never seeked (a later GIF frame can be a decompression bomb).
 from __future__ import annotations
 
 import io
-import math
 import os
 from dataclasses import dataclass
 
@@ -58,17 +57,12 @@ from ._translate import (
     translate_decode_error,
 )
 from .colour import to_srgb, to_working_mode
+from .geometry import REDUCING_GAP, VariantSpec, plan
 from .probe import Limits, open_checked, read_orientation
 
-#: Pillow's thumbnail() default: integer reduce() while >= 2x the final size
-#: remains, then LANCZOS for the rest.
-REDUCING_GAP = 2.0
-OUTPUTS = ("auto", "webp")
 JPEG_QUALITY = 85
 WEBP_QUALITY = 85
 WEBP_METHOD = 4
-
-KINDS = ("fit", "cover", "bounded")
 
 # EXIF orientation -> the transpose that makes the image upright
 # (the same table as PIL.ImageOps.exif_transpose).
@@ -81,36 +75,6 @@ _UPRIGHT = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-
-
-@dataclass(frozen=True)
-class VariantSpec:
-    """One derivative.
-
-    * ``fit``: fits inside ``width`` x ``height``, aspect kept, never upscaled.
-    * ``cover``: scaled to cover ``width`` x ``height``, then centre-cropped
-      to exactly that size. Images smaller than the target *are* upscaled,
-      so a ``cover`` output always has exactly the requested size.
-    * ``bounded``: longest side <= ``max(width, height)``, never upscaled.
-
-    ``output`` chooses the encoding: ``auto`` (JPEG when opaque; PNG, or WebP
-    for ``bounded``, when translucent) or ``webp`` (always WebP q85, alpha
-    kept when there is some).
-    """
-
-    name: str
-    kind: str
-    width: int
-    height: int
-    output: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown variant kind {self.kind!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"unknown variant output {self.output!r}")
-        if self.width < 1 or self.height < 1:
-            raise ValueError("variant width and height must be positive")
 
 
 PIPELINE_V1_SPECS: dict[str, VariantSpec] = {
@@ -131,15 +95,6 @@ class Rendered:
     height: int
 
 
-@dataclass(frozen=True)
-class _Geometry:
-    """Where the output comes from, in *stored* (un-oriented) coordinates."""
-
-    out_size: tuple[int, int]  # size after resize, before the transpose
-    box: tuple[float, float, float, float]  # source region to resample
-    decode_size: tuple[int, int]  # the smallest decode that loses nothing
-
-
 def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> Rendered:
     """Render one derivative of the image at *path*.
 
@@ -152,7 +107,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
         scale_back = 1.0
         if family == "JPEG":
             orientation = read_orientation(img, header_only=True)
-            geometry = _plan(stored_size, orientation, spec)
+            geometry = plan(stored_size, orientation, spec)
             drafted = img.draft(img.mode, geometry.decode_size)
             if drafted is not None:
                 scale_back = drafted[1][2] / stored_size[0]
@@ -160,7 +115,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
         else:
             _load(img)
             orientation = read_orientation(img, header_only=False)
-            geometry = _plan(stored_size, orientation, spec)
+            geometry = plan(stored_size, orientation, spec)
 
         icc_profile = img.info.get("icc_profile")
         work = to_working_mode(img)
@@ -173,37 +128,6 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
     if orientation in _UPRIGHT:
         work = work.transpose(_UPRIGHT[orientation])
     return _encode(work, spec)
-
-
-def _plan(stored_size: tuple[int, int], orientation: int, spec: VariantSpec) -> _Geometry:
-    """Compute output size, source box and decode size for *spec*.
-
-    The target is expressed upright; for orientations 5-8 (a 90 degree
-    rotation) its axes are swapped so everything else can be computed in
-    the stored orientation.
-    """
-    src_w, src_h = stored_size
-    tgt_w, tgt_h = spec.width, spec.height
-    if spec.kind == "bounded":
-        tgt_w = tgt_h = max(tgt_w, tgt_h)
-    if orientation >= 5:
-        tgt_w, tgt_h = tgt_h, tgt_w
-    full = (0.0, 0.0, float(src_w), float(src_h))
-
-    if spec.kind == "cover":
-        scale = max(tgt_w / src_w, tgt_h / src_h)
-        box_w, box_h = min(src_w, tgt_w / scale), min(src_h, tgt_h / scale)
-        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
-        return _Geometry(
-            out_size=(tgt_w, tgt_h),
-            box=(left, top, left + box_w, top + box_h),
-            decode_size=(max(1, math.ceil(src_w * scale)), max(1, math.ceil(src_h * scale))),
-        )
-
-    # fit / bounded: never upscale
-    scale = min(1.0, tgt_w / src_w, tgt_h / src_h)
-    out = (max(1, round(src_w * scale)), max(1, round(src_h * scale)))
-    return _Geometry(out_size=out, box=full, decode_size=out)
 
 
 def _load(img: Image.Image) -> None:
