@@ -1,7 +1,9 @@
 """Where a derivative comes from: variant specs and the geometry of a render.
 
-Used by :mod:`app.imaging.render`, which executes a plan. Everything is
-computed in *stored* (un-oriented) coordinates.
+Shared by :mod:`app.imaging.render` (which executes a plan) and
+:mod:`app.imaging.budget` (which prices one from the header, before any
+pixel is decoded). Everything is computed in *stored* (un-oriented)
+coordinates.
 """
 
 from __future__ import annotations

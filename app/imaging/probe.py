@@ -24,6 +24,9 @@ The checks, in order:
    > ``max_dimension`` -> :class:`ImageTooLarge`.
 4. The format Pillow parsed must be one attache processes and must agree
    with the sniffed family (MPO counts as JPEG).
+5. The memory budget (:mod:`app.imaging.budget`): the render's peak memory,
+   priced from the size, pixel mode, transparency and format details in
+   the header, > ``max_decode_bytes`` -> :class:`ImageTooLarge`.
 """
 
 from __future__ import annotations
@@ -37,7 +40,9 @@ from PIL import ExifTags, Image, ImageFile, PngImagePlugin
 
 from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
 
+from . import budget
 from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
+from .geometry import VariantSpec
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff
 
 
@@ -51,6 +56,9 @@ class Limits:
     max_dimension: int = 20_000
     #: the processed families accepted (a subset of PROCESSED_FORMATS) -> else :class:`UnsupportedFormat`.
     formats: tuple[str, ...] = tuple(PROCESSED_FORMATS)
+    #: the priced peak memory of a render (see :mod:`app.imaging.budget`)
+    #: above this -> :class:`ImageTooLarge`.
+    max_decode_bytes: int = budget.DEFAULT_MAX_DECODE_BYTES
 
 
 @dataclass(frozen=True)
@@ -87,7 +95,8 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
     :raises UnsupportedFormat: not one of the six processed formats.
     :raises DecompressionBomb: declares more than ``limits.max_pixels`` (or
         trips Pillow's own bomb check, or a PNG text-chunk zip bomb).
-    :raises ImageTooLarge: a side exceeds ``limits.max_dimension``.
+    :raises ImageTooLarge: a side exceeds ``limits.max_dimension``, or
+        rendering it would cost more than ``limits.max_decode_bytes``.
     :raises CorruptImage: the header is malformed.
     """
     with open_checked(path, limits) as (img, family):
@@ -103,11 +112,13 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
 
 @contextmanager
 def open_checked(
-    path: str | os.PathLike[str], limits: Limits
+    path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None
 ) -> Iterator[tuple[ImageFile.ImageFile, str]]:
     """Open *path* with every probe check applied; yield ``(image, family)``.
 
-    The image is not loaded. The file is opened once, by us, so the bytes
+    The image is not loaded. The memory budget is priced for *spec*, or
+    without one for every derivative a pipeline renders
+    (:data:`~app.imaging.budget.PROBE_SPECS`). The file is opened once, by us, so the bytes
     that were sniffed are the bytes Pillow parses, and it is closed on exit.
     Shared by :func:`probe` and :func:`~app.imaging.render.render`.
     """
@@ -130,6 +141,10 @@ def open_checked(
             raise translate_open_error(exc) from exc
         with img:
             _check(img, family, limits)
+            try:
+                budget.check(img, family, fp, limits, spec)
+            except MALFORMED_ERRORS as exc:
+                raise translate_open_error(exc) from exc
             yield img, family
 
 

@@ -3,8 +3,9 @@
 Pipeline, and why it is in this order:
 
 1. **Probe checks first** (:func:`~app.imaging.probe.open_checked`): the
-   size limits are enforced from the header before a single pixel is
-   decoded.
+   size limits and the memory budget (priced for this very spec, see
+   :mod:`app.imaging.budget`) are enforced from the header before a single
+   pixel is decoded.
 2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
    to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
    choosing the largest reduction that still leaves at least the size the
@@ -102,7 +103,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
         as :func:`~app.imaging.probe.probe`; ``CorruptImage`` also when the
         pixel data cannot be decoded (truncated file, decoder error).
     """
-    with open_checked(path, limits) as (img, family):
+    with open_checked(path, limits, spec) as (img, family):
         stored_size = img.size
         scale_back = 1.0
         if family == "JPEG":
