@@ -89,6 +89,8 @@ def worker_peaks() -> None:
         cases = [
             ("8000x8000 palette PNG + tRNS", hostile_images.palette_png(Path(tmp) / "palette.png"), HOSTILE_TARGET_MB),
             ("8000x8000 float TIFF", hostile_images.float_tiff(Path(tmp) / "float.tif"), HOSTILE_TARGET_MB),
+            ("8000x8000 progressive JPEG", hostile_images.progressive_jpeg(Path(tmp) / "progressive.jpg"),
+             HOSTILE_TARGET_MB),
             ("24 MP JPEG (6000x4000)", PHOTO_24MP, PHOTO_TARGET_MB),
         ]
         print()

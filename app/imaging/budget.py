@@ -1,15 +1,19 @@
 """The memory budget: what rendering an image will cost, priced from its header.
 
 A small file can decode to a lot of memory: an 8000x8000 palette PNG with
-transparency is 63 KB on disk and was 600 MB at the peak of one render; an
-8000x8000 float TIFF of 384 KB took 550-800 MB. Pixel and side limits do not
+transparency is 63-75 KB on disk and one job's renders peaked at 598 MB
+(631 MB in the issue); an 8000x8000 float TIFF of 375 KB at 602 MB (813 MB
+in the issue). Pixel and side limits do not
 see that (both are inside them), so before a single pixel is decoded
 :func:`estimate` prices the render from what the header says, and
 :func:`check` refuses anything over ``Limits.max_decode_bytes`` with
 :class:`~app.errors.ImageTooLarge` (``image_too_large``: 413 at upload,
 ``failed`` in the worker).
 
-The estimate is the peak of bytes alive at once, in four parts:
+The estimate is the peak of bytes alive at once. A render goes through
+three phases (decode; convert and resample; encode, after the file and the
+full-size images are released), so it is the largest of their sums, made
+of four kinds of cost:
 
 1. **The decode.** Pillow stores ``1``/``L``/``P`` at 1 byte a pixel,
    ``I;16*`` at 2 and every other mode (``RGB`` included, and ``LA``) at 4.
@@ -30,8 +34,8 @@ The estimate is the peak of bytes alive at once, in four parts:
    for resampling; 16-bit and float grey go through ``I`` and a scaled
    copy before 8 bits. The table :data:`FULL_SIZE_BYTES` gives the peak,
    decoded image included, in bytes per pixel for each mode; it follows the
-   code and was checked against measured peaks (``tests/test_imaging.py``
-   keeps it an upper bound).
+   code and was checked against measured peaks
+   (``tests/test_image_budget.py`` keeps the estimate an upper bound).
 4. **The resample and the output**: the integer ``reduce()`` copy, the
    intermediate of the two-pass LANCZOS, then a few output-sized copies
    (sRGB, transpose) and the encoder's memory (WebP's is the largest).
@@ -108,7 +112,10 @@ OTHER_MODE_BYTES = 8
 #: and upright copies, the encoder's (JPEG/PNG); libwebp's encoder keeps
 #: ARGB and YUV pictures and its own work buffers (measured: ~16 B/px).
 OUTPUT_BYTES = 12
-WEBP_OUTPUT_BYTES = 20
+WEBP_OUTPUT_BYTES = 22
+#: The resized image while the full-size ones are still alive (RGBA is
+#: resampled as premultiplied RGBa and converted back: two copies).
+RESIZED_BYTES = 8
 
 
 @dataclass(frozen=True)
@@ -121,8 +128,8 @@ class Estimate:
     parts: tuple[tuple[str, int], ...]
 
     def describe(self) -> str:
-        shown = ", ".join(f"{name} {value / MIB:.0f} MB" for name, value in self.parts if value >= MIB)
-        return f"about {self.total / MIB:.0f} MB ({shown})"
+        shown = ", ".join(f"{name} {value / MIB:.0f} MB" for name, value in self.parts)
+        return f"about {self.total / MIB:.0f} MB at the peak ({shown})"
 
 
 def pixel_bytes(mode: str) -> int:
@@ -171,8 +178,17 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
     return best
 
 
-def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry, decoder: int,
-           coefficients: int) -> Estimate:
+def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
+           decoder: tuple[int, int], coefficients: int) -> Estimate:
+    """The peak of the three phases of a render; they follow each other, so they do not add up.
+
+    * decode: the decoded image and the decoder's buffers;
+    * convert and resample: the full-size conversions (decoded image
+      included), the resample and the resized image, plus whatever the
+      decoder keeps until the file is closed;
+    * output (the file is closed, the full-size images are gone): sRGB,
+      transpose and the encoder.
+    """
     width, height = img.size
     mode = img.mode
     box = geometry.box
@@ -186,21 +202,20 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     else:
         decoded = (width, height)
     pixels = decoded[0] * decoded[1]
+    transient, kept = decoder
     transparent = 1 if _has_transparency(img) else 0
     per_pixel = FULL_SIZE_BYTES.get(mode, (OTHER_MODE_BYTES, OTHER_MODE_BYTES))[transparent]
-    full = pixels * per_pixel
-    resample = _resample_bytes(box, geometry.out_size, 1 if _grey_working_mode(mode, transparent) else 4)
-    webp = spec.output == "webp" or (spec.kind == "bounded" and bool(transparent))
+    grey = _grey_working_mode(mode, transparent)
     out_w, out_h = geometry.out_size
-    outputs = out_w * out_h * (WEBP_OUTPUT_BYTES if webp else OUTPUT_BYTES)
+    webp = spec.output == "webp" or (spec.kind == "bounded" and bool(transparent))
     parts = (
-        ("decode and conversions", full),
-        ("decoder buffers", decoder + coefficients),
-        ("resample", resample),
-        ("output", outputs),
-        ("fixed", FIXED_BYTES),
+        ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
+        ("conversions and resample",
+         pixels * per_pixel + kept + _resample_bytes(box, geometry.out_size, 1 if grey else 4)
+         + RESIZED_BYTES * out_w * out_h),
+        ("output", out_w * out_h * (WEBP_OUTPUT_BYTES if webp else OUTPUT_BYTES)),
     )
-    return Estimate(sum(v for _, v in parts), decoded, mode, parts)
+    return Estimate(max(v for _, v in parts) + FIXED_BYTES, decoded, mode, parts)
 
 
 def _has_transparency(img: Image.Image) -> bool:
@@ -227,19 +242,19 @@ def _resample_bytes(box: tuple[float, ...], out_size: tuple[int, int], bpp: int)
     return bpp * (reduced + out_w * rows)
 
 
-def _decoder_bytes(img: Image.Image, family: str) -> int:
-    """Memory the decoder holds besides the decoded image."""
+def _decoder_bytes(img: Image.Image, family: str) -> tuple[int, int]:
+    """Memory the decoder holds besides the decoded image: (while decoding, until the file is closed)."""
     width, height = img.size
     pixels = width * height
     if family == "WEBP":
-        # libwebp's canvas and its copy of the previous frame (RGBA), the
-        # frame handed to Pillow as bytes
-        return 3 * 4 * pixels
+        # libwebp's canvas and its copy of the previous frame (RGBA), and the
+        # frame handed to Pillow as bytes, all kept by the open image
+        return 0, 3 * 4 * pixels
     if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
-        return 2 * pixels  # PyDecoder: a bytearray of the pixels, then bytes()
+        return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
     if family == "TIFF":
-        return _tiff_buffer_bytes(img)
-    return 0
+        return _tiff_buffer_bytes(img), 0
+    return 0, 0
 
 
 def _tiff_buffer_bytes(img: Image.Image) -> int:
