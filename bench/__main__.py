@@ -54,29 +54,39 @@ print(json.dumps({"times": times, "peak_mb": peak_kb / 1024, "size": size}))
 
 
 JOB = r"""
-import json, re, sys, time
+import json, re, sys, threading, time
 from pathlib import Path
 import app.workflow  # what a worker process has loaded before its first job
 from app import pipeline
 from app.errors import PermanentError
 from app.imaging import Limits, probe, render
-path, budget = sys.argv[1], int(sys.argv[2])
+path, budget, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 limits = Limits() if budget == 0 else Limits(max_decode_bytes=budget)
+outcomes = []
+
+def job():
+    try:
+        probe(path, limits)
+        for spec in pipeline.get(pipeline.NEWEST).specs.values():
+            render(path, spec, limits)
+        outcomes.append("ready")
+    except PermanentError as exc:
+        outcomes.append(exc.error_code)
+
 began = time.perf_counter()
-outcome = "ready"
-try:
-    probe(path, limits)
-    for spec in pipeline.get(pipeline.NEWEST).specs.values():
-        render(path, spec, limits)
-except PermanentError as exc:
-    outcome = exc.error_code
+workers = [threading.Thread(target=job) for _ in range(threads)]
+for w in workers:
+    w.start()
+for w in workers:
+    w.join()
 peak_kb = int(re.search(r"VmHWM:\s+(\d+) kB", Path("/proc/self/status").read_text())[1])
-print(json.dumps({"peak_mb": peak_kb / 1024, "outcome": outcome, "seconds": time.perf_counter() - began}))
+print(json.dumps({"peak_mb": peak_kb / 1024, "outcome": ",".join(sorted(set(outcomes))),
+                  "seconds": time.perf_counter() - began}))
 """
 
 
-def measure_job(path: Path, budget: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", JOB, str(path), str(budget)], cwd=REPO, check=True,
+def measure_job(path: Path, budget: int, threads: int = 1) -> dict:
+    out = subprocess.run([sys.executable, "-c", JOB, str(path), str(budget), str(threads)], cwd=REPO, check=True,
                          capture_output=True, text=True).stdout
     return json.loads(out)
 
@@ -86,18 +96,20 @@ def worker_peaks() -> None:
     from tests import hostile_images
 
     with tempfile.TemporaryDirectory(prefix="attache-bench-") as tmp:
-        cases = [
-            ("8000x8000 palette PNG + tRNS", hostile_images.palette_png(Path(tmp) / "palette.png"), HOSTILE_TARGET_MB),
-            ("8000x8000 float TIFF", hostile_images.float_tiff(Path(tmp) / "float.tif"), HOSTILE_TARGET_MB),
-            ("8000x8000 progressive JPEG", hostile_images.progressive_jpeg(Path(tmp) / "progressive.jpg"),
-             HOSTILE_TARGET_MB),
-            ("24 MP JPEG (6000x4000)", PHOTO_24MP, PHOTO_TARGET_MB),
+        progressive = hostile_images.progressive_jpeg(Path(tmp) / "progressive.jpg")
+        cases = [  # (name, file, target, jobs at once on as many threads)
+            ("8000x8000 palette PNG + tRNS", hostile_images.palette_png(Path(tmp) / "palette.png"),
+             HOSTILE_TARGET_MB, 1),
+            ("8000x8000 float TIFF", hostile_images.float_tiff(Path(tmp) / "float.tif"), HOSTILE_TARGET_MB, 1),
+            ("8000x8000 progressive JPEG", progressive, HOSTILE_TARGET_MB, 1),
+            ("  the same, 4 jobs, 4 threads", progressive, HOSTILE_TARGET_MB, 4),
+            ("24 MP JPEG (6000x4000)", PHOTO_24MP, PHOTO_TARGET_MB, 1),
         ]
         print()
         print("worker peak RSS for one job (probe + every variant of the newest pipeline), fresh process each")
         print(f"{'file':<30} {'size':>8} {'budget':>8} {'peak MB':>8} {'target':>8} {'outcome':>16} {'no budget':>10}")
-        for name, path, target in cases:
-            ours, unbounded = measure_job(path, 0), measure_job(path, 10**12)
+        for name, path, target, threads in cases:
+            ours, unbounded = measure_job(path, 0, threads), measure_job(path, 10**12, threads)
             verdict = "ok" if ours["peak_mb"] <= target else "OVER"
             print(f"{name:<30} {path.stat().st_size / 1024:>6.0f}KB {'default':>8} {ours['peak_mb']:>8.0f} "
                   f"{'<= ' + str(target):>8} {ours['outcome']:>16} {unbounded['peak_mb']:>8.0f}MB  {verdict}")

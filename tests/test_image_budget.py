@@ -18,6 +18,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -151,7 +153,7 @@ MEASURE = textwrap.dedent(
     results = []
     for path in json.loads(sys.argv[1]):
         for spec in specs:
-            with open_checked(path, unlimited, spec) as (img, family):
+            with open_checked(path, unlimited, spec) as (img, family, _priced):
                 priced = budget.estimate(img, family, img.fp, spec).total
             with open("/proc/self/clear_refs", "w") as fh:
                 fh.write("5")  # reset VmHWM to the current RSS
@@ -240,3 +242,67 @@ def test_worker_fails_a_job_over_budget_with_image_too_large(env, engine, hostil
     finally:
         generous.engine.dispose()
         worker.engine.dispose()
+
+
+# --- the budget holds for the process, across worker threads --------------------
+
+
+def test_reservations_wait_first_come_first_served() -> None:
+    pool = budget.Reservations()
+    order: list[str] = []
+    a_holds, a_release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pool.scope(100) as reserve:
+            reserve(70)
+            order.append("a")
+            a_holds.set()
+            a_release.wait(5)
+
+    def taker(name: str, nbytes: int) -> None:
+        with pool.scope(100) as reserve:
+            reserve(nbytes)
+            order.append(name)
+
+    a = threading.Thread(target=holder)
+    a.start()
+    assert a_holds.wait(5)
+    b = threading.Thread(target=taker, args=("b", 50))
+    b.start()
+    _wait_until(lambda: len(pool._queue) == 1)
+    c = threading.Thread(target=taker, args=("c", 10))  # would fit now, but b is first in line
+    c.start()
+    _wait_until(lambda: len(pool._queue) == 2)
+    assert order == ["a"] and pool.in_use == 70
+    a_release.set()
+    for thread in (a, b, c):
+        thread.join(5)
+    assert order == ["a", "b", "c"]
+    assert pool.in_use == 0 and pool.peak <= 100
+
+
+def _wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None:
+    """Four threads, four renders priced over a third of the budget each: never more than two at once."""
+    path = tmp_path / "photo.png"
+    Image.linear_gradient("L").resize((1500, 1000)).convert("RGB").save(path)
+    spec = PIPELINE_V1_SPECS["optimized"]
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "PNG", fp, spec).total
+    limits = Limits(max_decode_bytes=int(price * 2.5))
+    budget.RESERVATIONS.peak = 0
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(render(path, spec, limits))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 4 and all(r.width == 1500 for r in results)
+    assert budget.RESERVATIONS.peak <= 2 * price  # three never fit at once
+    assert budget.RESERVATIONS.in_use == 0

@@ -47,12 +47,23 @@ derivatives in :data:`PROBE_SPECS`, which cover every registered pipeline
 prices its own spec again before decoding, so a pipeline with larger
 derivatives is still held to the budget: it fails there as
 ``image_too_large`` instead of taking the worker's memory.
+
+The budget holds for the *process*, not only for one render: a worker runs
+several threads, and four renders each just under the budget would need
+four budgets at once. :data:`RESERVATIONS` makes a render reserve its
+price before it decodes and wait (first come, first served) while the
+renders already running hold more than ``max_decode_bytes`` minus that
+price. Small renders still run side by side; a large one runs alone.
 """
 
 from __future__ import annotations
 
 import math
 import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -350,3 +361,51 @@ def _jpeg_frame(fp: BinaryIO) -> tuple[int | None, list[tuple[int, int]], int]:
         count = body[5]
         components = [(body[7 + 3 * i] >> 4 or 1, body[7 + 3 * i] & 15 or 1) for i in range(count)]
     return sof, components, 0
+
+
+class Reservations:
+    """Bytes reserved by the renders of this process, bounded by the budget.
+
+    ``with RESERVATIONS.scope(capacity) as reserve: ... reserve(n)`` blocks
+    until *n* more bytes fit under *capacity* and this caller is first in
+    line (so a large render is not starved by a stream of small ones); what
+    was reserved is given back when the scope ends.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self.in_use = 0
+        #: the most ever reserved at once (for tests and benchmarks)
+        self.peak = 0
+
+    @contextmanager
+    def scope(self, capacity: int) -> Iterator[Callable[[int], None]]:
+        held = 0
+
+        def reserve(nbytes: int) -> None:
+            nonlocal held
+            nbytes = max(0, min(nbytes, capacity))
+            ticket = object()
+            with self._cond:
+                self._queue.append(ticket)
+                try:
+                    self._cond.wait_for(lambda: self._queue[0] is ticket and self.in_use + nbytes <= capacity)
+                finally:
+                    self._queue.remove(ticket)
+                    self._cond.notify_all()
+                self.in_use += nbytes
+                held += nbytes
+                self.peak = max(self.peak, self.in_use)
+
+        try:
+            yield reserve
+        finally:
+            if held:
+                with self._cond:
+                    self.in_use -= held
+                    self._cond.notify_all()
+
+
+#: The process's reservations (one per process: the budget is per worker process).
+RESERVATIONS = Reservations()

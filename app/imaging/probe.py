@@ -35,6 +35,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from PIL import ExifTags, Image, ImageFile, PngImagePlugin
 
@@ -99,7 +100,7 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         rendering it would cost more than ``limits.max_decode_bytes``.
     :raises CorruptImage: the header is malformed.
     """
-    with open_checked(path, limits) as (img, family):
+    with open_checked(path, limits) as (img, family, _priced):
         return ImageInfo(
             format=family,
             content_type=PROCESSED_FORMATS[family],
@@ -110,11 +111,19 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         )
 
 
+class Opened(NamedTuple):
+    """What :func:`open_checked` yields."""
+
+    image: ImageFile.ImageFile
+    family: str
+    priced: budget.Estimate
+
+
 @contextmanager
 def open_checked(
     path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None
-) -> Iterator[tuple[ImageFile.ImageFile, str]]:
-    """Open *path* with every probe check applied; yield ``(image, family)``.
+) -> Iterator[Opened]:
+    """Open *path* with every probe check applied; yield ``(image, family, priced)``.
 
     The image is not loaded. The memory budget is priced for *spec*, or
     without one for every derivative a pipeline renders
@@ -142,10 +151,10 @@ def open_checked(
         with img:
             _check(img, family, limits)
             try:
-                budget.check(img, family, fp, limits, spec)
+                priced = budget.check(img, family, fp, limits, spec)
             except MALFORMED_ERRORS as exc:
                 raise translate_open_error(exc) from exc
-            yield img, family
+            yield Opened(img, family, priced)
 
 
 def _check(img: Image.Image, family: str, limits: Limits) -> None:

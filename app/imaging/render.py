@@ -5,7 +5,9 @@ Pipeline, and why it is in this order:
 1. **Probe checks first** (:func:`~app.imaging.probe.open_checked`): the
    size limits and the memory budget (priced for this very spec, see
    :mod:`app.imaging.budget`) are enforced from the header before a single
-   pixel is decoded.
+   pixel is decoded. The price is then reserved from the process's budget
+   (:data:`~app.imaging.budget.RESERVATIONS`), waiting while other threads'
+   renders hold it, and given back when the derivative is encoded.
 2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
    to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
    choosing the largest reduction that still leaves at least the size the
@@ -57,6 +59,7 @@ from ._translate import (
     bomb_warnings_as_errors,
     translate_decode_error,
 )
+from . import budget
 from .colour import to_srgb, to_working_mode
 from .geometry import REDUCING_GAP, VariantSpec, plan
 from .probe import Limits, open_checked, read_orientation
@@ -103,32 +106,34 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
         as :func:`~app.imaging.probe.probe`; ``CorruptImage`` also when the
         pixel data cannot be decoded (truncated file, decoder error).
     """
-    with open_checked(path, limits, spec) as (img, family):
-        stored_size = img.size
-        scale_back = 1.0
-        if family == "JPEG":
-            orientation = read_orientation(img, header_only=True)
-            geometry = plan(stored_size, orientation, spec)
-            drafted = img.draft(img.mode, geometry.decode_size)
-            if drafted is not None:
-                scale_back = drafted[1][2] / stored_size[0]
-            _load(img)
-        else:
-            _load(img)
-            orientation = read_orientation(img, header_only=False)
-            geometry = plan(stored_size, orientation, spec)
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
+        with open_checked(path, limits, spec) as (img, family, priced):
+            reserve(priced.total)  # waits while other threads' renders hold the budget
+            stored_size = img.size
+            scale_back = 1.0
+            if family == "JPEG":
+                orientation = read_orientation(img, header_only=True)
+                geometry = plan(stored_size, orientation, spec)
+                drafted = img.draft(img.mode, geometry.decode_size)
+                if drafted is not None:
+                    scale_back = drafted[1][2] / stored_size[0]
+                _load(img)
+            else:
+                _load(img)
+                orientation = read_orientation(img, header_only=False)
+                geometry = plan(stored_size, orientation, spec)
 
-        icc_profile = img.info.get("icc_profile")
-        work = to_working_mode(img)
-        # resize() returns a new image, independent of the file closed below
-        box = tuple(v * scale_back for v in geometry.box)
-        work = work.resize(
-            geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
-        )
-    work = to_srgb(work, icc_profile)
-    if orientation in _UPRIGHT:
-        work = work.transpose(_UPRIGHT[orientation])
-    return _encode(work, spec)
+            icc_profile = img.info.get("icc_profile")
+            work = to_working_mode(img)
+            # resize() returns a new image, independent of the file closed below
+            box = tuple(v * scale_back for v in geometry.box)
+            work = work.resize(
+                geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
+            )
+        work = to_srgb(work, icc_profile)
+        if orientation in _UPRIGHT:
+            work = work.transpose(_UPRIGHT[orientation])
+        return _encode(work, spec)  # the reservation covers the encoder too
 
 
 def _load(img: Image.Image) -> None:
