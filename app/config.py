@@ -214,6 +214,7 @@ DEFAULT_NOTES = {
     "ATTACHE_ACCEPTED_FORMATS": f"`{','.join(PROCESSED_FORMATS)}`",
     "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
     "ATTACHE_PIPELINE_VERSION": "the newest registered",
+    "ATTACHE_MAX_DECODE_BYTES": f"`{DEFAULT_MAX_DECODE_BYTES}` ({DEFAULT_MAX_DECODE_BYTES // 2**20} MiB)",
 }
 
 
