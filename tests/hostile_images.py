@@ -1,16 +1,16 @@
 """Small files that decode to a lot of memory, written deterministically.
 
-They are built by hand, row by row through a streaming compressor, so making
-one costs kilobytes of memory, not the hundreds of megabytes it decodes to,
-and the same arguments always give the same bytes. Used by the imaging tests
+The PNG and the TIFF are built by hand, row by row through a streaming
+compressor, so making one costs kilobytes of memory, not the hundreds of
+megabytes it decodes to, and the same arguments always give the same bytes. Used by the imaging tests
 and by ``make bench`` (see tests/data/README.md, "Hostile files").
 
-* :func:`palette_png` - 8000x8000 palette PNG with a ``tRNS`` chunk (about
-  63 KB): one byte a pixel on disk after inflating, but the renderer used to
-  expand it to RGBA (4 B/px), look at its alpha and convert it to RGB.
+* :func:`palette_png` - 8000x8000 palette PNG with a ``tRNS`` chunk (75 KB;
+  the issue's copy was 63 KB): one byte a pixel decoded, but the renderer
+  expands it to RGBA (4 B/px), reads its alpha and converts it to RGB.
 * :func:`float_tiff` - 8000x8000 32-bit float TIFF, deflate-compressed in
-  two-row strips (about 380 KB, the layout Pillow itself writes): 4 B/px
-  decoded, then scaled to 8 bits.
+  two-row strips (375 KB, the layout Pillow itself writes): 4 B/px
+  decoded, then a scaled copy and 8 bits.
 * :func:`progressive_jpeg` - a progressive JPEG; libjpeg keeps the whole
   image's DCT coefficients (2 B per sample) whatever the draft scale.
 """
