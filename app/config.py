@@ -14,6 +14,7 @@ from typing import Any, Callable, Mapping
 
 from app.auth import parse_tokens
 from app.errors import ConfigError
+from app.imaging.budget import DEFAULT_MAX_DECODE_BYTES
 from app.imaging.sniff import PROCESSED_FORMATS
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
@@ -109,6 +110,10 @@ class Settings:
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(
         "ATTACHE_MAX_DIMENSION", 20_000, _int(1), "longest accepted side in pixels")
+    max_decode_bytes: int = setting(
+        "ATTACHE_MAX_DECODE_BYTES", DEFAULT_MAX_DECODE_BYTES, _int(1),
+        "largest memory one render may need, priced from the header (decoded pixels by mode, decoder "
+        "buffers, conversions); above is image_too_large")
     accepted_formats: tuple = setting(
         "ATTACHE_ACCEPTED_FORMATS", PROCESSED, _formats,
         "comma-separated image formats accepted at upload (a subset of the six processed)")
@@ -221,6 +226,7 @@ DEFAULT_NOTES = {
     "ATTACHE_ACCEPTED_FORMATS": f"`{','.join(PROCESSED_FORMATS)}`",
     "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
     "ATTACHE_PIPELINE_VERSION": "the newest registered",
+    "ATTACHE_MAX_DECODE_BYTES": f"`{DEFAULT_MAX_DECODE_BYTES}` ({DEFAULT_MAX_DECODE_BYTES // 2**20} MiB)",
 }
 
 

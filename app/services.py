@@ -46,7 +46,7 @@ class Services:
         from app.imaging import Limits
 
         return Limits(max_pixels=self.settings.max_pixels, max_dimension=self.settings.max_dimension,
-                      formats=self.settings.accepted_formats)
+                      formats=self.settings.accepted_formats, max_decode_bytes=self.settings.max_decode_bytes)
 
 
 def identity(process: str) -> str:

@@ -2,7 +2,9 @@
 
 * :func:`sniff` - magic bytes only, for the web upload's first check.
 * :func:`probe` - header-only identification and limit checks (no pixel
-  data is decoded), shared by the upload and the worker.
+  data is decoded), shared by the upload and the worker, including the
+  memory budget (:mod:`app.imaging.budget`): what a render would cost,
+  priced from the header.
 * :func:`render` - one derivative (thumbnail / crop / optimized), decoded
   at the smallest scale that works, oriented, in sRGB, without metadata.
 

@@ -24,6 +24,9 @@ The checks, in order:
    > ``max_dimension`` -> :class:`ImageTooLarge`.
 4. The format Pillow parsed must be one attache processes and must agree
    with the sniffed family (MPO counts as JPEG).
+5. The memory budget (:mod:`app.imaging.budget`): the render's peak memory,
+   priced from the size, pixel mode, transparency and format details in
+   the header, > ``max_decode_bytes`` -> :class:`ImageTooLarge`.
 """
 
 from __future__ import annotations
@@ -32,12 +35,15 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from PIL import ExifTags, Image, ImageFile, PngImagePlugin
 
 from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
 
+from . import budget
 from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
+from .geometry import VariantSpec
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff
 
 
@@ -51,6 +57,9 @@ class Limits:
     max_dimension: int = 20_000
     #: the processed families accepted (a subset of PROCESSED_FORMATS) -> else :class:`UnsupportedFormat`.
     formats: tuple[str, ...] = tuple(PROCESSED_FORMATS)
+    #: the priced peak memory of a render (see :mod:`app.imaging.budget`)
+    #: above this -> :class:`ImageTooLarge`.
+    max_decode_bytes: int = budget.DEFAULT_MAX_DECODE_BYTES
 
 
 @dataclass(frozen=True)
@@ -87,10 +96,11 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
     :raises UnsupportedFormat: not one of the six processed formats.
     :raises DecompressionBomb: declares more than ``limits.max_pixels`` (or
         trips Pillow's own bomb check, or a PNG text-chunk zip bomb).
-    :raises ImageTooLarge: a side exceeds ``limits.max_dimension``.
+    :raises ImageTooLarge: a side exceeds ``limits.max_dimension``, or
+        rendering it would cost more than ``limits.max_decode_bytes``.
     :raises CorruptImage: the header is malformed.
     """
-    with open_checked(path, limits) as (img, family):
+    with open_checked(path, limits) as (img, family, _priced):
         return ImageInfo(
             format=family,
             content_type=PROCESSED_FORMATS[family],
@@ -101,13 +111,23 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         )
 
 
+class Opened(NamedTuple):
+    """What :func:`open_checked` yields."""
+
+    image: ImageFile.ImageFile
+    family: str
+    priced: budget.Estimate
+
+
 @contextmanager
 def open_checked(
-    path: str | os.PathLike[str], limits: Limits
-) -> Iterator[tuple[ImageFile.ImageFile, str]]:
-    """Open *path* with every probe check applied; yield ``(image, family)``.
+    path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None
+) -> Iterator[Opened]:
+    """Open *path* with every probe check applied; yield ``(image, family, priced)``.
 
-    The image is not loaded. The file is opened once, by us, so the bytes
+    The image is not loaded. The memory budget is priced for *spec*, or
+    without one for every derivative a pipeline renders
+    (:data:`~app.imaging.budget.PROBE_SPECS`). The file is opened once, by us, so the bytes
     that were sniffed are the bytes Pillow parses, and it is closed on exit.
     Shared by :func:`probe` and :func:`~app.imaging.render.render`.
     """
@@ -130,7 +150,11 @@ def open_checked(
             raise translate_open_error(exc) from exc
         with img:
             _check(img, family, limits)
-            yield img, family
+            try:
+                priced = budget.check(img, family, fp, limits, spec)
+            except MALFORMED_ERRORS as exc:
+                raise translate_open_error(exc) from exc
+            yield Opened(img, family, priced)
 
 
 def _check(img: Image.Image, family: str, limits: Limits) -> None:

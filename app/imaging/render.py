@@ -3,8 +3,11 @@
 Pipeline, and why it is in this order:
 
 1. **Probe checks first** (:func:`~app.imaging.probe.open_checked`): the
-   size limits are enforced from the header before a single pixel is
-   decoded.
+   size limits and the memory budget (priced for this very spec, see
+   :mod:`app.imaging.budget`) are enforced from the header before a single
+   pixel is decoded. The price is then reserved from the process's budget
+   (:data:`~app.imaging.budget.RESERVATIONS`), waiting while other threads'
+   renders hold it, and given back when the derivative is encoded.
 2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
    to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
    choosing the largest reduction that still leaves at least the size the
@@ -46,7 +49,6 @@ never seeked (a later GIF frame can be a decompression bomb).
 from __future__ import annotations
 
 import io
-import math
 import os
 from dataclasses import dataclass
 
@@ -57,18 +59,14 @@ from ._translate import (
     bomb_warnings_as_errors,
     translate_decode_error,
 )
+from . import budget
 from .colour import to_srgb, to_working_mode
+from .geometry import REDUCING_GAP, VariantSpec, plan
 from .probe import Limits, open_checked, read_orientation
 
-#: Pillow's thumbnail() default: integer reduce() while >= 2x the final size
-#: remains, then LANCZOS for the rest.
-REDUCING_GAP = 2.0
-OUTPUTS = ("auto", "webp")
 JPEG_QUALITY = 85
 WEBP_QUALITY = 85
 WEBP_METHOD = 4
-
-KINDS = ("fit", "cover", "bounded")
 
 # EXIF orientation -> the transpose that makes the image upright
 # (the same table as PIL.ImageOps.exif_transpose).
@@ -81,36 +79,6 @@ _UPRIGHT = {
     7: Image.Transpose.TRANSVERSE,
     8: Image.Transpose.ROTATE_90,
 }
-
-
-@dataclass(frozen=True)
-class VariantSpec:
-    """One derivative.
-
-    * ``fit``: fits inside ``width`` x ``height``, aspect kept, never upscaled.
-    * ``cover``: scaled to cover ``width`` x ``height``, then centre-cropped
-      to exactly that size. Images smaller than the target *are* upscaled,
-      so a ``cover`` output always has exactly the requested size.
-    * ``bounded``: longest side <= ``max(width, height)``, never upscaled.
-
-    ``output`` chooses the encoding: ``auto`` (JPEG when opaque; PNG, or WebP
-    for ``bounded``, when translucent) or ``webp`` (always WebP q85, alpha
-    kept when there is some).
-    """
-
-    name: str
-    kind: str
-    width: int
-    height: int
-    output: str = "auto"
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown variant kind {self.kind!r}")
-        if self.output not in OUTPUTS:
-            raise ValueError(f"unknown variant output {self.output!r}")
-        if self.width < 1 or self.height < 1:
-            raise ValueError("variant width and height must be positive")
 
 
 PIPELINE_V1_SPECS: dict[str, VariantSpec] = {
@@ -131,15 +99,6 @@ class Rendered:
     height: int
 
 
-@dataclass(frozen=True)
-class _Geometry:
-    """Where the output comes from, in *stored* (un-oriented) coordinates."""
-
-    out_size: tuple[int, int]  # size after resize, before the transpose
-    box: tuple[float, float, float, float]  # source region to resample
-    decode_size: tuple[int, int]  # the smallest decode that loses nothing
-
-
 def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> Rendered:
     """Render one derivative of the image at *path*.
 
@@ -147,63 +106,34 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
         as :func:`~app.imaging.probe.probe`; ``CorruptImage`` also when the
         pixel data cannot be decoded (truncated file, decoder error).
     """
-    with open_checked(path, limits) as (img, family):
-        stored_size = img.size
-        scale_back = 1.0
-        if family == "JPEG":
-            orientation = read_orientation(img, header_only=True)
-            geometry = _plan(stored_size, orientation, spec)
-            drafted = img.draft(img.mode, geometry.decode_size)
-            if drafted is not None:
-                scale_back = drafted[1][2] / stored_size[0]
-            _load(img)
-        else:
-            _load(img)
-            orientation = read_orientation(img, header_only=False)
-            geometry = _plan(stored_size, orientation, spec)
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
+        with open_checked(path, limits, spec) as (img, family, priced):
+            reserve(priced.total)  # waits while other threads' renders hold the budget
+            stored_size = img.size
+            scale_back = 1.0
+            if family == "JPEG":
+                orientation = read_orientation(img, header_only=True)
+                geometry = plan(stored_size, orientation, spec)
+                drafted = img.draft(img.mode, geometry.decode_size)
+                if drafted is not None:
+                    scale_back = drafted[1][2] / stored_size[0]
+                _load(img)
+            else:
+                _load(img)
+                orientation = read_orientation(img, header_only=False)
+                geometry = plan(stored_size, orientation, spec)
 
-        icc_profile = img.info.get("icc_profile")
-        work = to_working_mode(img)
-        # resize() returns a new image, independent of the file closed below
-        box = tuple(v * scale_back for v in geometry.box)
-        work = work.resize(
-            geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
-        )
-    work = to_srgb(work, icc_profile)
-    if orientation in _UPRIGHT:
-        work = work.transpose(_UPRIGHT[orientation])
-    return _encode(work, spec)
-
-
-def _plan(stored_size: tuple[int, int], orientation: int, spec: VariantSpec) -> _Geometry:
-    """Compute output size, source box and decode size for *spec*.
-
-    The target is expressed upright; for orientations 5-8 (a 90 degree
-    rotation) its axes are swapped so everything else can be computed in
-    the stored orientation.
-    """
-    src_w, src_h = stored_size
-    tgt_w, tgt_h = spec.width, spec.height
-    if spec.kind == "bounded":
-        tgt_w = tgt_h = max(tgt_w, tgt_h)
-    if orientation >= 5:
-        tgt_w, tgt_h = tgt_h, tgt_w
-    full = (0.0, 0.0, float(src_w), float(src_h))
-
-    if spec.kind == "cover":
-        scale = max(tgt_w / src_w, tgt_h / src_h)
-        box_w, box_h = min(src_w, tgt_w / scale), min(src_h, tgt_h / scale)
-        left, top = (src_w - box_w) / 2, (src_h - box_h) / 2
-        return _Geometry(
-            out_size=(tgt_w, tgt_h),
-            box=(left, top, left + box_w, top + box_h),
-            decode_size=(max(1, math.ceil(src_w * scale)), max(1, math.ceil(src_h * scale))),
-        )
-
-    # fit / bounded: never upscale
-    scale = min(1.0, tgt_w / src_w, tgt_h / src_h)
-    out = (max(1, round(src_w * scale)), max(1, round(src_h * scale)))
-    return _Geometry(out_size=out, box=full, decode_size=out)
+            icc_profile = img.info.get("icc_profile")
+            work = to_working_mode(img)
+            # resize() returns a new image, independent of the file closed below
+            box = tuple(v * scale_back for v in geometry.box)
+            work = work.resize(
+                geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
+            )
+        work = to_srgb(work, icc_profile)
+        if orientation in _UPRIGHT:
+            work = work.transpose(_UPRIGHT[orientation])
+        return _encode(work, spec)  # the reservation covers the encoder too
 
 
 def _load(img: Image.Image) -> None:

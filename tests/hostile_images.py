@@ -1,0 +1,120 @@
+"""Small files that decode to a lot of memory, written deterministically.
+
+The PNG and the TIFF are built by hand, row by row through a streaming
+compressor, so making one costs kilobytes of memory, not the hundreds of
+megabytes it decodes to, and the same arguments always give the same bytes. Used by the imaging tests
+and by ``make bench`` (see tests/data/README.md, "Hostile files").
+
+* :func:`palette_png` - 8000x8000 palette PNG with a ``tRNS`` chunk (75 KB;
+  the issue's copy was 63 KB): one byte a pixel decoded, but the renderer
+  expands it to RGBA (4 B/px), reads its alpha and converts it to RGB.
+* :func:`float_tiff` - 8000x8000 32-bit float TIFF, deflate-compressed in
+  two-row strips (375 KB, the layout Pillow itself writes): 4 B/px
+  decoded, then a scaled copy and 8 bits.
+* :func:`progressive_jpeg` - a progressive JPEG; libjpeg keeps the whole
+  image's DCT coefficients (2 B per sample) whatever the draft scale.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from pathlib import Path
+
+from PIL import Image
+
+HOSTILE_SIDE = 8000
+
+
+def _png_chunk(kind: bytes, data: bytes) -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def palette_png(path: Path, side: int = HOSTILE_SIDE, *, interlaced: bool = False) -> Path:
+    """A ``side`` x ``side`` palette PNG: index 1 everywhere, index 0 transparent.
+
+    Every pixel is opaque, but the ``tRNS`` chunk makes Pillow report
+    transparency, which is the expensive path (P -> RGBA -> RGB). With
+    ``interlaced`` the file is Adam7-interlaced (7 passes).
+    """
+    width = height = side
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 3, 0, 0, 1 if interlaced else 0)
+    plte = bytes([0, 0, 0, 40, 120, 200])
+    trns = bytes([0])
+    deflate = zlib.compressobj(9)
+    idat = bytearray()
+    if interlaced:
+        passes = [(0, 0, 8, 8), (4, 0, 8, 8), (0, 4, 4, 8), (2, 0, 4, 4), (0, 2, 2, 4), (1, 0, 2, 2), (0, 1, 1, 2)]
+        for x0, y0, dx, dy in passes:
+            cols = (width - x0 + dx - 1) // dx if width > x0 else 0
+            rows = (height - y0 + dy - 1) // dy if height > y0 else 0
+            row = b"\x00" + b"\x01" * cols
+            for _ in range(rows if cols else 0):
+                idat += deflate.compress(row)
+    else:
+        row = b"\x00" + b"\x01" * width
+        for _ in range(height):
+            idat += deflate.compress(row)
+    idat += deflate.flush()
+    data = (b"\x89PNG\r\n\x1a\n" + _png_chunk(b"IHDR", ihdr) + _png_chunk(b"PLTE", plte)
+            + _png_chunk(b"tRNS", trns) + _png_chunk(b"IDAT", bytes(idat)) + _png_chunk(b"IEND", b""))
+    path.write_bytes(data)
+    return path
+
+
+def float_tiff(path: Path, side: int = HOSTILE_SIDE, *, rows_per_strip: int = 2) -> Path:
+    """A ``side`` x ``side`` little-endian TIFF of 32-bit floats (all 0.5).
+
+    Baseline tags plus ``SampleFormat=3`` (IEEE float), Adobe deflate
+    compression, ``rows_per_strip`` rows a strip. Pillow opens it as mode
+    ``F``.
+    """
+    width = height = side
+    strip = struct.pack("<f", 0.5) * (width * rows_per_strip)
+    nstrips = (height + rows_per_strip - 1) // rows_per_strip
+    strips = []
+    for index in range(nstrips):
+        rows = min(rows_per_strip, height - index * rows_per_strip)
+        strips.append(zlib.compress(strip[: rows * width * 4], 9))
+    entries = [  # tag, type, count, value (type 3 SHORT, 4 LONG)
+        (256, 4, 1, width), (257, 4, 1, height), (258, 3, 1, 32), (259, 3, 1, 8), (262, 3, 1, 1),
+        (273, 4, nstrips, None), (277, 3, 1, 1), (278, 4, 1, rows_per_strip), (279, 4, nstrips, None),
+        (284, 3, 1, 1), (339, 3, 1, 3),
+    ]
+    ifd_offset = 8
+    ifd_size = 2 + 12 * len(entries) + 4
+    offsets_at = ifd_offset + ifd_size
+    counts_at = offsets_at + 4 * nstrips
+    data_at = counts_at + 4 * nstrips
+    offsets, position = [], data_at
+    for blob in strips:
+        offsets.append(position)
+        position += len(blob)
+    out = io.BytesIO()
+    out.write(b"II*\x00" + struct.pack("<I", ifd_offset))
+    out.write(struct.pack("<H", len(entries)))
+    for tag, kind, count, value in entries:
+        if tag == 273:
+            value = offsets_at if nstrips > 1 else offsets[0]
+        elif tag == 279:
+            value = counts_at if nstrips > 1 else len(strips[0])
+        packed = struct.pack("<I", value) if kind == 4 else struct.pack("<HH", value, 0)
+        out.write(struct.pack("<HHI", tag, kind, count) + packed)
+    out.write(struct.pack("<I", 0))
+    out.write(struct.pack(f"<{nstrips}I", *offsets))
+    out.write(struct.pack(f"<{nstrips}I", *(len(b) for b in strips)))
+    for blob in strips:
+        out.write(blob)
+    path.write_bytes(out.getvalue())
+    return path
+
+
+def progressive_jpeg(path: Path, size: tuple[int, int] = (HOSTILE_SIDE, HOSTILE_SIDE)) -> Path:
+    """A flat grey progressive JPEG of *size*.
+
+    Pillow cannot write a progressive JPEG row by row, so the image is built
+    at full size; at 8000x8000 L that is 64 MB in the calling process.
+    """
+    Image.new("L", size, 128).save(path, "JPEG", quality=50, progressive=True)
+    return path

@@ -1,0 +1,308 @@
+"""The memory budget (issue 9, point 4): a small file must not take a worker's memory.
+
+The hostile files are made by tests/hostile_images.py (deterministic, tens of
+KB to write): an 8000x8000 palette PNG with transparency and an 8000x8000
+float TIFF. Before the budget they decoded to 550-600 MB at the peak of one
+thumbnail (measured); now the header alone refuses them as
+``image_too_large``: 413 at upload, ``failed`` in the worker.
+
+Peak memory is measured in a fresh interpreter through ``VmHWM``, reset with
+``/proc/self/clear_refs`` before each render, with glibc's mmap threshold
+pinned so freed pixel buffers go back to the kernel between renders.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from PIL import Image
+from sqlalchemy import func, select
+
+from app import pipeline
+from app.config import Settings
+from app.errors import ImageTooLarge
+from app.imaging import PIPELINE_V1_SPECS, Limits, budget, probe, render
+from app.models import attachments, jobs, outbox
+from app.services import Services
+from app.web import create_app
+from app.workflow import Workflow
+from tests import hostile_images
+from tests.conftest import authed
+from tests.driver import job, run, upload
+from tests.test_imaging import LoadSpy
+
+REPO = Path(__file__).resolve().parents[1]
+DATA = Path(__file__).resolve().parent / "data"
+PHOTO_24MP = DATA / "photos" / "coffee_24mp_6000x4000.jpg"
+ALL_SPECS = [spec for version in pipeline.REGISTRY.values() for spec in version.specs.values()]
+MB = 1024 * 1024
+
+
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory) -> dict[str, Path]:
+    where = tmp_path_factory.mktemp("hostile")
+    return {
+        "palette_png": hostile_images.palette_png(where / "palette_8000.png"),
+        "palette_png_interlaced": hostile_images.palette_png(where / "palette_8000_adam7.png", interlaced=True),
+        "float_tiff": hostile_images.float_tiff(where / "float_8000.tif"),
+    }
+
+
+# --- refused from the header ------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["palette_png", "palette_png_interlaced", "float_tiff"])
+def test_hostile_files_are_refused_from_the_header(hostile, name, monkeypatch) -> None:
+    path = hostile[name]
+    assert path.stat().st_size < 400_000, "small on disk: that is the point"
+    spy = LoadSpy(monkeypatch)
+    with pytest.raises(ImageTooLarge) as err:
+        probe(path, Limits())
+    assert err.value.error_code == "image_too_large"
+    assert "8000x8000" in str(err.value) and str(path) not in str(err.value)
+    for spec in ALL_SPECS:
+        with pytest.raises(ImageTooLarge):
+            render(path, spec, Limits())
+    assert spy.calls == [], "nothing may be decoded"
+
+
+def test_the_hostile_files_are_what_the_issue_measured(hostile) -> None:
+    with Image.open(hostile["palette_png"]) as im:
+        assert (im.format, im.mode, im.size) == ("PNG", "P", (8000, 8000))
+        assert im.info["transparency"] == b"\x00" or im.info["transparency"] == 0
+    with Image.open(hostile["float_tiff"]) as im:
+        assert (im.format, im.mode, im.size) == ("TIFF", "F", (8000, 8000))
+    # deterministic: the same bytes every time
+    again = hostile_images.palette_png(hostile["palette_png"].with_name("again.png"))
+    assert again.read_bytes() == hostile["palette_png"].read_bytes()
+
+
+def test_a_smaller_budget_refuses_a_normal_photo_before_decoding(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    photo = DATA / "photos" / "rocket.png"  # 640x427 RGB
+    assert probe(photo, Limits()).width == 640
+    with pytest.raises(ImageTooLarge) as err:
+        probe(photo, Limits(max_decode_bytes=4 * MB))
+    assert "the limit is 4 MB" in str(err.value)
+    with pytest.raises(ImageTooLarge):
+        render(photo, PIPELINE_V1_SPECS["optimized"], Limits(max_decode_bytes=4 * MB))
+    assert spy.calls == []
+
+
+def test_24mp_jpeg_fits_the_default_budget() -> None:
+    """Draft decoding keeps a 24 MP JPEG well inside the budget for every derivative."""
+    for spec in ALL_SPECS:
+        out = render(PHOTO_24MP, spec, Limits())
+        assert max(out.width, out.height) <= max(spec.width, spec.height)
+    with Image.open(PHOTO_24MP) as img, open(PHOTO_24MP, "rb") as fp:
+        priced = budget.estimate(img, "JPEG", fp)
+    assert priced.total < 0.6 * Limits().max_decode_bytes, priced.describe()
+
+
+def test_progressive_jpeg_prices_full_size_coefficients(tmp_path) -> None:
+    """libjpeg keeps a progressive image's DCT coefficients at full size, whatever the draft scale."""
+    gradient = Image.linear_gradient("L").resize((2400, 1600))
+    baseline, progressive = tmp_path / "base.jpg", tmp_path / "prog.jpg"
+    gradient.save(baseline, quality=80)
+    gradient.save(progressive, quality=80, progressive=True)
+    spec = PIPELINE_V1_SPECS["thumbnail"]
+    priced = {}
+    for path in (baseline, progressive):
+        with Image.open(path) as img, open(path, "rb") as fp:
+            priced[path.name] = dict(budget.estimate(img, "JPEG", fp, spec).parts)["decode"]
+            assert fp.tell() == 0, "the marker walk restores the file position"
+    assert priced["prog.jpg"] - priced["base.jpg"] >= 2400 * 1600 * 2
+
+
+def test_probe_prices_every_registered_pipeline() -> None:
+    """PROBE_SPECS must be at least as costly as every derivative a pipeline renders."""
+    for spec in ALL_SPECS:
+        covering = [p for p in budget.PROBE_SPECS if p.kind == spec.kind
+                    and p.width >= spec.width and p.height >= spec.height
+                    and (p.output == "webp" or spec.output != "webp")]
+        assert covering, f"{spec} is larger than anything in budget.PROBE_SPECS"
+
+
+# --- the estimate is an upper bound of what a render really uses ---------------
+
+
+MEASURE = textwrap.dedent(
+    r"""
+    import json, re, sys
+    from app.imaging import Limits, budget, render
+    from app.imaging.probe import open_checked
+    from app.pipeline import REGISTRY
+
+    def status():
+        text = open("/proc/self/status").read()
+        return (int(re.search(r"VmHWM:\s+(\d+)", text)[1]) * 1024, int(re.search(r"VmRSS:\s+(\d+)", text)[1]) * 1024)
+
+    distinct = {(s.kind, s.width, s.height, s.output): s for v in REGISTRY.values() for s in v.specs.values()}
+    specs = list(distinct.values())
+    unlimited = Limits(max_decode_bytes=10**12)
+    for warm in sys.argv[2:]:  # load every plugin and codec first
+        render(warm, specs[0], unlimited)
+    results = []
+    for path in json.loads(sys.argv[1]):
+        for spec in specs:
+            with open_checked(path, unlimited, spec) as (img, family, _priced):
+                priced = budget.estimate(img, family, img.fp, spec).total
+            with open("/proc/self/clear_refs", "w") as fh:
+                fh.write("5")  # reset VmHWM to the current RSS
+            before = status()[1]
+            render(path, spec, unlimited)
+            results.append((path, spec.name, status()[0] - before, priced))
+    print(json.dumps(results))
+    """
+)
+
+
+def _can_reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as fh:
+            fh.write("5")
+        return "VmHWM" in Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+
+
+def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    grey = Image.linear_gradient("L").resize((2000, 1500))
+    rgb = Image.merge("RGB", (grey, grey.transpose(Image.Transpose.FLIP_LEFT_RIGHT), grey.rotate(180)))
+    rgba = rgb.copy()
+    rgba.putalpha(grey.point(lambda v: 0 if v < 100 else 255))
+    files = [
+        hostile_images.palette_png(tmp_path / "palette.png", 2000),
+        hostile_images.float_tiff(tmp_path / "float.tif", 2000),
+        PHOTO_24MP,
+    ]
+    rgba.save(tmp_path / "rgba.webp", quality=80)
+    grey.convert("I").point(lambda v: v * 257).convert("I;16").save(tmp_path / "grey16.png", transparency=0)
+    rgb.save(tmp_path / "progressive444.jpg", quality=90, progressive=True, subsampling=0)
+    files += [tmp_path / "rgba.webp", tmp_path / "grey16.png", tmp_path / "progressive444.jpg"]
+    warm = [DATA / "pillow" / name for name in ("hopper.jpg", "hopper.gif", "hopper.webp", "i_trns.png")]
+    done = subprocess.run(
+        [sys.executable, "-c", MEASURE, json.dumps([str(f) for f in files]), *map(str, warm)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )
+    assert done.returncode == 0, done.stderr
+    over = [f"{Path(path).name} {spec}: measured {used / MB:.1f} MB > priced {priced / MB:.1f} MB"
+            for path, spec, used, priced in json.loads(done.stdout) if used > priced]
+    assert over == []
+
+
+# --- through the web and the worker -------------------------------------------
+
+
+@pytest.fixture
+def client(settings):
+    app = create_app(settings)
+    yield authed(app)
+    services = app.extensions["attache"]
+    services.engine.dispose()
+    if "broker" in services.__dict__:
+        services.broker.close()
+
+
+@pytest.mark.parametrize("name", ["palette_png", "float_tiff"])
+def test_upload_of_a_hostile_file_is_413_and_leaves_nothing(client, engine, storage_dir, hostile, name) -> None:
+    with open(hostile[name], "rb") as fh:
+        response = client.post("/v1/attachments", data={"file": (fh, hostile[name].name)},
+                               content_type="multipart/form-data")
+    assert response.status_code == 413, response.json
+    assert response.json["error"] == "image_too_large"
+    with engine.connect() as conn:
+        assert [conn.execute(select(func.count()).select_from(t)).scalar() for t in (attachments, jobs, outbox)] \
+            == [0, 0, 0]
+    assert [p for p in storage_dir.rglob("*") if p.is_file()] == []
+
+
+def test_worker_fails_a_job_over_budget_with_image_too_large(env, engine, hostile) -> None:
+    """Accepted under a generous budget (say, before it was lowered), refused by the worker's own check."""
+    quiet = {**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F", "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
+             "ATTACHE_RETRY_INITIAL_SECONDS": "0"}
+    generous = Services(Settings.from_env({**quiet, "ATTACHE_MAX_DECODE_BYTES": str(10**12)}))
+    worker = Services(Settings.from_env(quiet))
+    try:
+        accepted = upload(generous, hostile["palette_png"])
+        run(Workflow(worker), engine, accepted.job_id)
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.error_code) == ("failed", "image_too_large")
+    finally:
+        generous.engine.dispose()
+        worker.engine.dispose()
+
+
+# --- the budget holds for the process, across worker threads --------------------
+
+
+def test_reservations_wait_first_come_first_served() -> None:
+    pool = budget.Reservations()
+    order: list[str] = []
+    a_holds, a_release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with pool.scope(100) as reserve:
+            reserve(70)
+            order.append("a")
+            a_holds.set()
+            a_release.wait(5)
+
+    def taker(name: str, nbytes: int) -> None:
+        with pool.scope(100) as reserve:
+            reserve(nbytes)
+            order.append(name)
+
+    a = threading.Thread(target=holder)
+    a.start()
+    assert a_holds.wait(5)
+    b = threading.Thread(target=taker, args=("b", 50))
+    b.start()
+    _wait_until(lambda: len(pool._queue) == 1)
+    c = threading.Thread(target=taker, args=("c", 10))  # would fit now, but b is first in line
+    c.start()
+    _wait_until(lambda: len(pool._queue) == 2)
+    assert order == ["a"] and pool.in_use == 70
+    a_release.set()
+    for thread in (a, b, c):
+        thread.join(5)
+    assert order == ["a", "b", "c"]
+    assert pool.in_use == 0 and pool.peak <= 100
+
+
+def _wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None:
+    """Four threads, four renders priced over a third of the budget each: never more than two at once."""
+    path = tmp_path / "photo.png"
+    Image.linear_gradient("L").resize((1500, 1000)).convert("RGB").save(path)
+    spec = PIPELINE_V1_SPECS["optimized"]
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "PNG", fp, spec).total
+    limits = Limits(max_decode_bytes=int(price * 2.5))
+    budget.RESERVATIONS.peak = 0
+    results: list[object] = []
+    threads = [threading.Thread(target=lambda: results.append(render(path, spec, limits))) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(results) == 4 and all(r.width == 1500 for r in results)
+    assert budget.RESERVATIONS.peak <= 2 * price  # three never fit at once
+    assert budget.RESERVATIONS.in_use == 0
