@@ -77,11 +77,13 @@ from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
 MIB = 1024 * 1024
 
 #: Default of ``Limits.max_decode_bytes`` / ``ATTACHE_MAX_DECODE_BYTES``:
-#: a worker is about 50 MB before it renders, and the target for one render
-#: of any accepted file is a worker peak of at most 300 MB, so a render may
-#: cost at most about 250 MB; 192 MiB keeps a margin for the estimate's
-#: error and for the worker's other threads.
-DEFAULT_MAX_DECODE_BYTES = 192 * MIB
+#: large enough for the photos people do upload (a 24 MP RGBA PNG is priced
+#: 267 MiB, a 20 MP 16-bit TIFF 270 MiB, a 12 MP WebP 239 MiB), far below
+#: the hostile files that decode huge (an 8000x8000 palette PNG with
+#: transparency, 75 KB, is priced 652 MiB; an 8000x8000 float TIFF 666 MiB).
+#: A worker is about 50 MB before it renders, so its peak stays near 340 MB
+#: at worst, the budget being shared by its threads.
+DEFAULT_MAX_DECODE_BYTES = 288 * MIB
 
 #: The derivatives the probe prices (the largest of each kind any registered
 #: pipeline renders; the cost grows with the target, and for ``cover`` a
