@@ -158,7 +158,8 @@ class Settings:
         "ATTACHE_LEASE_INTERVAL_SECONDS", 10.0, _float(0.1), "how often the scheduler looks for expired leases")
     reconcile_after_seconds: float = setting(
         "ATTACHE_RECONCILE_AFTER_SECONDS", 300.0, _float(0),
-        "a queued job with no pending message and nothing announced for this long is announced again "
+        "a queued job, or a processing job between steps, with no pending message and nothing announced for "
+        "this long is announced again "
         "(doubling per re-announcement); keep it above the Dramatiq retry budget")
     reconcile_interval_seconds: float = setting(
         "ATTACHE_RECONCILE_INTERVAL_SECONDS", 30.0, _float(0.1), "how often the scheduler looks for stranded jobs")
