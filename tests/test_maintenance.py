@@ -164,3 +164,15 @@ def test_object_gc_removes_only_old_unreferenced_objects(services, engine, stora
     assert exists(storage_dir, referenced) and exists(storage_dir, unreferenced_young)
     assert not exists(storage_dir, unreferenced_old)
     assert gc.run_once()["removed"] == 0
+
+
+def test_object_gc_spares_a_fresh_copy_of_an_old_staged_original(services, engine, storage_dir):
+    """The render copies staging (2 h old) to the original's key; until its row is recorded only age protects it."""
+    attachment_id, _, staging = seed(engine, services.storage, "processing")
+    age(storage_dir, staging, 2 * HOUR)
+    original = pipeline.original_key(attachment_id, "0" * 64)
+    services.storage.copy(staging, original)  # what the original's render does, right before its row's COMMIT
+    counts = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR)).run_once()
+    assert exists(storage_dir, original), "a copy made just now is young, whatever its source's age"
+    assert (counts["removed"], counts["young"]) == (0, 1)
+    assert exists(storage_dir, staging)
