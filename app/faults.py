@@ -21,7 +21,14 @@ name                            #   where
 ``after_result_commit``         5   worker: the job committed ``ready``, message
                                     not acked (and staging not yet removed)
 ``during_render``               -   worker: a render step started, nothing written
+``during_commit``               2   web: the upload's COMMIT reached the server and
+                                    the answer was lost (raises, see below)
 ==============================  ==  ==============================================
+
+Most points kill. A point in :data:`RAISES` instead raises its error, once
+per process, and the process lives on: ``during_commit`` is the server
+having committed while the client sees the connection drop, which is an
+error the web must handle, not a crash.
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
 """
@@ -32,6 +39,8 @@ import logging
 import os
 import signal
 
+from app.errors import DatabaseUnavailable
+
 POINTS = {
     "after_staging": 1,
     "after_commit": 2,
@@ -41,7 +50,15 @@ POINTS = {
     # not a contract window: a worker dying in the middle of rendering
     # (a file that crashes the decoder, an OOM kill)
     "during_render": 0,
+    # window 2 entered with an error instead of a crash: the COMMIT's outcome is unknown to the web
+    "during_commit": 2,
 }
+
+#: points that raise this error (once per process) instead of killing
+RAISES = {
+    "during_commit": lambda: DatabaseUnavailable("database connection lost during COMMIT (fault point)"),
+}
+_raised: set[str] = set()
 
 log = logging.getLogger("attache.faults")
 
@@ -53,9 +70,15 @@ def armed(name: str) -> bool:
 
 
 def point(name: str) -> None:
-    """Die here, at once and without cleanup, if this point is armed."""
+    """Die here, at once and without cleanup, if this point is armed (or raise, for :data:`RAISES`)."""
     if not armed(name):
         return
+    if name in RAISES:
+        if name in _raised:
+            return
+        _raised.add(name)
+        log.critical("fault point %s reached: raising", name, extra={"fault": name})
+        raise RAISES[name]()
     log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
     for handler in logging.getLogger().handlers:
         try:
