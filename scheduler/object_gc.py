@@ -26,6 +26,11 @@ log = logging.getLogger("attache.scheduler.objects")
 PREFIX = "attachments/"
 
 
+def referenced_query(keys: list[str]):
+    """The keys among ``keys`` that a variant row points at (an index lookup: ``variants_storage_key_idx``)."""
+    return select(variants.c.storage_key).where(variants.c.storage_key.in_(keys))
+
+
 @dataclass(frozen=True)
 class ObjectGcConfig:
     grace_seconds: float = 3600.0
@@ -49,7 +54,7 @@ class ObjectGc:
 
     def _referenced(self, keys: list[str]) -> set[str]:
         with transaction(self.services.engine) as conn:
-            return set(conn.execute(select(variants.c.storage_key).where(variants.c.storage_key.in_(keys))).scalars())
+            return set(conn.execute(referenced_query(keys)).scalars())
 
     def _process(self, batch, counts, dry_run: bool) -> None:
         now = datetime.now(timezone.utc)

@@ -21,5 +21,5 @@ def test_upgrade_is_idempotent(database_url):
     db.upgrade(database_url)
     engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
     with engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0006"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0007"
     engine.dispose()
