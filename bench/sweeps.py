@@ -196,7 +196,11 @@ def main() -> int:
 
             gc = ObjectGc(services, ObjectGcConfig(grace_seconds=3600, batch=BATCH))
             gc_batches = _Timed(gc, "_process")
+            storage = services.storage
+            gc_storage = [_Timed(storage, "stat"), _Timed(storage, "delete")]  # instance attributes, this run only
             gc_counts = gc.run_once()
+            gc_storage_s = sum(sum(t.times) for t in gc_storage)
+            gc_db_s = (sum(gc_batches.times) - gc_storage_s) / len(gc_batches.times)
             retirement = Retirement(services, RetirementConfig(grace_seconds=3600, batch=BATCH))
             began = time.perf_counter()
             retire_counts = retirement.run_once()
@@ -209,6 +213,8 @@ def main() -> int:
             print(f"{'per batch of ' + str(BATCH):<50} {'no indexes*':>12} {'indexes':>10}")
             print(f"{'object GC batch (list, look up, re-check, delete)':<50} {without['gc_batch']:>11.2f}s "
                   f"{max(gc_batches.times):>9.3f}s  (max of {len(gc_batches.times)} batches)")
+            print(f"{'  of which PostgreSQL (the rest: stat, unlink, fsync)':<50} {'':>12} {gc_db_s:>9.3f}s  "
+                  f"(mean; storage {gc_storage_s / len(gc_batches.times):.3f}s)")
             print(f"{'retirement batch (retire 500 rows, collect)':<50} {without['retire_batch']:>11.2f}s "
                   f"{retire_total / batches:>9.3f}s  (mean of {batches} batches, the final empty search included)")
             print(f"{'retirement round with nothing to retire':<50} {'':>12} {empty_round:>9.3f}s")

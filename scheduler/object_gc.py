@@ -52,7 +52,9 @@ class ObjectGc:
             log.info("object gc removed %(removed)d unreferenced objects", counts, extra=counts)
         return counts
 
-    def _referenced(self, keys: list[str]) -> set[str]:
+    def _referenced(self, keys: list[str], conn=None) -> set[str]:
+        if conn is not None:  # READ COMMITTED: every statement sees what is committed when it starts
+            return set(conn.execute(referenced_query(keys)).scalars())
         with transaction(self.services.engine) as conn:
             return set(conn.execute(referenced_query(keys)).scalars())
 
@@ -64,18 +66,20 @@ class ObjectGc:
         counts["young"] += len(batch) - len(old)
         referenced = self._referenced([info.key for info in old]) if old else set()
         counts["referenced"] += len(referenced)
-        for info in old:
-            if info.key in referenced:
-                continue
-            # re-check this one key, and that it was not rewritten since it was listed
-            if self._referenced([info.key]):
-                counts["referenced"] += 1
-                continue
-            current = self.services.storage.stat(info.key)
-            if current is None or (current.last_modified and now - current.last_modified < grace):
-                counts["young"] += 1
-                continue
-            if not dry_run:
-                self.services.storage.delete(info.key)
-                log.info("removed unreferenced object %s", info.key, extra={"key": info.key})
-            counts["removed"] += 1
+        candidates = [info for info in old if info.key not in referenced]
+        if not candidates:
+            return
+        with transaction(self.services.engine) as conn:  # one connection for the batch's re-checks
+            for info in candidates:
+                # re-check this one key, and that it was not rewritten since it was listed
+                if self._referenced([info.key], conn):
+                    counts["referenced"] += 1
+                    continue
+                current = self.services.storage.stat(info.key)
+                if current is None or (current.last_modified and now - current.last_modified < grace):
+                    counts["young"] += 1
+                    continue
+                if not dry_run:
+                    self.services.storage.delete(info.key)
+                    log.info("removed unreferenced object %s", info.key, extra={"key": info.key})
+                counts["removed"] += 1

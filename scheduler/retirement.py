@@ -91,16 +91,16 @@ class Retirement:
                 if not retired:
                     break
                 counts["retired"] += len(retired)
-                for key in set(retired):
-                    self._collect(key, counts)
+                with transaction(self.services.engine) as conn:  # READ COMMITTED: each check sees fresh rows
+                    for key in set(retired):
+                        self._collect(conn, key, counts)
         if counts["retired"]:
             log.info("retired %(retired)d superseded variants, removed %(objects_removed)d objects", counts,
                      extra=counts)
         return counts
 
-    def _collect(self, key: str, counts: dict) -> None:
-        with transaction(self.services.engine) as conn:  # re-check right before the delete
-            still_used = conn.execute(still_used_query(key)).scalar()
+    def _collect(self, conn, key: str, counts: dict) -> None:
+        still_used = conn.execute(still_used_query(key)).scalar()  # re-checked right before the delete
         if still_used:
             counts["objects_kept"] += 1
             return
