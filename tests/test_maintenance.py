@@ -145,7 +145,7 @@ def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, 
 
 
 def test_object_gc_removes_only_old_unreferenced_objects(services, engine, storage_dir):
-    attachment_id, job_id, _ = seed(engine, services.storage, "processing")
+    attachment_id, job_id, _ = seed(engine, services.storage, "ready")
     referenced = pipeline.variant_key(attachment_id, 1, "thumbnail", "a" * 64, "jpg")
     unreferenced_old = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
     unreferenced_young = pipeline.variant_key(attachment_id, 1, "crop", "c" * 64, "jpg")
@@ -176,6 +176,22 @@ def test_object_gc_spares_a_fresh_copy_of_an_old_staged_original(services, engin
     assert exists(storage_dir, original), "a copy made just now is young, whatever its source's age"
     assert (counts["removed"], counts["young"]) == (0, 1)
     assert exists(storage_dir, staging)
+
+
+def test_object_gc_keeps_the_objects_of_an_attachment_with_work_in_flight(services, engine, storage_dir):
+    """An old original left by an earlier try is reused by the next render without a rewrite: never collect it mid-job."""
+    attachment_id, job_id, _ = seed(engine, services.storage, "processing")
+    original = pipeline.original_key(attachment_id, "0" * 64)
+    services.storage.put_bytes(original, b"original bytes")
+    age(storage_dir, original, 2 * HOUR)
+    gc = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR))
+    counts = gc.run_once()
+    assert exists(storage_dir, original), "the processing job's render may be recording this very key"
+    assert (counts["removed"], counts["in_flight"]) == (0, 1)
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="failed", error_code="corrupt_image"))
+    assert gc.run_once()["removed"] == 1, "once the job has ended, an unreferenced object goes"
+    assert not exists(storage_dir, original)
 
 
 # --- indexes ----------------------------------------------------------------------
