@@ -37,7 +37,10 @@ def referenced_query(keys: list[str]):
 
 
 def in_flight_query(attachment_ids):
-    """The attachments among ``attachment_ids`` with a ``queued`` or ``processing`` job (``jobs_attachment_version_key``)."""
+    """The attachments among ``attachment_ids`` with a ``queued`` or ``processing`` job.
+
+    An index lookup through ``jobs_attachment_version_key``.
+    """
     return select(jobs.c.attachment_id).where(jobs.c.attachment_id.in_(list(attachment_ids)),
                                               jobs.c.state.in_(("queued", "processing"))).distinct()
 

@@ -179,7 +179,7 @@ def test_object_gc_spares_a_fresh_copy_of_an_old_staged_original(services, engin
 
 
 def test_object_gc_keeps_the_objects_of_an_attachment_with_work_in_flight(services, engine, storage_dir):
-    """An old original left by an earlier try is reused by the next render without a rewrite: never collect it mid-job."""
+    """An old original left by an earlier try is reused by the next render, not rewritten: never collect it mid-job."""
     attachment_id, job_id, _ = seed(engine, services.storage, "processing")
     original = pipeline.original_key(attachment_id, "0" * 64)
     services.storage.put_bytes(original, b"original bytes")
