@@ -24,7 +24,14 @@ name                            #   where
 ``dlq_after_intent``            -   web/CLI: a dead-letter requeue or purge has
                                     committed its audit intent, the broker is not
                                     yet touched
+``during_commit``               2   web: the upload's COMMIT reached the server and
+                                    the answer was lost (raises, see below)
 ==============================  ==  ==============================================
+
+Most points kill. A point in :data:`RAISES` instead raises its error, once
+per process, and the process lives on: ``during_commit`` is the server
+having committed while the client sees the connection drop, which is an
+error the web must handle, not a crash.
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
 """
@@ -34,6 +41,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+
+from app.errors import DatabaseUnavailable
 
 POINTS = {
     "after_staging": 1,
@@ -46,7 +55,15 @@ POINTS = {
     "during_render": 0,
     # not a contract window: an operator's dead-letter action audited, not yet done
     "dlq_after_intent": 0,
+    # window 2 entered with an error instead of a crash: the COMMIT's outcome is unknown to the web
+    "during_commit": 2,
 }
+
+#: points that raise this error (once per process) instead of killing
+RAISES = {
+    "during_commit": lambda: DatabaseUnavailable("database connection lost during COMMIT (fault point)"),
+}
+_raised: set[str] = set()
 
 log = logging.getLogger("attache.faults")
 
@@ -58,9 +75,15 @@ def armed(name: str) -> bool:
 
 
 def point(name: str) -> None:
-    """Die here, at once and without cleanup, if this point is armed."""
+    """Die here, at once and without cleanup, if this point is armed (or raise, for :data:`RAISES`)."""
     if not armed(name):
         return
+    if name in RAISES:
+        if name in _raised:
+            return
+        _raised.add(name)
+        log.critical("fault point %s reached: raising", name, extra={"fault": name})
+        raise RAISES[name]()
     log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
     for handler in logging.getLogger().handlers:
         try:

@@ -7,7 +7,13 @@ Order matters and each step is a failure window:
    invisible, removed by the orphan cleanup);
 2. ONE transaction inserts the attachment, the ``queued`` job, its history
    and its outbox message (window 2 follows: the job is durable, the
-   scheduler publishes the unmarked row);
+   scheduler publishes the unmarked row). An error before COMMIT is a
+   clear rollback and the staged object is removed; an error raised by
+   COMMIT itself (the connection dropped after sending it) is ambiguous:
+   the staged object stays, and the web answers ``202`` if a fresh
+   connection sees the rows, else ``503`` (a retry with the same
+   Idempotency-Key returns the attachment if it did commit; the staging
+   cleanup removes the bytes only if no row ever points at them);
 3. the message is published with a confirm and the row marked (window 3:
    an unconfirmed publish leaves the row unmarked; a duplicate is harmless);
 4. only then does the web answer ``202``.
@@ -103,6 +109,7 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
     key = pipeline.staging_key(attachment_id)
     services.storage.put_file(key, received.path, content_type=info.content_type)
     faults.point("after_staging")
+    committing = False
     try:
         with transaction(services.engine) as conn:
             conn.execute(insert(attachments).values(
@@ -115,19 +122,29 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
                 actor=f"web:{owner}")
+            committing = True  # every statement succeeded: an error from here on is the COMMIT's own
+        faults.point("during_commit")
     except _LostRace:
         _forget_staging(services, key)
         earlier = _earlier(services, owner, idempotency_key, received.sha256)
         if earlier is None:  # pragma: no cover - the winner committed before we looked
             raise DatabaseUnavailable("the upload could not be recorded; retry")
         return earlier
-    except (DatabaseUnavailable, SQLAlchemyError) as exc:
-        _forget_staging(services, key)
-        if isinstance(exc, DatabaseUnavailable):
+    except Exception as exc:
+        if committing:  # the server may have committed: never remove bytes a row may point at
+            if not _committed_after_all(services, attachment_id, key, exc):
+                raise DatabaseUnavailable("the upload's outcome is unknown; retry with the same "
+                                          "Idempotency-Key") from exc
+        else:  # a clear rollback: no row was committed, so the staged bytes go too
+            _forget_staging(services, key)
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            if isinstance(exc, SQLAlchemyError):
+                raise DatabaseUnavailable("the upload could not be recorded") from exc
             raise
-        raise DatabaseUnavailable("the upload could not be recorded") from exc
-    except BaseException:  # nothing half-made: no row was committed, so the staged bytes go too
-        _forget_staging(services, key)
+    except BaseException:  # interrupted: an interrupted COMMIT may have landed, so staging stays then
+        if not committing:
+            _forget_staging(services, key)
         raise
     faults.point("after_commit")
     try:
@@ -138,6 +155,24 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
     log.info("upload accepted", extra={"attachment_id": str(attachment_id), "job_id": str(job_id),
                                        "size": received.size, "published": published})
     return Accepted(attachment_id, job_id, settings.pipeline_version, published)
+
+
+def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
+    """After an error raised by COMMIT, look whether the rows landed; the staged object stays either way.
+
+    True only when a fresh connection sees the attachment row (the handoff
+    is then as durable as after a clean COMMIT). Otherwise the outcome is
+    unknown: the COMMIT may still land, so the staged object is left to
+    the staging cleanup, which removes it only when no row points at it
+    after its grace period.
+    """
+    log.warning("the upload's COMMIT failed with an unknown outcome (%s); staged object %s left to the "
+                "staging cleanup", error, key, extra={"attachment_id": str(attachment_id)})
+    try:
+        with transaction(services.engine) as conn:
+            return conn.execute(select(attachments.c.id).where(attachments.c.id == attachment_id)).first() is not None
+    except (AttacheError, SQLAlchemyError):
+        return False
 
 
 def _forget_staging(services: Services, key: str) -> None:

@@ -67,6 +67,7 @@ attachments = Table(
     Column("staging_key", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+Index("attachments_staging_key_idx", attachments.c.staging_key)  # staging cleanup: who owns this object?
 
 jobs = Table(
     "jobs",
@@ -131,6 +132,10 @@ variants = Table(
     Column("retired_at", DateTime(timezone=True)),
     UniqueConstraint("attachment_id", "pipeline_version", "variant", name="variants_effect_key"),
 )
+Index("variants_storage_key_idx", variants.c.storage_key)  # object GC, retirement: who references this key?
+Index("variants_job_idx", variants.c.job_id)  # a job's effects (every step, the redelivery check)
+Index("variants_live_version_idx", variants.c.pipeline_version,  # retirement: the oldest version still served
+      postgresql_where=text("published_at IS NOT NULL AND retired_at IS NULL"))
 
 outbox = Table(
     "outbox",

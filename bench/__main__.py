@@ -130,7 +130,9 @@ def main() -> int:
         print(f"{name:<10} {t:>9.3f} {data['peak_mb']:>9.1f} {'x'.join(map(str, data['size'])):>10}")
     print(f"speed-up: {base_t / ours_t:.1f}x   memory: {attache['peak_mb'] / baseline['peak_mb']:.2f} of baseline")
     worker_peaks()
-    return 0
+    from bench import sweeps
+
+    return sweeps.main()
 
 
 if __name__ == "__main__":

@@ -33,6 +33,11 @@ log = logging.getLogger("attache.scheduler.staging")
 PREFIX = "staging/"
 
 
+def owner_query(key: str):
+    """The attachment whose staged original is ``key`` (an index lookup: ``attachments_staging_key_idx``)."""
+    return select(attachments.c.id).where(attachments.c.staging_key == key)
+
+
 @dataclass(frozen=True)
 class StagingCleanupConfig:
     grace_seconds: float = 3600.0
@@ -73,8 +78,7 @@ class StagingCleanup:
         except ValueError:
             attachment_id = None
         with transaction(self.services.engine) as conn:
-            owner = None if attachment_id is None else conn.execute(
-                select(attachments.c.id).where(attachments.c.staging_key == info.key)).scalar()
+            owner = None if attachment_id is None else conn.execute(owner_query(info.key)).scalar()
             if owner is None:
                 age = now - (info.last_modified or now)
                 return age >= timedelta(seconds=self.config.grace_seconds)

@@ -134,3 +134,31 @@ def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, stora
         job = conn.execute(select(jobs)).one()
     if fault == "after_result_commit":
         assert job.attempt == 1, "a redelivery of finished work is not a new attempt"
+
+
+def test_an_ambiguous_commit_keeps_staging_and_the_upload_ends_ready(deployment, engine, storage_dir, data_file):
+    """The COMMIT reached the server but the web saw an error: the rows may exist, so the bytes must stay."""
+    web = deployment.start("web", ATTACHE_FAULT="during_commit")
+    key = {"Idempotency-Key": "ambiguous-commit-1"}
+    first = deployment.upload(data_file(PHOTO), headers=key)
+    assert "during_commit" in web.output(), "the fault point fired"
+    with engine.connect() as conn:
+        attachment = conn.execute(select(attachments)).one()  # the server did commit
+    assert (storage_dir / attachment.staging_key).exists(), "the staged original of a committed upload was removed"
+    assert first.status_code == 202, first.text  # the web found its rows: the handoff is durable
+    assert first.json()["id"] == str(attachment.id)
+    retry = deployment.upload(data_file(PHOTO), headers=key)
+    assert retry.status_code == 202 and retry.json()["id"] == str(attachment.id)
+    # the staging cleanup looks at the database first: a queued job keeps its staging whatever its age
+    from app.config import Settings
+    from app.services import Services
+    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+    services = Services(Settings.from_env(deployment.env))
+    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 0
+    services.engine.dispose()
+    assert (storage_dir / attachment.staging_key).exists()
+    deployment.start("worker")
+    deployment.start("scheduler")
+    assert deployment.wait_state(str(attachment.id))["state"] == "ready"
+    assert_invariants(engine, storage_dir, [str(attachment.id)])

@@ -92,3 +92,45 @@ def test_parallel_posts_with_one_key_make_one_attachment(env, tmp_path, engine, 
         assert staged(storage_dir) == [results[0].json()["id"]], "the losers removed their staged copies"
     finally:
         deployment.stop_all()
+
+
+def test_a_commit_whose_connection_dies_keeps_staging_for_the_cleanup(app, engine, storage_dir, data_file):
+    """The connection is terminated as COMMIT is sent: the web cannot know the outcome, so it keeps the bytes."""
+    from sqlalchemy import event, text
+
+    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+    from tests.conftest import _admin
+
+    services = app.extensions["attache"]
+    admin = _admin()
+    killed = []
+
+    def mark_upload(conn, cursor, statement, *args):
+        if statement.startswith("INSERT INTO attachments"):
+            conn.info["upload"] = True
+
+    def terminate_before_commit(conn):
+        if killed or not conn.info.pop("upload", False):
+            return
+        pid = conn.connection.dbapi_connection.get_backend_pid()
+        with admin.connect() as other:  # pg_terminate_backend(pid, timeout) waits until the backend is gone
+            killed.append(other.execute(text("SELECT pg_terminate_backend(:pid, 5000)"), {"pid": pid}).scalar())
+
+    event.listen(services.engine, "before_cursor_execute", mark_upload)
+    event.listen(services.engine, "commit", terminate_before_commit)
+    try:
+        lost = post(authed(app), data_file("photos/chelsea.jpg"), "lost-commit")
+    finally:
+        event.remove(services.engine, "commit", terminate_before_commit)
+        event.remove(services.engine, "before_cursor_execute", mark_upload)
+        admin.dispose()
+    assert killed == [True]
+    assert lost.status_code == 503, lost.json
+    assert count(engine, attachments) == 0, "the server never got the COMMIT"
+    assert len(staged(storage_dir)) == 1, "an unknown outcome leaves the staged bytes to the staging cleanup"
+    # the key was not used: the retry makes the upload
+    retry = post(authed(app), data_file("photos/chelsea.jpg"), "lost-commit")
+    assert retry.status_code == 202 and count(engine, attachments) == 1
+    # the cleanup checks the database: the orphan (no row) goes, the retry's staging (queued job) stays
+    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 1
+    assert staged(storage_dir) == [retry.json["id"]]

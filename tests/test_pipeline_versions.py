@@ -16,7 +16,7 @@ from app import backfill, operations, pipeline, states
 from app.config import Settings
 from app.errors import ConfigError
 from app.imaging import VariantSpec
-from app.models import jobs, variants
+from app.models import jobs, outbox, variants
 from app.services import Services
 from app.web import create_app
 from app.workflow import Workflow
@@ -199,3 +199,17 @@ def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_ser
     assert served(app, accepted.attachment_id)["pipeline_version"] == 2
     assert served(app, accepted.attachment_id, 1)["variants"] == {}
     assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()["retired"] == 0
+
+
+def test_a_redelivery_to_a_ready_job_of_a_retired_version_is_a_no_op(quiet_services, engine, data_file, storage_dir):
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(quiet_services)
+    run(workflow, engine, accepted.job_id)
+    with engine.connect() as conn:
+        v1_messages = [r.payload for r in conn.execute(select(outbox).where(outbox.c.job_id == accepted.job_id)
+                                                       .order_by(outbox.c.id))]
+    run(workflow, engine, new_job(quiet_services, accepted.attachment_id, 2))
+    assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()["objects_removed"] == 3
+    for payload in v1_messages:  # every v1 message again, late: each verifies and is acked
+        assert workflow.handle(payload, step=payload["step"]).status == "already_ready", payload["step"]
+    assert job(engine, accepted.job_id).state == "ready"

@@ -106,6 +106,43 @@ def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment
     assert sorted(p for p in storage_dir.rglob("*") if p.is_file()) == objects_before
 
 
+def test_redelivery_to_a_ready_job_whose_version_was_retired_is_acked(deployment, services, engine, broker_url,
+                                                                      data_file):
+    from app import states
+    from app.models import dead_letters, step_runs
+    from app.tracing import new_traceparent
+    from scheduler.retirement import Retirement, RetirementConfig
+
+    uploaded = deployment.upload(data_file("photos/chelsea.jpg")).json()
+    assert deployment.wait_state(uploaded["id"])["state"] == "ready"
+    with engine.begin() as conn:  # a backfill into v2 (the scheduler's relay publishes its message)
+        v2_job, _ = states.create_job(conn, attachment_id=uuid.UUID(uploaded["id"]), pipeline_version=2,
+                                      max_attempts=3, traceparent=new_traceparent(), tracestate=None, actor="test")
+    wait_for(lambda: deployment.status(uploaded["id"])["pipeline_version"] == 2, timeout=60, message="v2 ready")
+    counts = Retirement(services, RetirementConfig(grace_seconds=0)).run_once()
+    assert counts["retired"] == 4 and counts["objects_removed"] == 3
+    v1_job = uuid.UUID(uploaded["job_id"])
+    with engine.connect() as conn:
+        sent = [row.payload for row in conn.execute(select(outbox).where(outbox.c.job_id == v1_job))]
+    for payload in sent:  # v1's messages again, long after its objects were retired
+        actor, queue = messages.ROUTES[payload["step"]]
+        publish_raw(services, payload, actor=actor, queue=queue)
+
+    def settled():
+        with engine.connect() as conn:
+            verified = conn.execute(select(func.count()).select_from(step_runs).where(
+                step_runs.c.job_id == v1_job, step_runs.c.outcome == "already_ready")).scalar()
+            lettered = conn.execute(select(func.count()).select_from(dead_letters)).scalar()
+        return verified + lettered >= len(sent)
+
+    wait_for(settled, timeout=30, message="every redelivered message handled")
+    with engine.connect() as conn:
+        assert conn.execute(select(dead_letters.c.error_code)).scalars().all() == []
+    assert all(xq_depth(broker_url, f"{queue}.XQ") == 0
+               for queue in ("attache.inspect", "attache.render", "attache.publish"))
+    assert deployment.status(uploaded["id"])["pipeline_version"] == 2
+
+
 @pytest.mark.parametrize("payload", [
     {"job_id": "x"},
     "just a string",

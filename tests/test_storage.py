@@ -182,6 +182,44 @@ def test_copy_overwrites_destination(storage):
     assert _read(storage, "a/dst") == b"new"
 
 
+def test_a_copy_carries_its_own_creation_time(storage):
+    """A copy is a new object: its age starts now, whatever the source's age (object GC relies on it)."""
+    storage.put_bytes("staging/src", b"original")
+    past = datetime.now(timezone.utc).replace(microsecond=0) - timedelta(hours=2)
+    _set_mtime(storage, "staging/src", past)
+    storage.copy("staging/src", "attachments/u/original/abc")
+    _assert_recent(storage.stat("attachments/u/original/abc").last_modified)
+    listed = {info.key: info.last_modified for info in storage.list_objects()}
+    _assert_recent(listed["attachments/u/original/abc"])
+    assert storage.stat("staging/src").last_modified == past, "copying must not touch the source"
+    assert listed["staging/src"] == past
+
+
+def test_filesystem_copy_is_a_new_file_not_a_link(tmp_path):
+    store = FilesystemStorage(tmp_path)
+    store.put_bytes("staging/src", b"original")
+    store.copy("staging/src", "attachments/u/original/abc")
+    src, dst = os.stat(tmp_path / "staging/src"), os.stat(tmp_path / "attachments/u/original/abc")
+    assert (src.st_dev, src.st_ino) != (dst.st_dev, dst.st_ino) and src.st_nlink == dst.st_nlink == 1
+    assert _tmp_leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("refusal", ["exdev", "zero"])
+def test_filesystem_copy_falls_back_to_chunks(tmp_path, monkeypatch, refusal):
+    """Where the kernel will not copy (across filesystems, or a filesystem that reports 0 bytes), user space does."""
+    def copy_file_range(*args):
+        if refusal == "exdev":
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return 0
+
+    monkeypatch.setattr(fs_module.os, "copy_file_range", copy_file_range, raising=False)
+    store = FilesystemStorage(tmp_path)
+    data = os.urandom(3 * fs_module.COPY_CHUNK + 7)
+    store.put_bytes("staging/src", data)
+    assert store.copy("staging/src", "a/dst") == ObjectInfo("a/dst", len(data))
+    assert _read(store, "a/dst") == data
+
+
 def test_missing_objects(storage):
     assert storage.stat("staging/nope") is None
     with pytest.raises(ObjectNotFound):

@@ -210,7 +210,11 @@ class Storage(ABC):
 
     @abstractmethod
     def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
-        """Copy ``src_key`` to ``dst_key`` (atomic replace); raises ``ObjectNotFound``."""
+        """Copy ``src_key`` to ``dst_key`` (atomic replace); raises ``ObjectNotFound``.
+
+        The copy is a new object: its ``last_modified`` is the time of the
+        copy, never the source's (the object GC's grace period relies on it).
+        """
 
     @abstractmethod
     def delete(self, key: str) -> bool:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat as stat_mod
 import tempfile
 from collections.abc import Callable, Iterator
@@ -27,6 +26,7 @@ from .base import (ChunkStream, ObjectInfo, Storage, is_valid_key, utc_datetime,
 
 TMP_PREFIX = ".tmp-"
 COPY_CHUNK = 1024 * 1024
+COPY_RANGE_CHUNK = 64 * 1024 * 1024
 FILE_MODE = 0o644
 
 # errnos after which the same call may well succeed later (or after an operator fix)
@@ -36,6 +36,8 @@ _TRANSIENT_ERRNOS = {
     errno.ENFILE, errno.ENOMEM, errno.EBUSY,
 }
 _MISSING = (FileNotFoundError, NotADirectoryError, IsADirectoryError)
+# copy_file_range cannot copy between these files: copy in user space instead
+_NO_COPY_RANGE = {errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOTSUP}
 
 
 class FilesystemStorage(Storage):
@@ -77,30 +79,21 @@ class FilesystemStorage(Storage):
         return self._write_atomic(key, write)
 
     def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
-        """Hard-link (or, where links fail, copy) into a temp file, then rename over ``dst_key``."""
+        """Copy the bytes into a new file, fsync it, then rename it over ``dst_key``.
+
+        Never a hard link: a link shares the source's inode and so its mtime,
+        and a copy made now of a two-hour-old staged file would look two
+        hours old to the object GC (and a ``utime`` on the link would age
+        the source too). The new file's mtime is the time of the copy. The
+        kernel copies (``copy_file_range``, which may share extents on a
+        reflink filesystem) where it can, else 1 MiB chunks.
+        """
         validate_key(src_key)
         validate_key(dst_key)
-        src = self._path(src_key)
         if src_key == dst_key:
             return self._require(src_key)
-        with self._errors("copy", src_key):
-            parent = self._path(dst_key).parent
-            self._makedirs(parent)
-            tmp = parent / f"{TMP_PREFIX}{secrets.token_hex(8)}"
-            try:
-                try:
-                    os.link(src, tmp)
-                except _MISSING:
-                    raise ObjectNotFound(f"{self.describe()}: no object {src_key!r}") from None
-                except OSError:  # a directory, or no hard links here (EXDEV, EMLINK, ENOTSUP...)
-                    self._copy_to(src_key, tmp)
-                size = os.stat(tmp).st_size
-                os.replace(tmp, self._path(dst_key))
-            except BaseException:
-                _unlink_quietly(tmp)
-                raise
-            _fsync_dir(parent)
-        return ObjectInfo(dst_key, size)
+        with self._open(src_key) as src:
+            return self._write_atomic(dst_key, lambda dst: _clone(src, dst))
 
     def delete(self, key: str) -> bool:
         validate_key(key)
@@ -241,14 +234,6 @@ class FilesystemStorage(Storage):
             _fsync_dir(path.parent)
         return ObjectInfo(key, size)
 
-    def _copy_to(self, src_key: str, tmp: Path) -> None:
-        """Byte-copy ``src_key`` into the new file ``tmp`` and fsync it."""
-        with self._open(src_key) as src, open(tmp, "xb") as dst:
-            os.fchmod(dst.fileno(), FILE_MODE)
-            _copy_chunks(src, dst)
-            dst.flush()
-            os.fsync(dst.fileno())
-
     def _makedirs(self, directory: Path) -> None:
         """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
         if directory.is_dir():
@@ -282,6 +267,26 @@ def _copy_chunks(src: BinaryIO, dst: BinaryIO) -> int:
         dst.write(chunk)
         size += len(chunk)
     return size
+
+
+def _clone(src: BinaryIO, dst: BinaryIO) -> int:
+    """Copy the rest of ``src`` (unbuffered) into ``dst`` (nothing buffered yet); return the byte count.
+
+    ``copy_file_range`` keeps the bytes in the kernel. Both files' offsets
+    advance with it, so whatever it did not copy (a filesystem pair that
+    cannot: EXDEV, ENOSYS, EINVAL...; or one that reports 0 bytes early)
+    is then copied in user space by :func:`_copy_chunks`.
+    """
+    copied = 0
+    copy_range = getattr(os, "copy_file_range", None)
+    if copy_range is not None:
+        try:
+            while n := copy_range(src.fileno(), dst.fileno(), COPY_RANGE_CHUNK):
+                copied += n
+        except OSError as exc:
+            if exc.errno not in _NO_COPY_RANGE:
+                raise
+    return copied + _copy_chunks(src, dst)
 
 
 def _fsync_dir(directory: Path) -> None:
