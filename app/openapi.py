@@ -373,8 +373,10 @@ def _upload() -> dict:
                                                "(nothing new was created).", {"type": "string", "const": "true"}),
             }),
             "400": _error("Malformed request: no `file` part, an unusable content type, an empty body, a bad "
-                          "Idempotency-Key or digest header, or the client went away mid-body.",
-                          ["missing_file", "bad_content_type", "empty_body", "bad_idempotency_key",
+                          "Idempotency-Key or digest header, or the client went away mid-body (`incomplete_body`: fewer "
+                          "bytes than `Content-Length`, or a broken chunked framing; nothing is stored and the "
+                          "Idempotency-Key stays unused).",
+                          ["missing_file", "bad_content_type", "empty_body", "incomplete_body", "bad_idempotency_key",
                            "bad_digest_header", "unsupported_digest", "bad_request", "http_error"]),
             **UNAUTHORIZED,
             "413": _error("Too large: more bytes than the upload limit, or the image declares too many pixels or "

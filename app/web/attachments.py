@@ -14,6 +14,7 @@ from app.db import transaction
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
+    IncompleteBody,
     ObjectNotFound,
     PermanentError,
     StorageUnavailable,
@@ -103,10 +104,20 @@ def _state_of(job_id) -> str:
         return conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
 
 
+def _refuse_incomplete_body() -> None:
+    """A body cut short is refused whole: its bytes are not the upload the client meant."""
+    if request.body_incomplete():
+        stream = request.stream
+        declared = f" of the {stream.declared_length} declared" if stream.declared_length is not None else ""
+        raise IncompleteBody(f"the request body ended after {stream.received} bytes{declared}; "
+                             "send it again", error_code="incomplete_body")
+
+
 def _receive_body(max_bytes: int) -> HashingSpool:
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
         storage = request.files.get("file")
+        _refuse_incomplete_body()
         if storage is None:
             raise UploadRejected("multipart upload has no 'file' field", error_code="missing_file")
         spool = storage.stream
@@ -121,6 +132,7 @@ def _receive_body(max_bytes: int) -> HashingSpool:
     spool = HashingSpool(max_bytes)
     try:
         spool_stream(request.stream, spool)
+        _refuse_incomplete_body()
     except BaseException:
         spool.discard()
         raise
