@@ -25,6 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from app import messages, states
+from app.web.request import FORM_MAX_BYTES
 
 JSON = "application/json"
 BEARER = [{"bearer": []}]
@@ -87,8 +88,9 @@ UNAUTHORIZED = {"401": _ref("responses", "Unauthorized")}
 OPERATOR_ONLY = {"401": _ref("responses", "Unauthorized"), "403": _ref("responses", "Forbidden")}
 #: PostgreSQL unreachable: the app-wide handler answers 503 `database_unavailable` with Retry-After
 SERVER_ERROR = {"503": _ref("responses", "DatabaseUnavailable")}
-#: Flask refuses a body above MAX_CONTENT_LENGTH (the upload limit + 1 MiB) when a view reads it
-TOO_LARGE_BODY = {"413": _error("The request body is larger than the upload limit plus 1 MiB.", ["too_large"])}
+#: every route but the upload refuses a body above FORM_MAX_BYTES when its view reads it (app.web.request)
+TOO_LARGE_BODY = {"413": _error(f"The request body is larger than {FORM_MAX_BYTES // (1024 * 1024)} MiB.",
+                                ["too_large"])}
 
 
 # --- components -----------------------------------------------------------------

@@ -53,10 +53,8 @@ def _visible(attachment) -> bool:
 @bp.post("")
 def upload():
     services = _services()
-    spool = None
-    received = None
-    try:
-        spool = _receive_body(services.settings.max_upload_bytes)
+    try:  # the request removes its spool files when it ends (app.web.request)
+        spool = _receive_body()
         received = spool.finish()
         verify_digests(received, content_digest=request.headers.get("Content-Digest"),
                        content_md5=request.headers.get("Content-MD5"))
@@ -73,12 +71,6 @@ def upload():
     except (DatabaseUnavailable, StorageUnavailable) as exc:
         return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
                       **{"Retry-After": "5"})
-    finally:
-        if received is not None:
-            received.discard()
-        elif spool is not None:
-            spool.discard()
-        request.discard_spools()
     location = url_for("attachments.status", attachment_id=accepted.attachment_id)
     body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
             "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
@@ -113,7 +105,7 @@ def _refuse_incomplete_body() -> None:
                              "send it again", error_code="incomplete_body")
 
 
-def _receive_body(max_bytes: int) -> HashingSpool:
+def _receive_body() -> HashingSpool:
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
         storage = request.files.get("file")
@@ -129,15 +121,10 @@ def _receive_body(max_bytes: int) -> HashingSpool:
     if mimetype in ("application/x-www-form-urlencoded", ""):
         raise UploadRejected("send the file as multipart/form-data field 'file' or as a raw body with a "
                              "Content-Type", error_code="bad_content_type")
-    spool = HashingSpool(max_bytes)
-    try:
-        spool_stream(request.stream, spool)
-        _refuse_incomplete_body()
-    except BaseException:
-        spool.discard()
-        raise
+    spool = request.spool()
+    spool_stream(request.stream, spool)
+    _refuse_incomplete_body()
     if spool.size == 0:
-        spool.discard()
         raise UploadRejected("the upload is empty", error_code="empty_body", status=400)
     return spool
 
