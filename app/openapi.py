@@ -414,7 +414,9 @@ def _download(operation_id: str, summary: str, extra_parameters: list) -> dict:
     binary = {"image/*": {"schema": {"type": "string", "format": "binary"}}}
     common_headers = {
         "ETag": _header("`\"<sha256>\"` of the whole object."),
-        "Cache-Control": _header("`private, max-age=31536000, immutable`: the bytes behind a URL never change."),
+        "Cache-Control": _header("With `?version=N`, `private, max-age=31536000, immutable`: the bytes behind a "
+                                 "pinned URL never change. Without it, `private, no-cache`: the URL follows the "
+                                 "newest ready version, so a cache revalidates with `If-None-Match`."),
         "Content-Disposition": _header("`attachment; filename=\"...\"; filename*=UTF-8''...`"),
         "Accept-Ranges": _header("`bytes`"),
         "X-Content-Type-Options": _header("`nosniff`"),

@@ -29,6 +29,11 @@ from app.web.responses import error as _error
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 
+#: a download URL pinned with ``?version=N``: its bytes never change
+PINNED_CACHE_CONTROL = "private, max-age=31536000, immutable"
+#: a download URL without ``?version``: it follows the newest ready version, so caches revalidate (ETag)
+UNPINNED_CACHE_CONTROL = "private, no-cache"
+
 #: HTTP status for each refusal a probe can raise
 REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompression_bomb": 413,
                   "image_too_large": 413}
@@ -227,7 +232,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "ETag": etag,
         "X-Content-Type-Options": "nosniff",
         "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Cache-Control": "private, max-age=31536000, immutable",
+        "Cache-Control": PINNED_CACHE_CONTROL if version is not None else UNPINNED_CACHE_CONTROL,
         "Content-Disposition": _disposition(attachment.filename, name, row.storage_key),
         "Accept-Ranges": "bytes",
     }
