@@ -102,3 +102,19 @@ def test_unversioned_urls_revalidate_and_pinned_urls_are_immutable(quiet_service
     still_v1 = client.get(url + "?version=1", headers={"If-None-Match": v1.headers["ETag"]})
     assert still_v1.status_code == 304 and "immutable" in still_v1.headers["Cache-Control"]
     app.extensions["attache"].engine.dispose()
+
+
+def test_a_download_is_named_with_the_extension_of_its_real_format(quiet_services, engine, settings, data_file,
+                                                                   tmp_path):
+    misnamed = tmp_path / "photo.png"  # a JPEG, whatever the client called it
+    misnamed.write_bytes(data_file("photos/chelsea.jpg").read_bytes())
+    accepted = upload(quiet_services, misnamed)
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    app = create_app(settings)
+    client = owned_client(app)
+    original = client.get(f"/v1/attachments/{accepted.attachment_id}/original")
+    assert original.headers["Content-Type"] == "image/jpeg"
+    assert original.headers["Content-Disposition"] == "attachment; filename=\"photo.jpg\"; filename*=UTF-8''photo.jpg"
+    thumbnail = client.get(f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail")
+    assert 'filename="photo-thumbnail.jpg"' in thumbnail.headers["Content-Disposition"]
+    app.extensions["attache"].engine.dispose()

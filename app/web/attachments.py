@@ -233,7 +233,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "X-Content-Type-Options": "nosniff",
         "Content-Security-Policy": "default-src 'none'; sandbox",
         "Cache-Control": PINNED_CACHE_CONTROL if version is not None else UNPINNED_CACHE_CONTROL,
-        "Content-Disposition": _disposition(attachment.filename, name, row.storage_key),
+        "Content-Disposition": _disposition(attachment.filename, name, row.content_type),
         "Accept-Ranges": "bytes",
     }
     if etag in (request.headers.get("If-None-Match") or ""):
@@ -241,7 +241,9 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     storage = _services().storage
     lifetime = _services().settings.presign_seconds
     try:
-        redirect_to = storage.presigned_url(row.storage_key, lifetime) if lifetime else None
+        # the object store answers with the same name and type as the web would
+        redirect_to = storage.presigned_url(row.storage_key, lifetime, content_type=row.content_type,
+                                            content_disposition=headers["Content-Disposition"]) if lifetime else None
     except AttacheError:
         redirect_to = None
     if redirect_to:
@@ -300,9 +302,7 @@ def _requested_range(size: int, etag: str):
     return start, end - start + 1
 
 
-def _disposition(display_name: str, variant: str, key: str) -> str:
-    stem = display_name.rsplit(".", 1)[0] if "." in display_name else display_name
-    extension = key.rsplit(".", 1)[-1] if variant != "original" else display_name.rsplit(".", 1)[-1]
-    name = display_name if variant == "original" else f"{stem}-{variant}.{extension}"
+def _disposition(display_name: str, variant: str, content_type: str) -> str:
+    name = filenames.download_name(display_name, variant, content_type)
     fallback = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name) or "download"
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"
