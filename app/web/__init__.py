@@ -19,6 +19,7 @@ from app.config import Settings
 from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
 from app.services import Services
 from app.web.request import UploadRequest
+from app.web.session import SessionInterface
 from app.web.responses import error
 
 
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()
     ).hexdigest()
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
+    app.session_interface = SessionInterface()  # Secure over HTTPS
 
     from app.web import attachments, health, metrics, openapi, ops
 
