@@ -188,11 +188,17 @@ class AttacheBroker(RabbitmqBroker):
             raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
 
     def ping(self) -> None:
-        try:
-            conn = pika.BlockingConnection(self.parameters)
-            conn.close()
-        except PUBLISH_ERRORS as exc:
-            raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
+        """One round trip on this thread's connection (opened once, then reused; reopened once if it died)."""
+        while True:
+            reused = getattr(self.state, "connection", None) is not None
+            try:
+                with answered_within(self.connection, self.answer_timeout):
+                    self.channel.exchange_declare(exchange="amq.direct", passive=True)  # always there
+                return
+            except PUBLISH_ERRORS as exc:
+                del self.connection
+                if not reused:  # a fresh connection failed: RabbitMQ is away
+                    raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
 
 
 __all__ = ["AnswerTimeout", "AttacheBroker", "amqp_headers", "answered_within", "connection_parameters", "dq_name",

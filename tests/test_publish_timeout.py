@@ -12,8 +12,6 @@ unpublished, for the scheduler's relay.
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from urllib.parse import urlparse
 
@@ -22,50 +20,13 @@ from sqlalchemy import select
 
 from app.models import outbox
 from tests.processes import Deployment
+from tests.tcp import Listener
 
 pytestmark = pytest.mark.processes
 
 TIMEOUT = 1.0
 #: connecting may take 2 x TIMEOUT (pika's stack_timeout), an answer TIMEOUT; the rest is slack
 BOUND = 2 * TIMEOUT + TIMEOUT + 3
-
-
-class Listener:
-    """Accepts TCP connections; a silent one never answers, a proxy forwards until frozen."""
-
-    def __init__(self, upstream: tuple[str, int] | None = None):
-        self.upstream = upstream
-        self.frozen = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            self.sockets.append(client)
-            if self.upstream is not None:
-                upstream = socket.create_connection(self.upstream)
-                self.sockets.append(upstream)
-                threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
-                threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
-
-    def _pipe(self, source: socket.socket, target: socket.socket):
-        try:
-            while data := source.recv(65536):
-                if not self.frozen.is_set():  # frozen: bytes vanish, nobody hangs up
-                    target.sendall(data)
-        except OSError:
-            pass
-
-    def close(self):
-        self.server.close()
-        for sock in self.sockets:
-            sock.close()
 
 
 def outbox_rows(engine):
