@@ -9,7 +9,13 @@
    (the field mapping is in ``docs/contract.md``).
 2. **Publisher confirms with ``mandatory``** on every publish: ``enqueue``
    returns only after RabbitMQ confirmed the message was routed to a queue
-   and persisted, and raises :class:`BrokerUnavailable` otherwise.
+   and persisted, and raises :class:`BrokerUnavailable` otherwise. The wait
+   is bounded (:func:`answered_within`): connecting takes at most twice the
+   publish timeout (pika's ``stack_timeout``), and every answer after that
+   (the queue declare, the confirm) must come within the publish timeout,
+   else the connection is dropped and the caller leaves its outbox row to
+   the scheduler's relay. pika's own bound would be the heartbeat (30 s,
+   then up to twice that).
 3. **Quorum queues with a delivery limit.** The main queues are declared
    ``x-queue-type: quorum`` with ``x-delivery-limit``: a message that kills
    every worker that takes it is dead-lettered to ``<queue>.XQ`` after that
@@ -21,10 +27,12 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from contextlib import contextmanager
+from typing import Any, Iterator
 
 import pika
 import pika.exceptions
+from pika.adapters.utils.connection_workflow import AMQPConnectorException
 from dramatiq import errors as dramatiq_errors
 from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, q_name, xq_name
 from dramatiq.common import current_millis
@@ -35,7 +43,33 @@ from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
 
-PUBLISH_ERRORS = (pika.exceptions.AMQPError, OSError, dramatiq_errors.BrokerConnectionError)
+#: everything a publish can raise when RabbitMQ is away; AMQPConnectorException is a failed (or timed out)
+#: connection handshake, which pika raises as is, outside its AMQPError tree
+PUBLISH_ERRORS = (pika.exceptions.AMQPError, AMQPConnectorException, OSError,
+                  dramatiq_errors.BrokerConnectionError)
+
+
+class AnswerTimeout(pika.exceptions.AMQPConnectionError):
+    """RabbitMQ did not answer (a confirm, a declare) within the publish timeout."""
+
+
+@contextmanager
+def answered_within(connection: pika.BlockingConnection, seconds: float) -> Iterator[None]:
+    """Drop ``connection`` if a blocking call inside the block waits more than ``seconds`` for RabbitMQ.
+
+    pika's blocking calls wait for an answer with no deadline of their own.
+    This arms a timer on the connection's I/O loop, which runs while a call
+    waits, and ends the stream the way pika's own
+    ``blocked_connection_timeout`` does (``Connection._terminate_stream``):
+    the waiting call then raises :class:`AnswerTimeout`.
+    """
+    impl = connection._impl  # noqa: SLF001 - pika has no public deadline for a blocking call
+    timer = impl._adapter_call_later(seconds, lambda: impl._terminate_stream(
+        AnswerTimeout(f"no answer from RabbitMQ within {seconds:g}s")))
+    try:
+        yield
+    finally:
+        impl._adapter_remove_timeout(timer)
 
 
 def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParameters:
@@ -75,6 +109,7 @@ class AttacheBroker(RabbitmqBroker):
                  middleware: list | None = None):
         super().__init__(url=url, confirm_delivery=True, middleware=middleware)
         self.parameters = connection_parameters(url, socket_timeout=socket_timeout)
+        self.answer_timeout = socket_timeout
         self.delivery_limit = delivery_limit
 
     # --- queues -----------------------------------------------------------
@@ -112,12 +147,13 @@ class AttacheBroker(RabbitmqBroker):
         )
         body = message.encode()
         try:
-            self.declare_queue(canonical, ensure=True)
-            self.emit_before("enqueue", message, delay)
-            if faults.armed("after_publish"):
-                self._publish_then_die(routing_key, body, properties)
-            self.channel.basic_publish(
-                exchange="", routing_key=routing_key, body=body, properties=properties, mandatory=True)
+            with answered_within(self.connection, self.answer_timeout):
+                self.declare_queue(canonical, ensure=True)
+                self.emit_before("enqueue", message, delay)
+                if faults.armed("after_publish"):
+                    self._publish_then_die(routing_key, body, properties)
+                self.channel.basic_publish(
+                    exchange="", routing_key=routing_key, body=body, properties=properties, mandatory=True)
             self.emit_after("enqueue", message, delay)
             return message
         except PUBLISH_ERRORS as exc:
@@ -137,13 +173,14 @@ class AttacheBroker(RabbitmqBroker):
     def queue_depth(self, queue_name: str) -> int | None:
         """Messages ready in a queue (passive declare), None if it does not exist."""
         try:
-            channel = self.connection.channel()
-            try:
-                frame = channel.queue_declare(queue=queue_name, passive=True)
-                return frame.method.message_count
-            finally:
-                if channel.is_open:
-                    channel.close()
+            with answered_within(self.connection, self.answer_timeout):
+                channel = self.connection.channel()
+                try:
+                    frame = channel.queue_declare(queue=queue_name, passive=True)
+                    return frame.method.message_count
+                finally:
+                    if channel.is_open:
+                        channel.close()
         except pika.exceptions.ChannelClosedByBroker:
             return None
         except PUBLISH_ERRORS as exc:
@@ -151,11 +188,18 @@ class AttacheBroker(RabbitmqBroker):
             raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
 
     def ping(self) -> None:
-        try:
-            conn = pika.BlockingConnection(self.parameters)
-            conn.close()
-        except PUBLISH_ERRORS as exc:
-            raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
+        """One round trip on this thread's connection (opened once, then reused; reopened once if it died)."""
+        while True:
+            reused = getattr(self.state, "connection", None) is not None
+            try:
+                with answered_within(self.connection, self.answer_timeout):
+                    self.channel.exchange_declare(exchange="amq.direct", passive=True)  # always there
+                return
+            except PUBLISH_ERRORS as exc:
+                del self.connection
+                if not reused:  # a fresh connection failed: RabbitMQ is away
+                    raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
 
 
-__all__ = ["AttacheBroker", "amqp_headers", "connection_parameters", "dq_name", "q_name", "xq_name"]
+__all__ = ["AnswerTimeout", "AttacheBroker", "amqp_headers", "answered_within", "connection_parameters", "dq_name",
+           "q_name", "xq_name"]

@@ -172,7 +172,9 @@ class Settings:
         "ATTACHE_BROKER_DELIVERY_LIMIT", 20, _int(1),
         "quorum-queue x-delivery-limit: redeliveries before RabbitMQ dead-letters a message")
     publish_timeout_seconds: float = setting(
-        "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1), "socket timeout for publishing to RabbitMQ")
+        "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1),
+        "how long a publish waits for each RabbitMQ answer (a confirm; connecting: twice this), "
+        "then leaves its outbox row to the relay")
     api_tokens: tuple = setting(
         "ATTACHE_API_TOKENS", (), parse_tokens,
         "who may do what: TOKEN=PRINCIPAL:ROLE, comma-separated; roles uploader, operator")

@@ -167,6 +167,13 @@ class UploadTooLarge(UploadRejected):
     error_code = "too_large"
 
 
+class IncompleteBody(UploadRejected):
+    """The request body ended before its declared length (the client went away mid-body)."""
+
+    status = 400
+    error_code = "incomplete_body"
+
+
 class DigestMismatch(UploadRejected):
     """A digest header does not match the bytes received."""
 

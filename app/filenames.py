@@ -6,6 +6,9 @@ import unicodedata
 
 MAX_LENGTH = 255
 FALLBACK = "upload"
+#: the extension a download is named with, from the content type attache served it as (never the client's)
+EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png", "image/gif": "gif", "image/webp": "webp",
+              "image/tiff": "tif", "image/bmp": "bmp"}
 
 
 def sanitize(raw: str | None) -> str:
@@ -31,3 +34,17 @@ def sanitize(raw: str | None) -> str:
         else:
             text = text[:MAX_LENGTH]
     return text
+
+
+def download_name(display_name: str, variant: str, content_type: str) -> str:
+    """The name a download is saved as: the display name's stem, the variant, the served format's extension.
+
+    ``photo.png`` that is really a JPEG downloads as ``photo.jpg``; its
+    thumbnail as ``photo-thumbnail.jpg``.
+    """
+    stem, dot, extension = display_name.rpartition(".")
+    if not (dot and stem and 0 < len(extension) <= 10 and extension.isalnum()):
+        stem = display_name
+    name = stem if variant == "original" else f"{stem}-{variant}"
+    served = EXTENSIONS.get(content_type.split(";")[0].strip().lower())
+    return f"{name}.{served}" if served else name

@@ -26,6 +26,7 @@ from typing import Any
 
 from app import messages, states
 from app.dlq import MAX_EXPECTED, MAX_MESSAGE_IDS
+from app.web.request import FORM_MAX_BYTES
 
 JSON = "application/json"
 BEARER = [{"bearer": []}]
@@ -88,8 +89,9 @@ UNAUTHORIZED = {"401": _ref("responses", "Unauthorized")}
 OPERATOR_ONLY = {"401": _ref("responses", "Unauthorized"), "403": _ref("responses", "Forbidden")}
 #: PostgreSQL unreachable: the app-wide handler answers 503 `database_unavailable` with Retry-After
 SERVER_ERROR = {"503": _ref("responses", "DatabaseUnavailable")}
-#: Flask refuses a body above MAX_CONTENT_LENGTH (the upload limit + 1 MiB) when a view reads it
-TOO_LARGE_BODY = {"413": _error("The request body is larger than the upload limit plus 1 MiB.", ["too_large"])}
+#: every route but the upload refuses a body above FORM_MAX_BYTES when its view reads it (app.web.request)
+TOO_LARGE_BODY = {"413": _error(f"The request body is larger than {FORM_MAX_BYTES // (1024 * 1024)} MiB.",
+                                ["too_large"])}
 
 
 # --- components -----------------------------------------------------------------
@@ -396,12 +398,15 @@ def _upload() -> dict:
                                                "(nothing new was created).", {"type": "string", "const": "true"}),
             }),
             "400": _error("Malformed request: no `file` part, an unusable content type, an empty body, a bad "
-                          "Idempotency-Key or digest header, or the client went away mid-body.",
-                          ["missing_file", "bad_content_type", "empty_body", "bad_idempotency_key",
+                          "Idempotency-Key or digest header, or the client went away mid-body (`incomplete_body`: fewer "
+                          "bytes than `Content-Length`, or a broken chunked framing; nothing is stored and the "
+                          "Idempotency-Key stays unused).",
+                          ["missing_file", "bad_content_type", "empty_body", "incomplete_body", "bad_idempotency_key",
                            "bad_digest_header", "unsupported_digest", "bad_request", "http_error"]),
             **UNAUTHORIZED,
-            "413": _error("Too large: more bytes than the upload limit, or the image declares too many pixels or "
-                          "too long a side.", ["too_large", "decompression_bomb", "image_too_large"]),
+            "413": _error("Too large: more bytes than the upload limit, or the image declares too many pixels, "
+                          "too long a side, or would need more memory to render than the decode budget.",
+                          ["too_large", "decompression_bomb", "image_too_large"]),
             "415": _error("Not an image format attache processes, or a corrupt header.",
                           ["unsupported_format", "corrupt_image"]),
             "422": _error("A digest header does not match the bytes, or the Idempotency-Key was used for other "
@@ -433,7 +438,9 @@ def _download(operation_id: str, summary: str, extra_parameters: list) -> dict:
     binary = {"image/*": {"schema": {"type": "string", "format": "binary"}}}
     common_headers = {
         "ETag": _header("`\"<sha256>\"` of the whole object."),
-        "Cache-Control": _header("`private, max-age=31536000, immutable`: the bytes behind a URL never change."),
+        "Cache-Control": _header("With `?version=N`, `private, max-age=31536000, immutable`: the bytes behind a "
+                                 "pinned URL never change. Without it, `private, no-cache`: the URL follows the "
+                                 "newest ready version, so a cache revalidates with `If-None-Match`."),
         "Content-Disposition": _header("`attachment; filename=\"...\"; filename*=UTF-8''...`"),
         "Accept-Ranges": _header("`bytes`"),
         "X-Content-Type-Options": _header("`nosniff`"),

@@ -142,3 +142,48 @@ def test_line_parser_agrees_with_yaml():
         assert depends["postgres"]["condition"] == "service_healthy"
         assert depends["rabbitmq"]["condition"] == "service_healthy"
     assert "8000:8000" in services["web"]["ports"]
+
+
+def compose_ports() -> dict[str, list[str]]:
+    """service -> its published ``ports:`` entries, as written."""
+    ports: dict[str, list[str]] = {}
+    section = service = None
+    inside = False
+    for line in _significant(COMPOSE.read_text()):
+        indent = _indent(line)
+        if indent == 0:
+            section, service, inside = line.split(":", 1)[0], None, False
+        elif indent == 2 and section == "services":
+            service, inside = line.strip().split(":", 1)[0], False
+        elif section == "services" and service and indent == 4:
+            inside = line.strip() == "ports:"
+        elif inside and indent >= 6:
+            match = re.fullmatch(r"\s*-\s*\"?([^\"#\s]+)\"?\s*(#.*)?", line)
+            assert match, f"unexpected ports line: {line!r}"
+            ports.setdefault(service, []).append(match.group(1))
+    return ports
+
+
+def test_only_web_is_published_beyond_this_machine():
+    """The RabbitMQ management UI and the MinIO console log in with the compose file's passwords."""
+    ports = compose_ports()
+    assert ports["web"] == ["8000:8000"]
+    assert ports["rabbitmq"] == ["127.0.0.1:15672:15672"] and ports["minio"] == ["127.0.0.1:9001:9001"]
+    for service, entries in ports.items():
+        if service != "web":
+            assert all(entry.startswith("127.0.0.1:") for entry in entries), (service, entries)
+
+
+def test_compose_has_no_default_api_token():
+    """The API needs ATTACHE_API_TOKENS; compose takes it from the shell and has no token of its own."""
+    line = next(line for line in COMPOSE.read_text().splitlines() if line.strip().startswith("ATTACHE_API_TOKENS:"))
+    value = line.split(":", 1)[1].strip().strip('"')
+    assert value.startswith("${ATTACHE_API_TOKENS:?"), "no default: compose refuses to start without tokens"
+    readme = (REPO / "docker" / "README.md").read_text()
+    assert "no API authentication" not in readme and "ATTACHE_API_TOKENS" in readme
+
+
+def test_line_parser_agrees_with_yaml_on_ports():
+    yaml = pytest.importorskip("yaml")
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    assert {name: service["ports"] for name, service in services.items() if "ports" in service} == compose_ports()

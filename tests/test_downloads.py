@@ -6,6 +6,7 @@ import hashlib
 
 import pytest
 
+from app import states
 from app.web import create_app
 from app.workflow import Workflow
 from tests.conftest import authed
@@ -69,4 +70,51 @@ def test_disposition_of_an_unusual_display_name(quiet_services, engine, settings
     fallback = disposition.split('filename="')[1].split('"')[0]
     assert fallback.isascii() and '"' not in fallback and ";" not in fallback
     assert "filename*=UTF-8''%C3%9Cn%C3%AFc%C3%B8d%C3%A9%20%22quoted%22%20%3Bname-thumbnail.jpg" in disposition
+    app.extensions["attache"].engine.dispose()
+
+
+def test_unversioned_urls_revalidate_and_pinned_urls_are_immutable(quiet_services, engine, settings, data_file):
+    """Without ``?version`` a URL follows the newest ready version, so it must never be cached as immutable."""
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(quiet_services)
+    run(workflow, engine, accepted.job_id)  # version 1 ready
+    app = create_app(settings)
+    client = owned_client(app)
+    url = f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail"
+    v1 = client.get(url)
+    assert v1.status_code == 200 and v1.headers["Cache-Control"] == "private, no-cache"
+    not_modified = client.get(url, headers={"If-None-Match": v1.headers["ETag"]})
+    assert not_modified.status_code == 304 and not_modified.headers["Cache-Control"] == "private, no-cache"
+    pinned = client.get(url + "?version=1")
+    assert pinned.headers["Cache-Control"] == "private, max-age=31536000, immutable"
+    assert pinned.data == v1.data and pinned.headers["ETag"] == v1.headers["ETag"]
+    original = client.get(f"/v1/attachments/{accepted.attachment_id}/original")
+    assert original.headers["Cache-Control"] == "private, no-cache"
+
+    with engine.begin() as conn:  # version 2 becomes ready: the unversioned URL now serves its bytes
+        v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
+                                      max_attempts=1, traceparent="00-" + "3" * 32 + "-" + "4" * 16 + "-01",
+                                      tracestate=None, actor="test")
+    run(workflow, engine, v2_job)
+    revalidated = client.get(url, headers={"If-None-Match": v1.headers["ETag"]})
+    assert revalidated.status_code == 200, "the cached v1 thumbnail is stale: the revalidation gets v2"
+    assert revalidated.headers["ETag"] != v1.headers["ETag"] and revalidated.data != v1.data
+    still_v1 = client.get(url + "?version=1", headers={"If-None-Match": v1.headers["ETag"]})
+    assert still_v1.status_code == 304 and "immutable" in still_v1.headers["Cache-Control"]
+    app.extensions["attache"].engine.dispose()
+
+
+def test_a_download_is_named_with_the_extension_of_its_real_format(quiet_services, engine, settings, data_file,
+                                                                   tmp_path):
+    misnamed = tmp_path / "photo.png"  # a JPEG, whatever the client called it
+    misnamed.write_bytes(data_file("photos/chelsea.jpg").read_bytes())
+    accepted = upload(quiet_services, misnamed)
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    app = create_app(settings)
+    client = owned_client(app)
+    original = client.get(f"/v1/attachments/{accepted.attachment_id}/original")
+    assert original.headers["Content-Type"] == "image/jpeg"
+    assert original.headers["Content-Disposition"] == "attachment; filename=\"photo.jpg\"; filename*=UTF-8''photo.jpg"
+    thumbnail = client.get(f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail")
+    assert 'filename="photo-thumbnail.jpg"' in thumbnail.headers["Content-Disposition"]
     app.extensions["attache"].engine.dispose()

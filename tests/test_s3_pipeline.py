@@ -161,8 +161,9 @@ def test_downloads_on_s3_redirect_to_a_short_lived_presigned_url(env, store, tmp
     deployment.start("worker")
     try:
         path = data_file("photos/chelsea.jpg")
-        attachment_id = deployment.upload(path).json()["id"]
-        status = deployment.wait_state(attachment_id)
+        uploaded = deployment.session.post(deployment.url + "/v1/attachments", timeout=30,
+                                           files={"file": ("Chelsea the cat.png", path.read_bytes())})
+        status = deployment.wait_state(uploaded.json()["id"])
         assert status["state"] == "ready"
         response = deployment.session.get(deployment.url + status["variants"]["original"]["url"],
                                           allow_redirects=False, timeout=10)
@@ -173,5 +174,9 @@ def test_downloads_on_s3_redirect_to_a_short_lived_presigned_url(env, store, tmp
         assert "test-secret" not in location, "the secret never appears in a URL"
         fetched = requests.get(location, timeout=10)
         assert fetched.status_code == 200 and fetched.content == path.read_bytes()
+        # the store names and types the file as the web would have (a JPEG, whatever the client called it)
+        assert fetched.headers["Content-Type"] == "image/jpeg"
+        assert fetched.headers["Content-Disposition"] == (
+            'attachment; filename="Chelsea_the_cat.jpg"; filename*=UTF-8\'\'Chelsea%20the%20cat.jpg')
     finally:
         deployment.stop_all()

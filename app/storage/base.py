@@ -240,11 +240,15 @@ class Storage(ABC):
     def ensure_bucket(self) -> None:
         """Create the container (bucket or root directory) if missing; idempotent."""
 
-    def presigned_url(self, key: str, expires_seconds: int) -> str | None:
+    def presigned_url(self, key: str, expires_seconds: int, *, content_type: str | None = None,
+                      content_disposition: str | None = None) -> str | None:
         """A short-lived URL that serves the object without attache in between, or None.
 
-        Backends that cannot sign (the filesystem) return None and the web
-        streams the bytes itself.
+        ``content_type`` and ``content_disposition``, when given, are what the
+        store answers with (S3's ``response-content-type`` and
+        ``response-content-disposition``, signed into the URL). Backends that
+        cannot sign (the filesystem) return None and the web streams the
+        bytes itself.
         """
         validate_key(key)
         return None

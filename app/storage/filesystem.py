@@ -173,13 +173,12 @@ class FilesystemStorage(Storage):
     # --- health ------------------------------------------------------------
 
     def check(self) -> None:
-        """Create the root if needed and prove it writable with a probe file."""
+        """Create the root if needed and prove it writable with a probe file (no fsync: /readyz calls this)."""
         try:
             self._makedirs(self._root)
             fd, probe = tempfile.mkstemp(prefix=f"{TMP_PREFIX}check-", dir=self._root)
             try:
                 os.write(fd, b"ok")
-                os.fsync(fd)
             finally:
                 os.close(fd)
                 os.unlink(probe)

@@ -81,13 +81,17 @@ class S3Storage(Storage):
     def describe(self) -> str:
         return f"s3://{self.bucket}"
 
-    def presigned_url(self, key: str, expires_seconds: int) -> str | None:
-        """A presigned GET (computed locally, no request is made)."""
+    def presigned_url(self, key: str, expires_seconds: int, *, content_type: str | None = None,
+                      content_disposition: str | None = None) -> str | None:
+        """A presigned GET (computed locally, no request is made), with the response headers signed in."""
         from datetime import timedelta
 
         validate_key(key)
+        overrides = {name: value for name, value in (("response-content-type", content_type),
+                                                     ("response-content-disposition", content_disposition)) if value}
         with self._errors("presign", key):
-            return self._client.presigned_get_object(self.bucket, key, expires=timedelta(seconds=expires_seconds))
+            return self._client.presigned_get_object(self.bucket, key, expires=timedelta(seconds=expires_seconds),
+                                                     response_headers=overrides or None)
 
     # --- writing -----------------------------------------------------------
 

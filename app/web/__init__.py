@@ -16,9 +16,10 @@ from werkzeug.exceptions import HTTPException
 from app import logs
 from app.auth import effective_tokens
 from app.config import Settings
-from app.errors import ConfigError, DatabaseUnavailable
+from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
 from app.services import Services
 from app.web.request import UploadRequest
+from app.web.session import SessionInterface
 from app.web.responses import error
 
 
@@ -32,7 +33,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         logs.configure("web")
     app = Flask(__name__)
     app.request_class = UploadRequest
-    app.config["MAX_CONTENT_LENGTH"] = settings.max_upload_bytes + 1024 * 1024  # multipart framing headroom
+    # body limits per route, spooling only for the upload view, spools removed at the request's end
     app.extensions["attache"] = Services(settings, pool_size=10)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
@@ -40,6 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()
     ).hexdigest()
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
+    app.session_interface = SessionInterface()  # Secure over HTTPS
 
     from app.web import attachments, health, metrics, openapi, ops
 
@@ -59,6 +61,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.errorhandler(OperationalError)
     def database_unavailable(exc):
         return error(503, "database_unavailable", "the database is unavailable; retry later", **{"Retry-After": "5"})
+
+    @app.errorhandler(UploadRejected)
+    def upload_rejected(exc: UploadRejected):  # a body refused outside the upload view's own handling
+        return error(exc.status, exc.error_code, str(exc))
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

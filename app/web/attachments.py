@@ -14,6 +14,7 @@ from app.db import transaction
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
+    IncompleteBody,
     ObjectNotFound,
     PermanentError,
     StorageUnavailable,
@@ -27,6 +28,11 @@ from app.web.access import identity, protect
 from app.web.responses import error as _error
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
+
+#: a download URL pinned with ``?version=N``: its bytes never change
+PINNED_CACHE_CONTROL = "private, max-age=31536000, immutable"
+#: a download URL without ``?version``: it follows the newest ready version, so caches revalidate (ETag)
+UNPINNED_CACHE_CONTROL = "private, no-cache"
 
 #: HTTP status for each refusal a probe can raise
 REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompression_bomb": 413,
@@ -52,10 +58,8 @@ def _visible(attachment) -> bool:
 @bp.post("")
 def upload():
     services = _services()
-    spool = None
-    received = None
-    try:
-        spool = _receive_body(services.settings.max_upload_bytes)
+    try:  # the request removes its spool files when it ends (app.web.request)
+        spool = _receive_body()
         received = spool.finish()
         verify_digests(received, content_digest=request.headers.get("Content-Digest"),
                        content_md5=request.headers.get("Content-MD5"))
@@ -72,12 +76,6 @@ def upload():
     except (DatabaseUnavailable, StorageUnavailable) as exc:
         return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
                       **{"Retry-After": "5"})
-    finally:
-        if received is not None:
-            received.discard()
-        elif spool is not None:
-            spool.discard()
-        request.discard_spools()
     location = url_for("attachments.status", attachment_id=accepted.attachment_id)
     body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
             "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
@@ -103,10 +101,20 @@ def _state_of(job_id) -> str:
         return conn.execute(select(jobs.c.state).where(jobs.c.id == job_id)).scalar_one()
 
 
-def _receive_body(max_bytes: int) -> HashingSpool:
+def _refuse_incomplete_body() -> None:
+    """A body cut short is refused whole: its bytes are not the upload the client meant."""
+    if request.body_incomplete():
+        stream = request.stream
+        declared = f" of the {stream.declared_length} declared" if stream.declared_length is not None else ""
+        raise IncompleteBody(f"the request body ended after {stream.received} bytes{declared}; "
+                             "send it again", error_code="incomplete_body")
+
+
+def _receive_body() -> HashingSpool:
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
         storage = request.files.get("file")
+        _refuse_incomplete_body()
         if storage is None:
             raise UploadRejected("multipart upload has no 'file' field", error_code="missing_file")
         spool = storage.stream
@@ -118,14 +126,10 @@ def _receive_body(max_bytes: int) -> HashingSpool:
     if mimetype in ("application/x-www-form-urlencoded", ""):
         raise UploadRejected("send the file as multipart/form-data field 'file' or as a raw body with a "
                              "Content-Type", error_code="bad_content_type")
-    spool = HashingSpool(max_bytes)
-    try:
-        spool_stream(request.stream, spool)
-    except BaseException:
-        spool.discard()
-        raise
+    spool = request.spool()
+    spool_stream(request.stream, spool)
+    _refuse_incomplete_body()
     if spool.size == 0:
-        spool.discard()
         raise UploadRejected("the upload is empty", error_code="empty_body", status=400)
     return spool
 
@@ -228,8 +232,8 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "ETag": etag,
         "X-Content-Type-Options": "nosniff",
         "Content-Security-Policy": "default-src 'none'; sandbox",
-        "Cache-Control": "private, max-age=31536000, immutable",
-        "Content-Disposition": _disposition(attachment.filename, name, row.storage_key),
+        "Cache-Control": PINNED_CACHE_CONTROL if version is not None else UNPINNED_CACHE_CONTROL,
+        "Content-Disposition": _disposition(attachment.filename, name, row.content_type),
         "Accept-Ranges": "bytes",
     }
     if etag in (request.headers.get("If-None-Match") or ""):
@@ -237,7 +241,9 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     storage = _services().storage
     lifetime = _services().settings.presign_seconds
     try:
-        redirect_to = storage.presigned_url(row.storage_key, lifetime) if lifetime else None
+        # the object store answers with the same name and type as the web would
+        redirect_to = storage.presigned_url(row.storage_key, lifetime, content_type=row.content_type,
+                                            content_disposition=headers["Content-Disposition"]) if lifetime else None
     except AttacheError:
         redirect_to = None
     if redirect_to:
@@ -296,9 +302,7 @@ def _requested_range(size: int, etag: str):
     return start, end - start + 1
 
 
-def _disposition(display_name: str, variant: str, key: str) -> str:
-    stem = display_name.rsplit(".", 1)[0] if "." in display_name else display_name
-    extension = key.rsplit(".", 1)[-1] if variant != "original" else display_name.rsplit(".", 1)[-1]
-    name = display_name if variant == "original" else f"{stem}-{variant}.{extension}"
+def _disposition(display_name: str, variant: str, content_type: str) -> str:
+    name = filenames.download_name(display_name, variant, content_type)
     fallback = "".join(ch if ch.isascii() and (ch.isalnum() or ch in "._-") else "_" for ch in name) or "download"
     return f"attachment; filename=\"{fallback}\"; filename*=UTF-8''{quote(name, safe='')}"

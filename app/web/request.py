@@ -1,20 +1,85 @@
-"""A Flask request class whose uploaded file parts stream into a :class:`HashingSpool`."""
+"""The Flask request class: where a request's body goes, and what is left of it afterwards.
+
+* Only the upload view (:data:`UPLOAD_ENDPOINT`) spools: its file parts
+  stream into :class:`~app.uploads.HashingSpool` files (``attache-upload-*``
+  in the temporary directory). Every other route reads file parts and drops
+  them (:class:`DroppedPart`): nothing reaches the disk, nothing is kept.
+* The body limit is per route: the upload limit plus 1 MiB of multipart
+  framing on the upload route, :data:`FORM_MAX_BYTES` everywhere else
+  (sign-in and console forms, the JSON of ``/v1/ops``). More is ``413``.
+* Nothing outlives the request: every spool is removed when the request
+  closes (Flask closes it when the request ends, whatever happened).
+* The body is read through a :class:`~app.web.body.BodyStream`, so a body
+  cut short is noticed (:meth:`UploadRequest.body_incomplete`).
+"""
 
 from __future__ import annotations
 
+import io
+
 from flask import Request, current_app
+from werkzeug.utils import cached_property
+from werkzeug.wsgi import get_input_stream
 
 from app.uploads import HashingSpool
+from app.web.body import BodyStream
+
+#: the one view that receives files
+UPLOAD_ENDPOINT = "attachments.upload"
+#: the body limit of every route but the upload
+FORM_MAX_BYTES = 1024 * 1024
+#: multipart framing around the file part, on top of the upload limit
+MULTIPART_HEADROOM_BYTES = 1024 * 1024
+
+
+class DroppedPart(io.BytesIO):
+    """A file part sent to a route that takes no files: read off the wire and dropped."""
+
+    def write(self, data) -> int:
+        return len(data)
 
 
 class UploadRequest(Request):
-    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
-        settings = current_app.extensions["attache"].settings
-        spool = HashingSpool(settings.max_upload_bytes)
+    @property
+    def max_content_length(self) -> int | None:
+        if self._max_content_length is not None:
+            return self._max_content_length
+        if self.endpoint == UPLOAD_ENDPOINT:
+            return current_app.extensions["attache"].settings.max_upload_bytes + MULTIPART_HEADROOM_BYTES
+        return FORM_MAX_BYTES
+
+    @max_content_length.setter
+    def max_content_length(self, value: int | None) -> None:
+        self._max_content_length = value
+
+    @cached_property
+    def stream(self) -> BodyStream:
+        return BodyStream(get_input_stream(self.environ, max_content_length=self.max_content_length),
+                          self.content_length)
+
+    def body_incomplete(self) -> bool:
+        """The body was read to its end, and that end came before the declared length."""
+        stream = self.__dict__.get("stream")
+        return isinstance(stream, BodyStream) and stream.incomplete
+
+    def spool(self) -> HashingSpool:
+        """A new spool file that belongs to this request: it is removed when the request closes."""
+        spool = HashingSpool(current_app.extensions["attache"].settings.max_upload_bytes)
         self.__dict__.setdefault("attache_spools", []).append(spool)
         return spool
+
+    def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
+        if self.endpoint != UPLOAD_ENDPOINT:
+            return DroppedPart()
+        return self.spool()
 
     def discard_spools(self, keep: HashingSpool | None = None) -> None:
         for spool in self.__dict__.get("attache_spools", []):
             if spool is not keep:
                 spool.discard()
+
+    def close(self) -> None:
+        try:
+            self.discard_spools()
+        finally:
+            super().close()

@@ -1,0 +1,50 @@
+"""A TCP listener for tests: silent (accepts and never answers) or a proxy that can freeze, counting connections.
+
+Used to stand in for a broker that stalls, without touching the shared
+RabbitMQ, and to count the connections a process opens.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+
+
+class Listener:
+    """Accepts TCP connections; a silent one never answers, a proxy forwards until frozen."""
+
+    def __init__(self, upstream: tuple[str, int] | None = None):
+        self.upstream = upstream
+        self.frozen = threading.Event()
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        self.accepted = 0
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            self.sockets.append(client)
+            self.accepted += 1
+            if self.upstream is not None:
+                upstream = socket.create_connection(self.upstream)
+                self.sockets.append(upstream)
+                threading.Thread(target=self._pipe, args=(client, upstream), daemon=True).start()
+                threading.Thread(target=self._pipe, args=(upstream, client), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket):
+        try:
+            while data := source.recv(65536):
+                if not self.frozen.is_set():  # frozen: bytes vanish, nobody hangs up
+                    target.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.server.close()
+        for sock in self.sockets:
+            sock.close()

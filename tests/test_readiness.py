@@ -1,0 +1,58 @@
+"""``/readyz`` is cheap: no new AMQP connection per probe, no fsync, one answer per second per process."""
+
+from __future__ import annotations
+
+import os
+import time
+from urllib.parse import urlparse
+
+import pytest
+import requests
+
+from app.web import create_app
+from app.web.health import READY_CACHE_SECONDS
+from tests.processes import Deployment, wait_for
+from tests.tcp import Listener
+
+TIMEOUT = 1.0
+
+
+@pytest.mark.processes
+def test_probes_reuse_the_broker_connection_and_still_see_it_go(env, tmp_path):
+    broker = urlparse(env["BROKER_URL"])
+    proxy = Listener(upstream=(broker.hostname, broker.port or 5672))  # counts the connections the web opens
+    web = Deployment({**env, "BROKER_URL": f"amqp://guest:guest@127.0.0.1:{proxy.port}{broker.path}",
+                      "ATTACHE_PUBLISH_TIMEOUT_SECONDS": str(TIMEOUT), "WEB_THREADS": "2"}, tmp_path)
+    try:
+        web.start("web")
+        probes = 0
+        deadline = time.monotonic() + 3 * READY_CACHE_SECONDS  # several cache windows: several real checks
+        while time.monotonic() < deadline:
+            response = requests.get(web.url + "/readyz", timeout=10)
+            assert response.status_code == 200, response.text
+            probes += 1
+        assert probes >= 20
+        assert 1 <= proxy.accepted <= 2, f"{proxy.accepted} AMQP connections for {probes} probes (2 threads)"
+        proxy.frozen.set()  # RabbitMQ stops answering: readiness must say so, within the timeouts
+        unready = wait_for(lambda: (lambda r: r.json() if r.status_code == 503 else None)(
+            requests.get(web.url + "/readyz", timeout=15)), timeout=20, message="/readyz 503")
+        assert unready["checks"]["broker"].startswith("unavailable") and unready["checks"]["database"] == "ok"
+    finally:
+        web.stop_all()
+        proxy.close()
+
+
+def test_the_storage_check_does_not_fsync(settings, monkeypatch):
+    app = create_app(settings)
+    calls = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(fd), real_fsync(fd))[1])
+    try:
+        response = app.test_client().get("/readyz")
+        assert response.status_code == 200, response.json
+        assert response.json["checks"]["storage"] == "ok"
+        assert calls == [], "a readiness probe writes nothing durable"
+    finally:
+        services = app.extensions["attache"]
+        services.engine.dispose()
+        services.broker.close()
