@@ -165,3 +165,27 @@ def quiet_services(env):
                                            "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
     yield services
     services.engine.dispose()
+
+
+@pytest.fixture
+def client(settings):
+    """The Flask app of ``settings`` in this process, with the uploader's token."""
+    from app.web import create_app
+
+    app = create_app(settings)
+    yield authed(app)
+    services = app.extensions["attache"]
+    services.engine.dispose()
+    if "broker" in services.__dict__:
+        services.broker.close()
+
+
+@pytest.fixture
+def web(env, tmp_path):
+    """A real gunicorn ``web`` process of this test's deployment."""
+    from tests.processes import Deployment
+
+    deployment = Deployment(env, tmp_path)
+    deployment.start("web")
+    yield deployment
+    deployment.stop_all()

@@ -32,10 +32,8 @@ from app.errors import ImageTooLarge
 from app.imaging import PIPELINE_V1_SPECS, Limits, budget, probe, render
 from app.models import attachments, jobs, outbox
 from app.services import Services
-from app.web import create_app
 from app.workflow import Workflow
 from tests import hostile_images
-from tests.conftest import authed
 from tests.driver import job, run, upload
 from tests.test_imaging import LoadSpy
 
@@ -204,15 +202,6 @@ def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
 
 # --- through the web and the worker -------------------------------------------
 
-
-@pytest.fixture
-def client(settings):
-    app = create_app(settings)
-    yield authed(app)
-    services = app.extensions["attache"]
-    services.engine.dispose()
-    if "broker" in services.__dict__:
-        services.broker.close()
 
 
 @pytest.mark.parametrize("name", ["palette_png", "float_tiff"])

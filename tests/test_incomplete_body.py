@@ -23,13 +23,6 @@ pytestmark = pytest.mark.processes
 BOUNDARY = "attache-test-boundary"
 
 
-@pytest.fixture
-def web(env, tmp_path):
-    deployment = Deployment(env, tmp_path)
-    deployment.start("web")
-    yield deployment
-    deployment.stop_all()
-
 
 def send_truncated(port: int, head: str, body: bytes, sent: int) -> tuple[int, dict]:
     """Send ``head`` and the first ``sent`` bytes of ``body``, close the write side, read the answer."""

@@ -10,17 +10,9 @@ from __future__ import annotations
 import pytest
 import requests
 
-from tests.processes import Deployment
 
 pytestmark = pytest.mark.processes
 
-
-@pytest.fixture
-def web(env, tmp_path):
-    deployment = Deployment(env, tmp_path)
-    deployment.start("web")
-    yield deployment
-    deployment.stop_all()
 
 
 def session_cookie(web, path: str, **headers) -> str:

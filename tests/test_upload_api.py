@@ -15,15 +15,6 @@ from app.web import create_app
 from tests.conftest import authed
 
 
-@pytest.fixture
-def client(settings):
-    app = create_app(settings)
-    yield authed(app)
-    services = app.extensions["attache"]
-    services.engine.dispose()
-    if "broker" in services.__dict__:
-        services.broker.close()
-
 
 def counts(engine):
     with engine.connect() as conn:
