@@ -119,10 +119,6 @@ class Settings:
         "comma-separated image formats accepted at upload (a subset of the six processed)")
     lease_seconds: float = setting(
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
-    handoff_seconds: float = setting(
-        "ATTACHE_HANDOFF_SECONDS", 3600.0, _float(0.5),
-        "how long a job between steps may wait for its next message (behind a backlog) before lease recovery "
-        "takes the attempt back; lost messages are re-announced by the reconciler long before")
     max_attempts: int = setting(
         "ATTACHE_MAX_ATTEMPTS", 5, _int(1, 100), "managed attempts per job before failed")
     retry_initial_seconds: float = setting(
@@ -214,8 +210,6 @@ class Settings:
                               + ", ".join(str(v) for v in sorted(REGISTRY)))
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
-        if self.handoff_seconds < self.lease_seconds:
-            raise ConfigError("ATTACHE_HANDOFF_SECONDS must be >= ATTACHE_LEASE_SECONDS")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
 

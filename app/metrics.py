@@ -96,7 +96,8 @@ class DatabaseCollector:
             yield GaugeMetricFamily("attache_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.",
                                     value=float(age))
             expired = conn.execute(text(
-                "SELECT count(*) FROM jobs WHERE state = 'processing' AND lease_expires_at <= now()")).scalar()
+                "SELECT count(*) FROM jobs WHERE state = 'processing' AND lease_owner IS NOT NULL "
+                "AND lease_expires_at <= now()")).scalar()
             yield GaugeMetricFamily("attache_leases_expired", "Processing jobs whose lease ran out.", value=expired)
 
             yield _histogram(

@@ -111,7 +111,8 @@ def _schemas() -> dict:
         "max_attempts": {"type": "integer"},
         "error_code": _nullable("string"),
         "error_reason": _nullable("string"),
-        "lease_owner": _nullable("string", description="The worker holding the job while it is `processing`."),
+        "lease_owner": _nullable("string", description="The worker whose running step holds the job; null "
+                                 "while a `processing` job waits between steps for its next message."),
         "lease_expires_at": nullable_date_time,
         "next_attempt_at": nullable_date_time,
         "created_at": date_time,

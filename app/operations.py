@@ -109,8 +109,8 @@ def lease_status(services: Services) -> dict:
     with transaction(services.engine) as conn:
         row = conn.execute(select(
             func.count().label("processing"),
-            func.count().filter(jobs.c.lease_expires_at <= func.now()).label("expired"),
-            func.min(jobs.c.lease_expires_at).label("next_expiry"),
+            func.count().filter(states.expired()).label("expired"),
+            func.min(jobs.c.lease_expires_at).filter(jobs.c.lease_owner.is_not(None)).label("next_expiry"),
         ).where(jobs.c.state == "processing")).one()
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 

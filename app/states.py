@@ -131,21 +131,34 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     return row
 
 
-def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
-    """Heartbeat and fence in one: extend the lease of ``(job_id, attempt)`` if it is still live.
+def held():
+    """A ``processing`` job is held when a step holds a live lease, or it waits between steps.
 
-    Returns the job (locked for this transaction) or ``None`` when this
-    attempt no longer owns the job: another attempt claimed it, the lease
-    expired, or it is no longer ``processing``. A worker that gets ``None``
-    must write nothing visible. A redelivered message of the same attempt
-    may take the lease over: steps are idempotent per effect key.
-
-    ``take=False`` checks and locks without taking the lease: a step that is
-    about to commit its outcome and hand off (:func:`hand_off`) must not
-    take the lease from a sibling step that is still running.
+    A job between steps has no lease owner (:func:`hand_off`); nobody is
+    working on it, so there is nothing to expire: it waits for its next
+    message however long a backlog is. Only a running step's lease expires.
     """
-    conditions = (jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
-                  jobs.c.lease_expires_at > func.now())
+    return jobs.c.lease_owner.is_(None) | (jobs.c.lease_expires_at > func.now())
+
+
+def expired():
+    """A running step's lease ran out: its worker died or hangs (the inverse of :func:`held`)."""
+    return jobs.c.lease_owner.is_not(None) & (jobs.c.lease_expires_at <= func.now())
+
+
+def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
+    """A step's fence: ``(job_id, attempt)`` is still ``processing`` and held, locked for this transaction.
+
+    Returns the job or ``None`` when this attempt no longer owns the job:
+    another attempt claimed it, its running step's lease expired, or it is
+    no longer ``processing``. A worker that gets ``None`` must write
+    nothing visible. With ``take`` (a step starting) the step takes the
+    lease for ``lease.seconds``; a redelivered message of the same attempt
+    may take it over, since steps are idempotent per effect key.
+    ``take=False`` (a step about to commit its outcome and hand off)
+    checks and locks without taking the lease from a sibling still running.
+    """
+    conditions = (jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt, held())
     if not take:
         return conn.execute(select(jobs).where(*conditions).with_for_update()).one_or_none()
     return conn.execute(
@@ -157,25 +170,43 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     ).one_or_none()
 
 
-def hand_off(conn: Connection, job_id, attempt: int, owner: str, wait_seconds: float) -> bool:
+def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
+    """A running step's heartbeat: extend the lease while a step holds it.
+
+    Unlike :func:`fence` it never takes a handed-off job back: a beat that
+    lands after its own step (or the last running sibling) handed off must
+    not leave a short lease that nobody renews.
+    """
+    return conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+               jobs.c.lease_owner.is_not(None), jobs.c.lease_expires_at > func.now())
+        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
+                updated_at=func.now())
+        .returning(jobs.c.id)
+    ).first() is not None
+
+
+def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
     """A step finished and announced the next: the job now waits for a message, not for a worker.
 
     The lease guards a *running* step: a worker that dies or hangs in a step
     stops renewing it and lease recovery takes the attempt back. Between
-    steps nobody runs; the next messages may wait behind a long backlog, and
-    a short lease would expire there, costing an attempt per expiry until
-    the job fails (a livelock ``make soak`` found). So the finishing step
-    clears the owner and sets the lease ``wait_seconds`` ahead; the next
-    step's fence takes it again. Lost messages of a waiting job are the
-    reconciler's (:func:`reannounce_stranded`); the long lease is only a
-    backstop. Only the step that holds the lease (or none holds it) hands
-    off: a sibling render still running keeps its short lease.
+    steps nobody runs, and the next messages may wait behind a backlog of
+    any length; an expiring lease there cost an attempt per expiry until
+    the job failed ``worker_lost`` with no worker lost (a livelock
+    ``make soak`` found). So the step clears the owner: a job without one
+    is held and never expires (:func:`held`), and the next step's fence
+    takes the lease again. Lost messages of a waiting job are the
+    reconciler's (:func:`reannounce_stranded`). Only the step that holds
+    the lease (or none holds it) hands off, so a sibling that fenced after
+    it keeps its short lease.
     """
     return conn.execute(
         update(jobs)
         .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
                (jobs.c.lease_owner == owner) | jobs.c.lease_owner.is_(None))
-        .values(lease_owner=None, lease_expires_at=func.now() + _interval(wait_seconds), updated_at=func.now())
+        .values(lease_owner=None, updated_at=func.now())
         .returning(jobs.c.id)
     ).first() is not None
 
@@ -183,7 +214,7 @@ def hand_off(conn: Connection, job_id, attempt: int, owner: str, wait_seconds: f
 def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
     conditions = [jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt]
     if require_live_lease:
-        conditions.append(jobs.c.lease_expires_at > func.now())
+        conditions.append(held())
     return conn.execute(
         update(jobs).where(and_(*conditions))
         .values(state=to_state, lease_owner=None, lease_expires_at=None, updated_at=func.now(), **values)
@@ -247,12 +278,12 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
 
     ``SKIP LOCKED`` keeps two schedulers from taking the same row.
     """
-    expired = conn.execute(
-        select(jobs).where(jobs.c.state == PROCESSING, jobs.c.lease_expires_at <= func.now())
+    lost = conn.execute(
+        select(jobs).where(jobs.c.state == PROCESSING, expired())
         .order_by(jobs.c.lease_expires_at).limit(batch).with_for_update(skip_locked=True)
     ).all()
     counts = {"requeued": 0, "failed": 0}
-    for job in expired:
+    for job in lost:
         if job.attempt >= job.max_attempts:
             reason = f"lease expired in attempt {job.attempt} of {job.max_attempts}; attempts spent"
             _leave_processing(conn, job.id, job.attempt, FAILED, {"error_code": WORKER_LOST, "error_reason": reason},
@@ -301,6 +332,7 @@ def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings
             FROM outbox o WHERE o.job_id = j.id) a
         WHERE ((j.state = 'queued' AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now()))
                OR (j.state = 'processing' AND j.lease_owner IS NULL))
+          AND j.updated_at < now() - make_interval(secs => :after)
           AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.job_id = j.id AND p.published_at IS NULL)
           AND greatest(a.last_announced, j.updated_at)
               < now() - make_interval(secs => :after * power(2, least(greatest(a.announced - 1, 0), :doublings)))

@@ -15,9 +15,8 @@ Idempotency, per step:
   step.
 * A step holds the job's lease while it runs (a heartbeat renews it) and
   hands off when it has committed its outcome: the job then waits for the
-  next message with no owner and a long lease (``ATTACHE_HANDOFF_SECONDS``),
-  so messages waiting behind a backlog cost no attempt
-  (:func:`app.states.hand_off`).
+  next message with no owner, which never expires, so messages waiting
+  behind a backlog cost no attempt (:func:`app.states.hand_off`).
 * ``render`` writes the object under a content-addressed key (a rerun
   writes the same key with the same bytes), then records the variant row
   fenced by ``(job_id, attempt)``; the effect key is unique, so a variant
@@ -309,7 +308,7 @@ class Workflow:
 
     def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:
         """The step is done: the job waits for its next message without a short lease (see states.hand_off)."""
-        states.hand_off(conn, job_id, attempt, lease.owner, self.services.settings.handoff_seconds)
+        states.hand_off(conn, job_id, attempt, lease.owner)
 
     @contextlib.contextmanager
     def _lease_kept(self, job_id, attempt: int, lease: states.Lease) -> Iterator[None]:
@@ -320,7 +319,7 @@ class Workflow:
             while not stop.wait(lease.seconds / 3):
                 try:
                     with transaction(self.services.engine) as conn:
-                        if states.fence(conn, job_id, attempt, lease) is None:
+                        if not states.renew(conn, job_id, attempt, lease):
                             return
                 except Exception:  # a missed beat is not fatal; the fence decides at commit
                     log.warning("lease heartbeat failed", exc_info=True)

@@ -35,8 +35,9 @@ def seed(engine, storage, state="queued", *, stage=True):
             values = {"state": state, "attempt": 1}
             if state == "failed":
                 values["error_code"] = "corrupt_image"
-            if state == "processing":
+            if state == "processing":  # a step is running
                 values["lease_expires_at"] = func.now() + text("interval '1 hour'")
+                values["lease_owner"] = "worker:test"
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
     return attachment_id, job_id, key
 

@@ -37,9 +37,10 @@ def seed(engine, *, published_seconds_ago: float | None = 2 * AFTER, state: str 
         if published_seconds_ago is not None:
             backdate(conn, job_id, published_seconds_ago)
         if state in ("processing", "waiting"):  # waiting: between steps, no step holds the lease
+            live = state == "processing"  # waiting: its last step's lease ran out long ago, which is no matter
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(
-                state="processing", attempt=1, lease_expires_at=func.now() + text("interval '1 hour'"),
-                lease_owner="worker:test" if state == "processing" else None))
+                state="processing", attempt=1, lease_owner="worker:test" if live else None,
+                lease_expires_at=func.now() + text("interval '1 hour'" if live else "interval '-1 hour'")))
             backdate(conn, job_id, published_seconds_ago)
     return job_id
 
@@ -57,13 +58,31 @@ def inspect_rows(engine, job_id):
                             .order_by(outbox.c.id)).all()
 
 
-def reconciler(services, after=AFTER):
-    return Reconciler(services, ReconcilerConfig(after_seconds=after))
+def lose_messages(broker_url: str) -> None:
+    """What a dead-lettering or a purge does: the step queues are empty again."""
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        channel = connection.channel()
+        for queue in ("attache.inspect", "attache.render", "attache.publish"):
+            try:
+                channel.queue_purge(queue)
+            except pika.exceptions.ChannelClosedByBroker:  # never declared
+                channel = connection.channel()
+    finally:
+        connection.close()
+
+
+def reconciler(services, after=AFTER, **config):
+    return Reconciler(services, ReconcilerConfig(after_seconds=after, **config))
+
+
+def done(counts: dict) -> tuple[int, int]:
+    return counts["reannounced"], counts["published"]
 
 
 def test_a_queued_job_whose_message_was_consumed_without_effect_is_announced_again(services, engine):
     stranded = seed(engine)
-    assert reconciler(services).run_once() == {"reannounced": 1, "published": 1}
+    assert done(reconciler(services).run_once()) == (1, 1)
     rows = inspect_rows(engine, stranded)
     assert len(rows) == 2
     assert rows[-1].payload["step"] == "inspect" and rows[-1].payload["attempt"] == 1
@@ -93,23 +112,20 @@ def test_jobs_with_a_path_forward_are_left_alone(services, engine):
         job = seed(engine)
         with engine.begin() as conn:
             conn.execute(update(jobs).where(jobs.c.id == job).values(state=state, attempt=1, error_code=code))
-    assert reconciler(services).run_once() == {"reannounced": 0, "published": 0}
+    assert done(reconciler(services).run_once()) == (0, 0)
     for job in (young, pending, leased, delayed):
         assert len(inspect_rows(engine, job)) == 1
 
 
-def test_re_announcements_back_off_so_a_backlog_never_storms(services, engine):
+def test_re_announcements_back_off_so_a_backlog_never_storms(services, engine, broker_url):
     job = seed(engine)
     assert reconciler(services).run_once()["reannounced"] == 1
-    with engine.begin() as conn:
-        backdate(conn, job, 1.5 * AFTER)
-    assert reconciler(services).run_once()["reannounced"] == 0, "the second time waits twice as long"
-    with engine.begin() as conn:
-        backdate(conn, job, 2.5 * AFTER)
-    assert reconciler(services).run_once()["reannounced"] == 1
-    with engine.begin() as conn:
-        backdate(conn, job, 3.5 * AFTER)
-    assert reconciler(services).run_once()["reannounced"] == 0, "the third time waits four times as long"
+    for seconds_ago, expected, why in ((1.5, 0, "the second time waits twice as long"), (2.5, 1, ""),
+                                       (3.5, 0, "the third time waits four times as long")):
+        lose_messages(broker_url)
+        with engine.begin() as conn:
+            backdate(conn, job, seconds_ago * AFTER)
+        assert reconciler(services).run_once()["reannounced"] == expected, why
     assert len(inspect_rows(engine, job)) == 3
 
 
@@ -124,6 +140,51 @@ def test_a_processing_job_waiting_between_steps_is_announced_again_in_its_own_at
         assert trail[-1] == ("processing", "processing")
         assert conn.execute(select(jobs.c.state, jobs.c.attempt).where(jobs.c.id == waiting)).one() == (
             "processing", 1)
+
+
+def test_a_job_waiting_between_steps_never_expires(services, engine):
+    """However long its next message waits behind a backlog, a job no step holds keeps its attempt."""
+    waiting = seed(engine, state="waiting")
+    with engine.begin() as conn:
+        assert states.recover_expired(conn, batch=10, actor="test") == {"requeued": 0, "failed": 0}
+        assert states.fence(conn, waiting, 1, states.Lease("worker:next", 30)) is not None, "the next step takes it"
+
+
+def test_a_heartbeat_after_the_hand_off_does_not_take_the_job_back(services, engine):
+    job = seed(engine, state="processing")
+    with engine.begin() as conn:
+        assert states.renew(conn, job, 1, states.Lease("worker:test", 30)), "a running step renews its lease"
+        assert states.hand_off(conn, job, 1, "worker:test")
+        assert not states.renew(conn, job, 1, states.Lease("worker:test", 5)), "a late beat changes nothing"
+        assert conn.execute(select(jobs.c.lease_owner).where(jobs.c.id == job)).scalar() is None
+
+
+def test_a_sibling_that_fenced_later_keeps_its_lease_when_the_first_hands_off(services, engine):
+    job = seed(engine, state="processing")
+    with engine.begin() as conn:
+        assert states.fence(conn, job, 1, states.Lease("worker:sibling", 30))
+        assert not states.hand_off(conn, job, 1, "worker:test")
+        assert conn.execute(select(jobs.c.lease_owner).where(jobs.c.id == job)).scalar() == "worker:sibling"
+
+
+def test_nothing_is_reannounced_while_a_step_queue_holds_messages(services, engine, broker_url):
+    """During a backlog a message may simply be waiting; a duplicate would only lengthen the backlog."""
+    stranded = seed(engine)
+    busy = seed(engine, published_seconds_ago=None)
+    with engine.connect() as conn:
+        busy_row = conn.execute(select(outbox.c.id).where(outbox.c.job_id == busy)).scalar()
+    assert services.publisher.publish([busy_row]) == 1  # nobody consumes it: a backlog of one
+    counts = reconciler(services).run_once()
+    assert (counts["backlog"], done(counts)) == (1, (0, 0))
+    lose_messages(broker_url)
+    assert done(reconciler(services).run_once()) == (1, 1)
+    assert len(inspect_rows(engine, stranded)) == 2
+
+
+def test_a_round_goes_on_past_one_batch(services, engine):
+    for _ in range(7):
+        seed(engine)
+    assert done(reconciler(services, batch=3).run_once()) == (7, 7)
 
 
 def test_the_reannounced_attempt_is_the_next_one(services, engine):

@@ -114,7 +114,8 @@ def seed_stuck(engine, count):
             else:
                 conn.execute(update(outbox).where(outbox.c.job_id == job_id).values(published_at=func.now()))
                 conn.execute(update(jobs).where(jobs.c.id == job_id).values(
-                    state="processing", attempt=1, lease_expires_at=func.now() - text("interval '1 second'")))
+                    state="processing", attempt=1, lease_owner="worker:gone",
+                    lease_expires_at=func.now() - text("interval '1 second'")))
                 lease_jobs.append(job_id)
         conn.execute(update(outbox).values(created_at=func.now() - text("interval '1 minute'")))
     return outbox_jobs, lease_jobs

@@ -79,8 +79,9 @@ def test_recovered_job_resumes_at_the_first_unfinished_step(quiet_services, engi
     done = [p for p in renders if p["variant"] in ("original", "thumbnail")]
     for payload in done:
         workflow.handle(payload, step="render")
-    # the worker dies; the lease expires; the scheduler requeues
+    # the next render starts and its worker dies; its lease expires; the scheduler requeues
     with engine.begin() as conn:
+        assert states.fence(conn, accepted.job_id, 1, states.Lease("worker:dies", 30))
         conn.execute(update(jobs).where(jobs.c.id == accepted.job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
         states.recover_expired(conn, batch=10, actor="scheduler:test")
     [retry] = take_messages(engine, accepted.job_id)
@@ -103,7 +104,8 @@ def test_a_worker_that_lost_its_lease_makes_nothing_visible(quiet_services, engi
     [inspect] = take_messages(engine, accepted.job_id)
     workflow.handle(inspect, step="inspect")
     renders = take_messages(engine, accepted.job_id)
-    with engine.begin() as conn:
+    with engine.begin() as conn:  # a render took the lease and hung past it
+        assert states.fence(conn, accepted.job_id, 1, states.Lease("worker:hung", 30))
         conn.execute(update(jobs).where(jobs.c.id == accepted.job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
     assert {workflow.handle(p, step="render").status for p in renders} == {"stale"}
     with engine.connect() as conn:
