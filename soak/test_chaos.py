@@ -330,6 +330,8 @@ def test_chaos_soak(world):
             "SELECT from_state, to_state, error_code, count(*) FROM job_history GROUP BY 1, 2, 3"))})
         dead = conn.execute(text("SELECT count(*) FROM dead_letters")).scalar()
 
+    xq = {queue: services.broker.queue_depth(f"{queue}.XQ") or 0
+          for queue in ("attache.inspect", "attache.render", "attache.publish")}
     gc = ObjectGc(services, ObjectGcConfig(grace_seconds=0)).run_once()
     cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=0, failed_retention_seconds=0)).run_once()
     with engine.connect() as conn:
@@ -351,6 +353,7 @@ def test_chaos_soak(world):
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(check, sorted(accepted)))
     services.engine.dispose()
+    services.broker.close()
     total = time.monotonic() - began
 
     figures = [
@@ -358,7 +361,7 @@ def test_chaos_soak(world):
         ("client responses", dict(client.statuses)), ("refused (4xx)", len(client.refused)),
         *sorted(chaos.figures.items()),
         ("job states", dict(states)), ("failed by code", dict(codes)),
-        ("history", dict(sorted(history.items()))), ("dead letters recorded", dead),
+        ("history", dict(sorted(history.items()))), ("dead letters recorded", dead), ("messages in .XQ", xq),
         ("duplicate effects", duplicates), ("ready regressions", regressions),
         ("staging_missing", staging_missing), ("visible without a 202", len(visible - accepted)),
         ("GC (grace 0)", gc), ("staging cleanup (grace 0)", cleanup),
