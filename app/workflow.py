@@ -141,8 +141,8 @@ class Workflow:
             if claimed is None:
                 return Outcome("stale", f"attempt {attempt} does not hold the job")
             attachment = self._attachment(conn, job.attachment_id)
-        with self._staged(attachment) as path:
-            imaging.probe(path, self.services.limits)
+        with self._lease_kept(job.id, attempt, lease), self._staged(attachment) as path:
+            imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
         with transaction(self.services.engine) as conn:
             if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect")

@@ -128,3 +128,25 @@ def test_heartbeat_keeps_a_long_step_leased(env, engine, data_file):
     with engine.begin() as conn:
         assert states.fence(conn, accepted.job_id, 1, lease) is None, "without it, the lease expires"
     services.engine.dispose()
+
+
+def test_inspect_keeps_its_lease_while_a_slow_store_hands_over_the_original(env, engine, data_file):
+    """Fetching a large original from a slow S3 can outlast the lease: the heartbeat covers inspect too."""
+    import contextlib
+
+    from app.storage.filesystem import FilesystemStorage
+
+    class SlowStore(FilesystemStorage):  # the real filesystem store, taking its time to hand over a file
+        @contextlib.contextmanager
+        def fetch_to_path(self, key):
+            time.sleep(2.5)
+            with super().fetch_to_path(key) as path:
+                yield path
+
+    services = Services(Settings.from_env({**env, "ATTACHE_LEASE_SECONDS": "1",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    services.__dict__["storage"] = SlowStore(services.storage.root)
+    [inspect] = take_messages(engine, accepted.job_id)
+    assert Workflow(services).handle(inspect, step="inspect").status == "inspected"
+    services.engine.dispose()
