@@ -106,6 +106,10 @@ class Settings:
         "ATTACHE_PIPELINE_VERSION", None, _int(1), "pipeline version of new uploads (default: the newest registered)")
     max_upload_bytes: int = setting(
         "ATTACHE_MAX_UPLOAD_BYTES", 50 * 1024 * 1024, _int(1), "largest accepted upload, bytes")
+    body_idle_seconds: float = setting(
+        "ATTACHE_BODY_IDLE_SECONDS", 60.0, _float(1),
+        "a client that sends no body bytes for this long is cut off (400 incomplete_body); spool files "
+        "untouched for ten times this are removed as abandoned")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(

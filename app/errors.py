@@ -149,15 +149,24 @@ class EffectMissing(AttacheError):
 
 
 class UploadRejected(AttacheError):
-    """An upload was refused; ``status`` is the HTTP answer."""
+    """An upload was refused; ``status`` is the HTTP answer, ``retry_after`` (seconds) says a retry may work."""
 
     status = 400
     error_code = "bad_request"
+    retry_after: int | None = None
 
     def __init__(self, message: str = "", *, error_code: str | None = None, status: int | None = None):
         super().__init__(message, error_code=error_code)
         if status is not None:
             self.status = status
+
+
+class SpoolUnavailable(UploadRejected):
+    """The web's temporary directory cannot take the upload (full, out of files): retry later."""
+
+    status = 503
+    error_code = "spool_unavailable"
+    retry_after = 5
 
 
 class UploadTooLarge(UploadRejected):

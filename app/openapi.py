@@ -412,8 +412,9 @@ def _upload() -> dict:
                           ["unsupported_format", "corrupt_image"]),
             "422": _error("A digest header does not match the bytes, or the Idempotency-Key was used for other "
                           "content.", ["digest_mismatch", "idempotency_key_reused"]),
-            "503": _error("PostgreSQL or storage is down; retry later.", ["database_unavailable",
-                                                                          "storage_unavailable"], RETRY_AFTER),
+            "503": _error("PostgreSQL or storage is down, or the web's temporary directory cannot hold the "
+                          "upload; retry later.", ["database_unavailable", "storage_unavailable",
+                                                   "spool_unavailable"], RETRY_AFTER),
         },
     }}
 

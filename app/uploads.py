@@ -14,13 +14,15 @@ import hashlib
 import os
 import re
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from app.errors import DigestMismatch, UploadRejected, UploadTooLarge
+from app.errors import DigestMismatch, SpoolUnavailable, UploadRejected, UploadTooLarge
 
 CHUNK = 64 * 1024
+SPOOL_PREFIX = "attache-upload-"
 
 
 class HashingSpool:
@@ -33,7 +35,10 @@ class HashingSpool:
 
     def __init__(self, max_bytes: int, directory: str | None = None):
         self.max_bytes = max_bytes
-        fd, name = tempfile.mkstemp(prefix="attache-upload-", dir=directory)
+        try:
+            fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
+        except OSError as exc:
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         self.path = Path(name)
         self._file = os.fdopen(fd, "w+b")
         self._sha256 = hashlib.sha256()
@@ -49,7 +54,10 @@ class HashingSpool:
             self.head += data[: 64 - len(self.head)]
         self._sha256.update(data)
         self._md5.update(data)
-        return self._file.write(data)
+        try:
+            return self._file.write(data)
+        except OSError as exc:  # the temporary directory is full: nothing is wrong with the upload
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
 
     # werkzeug treats the stream as a file object
     def seek(self, *args):
@@ -65,9 +73,12 @@ class HashingSpool:
         self._file.flush()
 
     def finish(self) -> "Received":
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        except OSError as exc:
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         return Received(self.path, self.size, self._sha256.hexdigest(), self._md5.digest(), self.head)
 
     def discard(self) -> None:
@@ -95,6 +106,29 @@ class Received:
 
     def discard(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+def remove_abandoned_spools(older_than_seconds: float, directory: str | None = None) -> int:
+    """Remove spool files nobody has written to for ``older_than_seconds``; returns how many.
+
+    A request removes its own spools when it ends, but a process killed
+    mid-upload (SIGKILL, the OOM killer, gunicorn's graceful timeout) leaves
+    its spool behind. A live upload writes to its spool at least every
+    ``ATTACHE_BODY_IDLE_SECONDS`` (a quieter client is cut off), so a spool
+    untouched for many times that belongs to no request; several web
+    processes may share the directory and this never touches a live one.
+    """
+    root = Path(directory or tempfile.gettempdir())
+    now = time.time()
+    removed = 0
+    for path in root.glob(SPOOL_PREFIX + "*"):
+        try:
+            if now - path.stat().st_mtime >= older_than_seconds:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # its request, or another process, removed it first
+            continue
+    return removed
 
 
 def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:

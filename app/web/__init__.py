@@ -18,9 +18,9 @@ from app.auth import effective_tokens
 from app.config import Settings
 from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
 from app.services import Services
-from app.web.request import UploadRequest
+from app.web.request import ABANDONED_SPOOLS, UploadRequest
 from app.web.session import SessionInterface
-from app.web.responses import error
+from app.web.responses import error, refusal
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -35,6 +35,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.request_class = UploadRequest
     # body limits per route, spooling only for the upload view, spools removed at the request's end
     app.extensions["attache"] = Services(settings, pool_size=10)
+    # spools of a process killed mid-upload (the one this worker may replace)
+    ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
     app.secret_key = settings.secret_key or hashlib.sha256(
@@ -64,7 +66,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(UploadRejected)
     def upload_rejected(exc: UploadRejected):  # a body refused outside the upload view's own handling
-        return error(exc.status, exc.error_code, str(exc))
+        return refusal(exc)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

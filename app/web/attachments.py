@@ -25,7 +25,7 @@ from app.logs import bound
 from app.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.uploads import HashingSpool, spool_stream, verify_digests
 from app.web.access import identity, protect
-from app.web.responses import error as _error
+from app.web.responses import error as _error, refusal
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 
@@ -70,7 +70,7 @@ def upload():
                                      tracestate=accept_tracestate(request.headers.get("tracestate")),
                                      idempotency_key=_idempotency_key())
     except UploadRejected as exc:
-        return _error(exc.status, exc.error_code, str(exc))
+        return refusal(exc)
     except PermanentError as exc:
         return _error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
     except (DatabaseUnavailable, StorageUnavailable) as exc:

@@ -8,7 +8,11 @@
   framing on the upload route, :data:`FORM_MAX_BYTES` everywhere else
   (sign-in and console forms, the JSON of ``/v1/ops``). More is ``413``.
 * Nothing outlives the request: every spool is removed when the request
-  closes (Flask closes it when the request ends, whatever happened).
+  closes (Flask closes it when the request ends, whatever happened). A
+  process killed mid-upload cannot do that; its spool, untouched for ten
+  ``ATTACHE_BODY_IDLE_SECONDS`` periods, is removed by later uploads
+  (:class:`AbandonedSpools`).
+* A client silent for ``ATTACHE_BODY_IDLE_SECONDS`` mid-body is cut off.
 * The body is read through a :class:`~app.web.body.BodyStream`, so a body
   cut short is noticed (:meth:`UploadRequest.body_incomplete`).
 """
@@ -16,12 +20,14 @@
 from __future__ import annotations
 
 import io
+import threading
+import time
 
 from flask import Request, current_app
 from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
-from app.uploads import HashingSpool
+from app.uploads import HashingSpool, remove_abandoned_spools
 from app.web.body import BodyStream
 
 #: the one view that receives files
@@ -30,6 +36,27 @@ UPLOAD_ENDPOINT = "attachments.upload"
 FORM_MAX_BYTES = 1024 * 1024
 #: multipart framing around the file part, on top of the upload limit
 MULTIPART_HEADROOM_BYTES = 1024 * 1024
+
+
+class AbandonedSpools:
+    """Spools left by a process killed mid-upload, removed by the next uploads (at most once per idle period)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._next = 0.0
+
+    def sweep(self, idle_seconds: float, *, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            if now < self._next:
+                return 0
+            self._next = now + idle_seconds
+        return remove_abandoned_spools(ABANDONED_AFTER_IDLE_PERIODS * idle_seconds)
+
+
+#: a spool untouched for this many body-idle periods belongs to no request
+ABANDONED_AFTER_IDLE_PERIODS = 10
+ABANDONED_SPOOLS = AbandonedSpools()
 
 
 class DroppedPart(io.BytesIO):
@@ -54,8 +81,22 @@ class UploadRequest(Request):
 
     @cached_property
     def stream(self) -> BodyStream:
+        self._bound_body_reads()
         return BodyStream(get_input_stream(self.environ, max_content_length=self.max_content_length),
                           self.content_length)
+
+    def _bound_body_reads(self) -> None:
+        """A client that stops sending mid-body must not hold a thread for ever.
+
+        gunicorn's gthread worker waits a few seconds for a request's first
+        byte, then reads the rest from a blocking socket with no deadline, and
+        its ``--timeout`` does not see a thread stuck in a read. With a socket
+        timeout a silent client's read fails after ``ATTACHE_BODY_IDLE_SECONDS``
+        and the body ends incomplete (``400 incomplete_body``).
+        """
+        sock = self.environ.get("gunicorn.socket")
+        if sock is not None:
+            sock.settimeout(current_app.extensions["attache"].settings.body_idle_seconds)
 
     def body_incomplete(self) -> bool:
         """The body was read to its end, and that end came before the declared length."""
@@ -64,7 +105,9 @@ class UploadRequest(Request):
 
     def spool(self) -> HashingSpool:
         """A new spool file that belongs to this request: it is removed when the request closes."""
-        spool = HashingSpool(current_app.extensions["attache"].settings.max_upload_bytes)
+        settings = current_app.extensions["attache"].settings
+        ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
+        spool = HashingSpool(settings.max_upload_bytes)
         self.__dict__.setdefault("attache_spools", []).append(spool)
         return spool
 

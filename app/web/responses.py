@@ -10,3 +10,9 @@ def error(status: int, code: str, message: str, **headers: str):
     response.status_code = status
     response.headers.update(headers)
     return response
+
+
+def refusal(exc) -> object:
+    """An :class:`~app.errors.UploadRejected` as its answer, with ``Retry-After`` when a retry may work."""
+    headers = {"Retry-After": str(exc.retry_after)} if exc.retry_after else {}
+    return error(exc.status, exc.error_code, str(exc), **headers)

@@ -1,0 +1,105 @@
+"""Clients that stall, processes that die mid-upload, a full temporary directory: against real gunicorn.
+
+An adversarial review found each of these against the web process: a client
+that stops sending mid-body held a thread with no deadline (enough of them
+and the process answered nothing, ``/healthz`` included); a process killed
+mid-upload left its spool file for ever; a full temporary directory was a
+``500`` instead of a refusal worth retrying.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import uuid
+
+import pytest
+import requests
+
+from tests.processes import Deployment, wait_for
+from tests.test_incomplete_body import assert_nothing_stored, request_head
+
+pytestmark = pytest.mark.processes
+
+
+@pytest.fixture
+def deployment(env, tmp_path):
+    temp = tmp_path / "web-tmp"
+    temp.mkdir()
+    deployment = Deployment({**env, "TMPDIR": str(temp)}, tmp_path)
+    deployment.temp = temp
+    yield deployment
+    deployment.stop_all()
+
+
+def spools(deployment) -> list[str]:
+    return sorted(p.name for p in deployment.temp.iterdir() if p.name.startswith("attache-upload-"))
+
+
+def answer_of(sock: socket.socket) -> bytes:
+    answer = b""
+    while chunk := sock.recv(65536):
+        answer += chunk
+    return answer
+
+
+def test_clients_silent_mid_body_are_cut_off_and_free_their_threads(deployment, data_file):
+    deployment.start("web", WEB_THREADS="2", ATTACHE_BODY_IDLE_SECONDS="2")
+    data = data_file("photos/chelsea.jpg").read_bytes()
+    stalled = []
+    try:
+        for _ in range(2):  # as many as the web process has threads
+            sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+            sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4()))
+                         .encode() + data[:1000])
+            stalled.append(sock)
+        for sock in stalled:  # before: no answer, ever (the socket's own 20 s timeout fails the test)
+            assert answer_of(sock).split(b"\r\n")[0].split()[1] == b"400"
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        wait_for(lambda: spools(deployment) == [], timeout=10, message="the stalled uploads' spools removed")
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
+def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
+    idle = {"ATTACHE_BODY_IDLE_SECONDS": "1"}  # abandoned after ten idle periods: 10 s
+    deployment.start("web", **idle)
+    data = data_file("photos/chelsea.jpg").read_bytes()
+    sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=30)
+    try:
+        sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4())).encode()
+                     + data[: len(data) // 2])
+        wait_for(lambda: spools(deployment), timeout=10, message="a spool file")
+        deployment.processes["web"].kill()
+    finally:
+        sock.close()
+    [orphan] = spools(deployment)
+    deployment.start("web", **idle)
+
+    def swept():
+        assert deployment.upload(data_file("photos/coffee.jpg")).status_code == 202
+        return orphan not in spools(deployment)
+
+    wait_for(swept, timeout=40, interval=1, message="the killed upload's spool removed")
+
+
+def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, storage_dir):
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(deployment.temp)],
+                             capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"a tiny tmpfs is needed (root): {mounted.stderr.decode().strip()}")
+    try:
+        deployment.start("web")
+        body = b"\xff\xd8\xff\xe0" + os.urandom(1_500_000)
+        response = deployment.session.post(deployment.url + "/v1/attachments", data=body,
+                                           headers={"Content-Type": "image/jpeg", "Connection": "close"},
+                                           timeout=30)
+        assert response.status_code == 503, response.text
+        assert response.json()["error"] == "spool_unavailable" and response.headers["Retry-After"]
+        assert_nothing_stored(engine, storage_dir)
+        assert spools(deployment) == []
+    finally:
+        deployment.stop_all()
+        subprocess.run(["umount", "-l", str(deployment.temp)], capture_output=True)
