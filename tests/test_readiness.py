@@ -56,3 +56,30 @@ def test_the_storage_check_does_not_fsync(settings, monkeypatch):
         services = app.extensions["attache"]
         services.engine.dispose()
         services.broker.close()
+
+
+@pytest.mark.processes
+def test_readyz_answers_503_in_time_when_postgresql_stops_answering(env, tmp_path):
+    """A database frozen mid-connection once hung every probe, then the whole web process (adversarial review)."""
+    from app.web.health import READY_DEADLINE_SECONDS
+
+    database = urlparse(env["DATABASE_URL"])
+    proxy = Listener(upstream=(database.hostname, database.port or 5432))
+    url = env["DATABASE_URL"].replace(f"{database.hostname}:{database.port}", f"127.0.0.1:{proxy.port}")
+    web = Deployment({**env, "DATABASE_URL": url, "WEB_THREADS": "4"}, tmp_path)
+    try:
+        web.start("web")
+        assert requests.get(web.url + "/readyz", timeout=10).status_code == 200
+        proxy.frozen.set()
+        wait_for(lambda: requests.get(web.url + "/readyz", timeout=10).status_code == 503, timeout=15,
+                 message="/readyz 503 with PostgreSQL frozen")
+        for _ in range(8):  # more probes than the web has threads: each is answered within the deadline
+            began = time.monotonic()
+            response = requests.get(web.url + "/readyz", timeout=10)
+            assert response.status_code == 503
+            assert time.monotonic() - began < READY_DEADLINE_SECONDS + 2
+        assert response.json()["checks"]["database"].startswith("unavailable")
+        assert requests.get(web.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        web.stop_all()
+        proxy.close()

@@ -2,9 +2,10 @@
 
 ``/readyz`` is cheap, however often an orchestrator probes it: PostgreSQL
 answers ``SELECT 1`` on a pooled connection, RabbitMQ a passive declare on
-the thread's open connection (no new connection per probe), storage a probe
-write without fsync (or a bucket HEAD); and one answer serves every probe of
-the process for :data:`READY_CACHE_SECONDS`.
+the checker's open connection (no new connection per probe), storage a
+probe write without fsync (or a bucket HEAD); one answer serves every probe
+of the process for :data:`READY_CACHE_SECONDS`, and no probe waits longer
+than :data:`READY_DEADLINE_SECONDS` (see :class:`Readiness`).
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ bp = Blueprint("health", __name__)
 
 #: how long one readiness answer serves the probes of a process
 READY_CACHE_SECONDS = 1.0
+#: how long a probe waits for the checks before it answers 503 for what did not answer
+READY_DEADLINE_SECONDS = 3.0
+CHECKS = ("database", "broker", "storage")
+NO_ANSWER = f"unavailable: no answer within {READY_DEADLINE_SECONDS:g} s"
 
 
 @bp.get("/healthz")
@@ -30,22 +35,74 @@ def healthz():
 
 @bp.get("/readyz")
 def readyz():
-    checks = _cached_checks()
+    checks = _readiness().answer()
     ready = all(value == "ok" for value in checks.values())
     return jsonify(status="ready" if ready else "unavailable", checks=checks), 200 if ready else 503
 
 
-def _cached_checks() -> dict[str, str]:
-    cache = current_app.extensions.setdefault("attache_readiness", {"lock": threading.Lock(), "at": None})
-    with cache["lock"]:  # concurrent probes wait for the one check in flight
-        if cache["at"] is None or time.monotonic() - cache["at"] >= READY_CACHE_SECONDS:
-            cache["checks"] = _checks(current_app.extensions["attache"])
-            cache["at"] = time.monotonic()
-        return dict(cache["checks"])
+_CREATE = threading.Lock()
 
 
-def _checks(services) -> dict[str, str]:
-    checks: dict[str, str] = {}
+def _readiness() -> "Readiness":
+    with _CREATE:
+        return current_app.extensions.setdefault("attache_readiness", Readiness(current_app.extensions["attache"]))
+
+
+class Readiness:
+    """One checker thread per process runs the checks; probes wait for its answer at most a deadline.
+
+    A dependency that stops answering mid-connection (a frozen host, a
+    partition) blocks a read with no client-side deadline. Run in the probe's
+    own thread, that hung every probe and, once the web's threads were all
+    waiting, the whole process, ``/healthz`` included. Here only the checker
+    thread waits; a probe gets ``503`` naming what did not answer within
+    :data:`READY_DEADLINE_SECONDS`. One long-lived thread also keeps one
+    broker connection for every check.
+    """
+
+    def __init__(self, services):
+        self.services = services
+        self.changed = threading.Condition()
+        self.checks: dict[str, str] = {}
+        self.partial: dict[str, str] = {}
+        self.at: float | None = None
+        self.rounds = 0
+        self.wanted = False
+        self.thread: threading.Thread | None = None
+
+    def answer(self) -> dict[str, str]:
+        deadline = time.monotonic() + READY_DEADLINE_SECONDS
+        with self.changed:
+            if self.at is not None and time.monotonic() - self.at < READY_CACHE_SECONDS:
+                return dict(self.checks)
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._run, name="readiness", daemon=True)
+                self.thread.start()
+            rounds, self.wanted = self.rounds, True
+            self.changed.notify_all()
+            while self.rounds == rounds:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return {name: self.partial.get(name, NO_ANSWER) for name in CHECKS}
+                self.changed.wait(remaining)
+            return dict(self.checks)
+
+    def _run(self) -> None:
+        while True:
+            with self.changed:
+                while not self.wanted:
+                    self.changed.wait()
+                self.wanted = False
+                self.partial = partial = {}
+            checks = _checks(self.services, partial)
+            with self.changed:
+                self.checks, self.at = checks, time.monotonic()
+                self.rounds += 1
+                self.changed.notify_all()
+
+
+def _checks(services, checks: dict[str, str]) -> dict[str, str]:
+    """Fills ``checks`` as each dependency answers (a probe past its deadline reads what is there)."""
 
     def check(name, probe):
         try:
