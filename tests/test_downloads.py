@@ -42,6 +42,22 @@ def test_headers_etag_and_304(ready):
     assert again.status_code == 304 and again.data == b""
 
 
+def test_conditional_and_range_edges_follow_rfc_9110(ready):
+    """``If-None-Match: *`` and weak tags match (13.1.2); an invalid range-spec is ignored, not refused (14.2)."""
+    app, accepted, data = ready
+    client = owned_client(app)
+    path = f"/v1/attachments/{accepted.attachment_id}/original"
+    etag = client.get(path).headers["ETag"]
+    assert client.get(path, headers={"If-None-Match": "*"}).status_code == 304
+    assert client.get(path, headers={"If-None-Match": f'"other", W/{etag}'}).status_code == 304
+    assert client.get(path, headers={"If-None-Match": '"other"'}).status_code == 200
+    for invalid in ("bytes=5-3", "bytes=--5", "bytes=-", "bytes=a-b"):
+        response = client.get(path, headers={"Range": invalid})
+        assert (response.status_code, response.data == data) == (200, True), invalid
+    assert client.get(path, headers={"Range": "bytes=0-0"}).data == data[:1]
+    assert client.get(path, headers={"Range": "bytes=-0"}).status_code == 416
+
+
 def test_ranges_on_originals(ready):
     app, accepted, data = ready
     client = owned_client(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from urllib.parse import quote
 
@@ -236,7 +237,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "Content-Disposition": _disposition(attachment.filename, name, row.content_type),
         "Accept-Ranges": "bytes",
     }
-    if etag in (request.headers.get("If-None-Match") or ""):
+    if request.if_none_match.star_tag or request.if_none_match.contains_weak(row.sha256):
         return Response(status=304, headers=headers)
     storage = _services().storage
     lifetime = _services().settings.presign_seconds
@@ -273,6 +274,9 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     return Response(body(), status=status, mimetype=row.content_type, headers=headers)
 
 
+_RANGE_SPEC = re.compile(r"(\d*)-(\d*)")
+
+
 def _requested_range(size: int, etag: str):
     """One ``Range: bytes=…`` range as (start, length), None for the whole, or "unsatisfiable".
 
@@ -283,20 +287,24 @@ def _requested_range(size: int, etag: str):
         return None
     if request.headers.get("If-Range") and request.headers.get("If-Range") != etag:
         return None
-    first, _, last = header[len("bytes="):].strip().partition("-")
-    try:
-        if first == "":
-            suffix = int(last)
-            if suffix <= 0:
-                return "unsatisfiable"
-            start = max(0, size - suffix)
-            end = size - 1
-        else:
-            start = int(first)
-            end = int(last) if last else size - 1
-    except ValueError:
+    spec = _RANGE_SPEC.fullmatch(header[len("bytes="):].strip())
+    if spec is None:  # not a range RFC 9110 knows: the header is ignored
         return None
-    if start >= size or end < start:
+    first, last = spec.groups()
+    if first == last == "":
+        return None
+    if first == "":
+        suffix = int(last)
+        if suffix <= 0:
+            return "unsatisfiable"
+        start = max(0, size - suffix)
+        end = size - 1
+    else:
+        start = int(first)
+        end = int(last) if last else size - 1
+        if last and end < start:  # an invalid range-spec (RFC 9110 14.1.1): ignored, not refused
+            return None
+    if start >= size:
         return "unsatisfiable"
     end = min(end, size - 1)
     return start, end - start + 1
