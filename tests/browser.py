@@ -67,3 +67,16 @@ def browsing(deployment, tmp_dir: Path, *processes: str) -> Iterator:
         if driver is not None:
             driver.quit()
         deployment.stop_all()
+
+
+def waiting(driver, seconds: float = 20):
+    """A WebDriverWait that keeps polling while a click's navigation replaces the page.
+
+    An element found in the old document can vanish before it is read;
+    Chromium then says "Node ... does not belong to the document", a plain
+    WebDriverException that WebDriverWait does not ignore by itself.
+    """
+    from selenium.common.exceptions import WebDriverException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    return WebDriverWait(driver, seconds, ignored_exceptions=(WebDriverException,))

@@ -300,16 +300,15 @@ def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, se
 def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import browsing
+    from tests.browser import browsing, waiting
     from tests.processes import Deployment
 
     job_id = make_failed_job(engine)
     reason = "decoder upgraded, retry"
     deployment = Deployment(env, tmp_path)
     with browsing(deployment, tmp_path, "web") as driver:
-        wait = WebDriverWait(driver, 20)
+        wait = waiting(driver)
 
         driver.get(deployment.url + "/ops")
         wait.until(EC.url_contains("/ops/login"))
@@ -353,16 +352,15 @@ def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
 def test_operator_purges_only_the_ticked_dead_letters_in_a_real_browser(env, services, broker_url, engine, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
-    from selenium.webdriver.support.ui import WebDriverWait
 
-    from tests.browser import browsing
+    from tests.browser import browsing, waiting
     from tests.processes import Deployment
     from tests.test_dlq import XQ, dead_letter_three, depth
 
     ids = dead_letter_three(services, broker_url)
     deployment = Deployment(env, tmp_path)
     with browsing(deployment, tmp_path, "web") as driver:
-        wait = WebDriverWait(driver, 20)
+        wait = waiting(driver)
         driver.get(deployment.url + "/ops/login")
         wait.until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(OPERATOR_TOKEN)
         driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
