@@ -108,6 +108,7 @@ class Storage:
 @pytest.fixture
 def world(tmp_path):
     postgres, rabbit, storage = PrivateCluster(), PrivateRabbit(), Storage()
+    deployment = None
     try:
         postgres.start()
         rabbit.start()
@@ -129,14 +130,11 @@ def world(tmp_path):
         deployment.session.headers["Authorization"] = f"Bearer {TOKEN}"
         yield deployment, postgres, rabbit, storage
     finally:
-        try:
+        if deployment is not None:
             deployment.stop_all()
-        except Exception:
-            pass
-        storage.accept_writes() if storage.path.exists() else None
         rabbit.destroy()
         postgres.destroy()
-        storage.destroy()
+        storage.destroy()  # unmounting drops a read-only mount too
 
 
 class Client:

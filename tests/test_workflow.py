@@ -133,7 +133,9 @@ def test_heartbeat_keeps_a_long_step_leased(env, engine, data_file):
 def test_inspect_keeps_its_lease_while_a_slow_store_hands_over_the_original(env, engine, data_file):
     """Fetching a large original from a slow S3 can outlast the lease: the heartbeat covers inspect too."""
     import contextlib
+    from functools import cached_property
 
+    from app.storage import storage_from_url
     from app.storage.filesystem import FilesystemStorage
 
     class SlowStore(FilesystemStorage):  # the real filesystem store, taking its time to hand over a file
@@ -143,10 +145,17 @@ def test_inspect_keeps_its_lease_while_a_slow_store_hands_over_the_original(env,
             with super().fetch_to_path(key) as path:
                 yield path
 
-    services = Services(Settings.from_env({**env, "ATTACHE_LEASE_SECONDS": "1",
-                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
-    accepted = upload(services, data_file("photos/chelsea.jpg"))
-    services.__dict__["storage"] = SlowStore(services.storage.root)
+    class SlowServices(Services):
+        @cached_property
+        def storage(self):
+            return SlowStore(storage_from_url(self.settings.storage_url).root)
+
+    settings = Settings.from_env({**env, "ATTACHE_LEASE_SECONDS": "1",
+                                  "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"})
+    uploader = Services(settings)
+    accepted = upload(uploader, data_file("photos/chelsea.jpg"))
+    uploader.engine.dispose()
+    services = SlowServices(settings)
     [inspect] = take_messages(engine, accepted.job_id)
     assert Workflow(services).handle(inspect, step="inspect").status == "inspected"
     services.engine.dispose()
