@@ -45,8 +45,8 @@ class AbandonedSpools:
         self._lock = threading.Lock()
         self._next = 0.0
 
-    def sweep(self, idle_seconds: float, *, now: float | None = None) -> int:
-        now = time.monotonic() if now is None else now
+    def sweep(self, idle_seconds: float) -> int:
+        now = time.monotonic()
         with self._lock:
             if now < self._next:
                 return 0
