@@ -15,17 +15,22 @@ from __future__ import annotations
 import sys
 
 import dramatiq
-from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit
+from dramatiq.middleware import (
+    CurrentMessage,
+    Retries,
+    ShutdownNotifications,
+    TimeLimit,
+)
 
-from app import logs
-from app.broker import AttacheBroker
+from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
+from app.adapters.broker.rabbitmq import AttacheBroker
 from app.config import Settings
-from app.dead_letters import DeadLetterRecorder
+from app.core.messages import ROUTES
+from app.core.policies import NEVER_RETRY
+from app.core.workflow import Workflow
 from app.errors import ConfigError
-from app.messages import ROUTES
-from app.policies import NEVER_RETRY
+from app.observability import logs
 from app.services import Services
-from app.workflow import Workflow
 
 try:
     settings = Settings.from_env()

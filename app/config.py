@@ -12,10 +12,10 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
 
-from app.auth import parse_tokens
+from app.adapters.imaging.budget import DEFAULT_MAX_DECODE_BYTES
+from app.adapters.imaging.sniff import PROCESSED_FORMATS
+from app.core.auth import parse_tokens
 from app.errors import ConfigError
-from app.imaging.budget import DEFAULT_MAX_DECODE_BYTES
-from app.imaging.sniff import PROCESSED_FORMATS
 
 DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
 DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
@@ -195,19 +195,19 @@ class Settings:
                 values[f.name] = f.metadata["parse"](env, raw)
         settings = cls(**values)
         if settings.pipeline_version is None:
-            from app.pipeline import NEWEST
+            from app.core.pipeline import NEWEST
 
             settings = replace(settings, pipeline_version=NEWEST)
         settings.validate()
         return settings
 
     def validate(self) -> None:
-        from app import faults  # local import: faults imports nothing from here
+        from app import faults
 
         if self.fault and self.fault not in faults.POINTS:
             raise ConfigError(
                 f"ATTACHE_FAULT={self.fault!r} is not a fault point; known: {', '.join(sorted(faults.POINTS))}")
-        from app.pipeline import REGISTRY
+        from app.core.pipeline import REGISTRY
 
         if self.pipeline_version is not None and self.pipeline_version not in REGISTRY:
             raise ConfigError(f"ATTACHE_PIPELINE_VERSION={self.pipeline_version} is not registered; known: "

@@ -188,3 +188,20 @@ class DigestMismatch(UploadRejected):
 
     status = 422
     error_code = "digest_mismatch"
+
+
+def error_code(error: BaseException) -> str:
+    return error.error_code if isinstance(error, AttacheError) else "internal_error"
+
+
+def sanitized_reason(error: BaseException) -> str:
+    """A reason safe to store and show: attache's own message, or only the type name.
+
+    Vendor exception texts can carry URLs with credentials, file paths or
+    SQL; they are never stored. Our own errors are written to be safe.
+    """
+    if isinstance(error, AttacheError):
+        text = error.reason
+    else:
+        text = f"unexpected {type(error).__name__}"
+    return text.replace("\n", " ")[:500]

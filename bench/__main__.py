@@ -37,7 +37,7 @@ times = []
 for _ in range(runs):
     began = time.perf_counter()
     if mode == "attache":
-        from app.imaging import PIPELINE_V1_SPECS, Limits, render
+        from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, render
         out = render(path, PIPELINE_V1_SPECS["thumbnail"], Limits())
         size = (out.width, out.height)
     else:
@@ -56,10 +56,10 @@ print(json.dumps({"times": times, "peak_mb": peak_kb / 1024, "size": size}))
 JOB = r"""
 import json, re, sys, threading, time
 from pathlib import Path
-import app.workflow  # what a worker process has loaded before its first job
-from app import pipeline
+import app.core.workflow  # what a worker process has loaded before its first job
+from app.core import pipeline
 from app.errors import PermanentError
-from app.imaging import Limits, probe, render
+from app.adapters.imaging import Limits, probe, render
 path, budget, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 limits = Limits() if budget == 0 else Limits(max_decode_bytes=budget)
 outcomes = []

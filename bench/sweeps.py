@@ -20,16 +20,20 @@ import statistics
 import tempfile
 import time
 import uuid
-from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-from app import db
+from app.adapters.postgres import db
 from app.config import Settings
 from app.services import Services
 from scheduler.object_gc import ObjectGc, ObjectGcConfig, referenced_query
-from scheduler.retirement import (Retirement, RetirementConfig, candidates_query, oldest_live_version_query,
-                                  still_used_query)
+from scheduler.retirement import (
+    Retirement,
+    RetirementConfig,
+    candidates_query,
+    oldest_live_version_query,
+    still_used_query,
+)
 from scheduler.staging_cleanup import owner_query
 
 ADMIN_URL = os.environ.get("ATTACHE_BENCH_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/postgres")

@@ -12,9 +12,9 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.blocking import BlockingScheduler
 
-from app import logs
 from app.config import Settings
 from app.errors import AttacheError, ConfigError
+from app.observability import logs
 from app.services import Services
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig

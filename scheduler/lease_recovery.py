@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app import states
-from app.db import transaction
+from app.adapters.postgres.db import transaction
+from app.core import states
 from app.services import Services, identity
 
 log = logging.getLogger("attache.scheduler.leases")

@@ -21,8 +21,8 @@ from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select
 
-from app.db import transaction
-from app.models import jobs, variants
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import jobs, variants
 from app.services import Services
 from scheduler.locking import sweep_storage
 

@@ -18,7 +18,7 @@ queues hold no ready message: during a backlog a job's message may simply
 be waiting, and a duplicate would only lengthen the backlog (each
 re-announced inspect announces the job's unrecorded renders again). A
 stranded job is therefore re-announced once the backlog has drained. See
-:func:`app.states.reannounce_stranded`. Safe with two schedulers
+:func:`app.core.states.reannounce_stranded`. Safe with two schedulers
 (``SKIP LOCKED``). ``/metrics`` counts the re-announcements as
 ``attache_reconciler_reannounced_total``.
 """
@@ -28,8 +28,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app import messages, states
-from app.db import transaction
+from app.adapters.postgres.db import transaction
+from app.core import messages, states
 from app.errors import BrokerUnavailable
 from app.services import Services, identity
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from sqlalchemy import and_, func, select, text, update
 from sqlalchemy.orm import aliased
 
-from app.db import transaction
-from app.models import jobs, variants
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import jobs, variants
 from app.services import Services
 from scheduler.locking import exclusive
 

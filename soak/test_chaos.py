@@ -42,9 +42,10 @@ import requests
 from PIL import Image, ImageDraw
 from sqlalchemy import create_engine, func, select, text
 
-from app import db, pipeline
+from app.adapters.postgres import db
+from app.adapters.postgres.models import attachments, job_history, jobs, variants
 from app.config import Settings
-from app.models import attachments, job_history, jobs, variants
+from app.core import pipeline
 from app.services import Services
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from app import db
+from app.adapters.postgres import db
 from app.config import Settings
 from app.services import Services
 

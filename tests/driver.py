@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from sqlalchemy import func, select, update
 
-from app import intake
-from app.models import jobs, outbox
-from app.uploads import HashingSpool
+from app.adapters.postgres.models import jobs, outbox
+from app.core import intake
+from app.web.spool import HashingSpool
 
 
 def upload(services, path):

@@ -116,7 +116,7 @@ def test_dev_mode_creates_one_token_once(env, tmp_path, monkeypatch):
 def test_uploads_belong_to_their_uploader(app, alices_upload, engine):
     from sqlalchemy import select
 
-    from app.models import attachments
+    from app.adapters.postgres.models import attachments
 
     with engine.connect() as conn:
         assert conn.execute(select(attachments.c.owner)).scalar() == "alice"

@@ -10,9 +10,9 @@ import uuid
 import pytest
 from sqlalchemy import func, insert, select, update
 
-from app import pipeline, states
-from app.models import attachments, jobs, outbox
-from app.tracing import new_traceparent
+from app.adapters.postgres.models import attachments, jobs, outbox
+from app.core import pipeline, states
+from app.observability.tracing import new_traceparent
 from tests.processes import REPO, VENV_BIN, wait_for
 
 pytestmark = pytest.mark.processes

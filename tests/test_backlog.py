@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.models import jobs
-from tests.processes import Deployment, wait_for
+from app.adapters.postgres.models import jobs
+from tests.processes import Deployment
 
 pytestmark = pytest.mark.processes
 

@@ -8,9 +8,9 @@ import pytest
 from click.testing import CliRunner
 from sqlalchemy import select
 
+from app.adapters.postgres.models import audit_log
 from app.cli import main
-from app.models import audit_log
-from app.workflow import Workflow
+from app.core.workflow import Workflow
 from tests.driver import run, upload
 
 

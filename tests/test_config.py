@@ -7,7 +7,6 @@ import pytest
 
 from app.config import Settings
 from app.errors import ConfigError
-
 from tests.processes import REPO
 
 

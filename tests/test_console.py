@@ -8,9 +8,9 @@ import uuid
 import pytest
 from sqlalchemy import select
 
-from app import states
+from app.adapters.postgres.models import audit_log, jobs, outbox
 from app.config import Settings
-from app.models import audit_log, jobs, outbox
+from app.core import states
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, UPLOADER_TOKEN, authed
 from tests.test_states import seed
@@ -232,7 +232,7 @@ def broker_app(env):
 
 
 def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, services, broker_url, engine):
-    from app.models import dead_letters
+    from app.adapters.postgres.models import dead_letters
     from tests.test_dlq import XQ, dead_letter_three, depth
 
     ids = dead_letter_three(services, broker_url)
@@ -383,7 +383,7 @@ def test_operator_purges_only_the_ticked_dead_letters_in_a_real_browser(env, ser
         assert "more than the 2 this page showed: nothing was purged" in driver.find_element(By.TAG_NAME, "main").text
         driver.save_screenshot(str(tmp_path / "dlq-refused.png"))  # for a human to look at
 
-    from app.dlq import DeadLetters
+    from app.adapters.broker.dead_letter_tools import DeadLetters
 
     left = DeadLetters(broker_url, engine).messages(XQ)
     assert [m["message_id"] for m in left] == [ids[0], ids[2], late], "only the ticked one was purged"

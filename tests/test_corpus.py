@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from app.imaging import PROCESSED_FORMATS
+from app.adapters.imaging import PROCESSED_FORMATS
 from tests.processes import Deployment
 
 pytestmark = pytest.mark.processes

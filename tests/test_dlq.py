@@ -24,9 +24,13 @@ from dramatiq.message import Message
 from sqlalchemy import insert, select
 
 from app import faults
-from app.dlq import BadSelection, DeadLetters, MoreThanExpected
+from app.adapters.broker.dead_letter_tools import (
+    BadSelection,
+    DeadLetters,
+    MoreThanExpected,
+)
+from app.adapters.postgres.models import audit_log, dead_letters
 from app.errors import BrokerUnavailable
-from app.models import audit_log, dead_letters
 
 XQ = "attache.inspect.XQ"
 REPO = Path(__file__).resolve().parents[1]

@@ -105,10 +105,9 @@ def test_compose_sets_only_documented_variables():
     assert not unknown, f"not settings in docs/configuration.md: {unknown}"
 
 
-def test_dockerfile_copies_schemas_and_defaults_to_web():
+def test_dockerfile_defaults_to_web():
     text = DOCKERFILE.read_text()
     instructions = [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
-    assert any(re.match(r"COPY\s+(.*\s)?schemas/?\s", line) for line in instructions), "schemas/ must be copied"
     assert instructions[0].startswith("FROM python:3.11-slim")
     users = [line.split()[1] for line in instructions if line.startswith("USER ")]
     assert users and users[-1] not in ("root", "0"), "the image must run as a non-root user"
@@ -119,11 +118,18 @@ def test_dockerfile_copies_schemas_and_defaults_to_web():
     assert json.loads(cmd[-1][len("CMD "):]) == ["bash", "-c", procfile()["web"]]
 
 
-def test_schema_is_found_next_to_app():
-    from app import messages
+def test_schema_is_installed_with_the_package():
+    import tomllib
 
-    assert messages.SCHEMA_PATH == REPO / "schemas" / "jobs.schema.json"
+    from app.core import messages
+
+    package = REPO / "app"
     assert messages.SCHEMA_PATH.is_file()
+    assert messages.SCHEMA_PATH.is_relative_to(package), "the schema must be read from inside the package"
+    data = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["app"]
+    relative = messages.SCHEMA_PATH.relative_to(package)
+    assert any(relative.match(pattern) for pattern in data), f"{relative} is not in package-data"
+    assert (REPO / "schemas" / "jobs.schema.json").resolve() == messages.SCHEMA_PATH.resolve()
 
 
 def test_line_parser_agrees_with_yaml():

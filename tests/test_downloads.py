@@ -6,9 +6,9 @@ import hashlib
 
 import pytest
 
-from app import states
+from app.core import states
+from app.core.workflow import Workflow
 from app.web import create_app
-from app.workflow import Workflow
 from tests.conftest import authed
 from tests.driver import run, upload
 

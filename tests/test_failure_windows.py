@@ -19,8 +19,14 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from app import pipeline
-from app.models import attachments, job_history, jobs, outbox, variants
+from app.adapters.postgres.models import (
+    attachments,
+    job_history,
+    jobs,
+    outbox,
+    variants,
+)
+from app.core import pipeline
 from tests.processes import Deployment, wait_for
 
 pytestmark = pytest.mark.processes

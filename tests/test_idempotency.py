@@ -7,7 +7,7 @@ import threading
 import pytest
 from sqlalchemy import func, select, update
 
-from app.models import attachments, idempotency_keys, jobs
+from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.web import create_app
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
 from tests.processes import Deployment

@@ -26,13 +26,13 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from app import pipeline
+from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, budget, probe, render
+from app.adapters.postgres.models import attachments, jobs, outbox
 from app.config import Settings
+from app.core import pipeline
+from app.core.workflow import Workflow
 from app.errors import ImageTooLarge
-from app.imaging import PIPELINE_V1_SPECS, Limits, budget, probe, render
-from app.models import attachments, jobs, outbox
 from app.services import Services
-from app.workflow import Workflow
 from tests import hostile_images
 from tests.driver import job, run, upload
 from tests.test_imaging import LoadSpy
@@ -135,9 +135,9 @@ def test_probe_prices_every_registered_pipeline() -> None:
 MEASURE = textwrap.dedent(
     r"""
     import json, re, sys
-    from app.imaging import Limits, budget, render
-    from app.imaging.probe import open_checked
-    from app.pipeline import REGISTRY
+    from app.adapters.imaging import Limits, budget, render
+    from app.adapters.imaging.probe import open_checked
+    from app.core.pipeline import REGISTRY
 
     def status():
         text = open("/proc/self/status").read()

@@ -1,4 +1,4 @@
-"""Tests for app.imaging, driven by the corpus manifest in tests/data/.
+"""Tests for app.adapters.imaging, driven by the corpus manifest in tests/data/.
 
 tests/data/MANIFEST.tsv has one row per file with the format Pillow saw,
 the declared size and the expected outcome (process / reject_*); see
@@ -18,16 +18,17 @@ import zlib
 from pathlib import Path
 
 import pytest
-from PIL import Image, ImageChops, ImageCms, ImageFile, ImageOps, ImageStat, TiffImagePlugin
-
-from app.errors import (
-    CorruptImage,
-    DecompressionBomb,
-    ImageTooLarge,
-    PermanentError,
-    UnsupportedFormat,
+from PIL import (
+    Image,
+    ImageChops,
+    ImageCms,
+    ImageFile,
+    ImageOps,
+    ImageStat,
+    TiffImagePlugin,
 )
-from app.imaging import (
+
+from app.adapters.imaging import (
     PIPELINE_V1_SPECS,
     PROCESSED_FORMATS,
     ImageInfo,
@@ -37,6 +38,13 @@ from app.imaging import (
     probe,
     render,
     sniff,
+)
+from app.errors import (
+    CorruptImage,
+    DecompressionBomb,
+    ImageTooLarge,
+    PermanentError,
+    UnsupportedFormat,
 )
 
 # Pillow warns about the fuzzer TIFFs' broken tags; that is expected noise.
@@ -423,7 +431,7 @@ def test_bombs_do_not_allocate() -> None:
     delta = _peak_rss_delta_mb(
         f"""
         from app.errors import DecompressionBomb
-        from app.imaging import Limits, probe
+        from app.adapters.imaging import Limits, probe
         for path in {files!r}:
             try:
                 probe(path, Limits())
@@ -462,7 +470,7 @@ def test_12mp_jpeg_thumbnail_peak_memory() -> None:
     path = str(path_of("photos/astronaut_12mp_3464x3464.jpg"))
     delta = _peak_rss_delta_mb(
         f"""
-        from app.imaging import PIPELINE_V1_SPECS, Limits, render
+        from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, render
         out = render({path!r}, PIPELINE_V1_SPECS["thumbnail"], Limits())
         assert (out.width, out.height) == (256, 256)
         """
@@ -485,7 +493,7 @@ def _peak_rss_delta_mb(body: str) -> float:
     script = textwrap.dedent(
         f"""
         import re
-        from app.imaging import PIPELINE_V1_SPECS, Limits, render
+        from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, render
 
         def peak_kb():
             with open("/proc/self/status") as fh:

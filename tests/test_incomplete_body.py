@@ -15,7 +15,7 @@ import socket
 import pytest
 from sqlalchemy import func, select
 
-from app.models import attachments, idempotency_keys, jobs, outbox
+from app.adapters.postgres.models import attachments, idempotency_keys, jobs, outbox
 from tests.processes import Deployment
 
 pytestmark = pytest.mark.processes

@@ -8,9 +8,9 @@ import uuid
 
 from sqlalchemy import func, insert, select, text, update
 
-from app import pipeline, states
-from app.models import attachments, jobs, outbox, variants
-from app.tracing import new_traceparent
+from app.adapters.postgres.models import attachments, jobs, outbox, variants
+from app.core import pipeline, states
+from app.observability.tracing import new_traceparent
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
@@ -206,7 +206,11 @@ def explain(conn, statement) -> str:
 def test_sweep_lookups_use_their_indexes(engine):
     """Each per-object lookup of the sweeps is an index scan, not a scan of the whole table."""
     from scheduler.object_gc import referenced_query
-    from scheduler.retirement import candidates_query, oldest_live_version_query, still_used_query
+    from scheduler.retirement import (
+        candidates_query,
+        oldest_live_version_query,
+        still_used_query,
+    )
     from scheduler.staging_cleanup import owner_query
 
     key = pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", "a" * 64, "jpg")

@@ -4,10 +4,10 @@ import uuid
 
 import pytest
 
-from app import messages
-from app.broker import amqp_headers
+from app.adapters.broker.rabbitmq import amqp_headers
+from app.core import messages
 from app.errors import InvalidMessage
-from app.tracing import new_traceparent
+from app.observability.tracing import new_traceparent
 
 
 def message(**overrides):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from app.core.workflow import Workflow
 from app.web import create_app
-from app.workflow import Workflow
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import run, upload
 

@@ -1,11 +1,11 @@
-"""The migrations create exactly the schema app/models.py describes, and re-running them is harmless."""
+"""The migrations create exactly the schema app/adapters/postgres/models.py describes, and re-running them is harmless."""
 
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import create_engine, text
 
-from app import db
-from app.models import metadata
+from app.adapters.postgres import db
+from app.adapters.postgres.models import metadata
 
 
 def test_models_and_migrations_agree(database_url):

@@ -22,9 +22,9 @@ from dramatiq.message import Message
 from PIL import Image
 from sqlalchemy import insert, update
 
-from app.models import dead_letters, jobs
-from app.openapi import document
+from app.adapters.postgres.models import dead_letters, jobs
 from app.web import create_app
+from app.web.api_document import document
 from tests.conftest import OPERATOR_TOKEN, UPLOADER_TOKEN, authed
 from tests.processes import Deployment, wait_for
 
@@ -71,7 +71,7 @@ def test_document_names_exactly_the_flask_routes(app):
     routes = flask_api_routes(app)
     documented = documented_operations(document())
     assert ("POST", "/v1/attachments") in routes and ("GET", "/metrics") in routes  # the conversion works
-    assert routes - documented == set(), "routes missing from app/openapi.py"
+    assert routes - documented == set(), "routes missing from app/web/api_document.py"
     assert documented - routes == set(), "documented operations the app does not have"
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from sqlalchemy import func, select
 
-from app.models import audit_log, variants
+from app.adapters.postgres.models import audit_log, variants
+from app.core.workflow import Workflow
 from app.web import create_app
-from app.workflow import Workflow
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import run
 

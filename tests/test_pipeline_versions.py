@@ -12,14 +12,14 @@ import dataclasses
 import pytest
 from sqlalchemy import func, select
 
-from app import backfill, operations, pipeline, states
+from app.adapters.imaging import VariantSpec
+from app.adapters.postgres.models import jobs, outbox, variants
 from app.config import Settings
+from app.core import backfill, operations, pipeline, states
+from app.core.workflow import Workflow
 from app.errors import ConfigError
-from app.imaging import VariantSpec
-from app.models import jobs, outbox, variants
 from app.services import Services
 from app.web import create_app
-from app.workflow import Workflow
 from scheduler.retirement import Retirement, RetirementConfig
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import job, run, take_messages, upload

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 import pytest
 from sqlalchemy import select
 
-from app.models import outbox
+from app.adapters.postgres.models import outbox
 from tests.processes import Deployment
 from tests.tcp import Listener
 

@@ -14,9 +14,11 @@ import pytest
 import requests
 from sqlalchemy import func, insert, select, text, update
 
-from app import db, metrics, states
-from app.models import attachments, job_history, jobs, outbox
-from app.tracing import new_traceparent
+from app.adapters.postgres import db
+from app.adapters.postgres.models import attachments, job_history, jobs, outbox
+from app.core import states
+from app.observability import metrics
+from app.observability.tracing import new_traceparent
 from scheduler.reconciler import Reconciler, ReconcilerConfig
 from tests.pgcluster import PrivateCluster
 from tests.processes import Deployment, wait_for

@@ -12,9 +12,9 @@ import pika
 import pytest
 from sqlalchemy import func, insert, select, text, update
 
-from app import states
-from app.models import attachments, job_history, jobs, outbox
-from app.tracing import new_traceparent
+from app.adapters.postgres.models import attachments, job_history, jobs, outbox
+from app.core import states
+from app.observability.tracing import new_traceparent
 from tests.processes import Deployment, wait_for
 from tests.test_failure_windows import assert_invariants
 

@@ -16,8 +16,8 @@ import pytest
 from dramatiq.message import Message
 from sqlalchemy import func, select
 
-from app import messages
-from app.models import job_history, jobs, outbox, variants
+from app.adapters.postgres.models import job_history, jobs, outbox, variants
+from app.core import messages
 from tests.conftest import authed
 from tests.processes import Deployment, wait_for
 
@@ -108,9 +108,9 @@ def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment
 
 def test_redelivery_to_a_ready_job_whose_version_was_retired_is_acked(deployment, services, engine, broker_url,
                                                                       data_file):
-    from app import states
-    from app.models import dead_letters, step_runs
-    from app.tracing import new_traceparent
+    from app.adapters.postgres.models import dead_letters, step_runs
+    from app.core import states
+    from app.observability.tracing import new_traceparent
     from scheduler.retirement import Retirement, RetirementConfig
 
     uploaded = deployment.upload(data_file("photos/chelsea.jpg")).json()
@@ -157,14 +157,14 @@ def test_schema_invalid_messages_are_dead_lettered_unprocessed(deployment, servi
 
 
 def dead_letter(engine, message_id):
-    from app.models import dead_letters
+    from app.adapters.postgres.models import dead_letters
 
     with engine.connect() as conn:
         return conn.execute(select(dead_letters).where(dead_letters.c.message_id == message_id)).one_or_none()
 
 
 def test_message_for_unknown_job_is_dead_lettered(deployment, services, engine, broker_url):
-    from app.tracing import new_traceparent
+    from app.observability.tracing import new_traceparent
 
     job_id = uuid.uuid4()
     payload = messages.build(job_id=job_id, attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
@@ -204,7 +204,7 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
 
 def test_when_postgresql_is_unreachable_dramatiq_retries_are_bounded_then_dead_letter(env, tmp_path, services, broker_url):
     """The only case for Dramatiq's own retries: the outcome cannot be recorded at all."""
-    from app.tracing import new_traceparent
+    from app.observability.tracing import new_traceparent
 
     deployment = Deployment({**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache",
                              "ATTACHE_BROKER_RETRIES": "2", "ATTACHE_BROKER_MIN_BACKOFF_MS": "50"}, tmp_path)

@@ -16,11 +16,11 @@ import pytest
 import requests
 from sqlalchemy import func, select
 
-from app import pipeline
-from app.models import attachments, jobs, outbox, variants
-from app.storage import Storage, storage_from_url
-from tests.s3server import moto_server
+from app.adapters.postgres.models import attachments, jobs, outbox, variants
+from app.adapters.storage import Storage, storage_from_url
+from app.core import pipeline
 from tests.processes import Deployment, wait_for
+from tests.s3server import moto_server
 
 pytestmark = pytest.mark.processes
 

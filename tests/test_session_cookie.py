@@ -10,7 +10,6 @@ from __future__ import annotations
 import pytest
 import requests
 
-
 pytestmark = pytest.mark.processes
 
 

@@ -7,8 +7,8 @@ private ``TMPDIR`` so the test sees exactly what it leaves behind.
 
 from __future__ import annotations
 
-import hashlib
 import base64
+import hashlib
 import re
 
 import pytest

@@ -6,9 +6,15 @@ import pytest
 from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
-from app import states
-from app.models import attachments, job_history, jobs, outbox, variants
-from app.tracing import new_traceparent
+from app.adapters.postgres.models import (
+    attachments,
+    job_history,
+    jobs,
+    outbox,
+    variants,
+)
+from app.core import states
+from app.observability.tracing import new_traceparent
 
 LEASE = states.Lease("worker:test", 30)
 REQUIRED = ("original", "thumbnail")

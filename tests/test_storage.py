@@ -1,4 +1,4 @@
-"""Tests for app.storage: one suite run against both backends.
+"""Tests for app.adapters.storage: one suite run against both backends.
 
 The S3 backend talks real HTTP, through minio and urllib3, to moto's
 ``ThreadedMotoServer`` started here on 127.0.0.1 and an ephemeral port.
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from app.adapters.storage import ObjectInfo, Storage, storage_from_url, validate_key
+from app.adapters.storage import filesystem as fs_module
+from app.adapters.storage.filesystem import FilesystemStorage
+from app.adapters.storage.s3 import S3Storage, make_http_client
 from app.errors import ConfigError, ObjectNotFound, StorageError, StorageUnavailable
-from app.storage import ObjectInfo, Storage, storage_from_url, validate_key
-from app.storage import filesystem as fs_module
-from app.storage.filesystem import FilesystemStorage
-from app.storage.s3 import S3Storage, make_http_client
 from tests.s3server import moto_server
 
 ACCESS_KEY = "AKIATESTACCESSKEY"

@@ -10,8 +10,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from sqlalchemy import select
 
-from app.models import outbox
-from app.workflow import Workflow
+from app.adapters.postgres.models import outbox
+from app.core.workflow import Workflow
 from tests.driver import upload
 
 EXPORTER = InMemorySpanExporter()

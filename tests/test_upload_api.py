@@ -10,10 +10,9 @@ import hashlib
 import pytest
 from sqlalchemy import func, select
 
-from app.models import attachments, job_history, jobs, outbox
+from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.web import create_app
 from tests.conftest import authed
-
 
 
 def counts(engine):
@@ -106,10 +105,10 @@ def test_malformed_requests_are_400(client, engine):
 
 
 def test_size_limit_is_enforced_while_streaming(env, engine, storage_dir, data_file, tmp_path):
-    from app.config import Settings
-
     import tempfile
     from pathlib import Path
+
+    from app.config import Settings
 
     spools = lambda: set(Path(tempfile.gettempdir()).glob("attache-upload-*"))  # noqa: E731
     before = spools()

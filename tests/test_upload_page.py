@@ -7,8 +7,8 @@ import re
 import pytest
 from sqlalchemy import func, select
 
+from app.adapters.postgres.models import attachments
 from app.config import Settings
-from app.models import attachments
 from app.web import create_app
 from app.web.page import limit_in_mb
 from tests.conftest import OPERATOR_TOKEN, OTHER_UPLOADER_TOKEN, UPLOADER_TOKEN, authed
@@ -273,7 +273,7 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
         driver.save_screenshot(str(tmp_path / "upload-page.png"))  # for a human to look at
         print(f"screenshot: {tmp_path / 'upload-page.png'}")
 
-    from app.models import jobs
+    from app.adapters.postgres.models import jobs
 
     with engine.connect() as conn:
         rows = conn.execute(select(attachments.c.filename, jobs.c.state).join(

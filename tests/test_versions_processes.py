@@ -13,9 +13,9 @@ import uuid
 import pytest
 from sqlalchemy import func, select
 
-from app import states
-from app.models import jobs, variants
-from app.tracing import new_traceparent
+from app.adapters.postgres.models import jobs, variants
+from app.core import states
+from app.observability.tracing import new_traceparent
 from tests.conftest import OPERATOR_TOKEN
 from tests.processes import Deployment, wait_for
 

@@ -11,11 +11,11 @@ import time
 
 from sqlalchemy import func, select, text, update
 
-from app import states
+from app.adapters.postgres.models import jobs, variants
 from app.config import Settings
-from app.models import jobs, variants
+from app.core import states
+from app.core.workflow import Workflow
 from app.services import Services
-from app.workflow import Workflow
 from tests.driver import job, run, take_messages, upload
 
 
@@ -135,8 +135,8 @@ def test_inspect_keeps_its_lease_while_a_slow_store_hands_over_the_original(env,
     import contextlib
     from functools import cached_property
 
-    from app.storage import storage_from_url
-    from app.storage.filesystem import FilesystemStorage
+    from app.adapters.storage import storage_from_url
+    from app.adapters.storage.filesystem import FilesystemStorage
 
     class SlowStore(FilesystemStorage):  # the real filesystem store, taking its time to hand over a file
         @contextlib.contextmanager

@@ -13,14 +13,14 @@ from flask import Flask
 from sqlalchemy.exc import OperationalError
 from werkzeug.exceptions import HTTPException
 
-from app import logs
-from app.auth import effective_tokens
 from app.config import Settings
+from app.core.auth import effective_tokens
 from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
+from app.observability import logs
 from app.services import Services
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
-from app.web.session import SessionInterface
 from app.web.responses import error, refusal
+from app.web.session import SessionInterface
 
 
 def create_app(settings: Settings | None = None) -> Flask:
@@ -55,7 +55,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web import console  # the /ops operator console (HTML, login session)
 
     app.register_blueprint(console.bp)
-    from app.web import page  # the upload page at / (HTML + static/upload.js, same session)
+    from app.web import (
+        page,  # the upload page at / (HTML + static/upload.js, same session)
+    )
 
     app.register_blueprint(page.bp)
 

@@ -22,7 +22,7 @@ import time
 
 from flask import Blueprint, current_app, g, request, session
 
-from app.auth import ROLES, Identity, authenticate
+from app.core.auth import ROLES, Identity, authenticate
 from app.web.responses import error
 
 #: how long a browser sign-in lasts (the console and the upload page share the session)

@@ -10,8 +10,9 @@ from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
 from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
-from app import filenames, intake
-from app.db import transaction
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import attachments, jobs, variants
+from app.core import filenames, intake
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -21,12 +22,12 @@ from app.errors import (
     StorageUnavailable,
     UploadRejected,
 )
-from app.models import attachments, jobs, variants
-from app.logs import bound
-from app.tracing import accept_traceparent, accept_tracestate, trace_id
-from app.uploads import HashingSpool, spool_stream, verify_digests
+from app.observability.logs import bound
+from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
-from app.web.responses import error as _error, refusal
+from app.web.responses import error as _error
+from app.web.responses import refusal
+from app.web.spool import HashingSpool, spool_stream, verify_digests
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 

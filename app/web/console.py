@@ -26,14 +26,33 @@ import logging
 import uuid
 from datetime import datetime, timezone
 
-from flask import (Blueprint, current_app, flash, g, redirect, render_template, request, session,
-                   url_for)
+from flask import (
+    Blueprint,
+    current_app,
+    flash,
+    g,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
-from app import operations
-from app.auth import Identity, authenticate
-from app.dlq import BadSelection, MoreThanExpected, UnknownQueue
+from app.adapters.broker.dead_letter_tools import (
+    BadSelection,
+    MoreThanExpected,
+    UnknownQueue,
+)
+from app.core import operations
+from app.core.auth import Identity, authenticate
 from app.errors import AttacheError
-from app.web.access import csrf_token, form_csrf_ok, local_developer, session_identity, start_session
+from app.web.access import (
+    csrf_token,
+    form_csrf_ok,
+    local_developer,
+    session_identity,
+    start_session,
+)
 
 log = logging.getLogger(__name__)
 
@@ -199,7 +218,7 @@ def logout():
 
 
 def _dead_letters():
-    from app.dlq import DeadLetters
+    from app.adapters.broker.dead_letter_tools import DeadLetters
 
     services = _services()
     return DeadLetters(services.settings.broker_url, services.engine,

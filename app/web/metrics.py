@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from app import metrics
+from app.observability import metrics
 from app.web.access import protect
 
 bp = Blueprint("metrics", __name__)

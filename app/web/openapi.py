@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flask import Blueprint, jsonify
 
-from app.openapi import document
+from app.web.api_document import document
 
 bp = Blueprint("openapi", __name__)
 

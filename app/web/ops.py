@@ -5,11 +5,15 @@ from __future__ import annotations
 import uuid
 
 from flask import Blueprint, current_app, jsonify, request
-
 from werkzeug.exceptions import BadRequest
 
-from app import operations
-from app.dlq import MAX_EXPECTED, MAX_MESSAGE_IDS, MoreThanExpected, UnknownQueue
+from app.adapters.broker.dead_letter_tools import (
+    MAX_EXPECTED,
+    MAX_MESSAGE_IDS,
+    MoreThanExpected,
+    UnknownQueue,
+)
+from app.core import operations
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
 from app.web.responses import error as _error
@@ -81,7 +85,7 @@ def leases():
 
 
 def _dead_letters():
-    from app.dlq import DeadLetters
+    from app.adapters.broker.dead_letter_tools import DeadLetters
 
     settings = _services().settings
     return DeadLetters(settings.broker_url, _services().engine, socket_timeout=settings.publish_timeout_seconds)
@@ -168,8 +172,8 @@ def dlq_purge(queue: str):
 
 @bp.post("/pipelines/<int:version>/backfill")
 def backfill(version: int):
-    from app import backfill as backfill_module
-    from app import pipeline
+    from app.core import backfill as backfill_module
+    from app.core import pipeline
 
     body = request.get_json(silent=True) or {}
     if not isinstance(body, dict):

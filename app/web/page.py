@@ -19,10 +19,24 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, current_app, redirect, render_template, request, session, url_for
+from flask import (
+    Blueprint,
+    current_app,
+    redirect,
+    render_template,
+    request,
+    session,
+    url_for,
+)
 
-from app.auth import authenticate
-from app.web.access import csrf_token, form_csrf_ok, local_developer, session_identity, start_session
+from app.core.auth import authenticate
+from app.web.access import (
+    csrf_token,
+    form_csrf_ok,
+    local_developer,
+    session_identity,
+    start_session,
+)
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """The Flask request class: where a request's body goes, and what is left of it afterwards.
 
 * Only the upload view (:data:`UPLOAD_ENDPOINT`) spools: its file parts
-  stream into :class:`~app.uploads.HashingSpool` files (``attache-upload-*``
+  stream into :class:`~app.web.spool.HashingSpool` files (``attache-upload-*``
   in the temporary directory). Every other route reads file parts and drops
   them (:class:`DroppedPart`): nothing reaches the disk, nothing is kept.
 * The body limit is per route: the upload limit plus 1 MiB of multipart
@@ -27,8 +27,8 @@ from flask import Request, current_app
 from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
-from app.uploads import HashingSpool, remove_abandoned_spools
 from app.web.body import BodyStream
+from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files
 UPLOAD_ENDPOINT = "attachments.upload"

@@ -1,0 +1,61 @@
+"""Recording why a message was dead-lettered, in PostgreSQL.
+
+Dramatiq's dead letters carry no failure details. When Dramatiq gives up on
+a message (a poison message in ``throws``, or its bounded retries spent
+while PostgreSQL was down) this middleware writes what an operator needs:
+the message id, queue, actor, job, error code and a sanitized reason. If
+PostgreSQL is still unreachable the record is logged instead; the message
+itself is in ``<queue>.XQ`` either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from dramatiq.middleware import Middleware
+from sqlalchemy import insert
+
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import dead_letters
+from app.errors import error_code, sanitized_reason
+
+log = logging.getLogger("attache.dead_letters")
+
+
+def _job_id(body) -> uuid.UUID | None:
+    try:
+        return uuid.UUID(str(body["job_id"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+class DeadLetterRecorder(Middleware):
+    """Must run its ``after_process_message`` after ``Retries`` decided the message failed.
+
+    Dramatiq calls ``after_*`` hooks in reverse list order, so list it
+    *before* ``Retries``.
+    """
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def after_process_message(self, broker, message, *, result=None, exception=None):
+        if exception is None or not message.failed:
+            return
+        body = message.args[0] if message.args else None
+        record = dict(
+            message_id=message.message_id, queue_name=message.queue_name, actor_name=message.actor_name,
+            job_id=_job_id(body), error_code=error_code(exception), reason=sanitized_reason(exception),
+            retries=message.options.get("retries", 0),
+            body=body if isinstance(body, (dict, list, str, int, float)) else None,
+        )
+        try:
+            with transaction(self.engine) as conn:
+                conn.execute(insert(dead_letters).values(**record))
+        except Exception:
+            log.error("dead letter not recorded in PostgreSQL", extra={k: str(v) for k, v in record.items()
+                                                                       if k != "body"})
+            return
+        log.warning("message dead-lettered: %s", record["reason"],
+                    extra={"message_id": record["message_id"], "error_code": record["error_code"]})

@@ -1,0 +1,386 @@
+"""The dead-letter toolkit: look at, requeue and purge ``<queue>.XQ``.
+
+Used by the HTTP API and the CLI. Every method opens and closes its own
+RabbitMQ connection (it runs in web request threads and in the CLI), and no
+message stays unacknowledged once a method returns: a message that is only
+looked at is fetched with ``basic_get`` (no auto-ack) and handed back with
+``basic_nack(requeue=True)`` (classic queues put it back in its place).
+
+Requeue and purge act only on what the operator chose: the message ids
+they saw in the listing, or "all" with the count they saw, refused
+(:class:`MoreThanExpected`, nothing done) when the queue holds more. Each is
+audited *before* the broker is touched: an ``audit_log`` row with
+``details.status = "intent"`` is committed first and completed afterwards
+(see :meth:`DeadLetters._act`).
+
+Caveats an operator should know:
+
+* while one call holds messages unacked, a concurrent call does not see them
+  (:meth:`DeadLetters.messages` shows fewer, requeue and purge report them
+  ``not_found``); nothing is lost either way;
+* a message looked at and handed back keeps its place and its content; only
+  AMQP's ``redelivered`` flag is set;
+* :meth:`DeadLetters.requeue` publishes to the original queue with confirms
+  and ``mandatory`` *before* it acks the dead letter, so a crash in between
+  leaves a harmless duplicate (the workflow is idempotent), never a loss.
+
+Why a message died is read from the AMQP ``x-death`` header and from the
+``dead_letters`` table, which the worker's
+:class:`~app.adapters.broker.dead_letter_recorder.DeadLetterRecorder` fills.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from datetime import datetime, timezone
+from typing import Any, Iterator
+
+import pika
+import pika.exceptions
+from sqlalchemy import select
+
+from app import faults
+from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, xq_name
+from app.adapters.postgres import audit
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import dead_letters
+from app.core.messages import ROUTES
+from app.errors import AttacheError, BrokerUnavailable
+
+TRACEBACK_CHARS = 2000
+REQUEUED_BY_HEADER = "x-attache-requeued-by"
+#: a quorum queue's own redelivery counter: dropped on requeue, so the message gets a full delivery limit again
+DROPPED_HEADERS = ("x-delivery-count",)
+NOT_FOUND = 404
+#: message ids one requeue or purge may name
+MAX_MESSAGE_IDS = 1000
+#: the largest count an "all" requeue or purge may confirm (beyond it: rabbitmqctl)
+MAX_EXPECTED = 100_000
+
+log = logging.getLogger("attache.dlq")
+
+
+def _text(value: Any) -> Any:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+def _decode(body: bytes) -> Any:
+    """The JSON of a message body, or its text when it is not JSON."""
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return body.decode("utf-8", "replace")
+
+
+def _message_id(decoded: Any, properties: pika.BasicProperties) -> str | None:
+    if isinstance(decoded, dict) and isinstance(decoded.get("message_id"), str):
+        return decoded["message_id"]
+    return properties.message_id
+
+
+def _deaths(properties: pika.BasicProperties) -> list[dict]:
+    deaths = (properties.headers or {}).get("x-death") or []
+    return [{"reason": _text(d.get("reason")), "queue": _text(d.get("queue")), "count": d.get("count"),
+             "time": d["time"].isoformat() if isinstance(d.get("time"), datetime) else _text(d.get("time"))}
+            for d in deaths if isinstance(d, dict)]
+
+
+def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
+    """A dead letter decoded from its Dramatiq envelope (``recorded`` is filled in later)."""
+    decoded = _decode(body)
+    envelope = decoded if isinstance(decoded, dict) else {}
+    options = envelope.get("options") if isinstance(envelope.get("options"), dict) else {}
+    args = envelope.get("args")
+    traceback = options.get("traceback")
+    return {
+        "message_id": _message_id(decoded, properties),
+        "actor_name": envelope.get("actor_name", _text(properties.type)),
+        "queue_name": envelope.get("queue_name"),
+        "body": args[0] if isinstance(args, list) and args else decoded,
+        "retries": options.get("retries", 0),
+        "death": _deaths(properties),
+        "recorded": None,
+        "traceback": traceback[:TRACEBACK_CHARS] if isinstance(traceback, str) else None,
+    }
+
+
+class UnknownQueue(ValueError):
+    """A queue name that is not one of attache's dead-letter queues."""
+
+
+class BadSelection(ValueError):
+    """Requeue or purge without a valid choice: message ids, or all with the expected count."""
+
+
+class MoreThanExpected(AttacheError):
+    """The queue holds more dead letters than the operator confirmed; nothing was done."""
+
+    error_code = "more_than_expected"
+
+    def __init__(self, xq: str, depth: int, expected: int):
+        super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
+                         "Look at the queue again and confirm what it holds now, or name the message ids.")
+        self.xq, self.depth, self.expected = xq, depth, expected
+
+
+class DeadLetters:
+    """Dead-letter queues of the step queues in :data:`app.core.messages.ROUTES`."""
+
+    def __init__(self, broker_url: str, engine, *, socket_timeout: float = 5.0):
+        self.parameters = connection_parameters(broker_url, socket_timeout=socket_timeout)
+        self.engine = engine
+
+    # --- helpers ------------------------------------------------------------
+
+    @staticmethod
+    def _resolve(queue: str) -> tuple[str, str]:
+        """``(xq, original)`` for ``attache.inspect`` or ``attache.inspect.XQ``; ValueError for anything else."""
+        original = queue[:-3] if isinstance(queue, str) and queue.endswith(".XQ") else queue
+        if original not in {name for _, name in ROUTES.values()}:
+            raise UnknownQueue(f"not an attache dead-letter queue: {queue!r}")
+        return xq_name(original), original
+
+    @contextlib.contextmanager
+    def _connection(self, what: str) -> Iterator[pika.BlockingConnection]:
+        """A fresh connection, closed on exit (which also requeues anything left unacked)."""
+        try:
+            connection = pika.BlockingConnection(self.parameters)
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"RabbitMQ unreachable ({what}): {type(exc).__name__}") from exc
+        try:
+            yield connection
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"RabbitMQ failed ({what}): {type(exc).__name__}") from exc
+        finally:
+            with contextlib.suppress(*PUBLISH_ERRORS):
+                if connection.is_open:
+                    connection.close()
+
+    @staticmethod
+    def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
+        """Ready messages in ``queue`` (passive declare on its own channel), None if it does not exist."""
+        channel = connection.channel()
+        try:
+            return channel.queue_declare(queue=queue, passive=True).method.message_count
+        except pika.exceptions.ChannelClosedByBroker as exc:
+            if exc.reply_code == NOT_FOUND:
+                return None
+            raise
+        finally:
+            if channel.is_open:
+                channel.close()
+
+    def _recorded(self, message_ids: list[str]) -> dict[str, dict]:
+        """The latest ``dead_letters`` row of each message id."""
+        if not message_ids:
+            return {}
+        with transaction(self.engine) as conn:
+            rows = conn.execute(select(dead_letters).where(dead_letters.c.message_id.in_(message_ids))
+                                .order_by(dead_letters.c.id)).all()
+        return {row.message_id: {"error_code": row.error_code, "reason": row.reason,
+                                 "recorded_at": row.recorded_at.isoformat(),
+                                 "job_id": str(row.job_id) if row.job_id else None}
+                for row in rows}  # later rows win
+
+    # --- API ----------------------------------------------------------------
+
+    def queues(self) -> list[dict]:
+        """Depth of every step queue's XQ (a missing XQ counts 0)."""
+        with self._connection("queues") as connection:
+            return [{"name": xq_name(queue), "queue": queue, "messages": self._depth(connection, xq_name(queue)) or 0}
+                    for _, queue in ROUTES.values()]
+
+    def messages(self, queue: str, limit: int = 50) -> list[dict]:
+        """Up to ``limit`` dead letters, decoded, left in the queue in their order."""
+        return self.listing(queue, limit)["messages"]
+
+    def listing(self, queue: str, limit: int = 50) -> dict:
+        """``{"depth": N, "messages": [...]}``: the first ``limit`` dead letters and how many the queue holds.
+
+        ``depth`` is counted while the listed messages are still held (the
+        ready ones left plus those held), so it is the count an operator
+        confirms for an "all" requeue or purge.
+        """
+        xq, _ = self._resolve(queue)
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        items = []
+        with self._connection(f"messages {xq}") as connection:
+            if self._depth(connection, xq) is None:
+                return {"depth": 0, "messages": []}
+            channel = connection.channel()
+            while len(items) < limit:
+                method, properties, body = channel.basic_get(xq, auto_ack=False)
+                if method is None:
+                    break
+                items.append(_describe(body, properties))
+            depth = len(items) + (self._depth(connection, xq) or 0)
+            if items:
+                channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+            channel.close()
+        recorded = self._recorded([i["message_id"] for i in items if i["message_id"]])
+        for item in items:
+            item["recorded"] = recorded.get(item["message_id"])
+        return {"depth": depth, "messages": items}
+
+    def requeue(self, queue: str, *, actor: str, message_ids: list[str] | None = None,
+                expected: int | None = None, reason: str | None = None) -> dict:
+        """Move dead letters back to the original queue: the chosen ``message_ids``, or all with ``expected``.
+
+        See :meth:`_act` for what is chosen, what is refused and how it is
+        audited. Each message is published to the original queue (confirmed,
+        ``mandatory``) before its dead letter is acked, so a crash in between
+        leaves a harmless duplicate, never a loss.
+        """
+        xq, original = self._resolve(queue)
+
+        def prepare(connection: pika.BlockingConnection):
+            target = connection.channel()
+            target.confirm_delivery()
+
+            def move(source, method, properties, body) -> None:
+                headers = {k: v for k, v in (properties.headers or {}).items() if k not in DROPPED_HEADERS}
+                headers[REQUEUED_BY_HEADER] = actor
+                properties.headers = headers
+                target.basic_publish(exchange="", routing_key=original, body=body, properties=properties,
+                                     mandatory=True)  # raises unless confirmed and routed
+                source.basic_ack(method.delivery_tag)
+
+            return move
+
+        return self._act("requeue", xq, prepare, actor=actor, message_ids=message_ids, expected=expected,
+                         reason=reason)
+
+    def purge(self, queue: str, *, actor: str, message_ids: list[str] | None = None, expected: int | None = None,
+              reason: str | None = None) -> dict:
+        """Delete dead letters for good: the chosen ``message_ids``, or all with ``expected``.
+
+        Messages are taken one by one (never ``queue.purge``), so a message
+        that was not chosen, or that arrived after the operator looked, is
+        never removed. See :meth:`_act`.
+        """
+        xq, _ = self._resolve(queue)
+
+        def prepare(connection: pika.BlockingConnection):
+            return lambda source, method, properties, body: source.basic_ack(method.delivery_tag)
+
+        return self._act("purge", xq, prepare, actor=actor, message_ids=message_ids, expected=expected, reason=reason)
+
+    # --- the one way an action is chosen, done and audited -----------------
+
+    @staticmethod
+    def _selection(message_ids: list[str] | None, expected: int | None) -> dict:
+        """What the operator chose, as recorded: ``{"message_ids": [...]}`` or ``{"all": True, "expected": N}``."""
+        if message_ids is not None and expected is not None:
+            raise BadSelection("choose message ids or all (with the expected count), not both")
+        if message_ids is not None:
+            wanted = list(dict.fromkeys(message_ids))
+            if not wanted or not all(isinstance(m, str) and m for m in wanted):
+                raise BadSelection("message_ids must be a non-empty list of message ids")
+            if len(wanted) > MAX_MESSAGE_IDS:
+                raise BadSelection(f"at most {MAX_MESSAGE_IDS} message ids per call")
+            return {"message_ids": wanted}
+        if expected is None:
+            raise BadSelection("choose message ids, or all with the count you expect (nothing chosen: nothing done)")
+        if isinstance(expected, bool) or not isinstance(expected, int) or not 1 <= expected <= MAX_EXPECTED:
+            raise BadSelection(f"expected must be an integer between 1 and {MAX_EXPECTED}")
+        return {"all": True, "expected": expected}
+
+    def _act(self, verb: str, xq: str, prepare, *, actor: str, message_ids: list[str] | None,
+             expected: int | None, reason: str | None) -> dict:
+        """Apply ``prepare(connection)`` to each chosen dead letter of ``xq``, audited before and after.
+
+        Chosen means either
+
+        * ``message_ids``: exactly those ids. Every message of the queue is
+          looked at (up to its depth when the call starts, stopping once all
+          are found); one that is not chosen is held unacked and handed back
+          with ``basic_nack(requeue=True)`` at the end, in its place and
+          unchanged but for AMQP's ``redelivered`` flag. Ids not met are
+          reported ``not_found``.
+        * ``expected`` ("all"): the operator confirms the count they saw. If
+          the queue holds more, :class:`MoreThanExpected` is raised and
+          nothing is done (nor audited: nothing was attempted). Otherwise at
+          most the depth read at the start is taken, oldest first, so a
+          message dead-lettered meanwhile is not touched.
+
+        The audit row is committed *before* the broker is touched, with
+        ``details.status`` ``intent`` (what was chosen and the depth seen);
+        afterwards the same row becomes ``completed`` (what was done, count,
+        ids not found) or ``failed`` (what was done before the error). A row
+        left at ``intent`` means the process died in between: its ids say
+        what may have been done.
+        """
+        selection = self._selection(message_ids, expected)
+        wanted = selection.get("message_ids")
+        action = f"dlq.{verb}"
+        done: list[str | None] = []
+        audit_id: int | None = None
+        depth = 0
+        try:
+            with self._connection(f"{verb} {xq}") as connection:
+                depth = self._depth(connection, xq) or 0
+                if expected is not None and depth > expected:
+                    raise MoreThanExpected(xq, depth, expected)
+                with transaction(self.engine) as conn:
+                    audit_id = audit.record(conn, actor=actor, action=action, target=xq, reason=reason,
+                                            details={"status": "intent", **selection, "depth": depth})
+                faults.point("dlq_after_intent")
+                if depth:
+                    self._take(connection, xq, depth, wanted, prepare(connection), done)
+        except Exception as exc:
+            if audit_id is not None:
+                self._complete(audit_id, verb, selection, depth, done, wanted, error=exc)
+            raise
+        self._complete(audit_id, verb, selection, depth, done, wanted)
+        return {f"{verb}d": len(done), "message_ids": done,
+                "not_found": [] if wanted is None else [m for m in wanted if m not in done]}
+
+    def _take(self, connection, xq: str, depth: int, wanted: list[str] | None, handle,
+              done: list[str | None]) -> None:
+        source = connection.channel()
+        remaining = None if wanted is None else set(wanted)
+        held = 0  # fetched, not chosen: unacked until the end, then handed back in place
+        try:
+            for _ in range(depth):
+                if remaining is not None and not remaining:
+                    break
+                method, properties, body = source.basic_get(xq, auto_ack=False)
+                if method is None:
+                    break
+                message_id = _message_id(_decode(body), properties)
+                if remaining is not None and message_id not in remaining:
+                    held += 1
+                    continue
+                handle(source, method, properties, body)
+                done.append(message_id)
+                if remaining is not None:
+                    remaining.discard(message_id)
+        finally:
+            if held and source.is_open:
+                source.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+        source.close()
+
+    def _complete(self, audit_id: int, verb: str, selection: dict, depth: int, done: list, wanted,
+                  error: Exception | None = None) -> None:
+        details: dict[str, Any] = {"status": "completed" if error is None else "failed", **selection,
+                                   "depth": depth, f"{verb}d": done,
+                                   "count": len(done),
+                                   "completed_at": datetime.now(timezone.utc).isoformat()}
+        if wanted is not None and error is None:
+            details["not_found"] = [m for m in wanted if m not in done]
+        if error is not None:
+            details["error"] = f"{type(error).__name__}: {error}"[:500]
+        try:
+            with transaction(self.engine) as conn:
+                audit.complete(conn, audit_id, details)
+        except Exception:
+            log.error("audit row %s not completed; it stays at status intent", audit_id,
+                      extra={"audit_id": audit_id, "done": len(done)})
+            if error is None:
+                raise
+
+
+__all__ = ["BadSelection", "DeadLetters", "MoreThanExpected", "UnknownQueue"]

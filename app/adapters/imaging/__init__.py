@@ -1,0 +1,31 @@
+"""Image handling for attache: sniff, probe and render derivatives.
+
+* :func:`sniff` - magic bytes only, for the web upload's first check.
+* :func:`probe` - header-only identification and limit checks (no pixel
+  data is decoded), shared by the upload and the worker, including the
+  memory budget (:mod:`app.adapters.imaging.budget`): what a render would cost,
+  priced from the header.
+* :func:`render` - one derivative (thumbnail / crop / optimized), decoded
+  at the smallest scale that works, oriented, in sRGB, without metadata.
+
+Every failure is an :mod:`app.errors` ``PermanentError``
+(``UnsupportedFormat``, ``CorruptImage``, ``DecompressionBomb``,
+``ImageTooLarge``); Pillow exceptions never leave this package.
+"""
+
+from .probe import ImageInfo, Limits, probe
+from .render import PIPELINE_V1_SPECS, Rendered, VariantSpec, render
+from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, sniff
+
+__all__ = [
+    "PIPELINE_V1_SPECS",
+    "PROCESSED_FORMATS",
+    "SNIFF_BYTES",
+    "ImageInfo",
+    "Limits",
+    "Rendered",
+    "VariantSpec",
+    "probe",
+    "render",
+    "sniff",
+]

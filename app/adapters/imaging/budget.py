@@ -1,0 +1,413 @@
+"""The memory budget: what rendering an image will cost, priced from its header.
+
+A small file can decode to a lot of memory: an 8000x8000 palette PNG with
+transparency is 63-75 KB on disk and one job's renders peaked at 598 MB
+(631 MB in the issue); an 8000x8000 float TIFF of 375 KB at 602 MB (813 MB
+in the issue). Pixel and side limits do not
+see that (both are inside them), so before a single pixel is decoded
+:func:`estimate` prices the render from what the header says, and
+:func:`check` refuses anything over ``Limits.max_decode_bytes`` with
+:class:`~app.errors.ImageTooLarge` (``image_too_large``: 413 at upload,
+``failed`` in the worker).
+
+The estimate is the peak of bytes alive at once. A render goes through
+three phases (decode; convert and resample; encode, after the file and the
+full-size images are released), so it is the largest of their sums, made
+of four kinds of cost:
+
+1. **The decode.** Pillow stores ``1``/``L``/``P`` at 1 byte a pixel,
+   ``I;16*`` at 2 and every other mode (``RGB`` included, and ``LA``) at 4.
+   For JPEG the pixels are the draft size: libjpeg decodes at 1/2, 1/4 or
+   1/8 scale, so a 24 MP photo's thumbnail is priced (and decoded) at a
+   fraction of its size.
+2. **What the decoder keeps besides.** A progressive (or multi-scan) JPEG
+   makes libjpeg hold the whole image's DCT coefficients, 2 bytes a sample
+   at *full* size whatever the draft scale; libtiff reads a whole strip or
+   tile into a buffer of its own (a TIFF written as one strip doubles the
+   cost); WebP goes through libwebp's canvas, its copy of the previous
+   frame and a bytes copy before Pillow's own image; an RLE BMP is
+   inflated into a byte array and copied once more. A PNG (interlaced or
+   not) and a GIF decode straight into the image.
+3. **The conversions at full size** (:mod:`app.adapters.imaging.colour` and
+   ``Image.resize``): a palette with transparency is expanded to RGBA,
+   its alpha channel is read, then it becomes RGB, or RGBa, premultiplied,
+   for resampling; 16-bit and float grey go through ``I`` and a scaled
+   copy before 8 bits. The table :data:`FULL_SIZE_BYTES` gives the peak,
+   decoded image included, in bytes per pixel for each mode; it follows the
+   code and was checked against measured peaks
+   (``tests/test_image_budget.py`` keeps the estimate an upper bound).
+4. **The resample and the output**: the integer ``reduce()`` copy, the
+   intermediate of the two-pass LANCZOS, then a few output-sized copies
+   (sRGB, transpose) and the encoder's memory (WebP's is the largest).
+
+:func:`~app.adapters.imaging.probe.probe` (upload, and the worker's inspect step)
+does not know which derivative will be asked for, so it prices the
+derivatives in :data:`PROBE_SPECS`, which cover every registered pipeline
+(a test keeps it so), and takes the largest. :func:`~app.adapters.imaging.render.render`
+prices its own spec again before decoding, so a pipeline with larger
+derivatives is still held to the budget: it fails there as
+``image_too_large`` instead of taking the worker's memory.
+
+The budget holds for the *process*, not only for one render: a worker runs
+several threads, and four renders each just under the budget would need
+four budgets at once. :data:`RESERVATIONS` makes a render reserve its
+price before it decodes and wait (first come, first served) while the
+renders already running hold more than ``max_decode_bytes`` minus that
+price. Small renders still run side by side; a large one runs alone.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import BinaryIO
+
+from PIL import Image
+
+from app.errors import ImageTooLarge
+
+from ._translate import MALFORMED_ERRORS
+from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
+
+MIB = 1024 * 1024
+
+#: Default of ``Limits.max_decode_bytes`` / ``ATTACHE_MAX_DECODE_BYTES``:
+#: large enough for the photos people do upload (a 24 MP RGBA PNG is priced
+#: 267 MiB, a 20 MP 16-bit TIFF 270 MiB, a 12 MP WebP 239 MiB), far below
+#: the hostile files that decode huge (an 8000x8000 palette PNG with
+#: transparency, 75 KB, is priced 652 MiB; an 8000x8000 float TIFF 666 MiB).
+#: A worker is about 50 MB before it renders, so its peak stays near 340 MB
+#: at worst, the budget being shared by its threads.
+DEFAULT_MAX_DECODE_BYTES = 288 * MIB
+
+#: The derivatives the probe prices (the largest of each kind any registered
+#: pipeline renders; the cost grows with the target, and for ``cover`` a
+#: smaller target can cost more on a panorama, so each kind is priced).
+PROBE_SPECS: tuple[VariantSpec, ...] = (
+    VariantSpec("probe-fit", "fit", 512, 512),
+    VariantSpec("probe-cover", "cover", 512, 512),
+    VariantSpec("probe-bounded", "bounded", 2048, 2048, output="webp"),
+)
+
+#: Fixed overhead of a render on top of the pixels (decoder state, Python
+#: objects, encoder buffers), bytes.
+FIXED_BYTES = 8 * MIB
+
+# Peak bytes per pixel at full (decoded) size while the image is converted to
+# its working mode and handed to resize(), decoded image included:
+# (without transparency, with transparency). See colour.to_working_mode.
+FULL_SIZE_BYTES: dict[str, tuple[int, int]] = {
+    "1": (2, 2),  # 1 -> L
+    "L": (1, 10),  # tRNS: L -> LA -> alpha -> RGBA -> RGBa (resize)
+    "P": (5, 9),  # P -> RGB; tRNS: P -> RGBA, alpha, -> RGB or RGBa
+    "RGB": (4, 13),  # tRNS: RGB -> RGBA, alpha, -> RGB or RGBa
+    "RGBA": (9, 9),  # alpha channel, -> RGB or RGBa
+    "LA": (13, 13),  # alpha channel, -> RGBA -> RGBa
+    "PA": (13, 13),
+    "La": (13, 13),
+    "RGBa": (13, 13),
+    "CMYK": (4, 4),  # resampled as is; sRGB on the small image
+    "I;16": (12, 16),  # -> I, scaled copy, -> L (tRNS: + LA, alpha, merge)
+    "I;16L": (12, 16),
+    "I;16B": (12, 16),
+    "I;16N": (12, 16),
+    "I": (10, 16),  # scaled copy, -> L
+    "F": (10, 16),
+}
+#: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
+OTHER_MODE_BYTES = 8
+#: Bytes per *output* pixel after the resample: the resized image, its sRGB
+#: and upright copies, the encoder's (JPEG/PNG); libwebp's encoder keeps
+#: ARGB and YUV pictures and its own work buffers (measured: ~16 B/px).
+OUTPUT_BYTES = 12
+WEBP_OUTPUT_BYTES = 22
+#: The resized image while the full-size ones are still alive (RGBA is
+#: resampled as premultiplied RGBa and converted back: two copies).
+RESIZED_BYTES = 8
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The priced peak of one render, in bytes, and what it is made of."""
+
+    total: int
+    decoded_size: tuple[int, int]
+    mode: str
+    parts: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        shown = ", ".join(f"{name} {value / MIB:.0f} MB" for name, value in self.parts)
+        return f"about {self.total / MIB:.0f} MB at the peak ({shown})"
+
+
+def pixel_bytes(mode: str) -> int:
+    """Bytes per pixel Pillow uses to store *mode*."""
+    if mode in ("1", "L", "P"):
+        return 1
+    if mode.startswith("I;16"):
+        return 2
+    return 4
+
+
+def check(img: Image.Image, family: str, fp: BinaryIO, limits, spec: VariantSpec | None = None) -> Estimate:
+    """Price the render (or, without *spec*, the costliest of :data:`PROBE_SPECS`).
+
+    :raises ImageTooLarge: the estimate exceeds ``limits.max_decode_bytes``.
+    """
+    est = estimate(img, family, fp, spec)
+    if est.total > limits.max_decode_bytes:
+        width, height = img.size
+        raise ImageTooLarge(
+            f"decoding this {width}x{height} {family} ({img.mode}) image would need "
+            f"{est.describe()}; the limit is {limits.max_decode_bytes / MIB:.0f} MB"
+        )
+    return est
+
+
+def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | None = None) -> Estimate:
+    """The largest priced peak over the derivatives asked for (see the module doc)."""
+    specs = (spec,) if spec is not None else PROBE_SPECS
+    if family == "JPEG":
+        from .probe import read_orientation  # probe imports this module
+
+        orientations: tuple[int, ...] = (read_orientation(img, header_only=True),)
+        coefficients = _jpeg_coefficient_bytes(img, fp)
+    else:
+        orientations = (1, 6)  # known only after decoding: price both axes
+        coefficients = 0
+    decoder = _decoder_bytes(img, family)
+    best: Estimate | None = None
+    for one in specs:
+        for orientation in orientations:
+            est = _price(img, family, one, plan(img.size, orientation, one), decoder, coefficients)
+            if best is None or est.total > best.total:
+                best = est
+    assert best is not None
+    return best
+
+
+def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
+           decoder: tuple[int, int], coefficients: int) -> Estimate:
+    """The peak of the three phases of a render; they follow each other, so they do not add up.
+
+    * decode: the decoded image and the decoder's buffers;
+    * convert and resample: the full-size conversions (decoded image
+      included), the resample and the resized image, plus whatever the
+      decoder keeps until the file is closed;
+    * output (the file is closed, the full-size images are gone): sRGB,
+      transpose and the encoder.
+    """
+    width, height = img.size
+    mode = img.mode
+    box = geometry.box
+    if family == "JPEG":
+        # Image.draft's own arithmetic (JpegImagePlugin.draft)
+        want_w, want_h = geometry.decode_size
+        ratio = min(width // want_w, height // want_h)
+        scale = next((s for s in (8, 4, 2) if ratio >= s), 1)
+        decoded = ((width + scale - 1) // scale, (height + scale - 1) // scale)
+        box = tuple(v / scale for v in box)
+    else:
+        decoded = (width, height)
+    pixels = decoded[0] * decoded[1]
+    transient, kept = decoder
+    transparent = 1 if _has_transparency(img) else 0
+    per_pixel = FULL_SIZE_BYTES.get(mode, (OTHER_MODE_BYTES, OTHER_MODE_BYTES))[transparent]
+    grey = _grey_working_mode(mode, transparent)
+    out_w, out_h = geometry.out_size
+    webp = spec.output == "webp" or (spec.kind == "bounded" and bool(transparent))
+    parts = (
+        ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
+        ("conversions and resample",
+         pixels * per_pixel + kept + _resample_bytes(box, geometry.out_size, 1 if grey else 4)
+         + RESIZED_BYTES * out_w * out_h),
+        ("output", out_w * out_h * (WEBP_OUTPUT_BYTES if webp else OUTPUT_BYTES)),
+    )
+    return Estimate(max(v for _, v in parts) + FIXED_BYTES, decoded, mode, parts)
+
+
+def _has_transparency(img: Image.Image) -> bool:
+    return img.info.get("transparency") is not None or img.mode in ("RGBA", "LA", "PA", "La", "RGBa")
+
+
+def _grey_working_mode(mode: str, transparent: int) -> bool:
+    """Whether to_working_mode gives ``L`` (1 byte a pixel) rather than a 4-byte mode."""
+    return not transparent and (mode in ("1", "L", "I", "F") or mode.startswith("I;16"))
+
+
+def _resample_bytes(box: tuple[float, ...], out_size: tuple[int, int], bpp: int) -> int:
+    """``resize(..., LANCZOS, box, reducing_gap)``: reduce copy, pass-one intermediate, outputs."""
+    box_w, box_h = box[2] - box[0], box[3] - box[1]
+    out_w, out_h = out_size
+    factor_x = int(box_w / out_w / REDUCING_GAP) or 1
+    factor_y = int(box_h / out_h / REDUCING_GAP) or 1
+    reduced = 0
+    rows = math.ceil(box_h)
+    if factor_x > 1 or factor_y > 1:
+        # the "safe box" reduce() works on is the box plus the filter support
+        reduced = math.ceil(box_w / factor_x + 8) * math.ceil(box_h / factor_y + 8)
+        rows = math.ceil(box_h / factor_y + 8)
+    return bpp * (reduced + out_w * rows)
+
+
+def _decoder_bytes(img: Image.Image, family: str) -> tuple[int, int]:
+    """Memory the decoder holds besides the decoded image: (while decoding, until the file is closed)."""
+    width, height = img.size
+    pixels = width * height
+    if family == "WEBP":
+        # libwebp's canvas and its copy of the previous frame (RGBA), and the
+        # frame handed to Pillow as bytes, all kept by the open image
+        return 0, 3 * 4 * pixels
+    if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
+        return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
+    if family == "TIFF":
+        return _tiff_buffer_bytes(img), 0
+    return 0, 0
+
+
+def _tiff_buffer_bytes(img: Image.Image) -> int:
+    """libtiff reads one strip or tile at a time into a buffer of that size.
+
+    Pillow's RGBA path (used for some compressions) needs 4 bytes a pixel
+    for it, so the larger of the raw and RGBA sizes is counted.
+    """
+    tags = getattr(img, "tag_v2", {})
+    width, height = img.size
+    try:
+        bits = sum(_as_tuple(tags.get(258, (1,)))) or 1
+        if len(_as_tuple(tags.get(258, (1,)))) == 1:
+            bits *= int(tags.get(277, 1))
+        tile_w, tile_h = tags.get(322), tags.get(323)
+        if tile_w and tile_h:
+            cols, rows = int(tile_w), int(tile_h)
+        else:
+            cols, rows = width, min(height, int(tags.get(278, height)) or height)
+        cols, rows = max(1, cols), max(1, rows)
+    except (TypeError, ValueError, OverflowError):
+        cols, rows, bits = width, height, 32  # unreadable layout: assume one strip
+    return max(rows * math.ceil(cols * bits / 8), rows * cols * 4)
+
+
+def _as_tuple(value) -> tuple[int, ...]:
+    return tuple(value) if isinstance(value, (tuple, list)) else (int(value),)
+
+
+# SOF markers: C0 baseline, C1 extended, C2 progressive, C3 lossless, C5-C7
+# differential, C9-CB and CD-CF arithmetic. libjpeg buffers the whole image's
+# coefficients for progressive and lossless/differential modes, and for any
+# image coded in more than one scan (first SOS lists fewer components).
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+_SINGLE_SCAN_SOF = {0xC0, 0xC1, 0xC9}
+_MAX_MARKERS = 4096
+
+
+def _jpeg_coefficient_bytes(img: Image.Image, fp: BinaryIO) -> int:
+    """Bytes of DCT coefficients libjpeg keeps for the whole image, if it must.
+
+    The markers up to the first SOS are walked (lengths only, a few reads);
+    the file position is restored.
+    """
+    width, height = img.size
+    position = fp.tell()
+    try:
+        sof, components, scan_components = _jpeg_frame(fp)
+    except MALFORMED_ERRORS:
+        sof, components, scan_components = None, [], 0
+    finally:
+        fp.seek(position)
+    if not components:  # unknown layout: assume the worst, 3 full-size components
+        return 3 * width * height * 2
+    if sof in _SINGLE_SCAN_SOF and scan_components >= len(components):
+        return 0
+    h_max = max(h for h, _ in components)
+    v_max = max(v for _, v in components)
+    blocks = 0
+    for h, v in components:
+        cols = math.ceil(math.ceil(width * h / h_max) / 8)
+        rows = math.ceil(math.ceil(height * v / v_max) / 8)
+        blocks += (math.ceil(cols / h) * h) * (math.ceil(rows / v) * v)  # padded to whole MCUs
+    return blocks * 64 * 2
+
+
+def _jpeg_frame(fp: BinaryIO) -> tuple[int | None, list[tuple[int, int]], int]:
+    """(SOF marker, [(h, v) sampling per component], components in the first scan)."""
+    fp.seek(0)
+    if fp.read(2) != b"\xff\xd8":
+        return None, [], 0
+    sof: int | None = None
+    components: list[tuple[int, int]] = []
+    for _ in range(_MAX_MARKERS):
+        byte = fp.read(1)
+        if byte != b"\xff":
+            break  # not a marker: stop looking, the layout stays unknown
+        while byte == b"\xff":  # fill bytes
+            byte = fp.read(1)
+        if not byte:
+            break
+        marker = byte[0]
+        if marker in (0x01,) or 0xD0 <= marker <= 0xD7:
+            continue  # standalone markers
+        (length,) = struct.unpack(">H", fp.read(2))
+        body = fp.read(length - 2) if marker in _SOF or marker == 0xDA else None
+        if body is None:
+            fp.seek(length - 2, 1)
+            continue
+        if marker == 0xDA:
+            return sof, components, body[0]
+        sof = marker
+        count = body[5]
+        components = [(body[7 + 3 * i] >> 4 or 1, body[7 + 3 * i] & 15 or 1) for i in range(count)]
+    return sof, components, 0
+
+
+class Reservations:
+    """Bytes reserved by the renders of this process, bounded by the budget.
+
+    ``with RESERVATIONS.scope(capacity) as reserve: ... reserve(n)`` blocks
+    until *n* more bytes fit under *capacity* and this caller is first in
+    line (so a large render is not starved by a stream of small ones); what
+    was reserved is given back when the scope ends.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._queue: deque[object] = deque()
+        self.in_use = 0
+        #: the most ever reserved at once (for tests and benchmarks)
+        self.peak = 0
+
+    @contextmanager
+    def scope(self, capacity: int) -> Iterator[Callable[[int], None]]:
+        held = 0
+
+        def reserve(nbytes: int) -> None:
+            nonlocal held
+            nbytes = max(0, min(nbytes, capacity))
+            ticket = object()
+            with self._cond:
+                self._queue.append(ticket)
+                try:
+                    self._cond.wait_for(lambda: self._queue[0] is ticket and self.in_use + nbytes <= capacity)
+                finally:
+                    self._queue.remove(ticket)
+                    self._cond.notify_all()
+                self.in_use += nbytes
+                held += nbytes
+                self.peak = max(self.peak, self.in_use)
+
+        try:
+            yield reserve
+        finally:
+            if held:
+                with self._cond:
+                    self.in_use -= held
+                    self._cond.notify_all()
+
+
+#: The process's reservations (one per process: the budget is per worker process).
+RESERVATIONS = Reservations()

@@ -1,0 +1,206 @@
+"""Header-only inspection of an image file: what is it, how big, is it safe?
+
+:func:`probe` is what the web upload runs before accepting a file and what
+:func:`app.adapters.imaging.render.render` re-runs before decoding anything. It
+reads headers only, never pixel data, so it is cheap even for a 24 MP photo
+and safe against decompression bombs (a 44-byte GIF declaring 4 gigapixels
+is refused in microseconds, with no allocation).
+
+The checks, in order:
+
+1. :func:`~app.adapters.imaging.sniff.sniff` the magic bytes. Unknown -> refuse,
+   without handing the bytes to Pillow at all.
+2. ``Image.open`` restricted to the sniffed plugin (``formats=[...]``), so
+   a file that *claims* to be a PNG is only ever parsed by the PNG plugin.
+   Pillow's own bomb check runs inside ``Image.open``; its warning band is
+   escalated to an error (see :mod:`app.adapters.imaging._translate`).
+   ``Image.MAX_IMAGE_PIXELS`` is deliberately left alone: it is process-wide
+   (mutating it would race between worker threads), and setting it to
+   ``None`` would disable Pillow's check for every other caller. The
+   effective ceiling is therefore ``min(limits.max_pixels,
+   Image.MAX_IMAGE_PIXELS)``, and if someone else disables Pillow's check
+   the explicit ``max_pixels`` test below still stands.
+3. Declared pixels > ``max_pixels`` -> :class:`DecompressionBomb`; a side
+   > ``max_dimension`` -> :class:`ImageTooLarge`.
+4. The format Pillow parsed must be one attache processes and must agree
+   with the sniffed family (MPO counts as JPEG).
+5. The memory budget (:mod:`app.adapters.imaging.budget`): the render's peak memory,
+   priced from the size, pixel mode, transparency and format details in
+   the header, > ``max_decode_bytes`` -> :class:`ImageTooLarge`.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from PIL import ExifTags, Image, ImageFile, PngImagePlugin
+
+from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
+
+from . import budget
+from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
+from .geometry import VariantSpec
+from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Size limits enforced from the header, before any pixel is decoded."""
+
+    #: width * height above this -> :class:`DecompressionBomb`.
+    max_pixels: int = 64_000_000
+    #: a side longer than this -> :class:`ImageTooLarge`.
+    max_dimension: int = 20_000
+    #: the processed families accepted (a subset of PROCESSED_FORMATS) -> else :class:`UnsupportedFormat`.
+    formats: tuple[str, ...] = tuple(PROCESSED_FORMATS)
+    #: the priced peak memory of a render (see :mod:`app.adapters.imaging.budget`)
+    #: above this -> :class:`ImageTooLarge`.
+    max_decode_bytes: int = budget.DEFAULT_MAX_DECODE_BYTES
+
+
+@dataclass(frozen=True)
+class ImageInfo:
+    """What the header says about an image.
+
+    ``width``/``height`` are as stored (before EXIF orientation), as Pillow
+    reports them. ``format`` is the processed family (an MPO reports
+    ``"JPEG"``), ``content_type`` its MIME type.
+
+    ``orientation`` is the EXIF orientation 1..8 (1 when absent or
+    invalid). It comes from EXIF or XMP metadata found in the header; for
+    PNG that is the chunks *before* the pixel data, because reading an
+    ``eXIf`` chunk stored after ``IDAT`` would mean decoding the image.
+    :func:`~app.adapters.imaging.render.render` does look there.
+
+    ``frames`` is the frame count when the header states it (JPEG/MPO,
+    PNG/APNG, WebP, BMP) and ``None`` when counting would mean walking the
+    file (GIF frames, TIFF pages). Walking GIF frames is also how Pillow
+    meets bombs hidden in later frames.
+    """
+
+    format: str
+    content_type: str
+    width: int
+    height: int
+    orientation: int
+    frames: int | None
+
+
+def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
+    """Identify and size-check an image from its header only.
+
+    :raises UnsupportedFormat: not one of the six processed formats.
+    :raises DecompressionBomb: declares more than ``limits.max_pixels`` (or
+        trips Pillow's own bomb check, or a PNG text-chunk zip bomb).
+    :raises ImageTooLarge: a side exceeds ``limits.max_dimension``, or
+        rendering it would cost more than ``limits.max_decode_bytes``.
+    :raises CorruptImage: the header is malformed.
+    """
+    with open_checked(path, limits) as (img, family, _priced):
+        return ImageInfo(
+            format=family,
+            content_type=PROCESSED_FORMATS[family],
+            width=img.width,
+            height=img.height,
+            orientation=read_orientation(img, header_only=True),
+            frames=_declared_frames(img, family),
+        )
+
+
+class Opened(NamedTuple):
+    """What :func:`open_checked` yields."""
+
+    image: ImageFile.ImageFile
+    family: str
+    priced: budget.Estimate
+
+
+@contextmanager
+def open_checked(
+    path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None
+) -> Iterator[Opened]:
+    """Open *path* with every probe check applied; yield ``(image, family, priced)``.
+
+    The image is not loaded. The memory budget is priced for *spec*, or
+    without one for every derivative a pipeline renders
+    (:data:`~app.adapters.imaging.budget.PROBE_SPECS`). The file is opened once, by us, so the bytes
+    that were sniffed are the bytes Pillow parses, and it is closed on exit.
+    Shared by :func:`probe` and :func:`~app.adapters.imaging.render.render`.
+    """
+    with open(path, "rb") as fp:
+        family = sniff(fp.read(SNIFF_BYTES))
+        if family is None:
+            raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF or BMP image")
+        if family not in limits.formats:
+            raise UnsupportedFormat(f"{family} images are not accepted here (accepted: {', '.join(limits.formats)})")
+        fp.seek(0)
+        try:
+            with bomb_warnings_as_errors():
+                img = Image.open(fp, formats=pillow_formats_for(family))
+        except (
+            Image.DecompressionBombError,
+            Image.DecompressionBombWarning,
+            NotImplementedError,
+            *MALFORMED_ERRORS,
+        ) as exc:
+            raise translate_open_error(exc) from exc
+        with img:
+            _check(img, family, limits)
+            try:
+                priced = budget.check(img, family, fp, limits, spec)
+            except MALFORMED_ERRORS as exc:
+                raise translate_open_error(exc) from exc
+            yield Opened(img, family, priced)
+
+
+def _check(img: Image.Image, family: str, limits: Limits) -> None:
+    width, height = img.size
+    if width < 1 or height < 1:
+        raise CorruptImage("image declares an empty size")
+    if width * height > limits.max_pixels:
+        raise DecompressionBomb(
+            f"image declares {width}x{height} = {width * height:,} pixels; "
+            f"the limit is {limits.max_pixels:,}"
+        )
+    if max(width, height) > limits.max_dimension:
+        raise ImageTooLarge(
+            f"image is {width}x{height}; sides are limited to {limits.max_dimension} pixels"
+        )
+    if family_of(img.format) != family:
+        raise UnsupportedFormat("image content does not match its signature")
+
+
+def read_orientation(img: Image.Image, *, header_only: bool) -> int:
+    """EXIF orientation 1..8 of *img*; 1 if absent, invalid or unreadable.
+
+    Pillow's ``getexif()`` also honours an XMP ``tiff:Orientation``. For an
+    unloaded PNG, ``PngImageFile.getexif()`` would decode the whole image to
+    reach a trailing ``eXIf`` chunk; with ``header_only`` the base-class
+    implementation is used instead, which sees only what ``Image.open``
+    read. Call this once per image object (Pillow caches the result).
+
+    Broken EXIF is not a reason to refuse a photo whose pixels are fine: it
+    just counts as "no orientation".
+    """
+    try:
+        if header_only and isinstance(img, PngImagePlugin.PngImageFile):
+            exif = Image.Image.getexif(img)
+        else:
+            exif = img.getexif()
+        value = exif.get(ExifTags.Base.Orientation, 1)
+    except MALFORMED_ERRORS:
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _declared_frames(img: Image.Image, family: str) -> int | None:
+    if family in ("GIF", "TIFF"):
+        return None
+    # JPEG/MPO (MP index), PNG (acTL), WebP (ANIM header) set n_frames at
+    # open time from the header; JPEG and BMP are single images.
+    frames = getattr(img, "n_frames", 1)
+    return frames if isinstance(frames, int) and frames >= 1 else None

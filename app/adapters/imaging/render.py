@@ -1,0 +1,189 @@
+"""Rendering derivatives (thumbnail, square crop, optimised display copy).
+
+Pipeline, and why it is in this order:
+
+1. **Probe checks first** (:func:`~app.adapters.imaging.probe.open_checked`): the
+   size limits and the memory budget (priced for this very spec, see
+   :mod:`app.adapters.imaging.budget`) are enforced from the header before a single
+   pixel is decoded. The price is then reserved from the process's budget
+   (:data:`~app.adapters.imaging.budget.RESERVATIONS`), waiting while other threads'
+   renders hold it, and given back when the derivative is encoded.
+2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
+   to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
+   choosing the largest reduction that still leaves at least the size the
+   output needs (for ``cover`` the *short* side must reach the target). A
+   12 MP photo rendered as a 256 px thumbnail is decoded at 433x433 instead
+   of 3464x3464: under 1 MB instead of 48 MB (Pillow keeps RGB at 4 bytes a
+   pixel), and several times faster.
+   The scaled IDCT is a proper low-pass reduction, so no extra headroom is
+   requested. Other formats have no such shortcut and decode at full size
+   (the limits bound that).
+3. **Normalise the pixel mode** (:mod:`app.adapters.imaging.colour`) so LANCZOS can
+   work on it: palette -> RGB(A), transparency -> alpha, 16-bit/float ->
+   8-bit (scaled, not clipped).
+4. **Downscale** with ``resize(..., LANCZOS, reducing_gap=2.0)``: Pillow first
+   ``reduce()``\\s by an integer factor (cheap box averaging) while at least
+   2x the final size remains, then finishes with LANCZOS, the same recipe as
+   ``Image.thumbnail``. ``cover`` passes the centred crop as ``box`` so
+   cropping and scaling are a single resample.
+5. **Colour to sRGB** on the small image (ICC transform via LittleCMS).
+6. **EXIF orientation last**: a transpose is a pure pixel shuffle, so it is
+   exact at any size and cheapest on the smallest image. The orientation is
+   read before the image is modified (for JPEG from the header, because
+   the draft target depends on it; for other formats right after decoding,
+   because a PNG may store ``eXIf`` after its pixel data). All geometry is
+   computed in stored orientation with the target's axes swapped for
+   orientations 5-8.
+7. **Encode without metadata**: opaque -> JPEG q85 (progressive for the
+   large ``bounded`` copy, where progressive rendering helps and usually
+   saves bytes); translucent -> PNG for the small variants (lossless alpha,
+   small at these sizes) and WebP q85 for the large one (a PNG of a
+   2048 px photo would be several MB). No EXIF/GPS, XMP, comments or ICC
+   profile is written (pixels are already sRGB). The encoders are
+   deterministic, so the same input bytes give the same output bytes.
+
+Animated GIF/WebP/APNG: only the first frame is rendered; the image is
+never seeked (a later GIF frame can be a decompression bomb).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from dataclasses import dataclass
+
+from PIL import Image
+
+from . import budget
+from ._translate import (
+    MALFORMED_ERRORS,
+    bomb_warnings_as_errors,
+    translate_decode_error,
+)
+from .colour import to_srgb, to_working_mode
+from .geometry import REDUCING_GAP, VariantSpec, plan
+from .probe import Limits, open_checked, read_orientation
+
+JPEG_QUALITY = 85
+WEBP_QUALITY = 85
+WEBP_METHOD = 4
+
+# EXIF orientation -> the transpose that makes the image upright
+# (the same table as PIL.ImageOps.exif_transpose).
+_UPRIGHT = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
+
+
+PIPELINE_V1_SPECS: dict[str, VariantSpec] = {
+    "thumbnail": VariantSpec("thumbnail", "fit", 256, 256),
+    "crop": VariantSpec("crop", "cover", 512, 512),
+    "optimized": VariantSpec("optimized", "bounded", 2048, 2048),
+}
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """An encoded derivative, ready to store."""
+
+    data: bytes
+    content_type: str
+    extension: str
+    width: int
+    height: int
+
+
+def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> Rendered:
+    """Render one derivative of the image at *path*.
+
+    :raises UnsupportedFormat, DecompressionBomb, ImageTooLarge, CorruptImage:
+        as :func:`~app.adapters.imaging.probe.probe`; ``CorruptImage`` also when the
+        pixel data cannot be decoded (truncated file, decoder error).
+    """
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
+        with open_checked(path, limits, spec) as (img, family, priced):
+            reserve(priced.total)  # waits while other threads' renders hold the budget
+            stored_size = img.size
+            scale_back = 1.0
+            if family == "JPEG":
+                orientation = read_orientation(img, header_only=True)
+                geometry = plan(stored_size, orientation, spec)
+                drafted = img.draft(img.mode, geometry.decode_size)
+                if drafted is not None:
+                    scale_back = drafted[1][2] / stored_size[0]
+                _load(img)
+            else:
+                _load(img)
+                orientation = read_orientation(img, header_only=False)
+                geometry = plan(stored_size, orientation, spec)
+
+            icc_profile = img.info.get("icc_profile")
+            work = to_working_mode(img)
+            # resize() returns a new image, independent of the file closed below
+            box = tuple(v * scale_back for v in geometry.box)
+            work = work.resize(
+                geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
+            )
+        work = to_srgb(work, icc_profile)
+        if orientation in _UPRIGHT:
+            work = work.transpose(_UPRIGHT[orientation])
+        return _encode(work, spec)  # the reservation covers the encoder too
+
+
+def _load(img: Image.Image) -> None:
+    """Decode the current (first) frame, translating Pillow's errors.
+
+    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is never enabled: a truncated upload
+    is refused as corrupt rather than rendered with a grey band.
+    """
+    try:
+        with bomb_warnings_as_errors():
+            img.load()
+    except (
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+        NotImplementedError,
+        *MALFORMED_ERRORS,
+    ) as exc:
+        raise translate_decode_error(exc) from exc
+
+
+def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
+    img.info = {}  # nothing from the source (comment, exif, icc, ...) is written
+    buf = io.BytesIO()
+    if spec.output == "webp":
+        if img.mode not in ("RGB", "RGBA"):
+            img = img.convert("RGB")
+        img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
+        content_type, extension = "image/webp", "webp"
+    elif img.mode == "RGBA":
+        if spec.kind == "bounded":
+            img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
+            content_type, extension = "image/webp", "webp"
+        else:
+            img.save(buf, "PNG", optimize=True)
+            content_type, extension = "image/png", "png"
+    else:
+        if img.mode not in ("L", "RGB"):
+            img = img.convert("RGB")
+        img.save(
+            buf,
+            "JPEG",
+            quality=JPEG_QUALITY,
+            optimize=True,
+            progressive=spec.kind == "bounded",
+        )
+        content_type, extension = "image/jpeg", "jpg"
+    return Rendered(
+        data=buf.getvalue(),
+        content_type=content_type,
+        extension=extension,
+        width=img.width,
+        height=img.height,
+    )

@@ -1,0 +1,38 @@
+"""The operators' audit trail: one row per action.
+
+Most actions write their row in their own transaction. An action outside
+PostgreSQL (the dead-letter tools acting on RabbitMQ) writes it *before*
+acting, with ``details.status = "intent"``, and :func:`complete`s it after.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, select, update
+from sqlalchemy.engine import Connection
+
+from app.adapters.postgres.models import audit_log
+
+
+def clean(text: str | None, limit: int = 1000) -> str | None:
+    """Operator-typed text made storable: no NUL or other control characters but newlines, bounded."""
+    if text is None:
+        return None
+    return "".join(ch for ch in str(text) if ch in "\n\t" or ch.isprintable())[:limit]
+
+
+def record(conn: Connection, *, actor: str, action: str, target: str, reason: str | None = None,
+           details: dict | None = None) -> int:
+    reason = clean(reason)
+    return conn.execute(insert(audit_log).values(actor=actor, action=action, target=target, reason=reason,
+                                                 details=details).returning(audit_log.c.id)).scalar_one()
+
+
+def for_target(conn: Connection, target: str) -> list[dict]:
+    rows = conn.execute(select(audit_log).where(audit_log.c.target == target).order_by(audit_log.c.id)).all()
+    return [{"at": r.at.isoformat(), "actor": r.actor, "action": r.action, "reason": r.reason,
+             "details": r.details} for r in rows]
+
+
+def complete(conn: Connection, audit_id: int, details: dict) -> None:
+    """Replace the details of an ``intent`` row written before the action with what the action did."""
+    conn.execute(update(audit_log).where(audit_log.c.id == audit_id).values(details=details))

@@ -1,0 +1,293 @@
+"""Object storage in an S3 bucket, through the ``minio`` client.
+
+The client runs on a urllib3 pool with short timeouts and a small retry
+budget, so an unreachable endpoint fails in seconds rather than minutes.
+Every minio/urllib3/socket exception is translated by :meth:`S3Storage._errors`
+into :mod:`app.errors`; messages name the bucket, the operation, the key and
+an S3 error code or exception class, never credentials or request URLs.
+The bucket is never created implicitly; call :meth:`S3Storage.ensure_bucket`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import certifi
+import urllib3
+from minio import Minio
+from minio.commonconfig import CopySource
+from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
+from minio.helpers import check_bucket_name
+
+from app.errors import ObjectNotFound, StorageError, StorageUnavailable
+
+from .base import (
+    ChunkStream,
+    ObjectInfo,
+    Storage,
+    is_valid_key,
+    utc_datetime,
+    validate_key,
+    validate_prefix,
+    validate_range,
+)
+
+DEFAULT_ENDPOINT = "https://s3.amazonaws.com"
+DEFAULT_CONTENT_TYPE = "application/octet-stream"
+DOWNLOAD_CHUNK = 1024 * 1024
+
+_MISSING_CODES = {"NoSuchKey", "NoSuchObject", "NoSuchVersion"}
+_TRANSIENT_CODES = {"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                    "RequestTimeTooSkewed", "OperationAborted"}
+_VENDOR_ERRORS = (MinioException, urllib3.exceptions.HTTPError, OSError)
+
+
+def make_http_client(connect_timeout: float = 3.0, read_timeout: float = 30.0,
+                     retries: int = 2) -> urllib3.PoolManager:
+    """A connection pool that gives up quickly and retries 5xx answers a little."""
+    return urllib3.PoolManager(
+        timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
+        retries=urllib3.Retry(total=retries, backoff_factor=0.2,
+                              status_forcelist=[500, 502, 503, 504], raise_on_status=False),
+        maxsize=10,
+        cert_reqs="CERT_REQUIRED",
+        ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
+    )
+
+
+class S3Storage(Storage):
+    """Objects in one bucket of an S3-compatible service."""
+
+    def __init__(self, bucket: str, *, endpoint: str = DEFAULT_ENDPOINT, access_key: str = "",
+                 secret_key: str = "", region: str | None = None,
+                 http_client: urllib3.PoolManager | None = None, tmp_dir: str | None = None):
+        """Raise ``ValueError`` for a malformed bucket name or endpoint (no network I/O)."""
+        check_bucket_name(bucket, strict=True)
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("S3 endpoint must be http://HOST[:PORT] or https://HOST[:PORT]")
+        if parts.username or parts.password or parts.path not in ("", "/") or parts.query:
+            raise ValueError("S3 endpoint must not carry credentials, a path or a query")
+        self.bucket = bucket
+        self._region = region or None
+        self._tmp_dir = tmp_dir
+        self._client = Minio(
+            parts.netloc,
+            access_key=access_key or None,
+            secret_key=secret_key or None,
+            secure=parts.scheme == "https",
+            region=self._region,
+            http_client=http_client or make_http_client(),
+        )
+
+    def describe(self) -> str:
+        return f"s3://{self.bucket}"
+
+    def presigned_url(self, key: str, expires_seconds: int, *, content_type: str | None = None,
+                      content_disposition: str | None = None) -> str | None:
+        """A presigned GET (computed locally, no request is made), with the response headers signed in."""
+        from datetime import timedelta
+
+        validate_key(key)
+        overrides = {name: value for name, value in (("response-content-type", content_type),
+                                                     ("response-content-disposition", content_disposition)) if value}
+        with self._errors("presign", key):
+            return self._client.presigned_get_object(self.bucket, key, expires=timedelta(seconds=expires_seconds),
+                                                     response_headers=overrides or None)
+
+    # --- writing -----------------------------------------------------------
+
+    def put_file(self, key: str, path: str | os.PathLike, content_type: str | None = None) -> ObjectInfo:
+        """Upload with a known length (multipart above 5 MiB); visible only when complete."""
+        validate_key(key)
+        try:
+            src = open(path, "rb")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            raise StorageError(f"{self.describe()}: put {key!r}: cannot read source file: "
+                               f"{exc.strerror or type(exc).__name__}") from None
+        with src, self._errors("put", key, reading=False):
+            size = os.fstat(src.fileno()).st_size
+            self._client.put_object(self.bucket, key, src, size,
+                                    content_type=content_type or DEFAULT_CONTENT_TYPE,
+                                    num_parallel_uploads=1)
+        return ObjectInfo(key, size)
+
+    def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> ObjectInfo:
+        validate_key(key)
+        data = bytes(data)
+        with self._errors("put", key, reading=False):
+            self._client.put_object(self.bucket, key, io.BytesIO(data), len(data),
+                                    content_type=content_type or DEFAULT_CONTENT_TYPE,
+                                    num_parallel_uploads=1)
+        return ObjectInfo(key, len(data))
+
+    def copy(self, src_key: str, dst_key: str) -> ObjectInfo:
+        """Server-side copy (``CopyObject``); the source is stat'ed by minio first."""
+        validate_key(src_key)
+        validate_key(dst_key)
+        if src_key != dst_key:
+            with self._errors("copy", src_key):
+                self._client.copy_object(self.bucket, dst_key, CopySource(self.bucket, src_key))
+        info = self.stat(dst_key)
+        if info is None:
+            raise ObjectNotFound(f"{self.describe()}: no object {dst_key!r}")
+        return info
+
+    def delete(self, key: str) -> bool:
+        """Stat then delete (S3's DeleteObject cannot say whether anything was there)."""
+        validate_key(key)
+        if self.stat(key) is None:
+            return False
+        with self._errors("delete", key, reading=False):
+            self._client.remove_object(self.bucket, key)
+        return True
+
+    # --- reading -----------------------------------------------------------
+
+    def stat(self, key: str) -> ObjectInfo | None:
+        validate_key(key)
+        try:
+            with self._errors("stat", key):
+                obj = self._client.stat_object(self.bucket, key)
+        except ObjectNotFound:
+            return None
+        return ObjectInfo(key, int(obj.size or 0), utc_datetime(obj.last_modified))
+
+    def open_stream(
+        self, key: str, chunk_size: int = 65536, start: int = 0, length: int | None = None
+    ) -> Iterator[bytes]:
+        """GET with a ``Range`` header; the response is closed when the iterator is."""
+        validate_key(key)
+        validate_range(chunk_size, start, length)
+        if length == 0:
+            if self.stat(key) is None:
+                raise ObjectNotFound(f"{self.describe()}: no object {key!r}")
+            return ChunkStream.empty()
+        with self._errors("get", key):
+            try:
+                resp = self._client.get_object(self.bucket, key, offset=start, length=length or 0)
+            except S3Error as exc:
+                if exc.code != "InvalidRange":
+                    raise
+                return ChunkStream.empty()  # the object exists, but ``start`` is at or past its end
+        if start and resp.status != 206:
+            _release(resp)
+            raise StorageError(f"{self.describe()}: get {key!r}: server ignored the byte range")
+
+        def read(n: int) -> bytes:
+            with self._errors("read", key):
+                return resp.read(n, decode_content=False)
+
+        return ChunkStream(read, lambda: _release(resp), chunk_size, length)
+
+    @contextlib.contextmanager
+    def fetch_to_path(self, key: str) -> Iterator[Path]:
+        """Download to a private temp file, yield its path, remove it on exit."""
+        stream = self.open_stream(key, chunk_size=DOWNLOAD_CHUNK)
+        tmp: str | None = None
+        try:
+            with contextlib.closing(stream):
+                fd, tmp = tempfile.mkstemp(prefix=".tmp-attache-", dir=self._tmp_dir)
+                with os.fdopen(fd, "wb") as out:
+                    for chunk in stream:
+                        out.write(chunk)
+        except OSError as exc:  # the local temp file, not the network
+            _unlink_quietly(tmp)
+            raise StorageUnavailable(f"{self.describe()}: fetch {key!r}: local temp file failed: "
+                                     f"{exc.strerror or type(exc).__name__}") from None
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        try:
+            yield Path(tmp)
+        finally:
+            _unlink_quietly(tmp)
+
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """``ListObjectsV2`` (recursive, paged by minio): each entry carries size and LastModified."""
+        validate_prefix(prefix)
+        with self._errors("list", prefix, reading=False):
+            for obj in self._client.list_objects(self.bucket, prefix=prefix or None, recursive=True):
+                name = obj.object_name
+                if not obj.is_dir and name and name.startswith(prefix) and is_valid_key(name):
+                    yield ObjectInfo(name, int(obj.size or 0), utc_datetime(obj.last_modified))
+
+    # --- health ------------------------------------------------------------
+
+    def check(self) -> None:
+        """HEAD the bucket: missing, forbidden or unreachable all mean unavailable."""
+        try:
+            with self._errors("check", "", reading=False):
+                exists = self._client.bucket_exists(self.bucket)
+        except StorageError as exc:
+            raise StorageUnavailable(str(exc)) from None
+        if not exists:
+            raise StorageUnavailable(f"{self.describe()}: bucket does not exist")
+
+    def ensure_bucket(self) -> None:
+        """Create the bucket unless it exists (for ``make up`` and tests)."""
+        with self._errors("create bucket", "", reading=False):
+            if self._client.bucket_exists(self.bucket):
+                return
+            try:
+                self._client.make_bucket(self.bucket, location=self._region)
+            except S3Error as exc:
+                if exc.code != "BucketAlreadyOwnedByYou":
+                    raise
+
+    # --- errors ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, op: str, key: str, *, reading: bool = True) -> Iterator[None]:
+        """Translate vendor exceptions raised inside the block.
+
+        With ``reading`` a missing bucket reads as a missing object; otherwise
+        it means the store is unavailable.
+        """
+        try:
+            yield
+        except _VENDOR_ERRORS as exc:
+            raise self._translate(exc, f"{self.describe()}: {op} {key!r} failed", reading) from None
+
+    @staticmethod
+    def _translate(exc: BaseException, where: str, reading: bool) -> StorageError:
+        if isinstance(exc, S3Error):
+            status = getattr(exc.response, "status", None) or 0
+            detail = f"{where}: {exc.code} (HTTP {status})"
+            if exc.code in _MISSING_CODES or (reading and exc.code == "NoSuchBucket"):
+                err: StorageError = ObjectNotFound(detail)
+            elif exc.code == "NoSuchBucket" or exc.code in _TRANSIENT_CODES or status >= 500:
+                err = StorageUnavailable(detail)
+            else:
+                err = StorageError(detail)
+            return err
+        if isinstance(exc, (ServerError, InvalidResponseError)):
+            status = exc.status_code if isinstance(exc, ServerError) else exc._code  # noqa: SLF001
+            cls = StorageUnavailable if (status or 0) >= 500 else StorageError
+            return cls(f"{where}: HTTP {status} from server")
+        if isinstance(exc, urllib3.exceptions.MaxRetryError):
+            reason = type(exc.reason).__name__ if exc.reason else "MaxRetryError"
+            return StorageUnavailable(f"{where}: endpoint unreachable ({reason})")
+        if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
+            return StorageUnavailable(f"{where}: connection failed ({type(exc).__name__})")
+        if isinstance(exc, OSError):
+            return StorageError(f"{where}: {exc.strerror or type(exc).__name__}")
+        return StorageError(f"{where}: {type(exc).__name__}")
+
+
+def _release(resp: urllib3.BaseHTTPResponse) -> None:
+    """Close a streamed response and hand its connection back to the pool."""
+    resp.close()
+    resp.release_conn()
+
+
+def _unlink_quietly(path: str | None) -> None:
+    if path is not None:
+        with contextlib.suppress(OSError):
+            os.unlink(path)

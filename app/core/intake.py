@@ -1,0 +1,198 @@
+"""The durable handoff: an upload becomes work that can no longer be lost.
+
+Order matters and each step is a failure window:
+
+1. the verified bytes are written to ``staging/{attachment_id}``
+   (window 1 follows: a crash leaves only an unreferenced staging object,
+   invisible, removed by the orphan cleanup);
+2. ONE transaction inserts the attachment, the ``queued`` job, its history
+   and its outbox message (window 2 follows: the job is durable, the
+   scheduler publishes the unmarked row). An error before COMMIT is a
+   clear rollback and the staged object is removed; an error raised by
+   COMMIT itself (the connection dropped after sending it) is ambiguous:
+   the staged object stays, and the web answers ``202`` if a fresh
+   connection sees the rows, else ``503`` (a retry with the same
+   Idempotency-Key returns the attachment if it did commit; the staging
+   cleanup removes the bytes only if no row ever points at them);
+3. the message is published with a confirm and the row marked (window 3:
+   an unconfirmed publish leaves the row unmarked; a duplicate is harmless);
+4. only then does the web answer ``202``.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from sqlalchemy import func, insert, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.exc import SQLAlchemyError
+
+from app import faults
+from app.adapters import imaging
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import attachments, idempotency_keys, jobs
+from app.core import pipeline, states
+from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
+from app.services import Services
+
+log = logging.getLogger("attache.intake")
+
+
+@dataclass(frozen=True)
+class Received:
+    """An upload received in full: a spool file and what was computed while it arrived."""
+
+    path: Path
+    size: int
+    sha256: str
+    md5: bytes
+    head: bytes
+
+    def discard(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+@dataclass(frozen=True)
+class Accepted:
+    attachment_id: uuid.UUID
+    job_id: uuid.UUID
+    pipeline_version: int
+    published: bool
+    replayed: bool = False
+
+
+class IdempotencyKeyReused(UploadRejected):
+    """The Idempotency-Key was used for different content."""
+
+    status = 422
+    error_code = "idempotency_key_reused"
+
+
+class _LostRace(Exception):
+    """Another request with the same Idempotency-Key committed first."""
+
+
+def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
+    """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
+    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    with transaction(services.engine) as conn:
+        row = conn.execute(select(idempotency_keys, jobs.c.id.label("job_id"), jobs.c.pipeline_version)
+                           .join(jobs, jobs.c.attachment_id == idempotency_keys.c.attachment_id)
+                           .where(idempotency_keys.c.principal == owner, idempotency_keys.c.key == idempotency_key,
+                                  idempotency_keys.c.created_at > func.now() - ttl)
+                           .order_by(jobs.c.pipeline_version).limit(1)).one_or_none()
+    if row is None:
+        return None
+    if row.request_sha256 != sha256:
+        raise IdempotencyKeyReused("this Idempotency-Key was used for different content")
+    return Accepted(row.attachment_id, row.job_id, row.pipeline_version, published=True, replayed=True)
+
+
+def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
+    """Take the key in the upload's transaction; an expired key is taken over."""
+    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    statement = pg_insert(idempotency_keys).values(principal=owner, key=idempotency_key, request_sha256=sha256,
+                                                   attachment_id=attachment_id)
+    statement = statement.on_conflict_do_update(
+        index_elements=["principal", "key"],
+        set_={"request_sha256": statement.excluded.request_sha256,
+              "attachment_id": statement.excluded.attachment_id, "created_at": func.now()},
+        where=idempotency_keys.c.created_at <= func.now() - ttl,
+    ).returning(idempotency_keys.c.principal)
+    if conn.execute(statement).first() is None:
+        raise _LostRace()
+
+
+def accept(services: Services, received: Received, *, filename: str, owner: str, traceparent: str,
+           tracestate: str | None, idempotency_key: str | None = None) -> Accepted:
+    """Stage, then record in one transaction, then publish. See the module docstring.
+
+    With an ``idempotency_key``, a retry of the same content by the same
+    principal returns the first attachment (no second job, no second staged
+    object); two concurrent requests race on the key's primary key inside
+    the upload transaction, and the loser returns the winner's attachment.
+    """
+    settings = services.settings
+    if idempotency_key is not None:
+        earlier = _earlier(services, owner, idempotency_key, received.sha256)
+        if earlier is not None:
+            return earlier
+    info = imaging.probe(received.path, services.limits)  # header only; refusals raise PermanentError
+    attachment_id = uuid.uuid4()
+    key = pipeline.staging_key(attachment_id)
+    services.storage.put_file(key, received.path, content_type=info.content_type)
+    faults.point("after_staging")
+    committing = False
+    try:
+        with transaction(services.engine) as conn:
+            conn.execute(insert(attachments).values(
+                id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
+                format=info.format, size=received.size, sha256=received.sha256, width=info.width,
+                height=info.height, staging_key=key))
+            if idempotency_key is not None:
+                _claim_key(conn, services, owner, idempotency_key, received.sha256, attachment_id)
+            job_id, outbox_id = states.create_job(
+                conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
+                max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
+                actor=f"web:{owner}")
+            committing = True  # every statement succeeded: an error from here on is the COMMIT's own
+        faults.point("during_commit")
+    except _LostRace:
+        _forget_staging(services, key)
+        earlier = _earlier(services, owner, idempotency_key, received.sha256)
+        if earlier is None:  # pragma: no cover - the winner committed before we looked
+            raise DatabaseUnavailable("the upload could not be recorded; retry")
+        return earlier
+    except Exception as exc:
+        if committing:  # the server may have committed: never remove bytes a row may point at
+            if not _committed_after_all(services, attachment_id, key, exc):
+                raise DatabaseUnavailable("the upload's outcome is unknown; retry with the same "
+                                          "Idempotency-Key") from exc
+        else:  # a clear rollback: no row was committed, so the staged bytes go too
+            _forget_staging(services, key)
+            if isinstance(exc, DatabaseUnavailable):
+                raise
+            if isinstance(exc, SQLAlchemyError):
+                raise DatabaseUnavailable("the upload could not be recorded") from exc
+            raise
+    except BaseException:  # interrupted: an interrupted COMMIT may have landed, so staging stays then
+        if not committing:
+            _forget_staging(services, key)
+        raise
+    faults.point("after_commit")
+    try:
+        published = services.publisher.publish([outbox_id]) == 1
+    except AttacheError as exc:  # the outbox row is durable; the scheduler will publish it
+        log.warning("publish after commit failed: %s", exc)
+        published = False
+    log.info("upload accepted", extra={"attachment_id": str(attachment_id), "job_id": str(job_id),
+                                       "size": received.size, "published": published})
+    return Accepted(attachment_id, job_id, settings.pipeline_version, published)
+
+
+def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
+    """After an error raised by COMMIT, look whether the rows landed; the staged object stays either way.
+
+    True only when a fresh connection sees the attachment row (the handoff
+    is then as durable as after a clean COMMIT). Otherwise the outcome is
+    unknown: the COMMIT may still land, so the staged object is left to
+    the staging cleanup, which removes it only when no row points at it
+    after its grace period.
+    """
+    log.warning("the upload's COMMIT failed with an unknown outcome (%s); staged object %s left to the "
+                "staging cleanup", error, key, extra={"attachment_id": str(attachment_id)})
+    try:
+        with transaction(services.engine) as conn:
+            return conn.execute(select(attachments.c.id).where(attachments.c.id == attachment_id)).first() is not None
+    except (AttacheError, SQLAlchemyError):
+        return False
+
+
+def _forget_staging(services: Services, key: str) -> None:
+    try:
+        services.storage.delete(key)
+    except AttacheError:
+        log.warning("could not remove staged object %s; the orphan cleanup will", key)

@@ -1,0 +1,368 @@
+"""The job state machine: the only code that writes ``jobs.state``.
+
+Every transition is ONE conditional ``UPDATE ... WHERE state = <from> ...``
+in the caller's transaction plus an append to ``job_history``; if the
+``WHERE`` matches nothing the transition did not happen and the caller is
+told so (``None``/``False``), never an exception. A database trigger
+(migration 0001) refuses any UPDATE that moves a job out of ``ready``.
+
+States (the contract's table, ``seed/contract.en.md``)
+------------------------------------------------------
+``queued``
+    Durable intent to process. In: the upload's transaction
+    (:func:`create_job`, web), a transient failure with attempts left
+    (:func:`retry_later`, worker), an expired lease with attempts left
+    (:func:`recover_expired`, scheduler). Out: :func:`claim` (worker).
+    A ``queued`` job whose announcement was lost (dead-lettered, purged)
+    is announced again by :func:`reannounce_stranded` (scheduler): a
+    ``queued -> queued`` history row.
+``processing``
+    Claimed by attempt ``attempt`` with a lease until ``lease_expires_at``.
+    Every write of a step is fenced by ``(job_id, attempt)`` and a live
+    lease (:func:`fence`). Between steps the job waits for its next message
+    with no lease owner (:func:`hand_off`); a lost message is announced
+    again by :func:`reannounce_stranded` (a ``processing -> processing``
+    history row). In: :func:`claim`. Out: :func:`publish_ready`,
+    :func:`fail`, :func:`retry_later` (worker), :func:`recover_expired`
+    (scheduler).
+``ready``
+    Every variant of the pipeline version is published; terminal, never
+    regresses. In: :func:`publish_ready` (worker). Out: none.
+``failed``
+    Permanent error or attempts spent, with an ``error_code``. In:
+    :func:`fail`, :func:`retry_later` on the last attempt (worker),
+    :func:`recover_expired` with ``worker_lost`` (scheduler). Out: operator
+    replay (:func:`replay`, web/CLI on an operator's request).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection, Row
+
+from app.adapters.postgres.models import job_history, jobs, variants
+from app.core import messages, outbox
+from app.observability.tracing import child_of
+
+QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
+STATES = (QUEUED, PROCESSING, READY, FAILED)
+
+WORKER_LOST = "worker_lost"
+#: the reason of the self-loop history rows (``queued -> queued``, ``processing -> processing``)
+#: written by :func:`reannounce_stranded`, the only self-loops of the machine
+REANNOUNCED = "re-announced"
+
+
+@dataclass(frozen=True)
+class Lease:
+    owner: str
+    seconds: float
+
+
+def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, error_code=None, reason=None) -> None:
+    conn.execute(insert(job_history).values(
+        job_id=job_id, from_state=from_state, to_state=to_state, attempt=attempt,
+        actor=actor, error_code=error_code, reason=reason))
+
+
+def _interval(seconds: float):
+    return text(f"interval '{float(seconds):.3f} seconds'")
+
+
+def _inspect_message(conn: Connection, job: Row | Any, attempt: int, available_at: datetime | None = None) -> int:
+    payload = messages.build(
+        job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
+        attempt=attempt, step="inspect", traceparent=child_of(job.traceparent), tracestate=job.tracestate)
+    return outbox.add(conn, payload, available_at=available_at)
+
+
+def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
+               traceparent: str, tracestate: str | None, actor: str,
+               reason: str = "upload accepted") -> tuple[uuid.UUID, int] | None:
+    """none -> queued, with the first message in the outbox. Returns (job_id, outbox_id).
+
+    One job per ``(attachment_id, pipeline_version)``: if it exists already,
+    nothing is written and ``None`` is returned (a backfill run twice).
+    """
+    from app.core.pipeline import ensure_recorded
+
+    ensure_recorded(conn, pipeline_version)
+    job_id = uuid.uuid4()
+    row = conn.execute(pg_insert(jobs).values(
+        id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=QUEUED,
+        attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
+    ).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)).one_or_none()
+    if row is None:
+        return None
+    _history(conn, job_id, None, QUEUED, 0, actor, reason=reason)
+    return job_id, _inspect_message(conn, row, attempt=1)
+
+
+def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
+    query = select(jobs).where(jobs.c.id == job_id)
+    if lock:
+        query = query.with_for_update()
+    return conn.execute(query).one_or_none()
+
+
+def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
+    """queued -> processing for the message of attempt ``attempt`` (= stored attempt + 1).
+
+    A message for any other attempt is stale and claims nothing. A job
+    whose ``next_attempt_at`` lies in the future is not claimable yet.
+    """
+    row = conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == QUEUED, jobs.c.attempt == attempt - 1,
+               (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
+        .values(state=PROCESSING, attempt=attempt, lease_owner=lease.owner,
+                lease_expires_at=func.now() + _interval(lease.seconds), next_attempt_at=None,
+                error_code=None, error_reason=None, updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+    if row is not None:
+        _history(conn, job_id, QUEUED, PROCESSING, attempt, lease.owner)
+    return row
+
+
+def held():
+    """A ``processing`` job is held when a step holds a live lease, or it waits between steps.
+
+    A job between steps has no lease owner (:func:`hand_off`); nobody is
+    working on it, so there is nothing to expire: it waits for its next
+    message however long a backlog is. Only a running step's lease expires.
+    """
+    return jobs.c.lease_owner.is_(None) | (jobs.c.lease_expires_at > func.now())
+
+
+def expired():
+    """A running step's lease ran out: its worker died or hangs (the inverse of :func:`held`)."""
+    return jobs.c.lease_owner.is_not(None) & (jobs.c.lease_expires_at <= func.now())
+
+
+def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
+    """A step's fence: ``(job_id, attempt)`` is still ``processing`` and held, locked for this transaction.
+
+    Returns the job or ``None`` when this attempt no longer owns the job:
+    another attempt claimed it, its running step's lease expired, or it is
+    no longer ``processing``. A worker that gets ``None`` must write
+    nothing visible. With ``take`` (a step starting) the step takes the
+    lease for ``lease.seconds``; a redelivered message of the same attempt
+    may take it over, since steps are idempotent per effect key.
+    ``take=False`` (a step about to commit its outcome and hand off)
+    checks and locks without taking the lease from a sibling still running.
+    """
+    conditions = (jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt, held())
+    if not take:
+        return conn.execute(select(jobs).where(*conditions).with_for_update()).one_or_none()
+    return conn.execute(
+        update(jobs)
+        .where(*conditions)
+        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
+                updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+
+
+def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
+    """A running step's heartbeat: extend the lease while a step holds it.
+
+    Unlike :func:`fence` it never takes a handed-off job back: a beat that
+    lands after its own step (or the last running sibling) handed off must
+    not leave a short lease that nobody renews.
+    """
+    return conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+               jobs.c.lease_owner.is_not(None), jobs.c.lease_expires_at > func.now())
+        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
+                updated_at=func.now())
+        .returning(jobs.c.id)
+    ).first() is not None
+
+
+def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
+    """A step finished and announced the next: the job now waits for a message, not for a worker.
+
+    The lease guards a *running* step: a worker that dies or hangs in a step
+    stops renewing it and lease recovery takes the attempt back. Between
+    steps nobody runs, and the next messages may wait behind a backlog of
+    any length; an expiring lease there cost an attempt per expiry until
+    the job failed ``worker_lost`` with no worker lost (a livelock
+    ``make soak`` found). So the step clears the owner: a job without one
+    is held and never expires (:func:`held`), and the next step's fence
+    takes the lease again. Lost messages of a waiting job are the
+    reconciler's (:func:`reannounce_stranded`). Only the step that holds
+    the lease (or none holds it) hands off, so a sibling that fenced after
+    it keeps its short lease.
+    """
+    return conn.execute(
+        update(jobs)
+        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+               (jobs.c.lease_owner == owner) | jobs.c.lease_owner.is_(None))
+        .values(lease_owner=None, updated_at=func.now())
+        .returning(jobs.c.id)
+    ).first() is not None
+
+
+def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
+    conditions = [jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt]
+    if require_live_lease:
+        conditions.append(held())
+    return conn.execute(
+        update(jobs).where(and_(*conditions))
+        .values(state=to_state, lease_owner=None, lease_expires_at=None, updated_at=func.now(), **values)
+        .returning(jobs)
+    ).one_or_none()
+
+
+def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, ...], actor: str) -> bool:
+    """processing -> ready: publish every recorded variant and flip the job, atomically.
+
+    Runs only if ``(job_id, attempt)`` still holds a live lease and every
+    required variant has been recorded by a render step.
+    """
+    recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job_id)).scalars())
+    if not set(required) <= recorded:
+        return False
+    row = _leave_processing(conn, job_id, attempt, READY, {"ready_at": func.now(), "error_code": None,
+                                                           "error_reason": None}, require_live_lease=True)
+    if row is None:
+        return False
+    conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
+                 .values(published_at=func.now()))
+    _history(conn, job_id, PROCESSING, READY, attempt, actor)
+    return True
+
+
+def fail(conn: Connection, job_id, attempt: int, error_code: str, reason: str, actor: str) -> bool:
+    """processing -> failed with an error code an operator can act on."""
+    row = _leave_processing(conn, job_id, attempt, FAILED, {"error_code": error_code, "error_reason": reason},
+                            require_live_lease=False)
+    if row is None:
+        return False
+    _history(conn, job_id, PROCESSING, FAILED, attempt, actor, error_code, reason)
+    return True
+
+
+def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason: str, delay_seconds: float,
+                actor: str) -> str | None:
+    """processing -> queued (attempts left) or -> failed (spent). Returns the new state.
+
+    The next attempt's message goes to the outbox with ``available_at`` in
+    the future; the scheduler publishes it when due (no broker-side delay).
+    """
+    job = get(conn, job_id, lock=True)
+    if job is None or job.state != PROCESSING or job.attempt != attempt:
+        return None
+    if attempt >= job.max_attempts:
+        return FAILED if fail(conn, job_id, attempt, error_code, f"attempts exhausted: {reason}", actor) else None
+    due = datetime.now(timezone.utc) + timedelta(seconds=delay_seconds)
+    row = _leave_processing(conn, job_id, attempt, QUEUED, {"error_code": error_code, "error_reason": reason,
+                                                            "next_attempt_at": due}, require_live_lease=False)
+    if row is None:
+        return None
+    _history(conn, job_id, PROCESSING, QUEUED, attempt, actor, error_code, reason)
+    _inspect_message(conn, row, attempt + 1, available_at=due)
+    return QUEUED
+
+
+def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
+    """Scheduler: processing with an expired lease -> queued (or failed ``worker_lost``).
+
+    ``SKIP LOCKED`` keeps two schedulers from taking the same row.
+    """
+    lost = conn.execute(
+        select(jobs).where(jobs.c.state == PROCESSING, expired())
+        .order_by(jobs.c.lease_expires_at).limit(batch).with_for_update(skip_locked=True)
+    ).all()
+    counts = {"requeued": 0, "failed": 0}
+    for job in lost:
+        if job.attempt >= job.max_attempts:
+            reason = f"lease expired in attempt {job.attempt} of {job.max_attempts}; attempts spent"
+            _leave_processing(conn, job.id, job.attempt, FAILED, {"error_code": WORKER_LOST, "error_reason": reason},
+                              require_live_lease=False)
+            _history(conn, job.id, PROCESSING, FAILED, job.attempt, actor, WORKER_LOST, reason)
+            counts["failed"] += 1
+        else:
+            reason = f"lease of {job.lease_owner} expired"
+            row = _leave_processing(conn, job.id, job.attempt, QUEUED,
+                                    {"error_code": WORKER_LOST, "error_reason": reason},
+                                    require_live_lease=False)
+            _history(conn, job.id, PROCESSING, QUEUED, job.attempt, actor, WORKER_LOST, reason)
+            _inspect_message(conn, row, job.attempt + 1)
+            counts["requeued"] += 1
+    return counts
+
+
+def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings: int, batch: int,
+                        actor: str) -> list[int]:
+    """Scheduler: announce again every job that has no live path forward. Returns outbox ids.
+
+    A job moves only when a message for it reaches a worker. It is stranded
+    when that message is gone (dead-lettered after the retry budget, purged,
+    lost with a broker's data):
+
+    * ``queued`` and due (``next_attempt_at`` passed), or ``processing``
+      between steps (:func:`hand_off` cleared the lease owner: no step runs);
+    * no unpublished outbox row (pending, or a delayed retry);
+    * nothing announced and no activity for ``after_seconds`` × 2^k, where k
+      is how often it was re-announced for this attempt already, so a long
+      backlog costs at most one duplicate per doubling period, never a storm.
+
+    The fresh message is an inspect: for attempt + 1 of a ``queued`` job (it
+    claims), for the current attempt of a waiting ``processing`` job (it
+    fences, and announces the renders not yet recorded, or publish). The
+    duplicate of a message that was merely slow is harmless. The job rows
+    are locked ``FOR UPDATE SKIP LOCKED``: a claim racing this waits, and two
+    schedulers never take the same job. No attempt is counted.
+    """
+    stranded = conn.execute(text("""
+        SELECT j.*, j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END AS next_attempt FROM jobs j
+        CROSS JOIN LATERAL (
+            SELECT max(greatest(o.created_at, o.available_at, o.published_at)) AS last_announced,
+                   count(*) FILTER (WHERE o.payload->>'step' = 'inspect' AND (o.payload->>'attempt')::int
+                                    = j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END) AS announced
+            FROM outbox o WHERE o.job_id = j.id) a
+        WHERE ((j.state = 'queued' AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now()))
+               OR (j.state = 'processing' AND j.lease_owner IS NULL))
+          AND j.updated_at < now() - make_interval(secs => :after)
+          AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.job_id = j.id AND p.published_at IS NULL)
+          AND greatest(a.last_announced, j.updated_at)
+              < now() - make_interval(secs => :after * power(2, least(greatest(a.announced - 1, 0), :doublings)))
+        ORDER BY j.updated_at
+        LIMIT :batch
+        FOR UPDATE OF j SKIP LOCKED
+    """), {"after": float(after_seconds), "doublings": int(max_doublings), "batch": int(batch)}).all()
+    ids = []
+    for job in stranded:
+        conn.execute(update(jobs).where(jobs.c.id == job.id).values(updated_at=func.now()))
+        _history(conn, job.id, job.state, job.state, job.attempt, actor, None,
+                 f"{REANNOUNCED}: attempt {job.next_attempt} had no live message")
+        ids.append(_inspect_message(conn, job, job.next_attempt))
+    return ids
+
+
+def replay(conn: Connection, job_id, *, actor: str, reason: str, budget: int) -> Row | None:
+    """failed -> queued by an operator, with ``budget`` fresh attempts and an audited reason.
+
+    Variants already recorded stay (the effect key keeps them single), so
+    the replayed job resumes at its first unfinished step.
+    """
+    row = conn.execute(
+        update(jobs).where(jobs.c.id == job_id, jobs.c.state == FAILED)
+        .values(state=QUEUED, max_attempts=jobs.c.attempt + budget, next_attempt_at=None, error_code=None,
+                error_reason=None, updated_at=func.now())
+        .returning(jobs)
+    ).one_or_none()
+    if row is None:
+        return None
+    _history(conn, job_id, FAILED, QUEUED, row.attempt, actor, None, reason)
+    _inspect_message(conn, row, row.attempt + 1)
+    return row

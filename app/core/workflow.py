@@ -1,0 +1,338 @@
+"""The pipeline steps: inspect -> render (one message per variant) -> publish.
+
+Actors (``actors/``) are thin: they hand the message body to
+:meth:`Workflow.handle`, which validates it, loads the job from PostgreSQL
+and runs the step. Every outcome is recorded through :mod:`app.core.states`;
+only a failure to record an outcome at all (PostgreSQL down) escapes as
+:class:`DatabaseUnavailable`, for Dramatiq's bounded retries.
+
+Idempotency, per step:
+
+* ``inspect`` claims the job (or continues the same attempt after a
+  redelivery), re-checks the staged original's header and announces the
+  render messages for every variant not yet recorded, or the publish
+  message when all are: a recovered job resumes at its first unfinished
+  step.
+* A step holds the job's lease while it runs (a heartbeat renews it) and
+  hands off when it has committed its outcome: the job then waits for the
+  next message with no owner, which never expires, so messages waiting
+  behind a backlog cost no attempt (:func:`app.core.states.hand_off`).
+* ``render`` writes the object under a content-addressed key (a rerun
+  writes the same key with the same bytes), then records the variant row
+  fenced by ``(job_id, attempt)``; the effect key is unique, so a variant
+  is recorded once. The render that completes the set announces publish.
+* ``publish`` flips the job to ``ready`` and publishes every variant in one
+  transaction; staging is removed after that COMMIT.
+* A message for a ``ready`` job verifies the effect (rows and objects with
+  their recorded sizes) and is acked; a missing object raises
+  :class:`EffectMissing`, which dead-letters the message for an operator.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Iterator
+
+from sqlalchemy import insert, select
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+
+from app import faults
+from app.adapters import imaging
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import attachments, step_runs, variants
+from app.core import messages, outbox, pipeline, states
+from app.core.policies import step_policies
+from app.core.retry import RetryPolicy
+from app.errors import (
+    AttacheError,
+    DatabaseUnavailable,
+    EffectMissing,
+    InvalidMessage,
+    ObjectNotFound,
+    PoisonMessage,
+    StagingMissing,
+    UnknownJob,
+    error_code,
+    sanitized_reason,
+)
+from app.observability import telemetry
+from app.observability.logs import bound
+from app.observability.tracing import child_of, trace_id
+from app.services import Services, identity
+
+log = logging.getLogger("attache.workflow")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a step did, for logs and tests."""
+
+    status: str
+    detail: str = ""
+
+
+class Workflow:
+    def __init__(self, services: Services, policies: dict[str, RetryPolicy] | None = None):
+        self.services = services
+        self.policies = policies or step_policies(services.settings)
+
+    # --- entry point --------------------------------------------------------
+
+    def handle(self, payload: object, *, step: str) -> Outcome:
+        """Run the step a message asks for; ``step`` is the actor that received it."""
+        try:
+            body = messages.validate(payload)
+            if body["step"] != step:
+                raise InvalidMessage(f"a {body['step']} message reached the {step} actor")
+        except InvalidMessage as error:
+            log.error("poison message: %s", error, extra={"actor": step})
+            raise
+        _, queue = messages.ROUTES[step]
+        with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
+                   trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
+                telemetry.consuming(body, queue):
+            began = time.monotonic()
+            outcome = self._handle(body)
+            log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
+            self._record_run(body, outcome, time.monotonic() - began)
+            return outcome
+
+    def _record_run(self, body: dict, outcome: Outcome, seconds: float) -> None:
+        """Best effort: a lost timing must never fail a step whose outcome is recorded."""
+        try:
+            with transaction(self.services.engine) as conn:
+                conn.execute(insert(step_runs).values(
+                    job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
+                    attempt=body["attempt"], outcome=outcome.status, seconds=seconds))
+        except Exception:
+            log.warning("step timing not recorded", exc_info=True)
+
+    def _handle(self, body: dict) -> Outcome:
+        job_id = uuid.UUID(body["job_id"])
+        with transaction(self.services.engine) as conn:
+            job = states.get(conn, job_id)
+        if job is None:
+            raise UnknownJob(f"no job {job_id}")
+        if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
+            raise InvalidMessage("message does not match the job it names")
+        if job.state == states.READY:
+            return self.verify_ready(job)
+        if job.state == states.FAILED:
+            return Outcome("ignored", "job is failed")
+        attempt = body["attempt"]
+        lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
+        try:
+            if body["step"] == "inspect":
+                return self.inspect(job, attempt, lease)
+            if body["step"] == "render":
+                return self.render(job, attempt, body["variant"], lease)
+            return self.publish(job, attempt, lease)
+        except (PoisonMessage, DatabaseUnavailable):
+            raise
+        except Exception as error:  # every other error becomes a recorded outcome
+            return self.record_failure(job, attempt, body["step"], error, lease.owner)
+
+    # --- steps --------------------------------------------------------------
+
+    def inspect(self, job, attempt: int, lease: states.Lease) -> Outcome:
+        with transaction(self.services.engine) as conn:
+            claimed = states.claim(conn, job.id, attempt, lease) or states.fence(conn, job.id, attempt, lease)
+            if claimed is None:
+                return Outcome("stale", f"attempt {attempt} does not hold the job")
+            attachment = self._attachment(conn, job.attachment_id)
+        with self._lease_kept(job.id, attempt, lease), self._staged(attachment) as path:
+            imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
+        with transaction(self.services.engine) as conn:
+            if states.fence(conn, job.id, attempt, lease, take=False) is None:
+                return Outcome("stale", "lease lost during inspect")
+            ids = self._announce_next(conn, job, attempt)
+            self._hand_off(conn, job.id, attempt, lease)
+        self.services.publisher.publish(ids)
+        return Outcome("inspected", f"{len(ids)} message(s) announced")
+
+    def render(self, job, attempt: int, variant: str, lease: states.Lease) -> Outcome:
+        version = pipeline.get(job.pipeline_version)
+        if variant not in version.variants:
+            raise InvalidMessage(f"variant {variant!r} is not in pipeline version {version.version}")
+        with transaction(self.services.engine) as conn:
+            if states.fence(conn, job.id, attempt, lease) is None:
+                return Outcome("stale", f"attempt {attempt} does not hold the job")
+            attachment = self._attachment(conn, job.attachment_id)
+            done = conn.execute(select(variants.c.id).where(
+                variants.c.attachment_id == job.attachment_id, variants.c.pipeline_version == job.pipeline_version,
+                variants.c.variant == variant)).first() is not None
+        if not done:
+            faults.point("during_render")
+            with self._lease_kept(job.id, attempt, lease):
+                effect = self._make_object(attachment, version, variant)
+            faults.point("after_object_write")
+        with transaction(self.services.engine) as conn:
+            if states.fence(conn, job.id, attempt, lease, take=False) is None:
+                return Outcome("stale", "lease lost during render; the object stays unreferenced")
+            if not done:
+                conn.execute(pg_insert(variants).values(
+                    job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
+                    variant=variant, attempt=attempt, **effect,
+                ).on_conflict_do_nothing(constraint="variants_effect_key"))
+            ids = self._announce_publish_if_complete(conn, job, attempt, version)
+            self._hand_off(conn, job.id, attempt, lease)
+        self.services.publisher.publish(ids)
+        return Outcome("rendered" if not done else "already_rendered", variant)
+
+    def publish(self, job, attempt: int, lease: states.Lease) -> Outcome:
+        version = pipeline.get(job.pipeline_version)
+        with transaction(self.services.engine) as conn:
+            current = states.get(conn, job.id, lock=True)
+            if current.state == states.READY:
+                published = False
+            else:
+                published = states.publish_ready(conn, job.id, attempt, version.variants, lease.owner)
+                if not published:
+                    return Outcome("stale", f"attempt {attempt} cannot publish")
+            attachment = self._attachment(conn, job.attachment_id)
+        if not published:
+            return self.verify_ready(job)
+        faults.point("after_result_commit")
+        self.services.storage.delete(attachment.staging_key)
+        return Outcome("ready", f"{len(version.variants)} variants published")
+
+    # --- ready: verify, never redo -------------------------------------------
+
+    def verify_ready(self, job) -> Outcome:
+        version = pipeline.get(job.pipeline_version)
+        with transaction(self.services.engine) as conn:
+            rows = conn.execute(select(variants).where(
+                variants.c.job_id == job.id, variants.c.published_at.is_not(None))).all()
+            attachment = self._attachment(conn, job.attachment_id)
+        found = {row.variant: row for row in rows}
+        missing = [name for name in version.variants if name not in found]
+        for row in rows:
+            if row.retired_at is not None:  # superseded and collected on purpose: nothing left to verify
+                continue
+            info = self.services.storage.stat(row.storage_key)
+            if info is None or info.size != row.size:
+                missing.append(f"{row.variant} object")
+        if missing:
+            log.error("ready job's effect is incomplete: %s", ", ".join(missing))
+            raise EffectMissing(f"ready job {job.id} is missing: {', '.join(missing)}")
+        self.services.storage.delete(attachment.staging_key)
+        return Outcome("already_ready", "effect verified")
+
+    # --- failures ------------------------------------------------------------
+
+    def record_failure(self, job, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
+        """Permanent -> ``failed``; otherwise ``queued`` with a backoff (or ``failed`` once spent).
+
+        The next attempt's message waits in the outbox until it is due; the
+        scheduler publishes it then.
+        """
+        code, reason = error_code(error), sanitized_reason(error)
+        if not isinstance(error, AttacheError):
+            log.error("unexpected %s in step", type(error).__name__, exc_info=error)
+        policy = self.policies[step]
+        with transaction(self.services.engine) as conn:
+            if policy.retryable(error):
+                new_state = states.retry_later(conn, job.id, attempt, code, reason, policy.delay(attempt), actor)
+            else:
+                new_state = states.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
+        return Outcome(new_state or "stale", f"{code}: {reason}")
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _attachment(self, conn, attachment_id):
+        return conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one()
+
+    def _source_key(self, attachment) -> str:
+        """Where the original's bytes are: staging until the first publish, then the kept original.
+
+        A backfill into a new pipeline version runs long after staging was
+        removed; it reads the published original (shared by all versions).
+        """
+        with transaction(self.services.engine) as conn:
+            kept = conn.execute(select(variants.c.storage_key).where(
+                variants.c.attachment_id == attachment.id, variants.c.variant == pipeline.ORIGINAL,
+                variants.c.published_at.is_not(None)).limit(1)).scalar()
+        return kept or attachment.staging_key
+
+    @contextlib.contextmanager
+    def _staged(self, attachment) -> Iterator:
+        try:
+            with self.services.storage.fetch_to_path(self._source_key(attachment)) as path:
+                yield path
+        except ObjectNotFound:
+            raise StagingMissing("the staged original is missing") from None
+
+    def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str) -> dict:
+        storage = self.services.storage
+        if variant == pipeline.ORIGINAL:
+            key = pipeline.original_key(attachment.id, attachment.sha256)
+            info = storage.stat(key)  # kept by an earlier version, or an earlier try of this one
+            if info is None or info.size != attachment.size:
+                try:
+                    info = storage.copy(attachment.staging_key, key)
+                except ObjectNotFound:
+                    raise StagingMissing("the staged original is missing") from None
+            return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
+                        sha256=attachment.sha256, width=attachment.width, height=attachment.height)
+        with self._staged(attachment) as path:
+            rendered = imaging.render(path, version.specs[variant], self.services.limits)
+        digest = hashlib.sha256(rendered.data).hexdigest()
+        key = pipeline.variant_key(attachment.id, version.version, variant, digest, rendered.extension)
+        storage.put_bytes(key, rendered.data, content_type=rendered.content_type)
+        return dict(storage_key=key, content_type=rendered.content_type, size=len(rendered.data), sha256=digest,
+                    width=rendered.width, height=rendered.height)
+
+    def _announce_next(self, conn, job, attempt: int) -> list[int]:
+        version = pipeline.get(job.pipeline_version)
+        recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
+        todo = [name for name in version.variants if name not in recorded]
+        if not todo:
+            return [self._message(conn, job, attempt, "publish")]
+        return [self._message(conn, job, attempt, "render", variant=name) for name in todo]
+
+    def _announce_publish_if_complete(self, conn, job, attempt: int, version) -> list[int]:
+        # fence() locked the job row, so concurrent renders of one job
+        # serialize here and exactly one of them sees the set complete
+        # (redeliveries may announce again: harmless duplicates).
+        recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
+        if set(version.variants) <= recorded:
+            return [self._message(conn, job, attempt, "publish")]
+        return []
+
+    def _message(self, conn, job, attempt: int, step: str, variant: str | None = None) -> int:
+        payload = messages.build(job_id=job.id, attachment_id=job.attachment_id,
+                                 pipeline_version=job.pipeline_version, attempt=attempt, step=step,
+                                 variant=variant, traceparent=child_of(job.traceparent), tracestate=job.tracestate)
+        return outbox.add(conn, payload)
+
+    def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:
+        """The step is done: the job waits for its next message without a short lease (see states.hand_off)."""
+        states.hand_off(conn, job_id, attempt, lease.owner)
+
+    @contextlib.contextmanager
+    def _lease_kept(self, job_id, attempt: int, lease: states.Lease) -> Iterator[None]:
+        """Heartbeat: extend the lease every third of its length while a long step runs."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(lease.seconds / 3):
+                try:
+                    with transaction(self.services.engine) as conn:
+                        if not states.renew(conn, job_id, attempt, lease):
+                            return
+                except Exception:  # a missed beat is not fatal; the fence decides at commit
+                    log.warning("lease heartbeat failed", exc_info=True)
+
+        thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=5)

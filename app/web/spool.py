@@ -1,0 +1,161 @@
+"""Receiving an upload: stream to a spool file, hash on the way, enforce the size limit.
+
+The body is never held in memory: it is written to a temporary file in
+chunks while SHA-256 and MD5 are computed, and the limit is enforced as
+bytes arrive, so an oversized upload is refused without reading it all.
+Digest headers (RFC 9530 ``Content-Digest`` with ``sha-256``, and
+``Content-MD5``) are checked against the bytes received.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import tempfile
+import time
+from pathlib import Path
+from typing import IO
+
+from app.core.intake import Received
+from app.errors import DigestMismatch, SpoolUnavailable, UploadRejected, UploadTooLarge
+
+CHUNK = 64 * 1024
+SPOOL_PREFIX = "attache-upload-"
+
+
+class HashingSpool:
+    """A write-only file object that spools to disk, hashes and counts.
+
+    Werkzeug's multipart parser writes the ``file`` part straight into it
+    (see :class:`app.web.request.UploadRequest`), and raw bodies are copied
+    into it by :func:`spool_stream`.
+    """
+
+    def __init__(self, max_bytes: int, directory: str | None = None):
+        self.max_bytes = max_bytes
+        try:
+            fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
+        except OSError as exc:
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
+        self.path = Path(name)
+        self._file = os.fdopen(fd, "w+b")
+        self._sha256 = hashlib.sha256()
+        self._md5 = hashlib.md5(usedforsecurity=False)
+        self.size = 0
+        self.head = b""
+
+    def write(self, data: bytes) -> int:
+        self.size += len(data)
+        if self.size > self.max_bytes:
+            raise UploadTooLarge(f"the upload is larger than the limit of {self.max_bytes} bytes")
+        if len(self.head) < 64:
+            self.head += data[: 64 - len(self.head)]
+        self._sha256.update(data)
+        self._md5.update(data)
+        try:
+            return self._file.write(data)
+        except OSError as exc:  # the temporary directory is full: nothing is wrong with the upload
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
+
+    # werkzeug treats the stream as a file object
+    def seek(self, *args):
+        return self._file.seek(*args)
+
+    def read(self, *args):
+        return self._file.read(*args)
+
+    def tell(self):
+        return self._file.tell()
+
+    def flush(self):
+        self._file.flush()
+
+    def finish(self) -> "Received":
+        try:
+            self._file.flush()
+            os.fsync(self._file.fileno())
+            self._file.close()
+        except OSError as exc:
+            raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
+        return Received(self.path, self.size, self._sha256.hexdigest(), self._md5.digest(), self.head)
+
+    def discard(self) -> None:
+        try:
+            self._file.close()
+        finally:
+            self.path.unlink(missing_ok=True)
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+    def close(self) -> None:
+        # werkzeug may close the part stream; the spool is finished explicitly
+        pass
+
+
+def remove_abandoned_spools(older_than_seconds: float, directory: str | None = None) -> int:
+    """Remove spool files nobody has written to for ``older_than_seconds``; returns how many.
+
+    A request removes its own spools when it ends, but a process killed
+    mid-upload (SIGKILL, the OOM killer, gunicorn's graceful timeout) leaves
+    its spool behind. A live upload writes to its spool at least every
+    ``ATTACHE_BODY_IDLE_SECONDS`` (a quieter client is cut off), so a spool
+    untouched for many times that belongs to no request; several web
+    processes may share the directory and this never touches a live one.
+    """
+    root = Path(directory or tempfile.gettempdir())
+    now = time.time()
+    removed = 0
+    for path in root.glob(SPOOL_PREFIX + "*"):
+        try:
+            if now - path.stat().st_mtime >= older_than_seconds:
+                path.unlink()
+                removed += 1
+        except FileNotFoundError:  # its request, or another process, removed it first
+            continue
+    return removed
+
+
+def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:
+    while True:
+        chunk = stream.read(CHUNK)
+        if not chunk:
+            return
+        spool.write(chunk)
+
+
+_DIGEST_ITEM = re.compile(r"\s*([a-z0-9-]+)\s*=\s*:([A-Za-z0-9+/=]*):\s*")
+
+
+def parse_content_digest(header: str) -> dict[str, bytes]:
+    """RFC 9530 ``Content-Digest`` (a structured-field dictionary of byte sequences)."""
+    result: dict[str, bytes] = {}
+    for item in header.split(","):
+        match = _DIGEST_ITEM.fullmatch(item)
+        if not match:
+            raise UploadRejected("malformed Content-Digest header", error_code="bad_digest_header")
+        try:
+            result[match.group(1).lower()] = base64.b64decode(match.group(2), validate=True)
+        except ValueError:
+            raise UploadRejected("malformed Content-Digest value", error_code="bad_digest_header") from None
+    return result
+
+
+def verify_digests(received: Received, *, content_digest: str | None, content_md5: str | None) -> None:
+    if content_digest:
+        digests = parse_content_digest(content_digest)
+        if "sha-256" not in digests:
+            raise UploadRejected("Content-Digest carries no supported algorithm (sha-256)",
+                                 error_code="unsupported_digest")
+        if digests["sha-256"] != bytes.fromhex(received.sha256):
+            raise DigestMismatch("Content-Digest sha-256 does not match the bytes received")
+    if content_md5:
+        try:
+            expected = base64.b64decode(content_md5.strip(), validate=True)
+        except ValueError:  # binascii.Error, and non-ASCII text
+            raise UploadRejected("malformed Content-MD5 header", error_code="bad_digest_header") from None
+        if expected != received.md5:
+            raise DigestMismatch("Content-MD5 does not match the bytes received")
