@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import uuid
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select
+from sqlalchemy import insert, select
 
-from app.adapters.postgres.models import audit_log
+from app.adapters.postgres.models import audit_log, jobs
 from app.cli import main
 from app.core.workflow import Workflow
 from tests.driver import run, upload
+from tests.processes import REPO, VENV_BIN
 
 
 @pytest.fixture
@@ -19,8 +23,10 @@ def cli(env, monkeypatch):
     for key, value in env.items():
         monkeypatch.setenv(key, value)
 
-    def invoke(*args, input=None):
-        return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False)
+    def invoke(*args, input=None, columns=None):
+        """``attache ARGS``; ``columns``: the terminal's width (rich reads ``COLUMNS``)."""
+        return CliRunner().invoke(main, list(args), input=input, catch_exceptions=False,
+                                  env=None if columns is None else {"COLUMNS": str(columns)})
 
     return invoke
 
@@ -111,3 +117,118 @@ def test_dlq_requeue_and_purge_act_only_on_what_was_chosen(cli, services, broker
     assert [(r.action, r.details["status"], r.details["count"]) for r in rows] == [
         ("dlq.requeue", "completed", 1), ("dlq.purge", "completed", 2)]
     assert all(r.actor.startswith("operator:cli:") for r in rows)
+
+
+# --- whole ids at any width, and id prefixes ---------------------------------------------------------------
+
+WIDTHS = (60, 80, 120, 200)
+
+
+def on_one_line(output: str, *values: str) -> bool:
+    return any(all(v in line for v in values) for line in output.splitlines())
+
+
+def test_jobs_list_and_show_print_whole_ids_and_timestamps_at_any_width(cli, failed_job_id):
+    [listed] = json.loads(cli("jobs", "list", "--json").output)
+    shown = json.loads(cli("jobs", "show", failed_job_id, "--json").output)
+    for width in WIDTHS:
+        table = cli("jobs", "list", columns=width)
+        assert table.exit_code == 0
+        assert failed_job_id in table.output and listed["updated_at"] in table.output, (width, table.output)
+        assert listed["attachment_id"] in table.output or "not shown at this width: attachment" in table.output
+
+        job = cli("jobs", "show", failed_job_id, columns=width)
+        assert job.exit_code == 0
+        for whole in (failed_job_id, shown["attachment_id"], shown["created_at"], shown["updated_at"],
+                      shown["trace"]["traceparent"], *(h["at"] for h in shown["history"])):
+            assert whole in job.output, (width, whole, job.output)
+    assert on_one_line(cli("jobs", "list", columns=200).output, failed_job_id, listed["attachment_id"],
+                       listed["updated_at"]), "a wide terminal shows a table of every column"
+    narrower = cli("jobs", "list", columns=120).output
+    assert on_one_line(narrower, failed_job_id, listed["updated_at"])
+    assert "not shown at this width: attachment" in narrower
+
+
+def test_every_table_prints_whole_ids_at_80_and_60_columns(cli, services, broker_url, quiet_services, data_file):
+    from tests.test_dlq import XQ, dead_letter_three
+
+    ids = dead_letter_three(services, broker_url)
+    dead = {m["message_id"]: m for m in json.loads(cli("dlq", "show", "attache.inspect", "--json").output)}
+    upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))  # its outbox row stays pending
+    status = json.loads(cli("outbox", "status", "--json").output)
+    assert status["pending"] == 1
+    versions = json.loads(cli("pipeline", "list", "--json").output)
+    for width in (60, 80):
+        listed = cli("dlq", "list", columns=width).output
+        assert XQ in listed and "attache.inspect" in listed
+        shown = cli("dlq", "show", "attache.inspect", columns=width).output
+        for message_id in ids:
+            assert message_id in shown and dead[message_id]["body"]["job_id"] in shown, (width, shown)
+        assert status["oldest_created_at"] in cli("outbox", "status", columns=width).output
+        registry = cli("pipeline", "list", columns=width).output
+        assert all(v["fingerprint"] in registry for v in versions) or "not shown at this width: fingerprint" in registry
+    registry = cli("pipeline", "list", columns=200).output
+    assert all(v["fingerprint"] in registry for v in versions), "fingerprints are whole, never cut to 16"
+
+
+def test_jobs_list_in_a_real_80_column_process(env, failed_job_id):
+    listed = subprocess.run([str(VENV_BIN / "attache"), "jobs", "list"], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, **env, "COLUMNS": "80"}, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    assert failed_job_id in listed.stdout
+
+
+def test_a_unique_prefix_names_a_job(cli, engine, failed_job_id):
+    undashed = failed_job_id.replace("-", "")
+    for prefix in (failed_job_id[:4], failed_job_id[:11], failed_job_id[:13].upper(), undashed[:10]):
+        shown = cli("jobs", "show", prefix, "--json")
+        assert shown.exit_code == 0 and json.loads(shown.output)["job_id"] == failed_job_id, (prefix, shown.output)
+    replayed = cli("jobs", "replay", failed_job_id[:8], "--reason", "by prefix", "--json")
+    assert replayed.exit_code == 0 and json.loads(replayed.output)["state"] == "queued"
+    with engine.connect() as conn:
+        assert conn.execute(select(audit_log.c.target)).scalar_one() == f"job:{failed_job_id}"
+
+
+def test_an_ambiguous_prefix_names_the_candidates_and_does_nothing(cli, engine, failed_job_id):
+    twins = ["abcd0000-0000-4000-8000-000000000001", "abcd0000-0000-4000-8000-000000000002"]
+    with engine.begin() as conn:
+        attachment_id = conn.execute(select(jobs.c.attachment_id)).scalar_one()
+        for version, twin in enumerate(twins, start=2):
+            conn.execute(insert(jobs).values(id=uuid.UUID(twin), attachment_id=attachment_id, pipeline_version=version,
+                                             state="failed", error_code="corrupt_image", max_attempts=3,
+                                             traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"))
+    for command in (("jobs", "show", "abcd0"), ("jobs", "replay", "ABCD", "--reason", "which one?")):
+        result = cli(*command)
+        assert result.exit_code == 1, result.output
+        assert "starts 2 job ids" in result.output and all(twin in result.output for twin in twins), result.output
+    with engine.connect() as conn:
+        assert conn.execute(select(audit_log)).all() == [], "nothing was replayed"
+        assert set(conn.execute(select(jobs.c.state).where(jobs.c.id.in_(twins))).scalars()) == {"failed"}
+    shown = cli("jobs", "show", "abcd0000-0000-4000-8000-0000000000", "--json")
+    assert shown.exit_code == 1 and "starts 2 job ids" in shown.output
+    assert json.loads(cli("jobs", "show", twins[1], "--json").output)["job_id"] == twins[1], "a whole id is exact"
+
+
+def test_an_unknown_or_malformed_prefix_is_refused(cli, failed_job_id):
+    other = "0123" if not failed_job_id.startswith("0123") else "3210"
+    unknown = cli("jobs", "show", other)
+    assert unknown.exit_code == 1 and f"no job id starts with {other}" in unknown.output
+    for bad in ("abc", "xyz12345", "abcd-1234", failed_job_id + "0"):
+        refused = cli("jobs", "show", bad)
+        assert refused.exit_code == 2 and "Invalid value for 'JOB_ID'" in refused.output, (bad, refused.output)
+
+
+def test_dlq_requeue_and_purge_take_message_id_prefixes(cli, services, broker_url, engine):
+    from tests.test_dlq import XQ, dead_letter_three, depth
+
+    ids = dead_letter_three(services, broker_url)
+    requeued = cli("dlq", "requeue", "attache.inspect", ids[0][:8], "--reason", "by prefix", "--json")
+    assert requeued.exit_code == 0, requeued.output
+    assert json.loads(requeued.output) == {"requeued": 1, "message_ids": [ids[0]], "not_found": []}
+    purged = cli("dlq", "purge", XQ, ids[1][:6], ids[2], "ffff-not-there", "--yes", "--json")
+    assert purged.exit_code == 1, "an id was not found"
+    assert json.loads(purged.output) == {"purged": 2, "message_ids": [ids[1], ids[2]], "not_found": ["ffff-not-there"]}
+    assert depth(broker_url, XQ) == 0 and depth(broker_url, "attache.inspect") == 1
+    with engine.connect() as conn:
+        chosen = [r.details["message_ids"] for r in conn.execute(select(audit_log).order_by(audit_log.c.id))]
+    assert chosen == [[ids[0]], [ids[1], ids[2], "ffff-not-there"]], "the audit names whole ids"

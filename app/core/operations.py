@@ -10,7 +10,7 @@ from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import job_history, jobs
 from app.adapters.postgres.models import outbox as outbox_table
-from app.core import outbox, states
+from app.core import id_prefixes, outbox, states
 from app.errors import AttacheError
 from app.services import Services
 
@@ -58,6 +58,20 @@ def list_jobs(services: Services, *, state: str | None = None, pipeline_version:
         query = query.where(jobs.c.pipeline_version == pipeline_version)
     with transaction(services.engine) as conn:
         return [job_summary(row) for row in conn.execute(query)]
+
+
+def resolve_job_id(services: Services, typed: str) -> uuid.UUID:
+    """The job whose id is ``typed`` or starts with it (:mod:`app.core.id_prefixes`); NotFound if none.
+
+    Raises :class:`~app.core.id_prefixes.AmbiguousId` if ``typed`` starts
+    several job ids, ValueError if it is no id prefix.
+    """
+    with transaction(services.engine) as conn:
+        found = id_prefixes.unique_uuid(conn, jobs.c.id, typed, what="job")
+    if found is None:
+        low, high = id_prefixes.uuid_bounds(typed)
+        raise NotFound(f"no job {low}" if low == high else f"no job id starts with {typed}")
+    return found
 
 
 def show_job(services: Services, job_id: uuid.UUID) -> dict:

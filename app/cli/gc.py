@@ -1,0 +1,42 @@
+"""``attache gc``: the staging cleanup and the object GC, run once, now."""
+
+from __future__ import annotations
+
+import click
+from rich.progress import Progress
+
+from app.cli.output import console, emit, json_option
+from app.cli.runtime import fail_on_attache_errors, services
+from app.cli.tables import Column, show
+
+
+@click.group()
+def gc() -> None:
+    """Cleanup of orphaned staging and unreferenced objects."""
+
+
+@gc.command("run")
+@click.option("--dry-run", is_flag=True, help="Count what would be removed; remove nothing.")
+@json_option
+@fail_on_attache_errors
+def gc_run(dry_run: bool, as_json: bool) -> None:
+    """Run the staging cleanup and the object GC once, now."""
+    from scheduler.object_gc import ObjectGc, ObjectGcConfig
+    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+    svc = services()
+    settings = svc.settings
+    cleanups = [
+        StagingCleanup(svc, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
+                                                 failed_retention_seconds=settings.failed_retention_seconds)),
+        ObjectGc(svc, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+    ]
+    results = {}
+    with Progress(console=console(), transient=True, disable=as_json) as progress:
+        task = progress.add_task("cleaning up", total=len(cleanups))
+        for cleanup in cleanups:
+            results[cleanup.name] = cleanup.run_once(dry_run=dry_run)
+            progress.advance(task)
+    emit({"dry_run": dry_run, **results}, as_json, lambda r: show(
+        "cleanup" + (" (dry run)" if dry_run else ""), [Column("service", whole=True), Column("counts")],
+        [[name, ", ".join(f"{k}={v}" for k, v in counts.items())] for name, counts in results.items()]))

@@ -1,0 +1,73 @@
+"""``attache jobs``: list jobs, show one with its history, replay a failed one."""
+
+from __future__ import annotations
+
+import click
+
+from app.cli.ids import UUID_PREFIX
+from app.cli.output import console, emit, json_option, say
+from app.cli.runtime import fail_on_attache_errors, operator, services
+from app.cli.tables import Column, record, show
+
+
+@click.group()
+def jobs() -> None:
+    """Jobs, their history, and replay."""
+
+
+@jobs.command("list")
+@click.option("--state", type=click.Choice(["queued", "processing", "ready", "failed"]))
+@click.option("--pipeline-version", type=int)
+@click.option("--limit", type=int, default=100, show_default=True)
+@json_option
+@fail_on_attache_errors
+def jobs_list(state, pipeline_version, limit, as_json) -> None:
+    """List jobs, newest first."""
+    from app.core import operations
+
+    listed = operations.list_jobs(services(), state=state, pipeline_version=pipeline_version, limit=limit)
+    emit(listed, as_json, lambda rows: show(
+        f"{len(rows)} job(s)",
+        [Column("job", whole=True), Column("attachment", whole=True, optional=True), Column("v"), Column("state"),
+         Column("attempt"), Column("error"), Column("updated", whole=True)],
+        [[r["job_id"], r["attachment_id"], r["pipeline_version"], r["state"], f"{r['attempt']}/{r['max_attempts']}",
+          r["error_code"], r["updated_at"]] for r in rows]))
+
+
+@jobs.command("show")
+@click.argument("job_id", type=UUID_PREFIX)
+@json_option
+@fail_on_attache_errors
+def jobs_show(job_id: str, as_json: bool) -> None:
+    """A job with its full history and trace context. JOB_ID may be a unique prefix."""
+    from app.core import operations
+
+    svc = services()
+    job = operations.show_job(svc, operations.resolve_job_id(svc, job_id))
+
+    def render(job):
+        record([("job", job["job_id"]), ("attachment", job["attachment_id"]), ("version", job["pipeline_version"]),
+                ("state", job["state"]), ("attempt", f"{job['attempt']}/{job['max_attempts']}"),
+                ("error", job["error_code"]), ("reason", job["error_reason"]), ("created", job["created_at"]),
+                ("updated", job["updated_at"]), ("traceparent", job["trace"]["traceparent"])])
+        console().print()
+        show("history", [Column("at", whole=True), Column("from"), Column("to"), Column("attempt"), Column("who"),
+                         Column("error"), Column("reason")],
+             [[h["at"], h["from"], h["to"], h["attempt"], h["who"], h["error_code"], h["reason"]]
+              for h in job["history"]])
+
+    emit(job, as_json, render)
+
+
+@jobs.command("replay")
+@click.argument("job_id", type=UUID_PREFIX)
+@click.option("--reason", required=True, help="Why; kept in the audit trail.")
+@json_option
+@fail_on_attache_errors
+def jobs_replay(job_id: str, reason: str, as_json: bool) -> None:
+    """Replay a failed job (failed -> queued) with a fresh attempt budget. JOB_ID may be a unique prefix."""
+    from app.core import operations
+
+    svc = services()
+    job = operations.replay(svc, operations.resolve_job_id(svc, job_id), operator=operator(), reason=reason)
+    emit(job, as_json, lambda j: say(f"{j['job_id']} is {j['state']} (attempt budget up to {j['max_attempts']})"))
