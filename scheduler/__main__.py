@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from datetime import datetime, timezone
 
 from apscheduler.schedulers.blocking import BlockingScheduler
@@ -21,6 +22,7 @@ from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.reconciler import Reconciler, ReconcilerConfig
 from scheduler.retirement import Retirement, RetirementConfig
+from scheduler.runs import SweeperRuns
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
 log = logging.getLogger("attache.scheduler")
@@ -44,14 +46,18 @@ def build(services: Services) -> list[tuple[object, float]]:
     ]
 
 
-def guarded(service):
+def guarded(service, interval: float, runs: SweeperRuns):
+    """One round of ``service`` that never raises, recorded in ``runs`` (``scheduler/runs.py``)."""
     def run():
+        started = time.monotonic()
+        counts = None
         try:
-            service.run_once()
+            counts = service.run_once()
         except AttacheError as exc:
             log.warning("%s skipped a round: %s", service.name, exc, extra={"service": service.name})
         except Exception:
             log.exception("%s failed", service.name, extra={"service": service.name})
+        runs.record(service.name, interval, counts, time.monotonic() - started)
 
     return run
 
@@ -65,8 +71,9 @@ def main() -> int:
     logs.configure("scheduler")
     services = Services(settings, pool_size=2)
     scheduler = BlockingScheduler(timezone="UTC")
+    runs = SweeperRuns(services.engine)
     for service, interval in build(services):
-        scheduler.add_job(guarded(service), "interval", seconds=interval, id=service.name,
+        scheduler.add_job(guarded(service, interval, runs), "interval", seconds=interval, id=service.name,
                           max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
 
     def stop(signum, frame):

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
+from sqlalchemy import func, text, update
 
+from app.adapters.postgres.models import outbox
 from app.core.workflow import Workflow
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, authed
@@ -44,4 +46,22 @@ def test_metrics_follow_the_pipeline(settings, quiet_services, engine, data_file
         "four render messages per file (those after the failure end 'ignored', and are timed too)"
     assert after[("attache_step_duration_seconds_count", (("step", "publish"),))] == 1
     assert after[("attache_dlq_messages", (("queue", "attache.inspect.XQ"),))] == 0
+    app.extensions["attache"].engine.dispose()
+
+
+def test_a_managed_retry_waiting_for_its_delay_is_not_a_late_outbox_row(settings, quiet_services, engine, data_file):
+    app = create_app(settings)
+    first = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    with engine.begin() as conn:  # its retry was written an hour ago, to be sent in ten minutes
+        conn.execute(update(outbox).where(outbox.c.job_id == first.job_id).values(
+            created_at=func.now() - text("interval '1 hour'"), available_at=func.now() + text("interval '10 minutes'")))
+    waiting = samples(app)
+    assert waiting[("attache_outbox_oldest_age_seconds", ())] >= 3600
+    assert waiting[("attache_outbox_oldest_due_age_seconds", ())] == 0
+    second = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    with engine.begin() as conn:  # due for two minutes, still not published
+        conn.execute(update(outbox).where(outbox.c.job_id == second.job_id).values(
+            available_at=func.now() - text("interval '2 minutes'")))
+    late = samples(app)
+    assert 120 <= late[("attache_outbox_oldest_due_age_seconds", ())] < 3600
     app.extensions["attache"].engine.dispose()

@@ -14,6 +14,8 @@ because the rows they count are append-only (``attachments``,
   (its self-loop history rows, ``queued -> queued`` and ``processing -> processing``);
 * ``attache_jobs{state,pipeline_version}`` - jobs per state;
 * ``attache_outbox_backlog``, ``attache_outbox_oldest_age_seconds``;
+* ``attache_outbox_oldest_due_age_seconds`` - how long the oldest unpublished row has been due
+  (a managed retry's row is not late while its delay runs; 0 when none is due);
 * ``attache_leases_expired`` - ``processing`` jobs whose lease has run out now;
 * ``attache_job_duration_seconds`` - time from upload to ``ready`` (histogram over ready jobs);
 * ``attache_attempt_duration_seconds`` - from a claim to the attempt's outcome (ready, failed,
@@ -21,6 +23,18 @@ because the rows they count are append-only (``attachments``,
 * ``attache_step_duration_seconds{step}`` - how long each step took in the worker (histogram over
   the last 10 000 runs, from ``step_runs``).
 * ``attache_dlq_messages{queue}`` - dead letters waiting (absent while RabbitMQ is down).
+
+What the scheduler's maintenance services did, from their ledger (``scheduler/runs.py``),
+one series per service that has run at least once:
+
+* ``attache_sweeper_items_total{service,action}`` - what its rounds did, added up: the counts
+  its ``run_once()`` returns (``published``, ``requeued``, ``reannounced``, ``removed``, ``retired``, ...);
+* ``attache_sweeper_runs_total{service,outcome}`` - rounds that ended ``ok``, ``skipped`` or ``failed``;
+* ``attache_sweeper_last_success_timestamp_seconds{service}`` - the end of its last ``ok`` round
+  (absent until it has one);
+* ``attache_sweeper_first_run_timestamp_seconds{service}`` - the end of its first round;
+* ``attache_sweeper_interval_seconds{service}`` - how often the scheduler runs it;
+* ``attache_sweeper_last_duration_seconds{service}`` - how long its last round took.
 """
 
 from __future__ import annotations
@@ -35,6 +49,7 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
+from app.adapters.postgres.models import SWEEPER_OUTCOMES
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.metrics")
@@ -99,6 +114,11 @@ class DatabaseCollector:
                                     value=backlog)
             yield GaugeMetricFamily("attache_outbox_oldest_age_seconds", "Age of the oldest unpublished outbox row.",
                                     value=float(age))
+            due_age = conn.execute(text(
+                "SELECT coalesce(extract(epoch FROM now() - min(available_at)), 0) "
+                "FROM outbox WHERE published_at IS NULL AND available_at <= now()")).scalar()
+            yield GaugeMetricFamily("attache_outbox_oldest_due_age_seconds",
+                                    "How long the oldest unpublished outbox row has been due.", value=float(due_age))
             expired = conn.execute(text(
                 "SELECT count(*) FROM jobs WHERE state = 'processing' AND lease_owner IS NOT NULL "
                 "AND lease_expires_at <= now()")).scalar()
@@ -118,6 +138,37 @@ class DatabaseCollector:
                 "attache_step_duration_seconds", "Worker time per pipeline step.", conn,
                 "SELECT step, seconds FROM (SELECT step, seconds FROM step_runs ORDER BY id DESC LIMIT 10000) recent",
                 labels=["step"])
+            yield from _sweepers(conn)
+
+
+def _sweepers(conn):
+    """The maintenance services' ledger (``sweeper_runs``, ``sweeper_items``)."""
+    items = CounterMetricFamily("attache_sweeper_items", "What the maintenance services did, added up.",
+                                labels=["service", "action"])
+    for service, action, total in conn.execute(text(
+            "SELECT service, action, total FROM sweeper_items ORDER BY 1, 2")):
+        items.add_metric([service, action], total)
+    yield items
+
+    runs = CounterMetricFamily("attache_sweeper_runs", "Rounds of each maintenance service, by outcome.",
+                               labels=["service", "outcome"])
+    gauges = {name: GaugeMetricFamily(f"attache_sweeper_{name}", doc, labels=["service"]) for name, doc in (
+        ("last_success_timestamp_seconds", "When the maintenance service last ended a round ok (Unix time)."),
+        ("first_run_timestamp_seconds", "When the maintenance service ended its first round (Unix time)."),
+        ("interval_seconds", "How often the scheduler runs the maintenance service."),
+        ("last_duration_seconds", "How long the maintenance service's last round took."))}
+    counters = ", ".join(f"runs_{outcome}" for outcome in SWEEPER_OUTCOMES)
+    for row in conn.execute(text(
+            f"SELECT service, {counters}, extract(epoch FROM last_success_at), extract(epoch FROM first_run_at), "
+            "interval_seconds, last_duration_seconds FROM sweeper_runs ORDER BY service")):
+        service, counts, values = row[0], row[1:1 + len(SWEEPER_OUTCOMES)], row[1 + len(SWEEPER_OUTCOMES):]
+        for outcome, count in zip(SWEEPER_OUTCOMES, counts):
+            runs.add_metric([service, outcome], count)
+        for name, value in zip(gauges, values):
+            if value is not None:
+                gauges[name].add_metric([service], float(value))
+    yield runs
+    yield from gauges.values()
 
 
 class BrokerCollector:

@@ -26,6 +26,11 @@ test compares the two so they cannot drift.
   ``attache_step_duration_seconds``); best effort, written after the step.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it.
+* ``sweeper_runs`` - one row per maintenance service of the scheduler: its
+  interval, how many rounds ended ok, skipped or failed, its first run and
+  last success (for ``attache_sweeper_*``); upserted after every round.
+* ``sweeper_items`` - what each maintenance service did, added up over its
+  rounds: one row per ``(service, action)``, e.g. ``(outbox_relay, published)``.
 """
 
 from __future__ import annotations
@@ -215,3 +220,28 @@ step_runs = Table(
     Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 Index("step_runs_finished_idx", step_runs.c.finished_at)
+
+#: how a maintenance round ended; ``sweeper_runs`` has a ``runs_<outcome>`` counter for each
+SWEEPER_OUTCOMES = ("ok", "skipped", "failed")
+
+sweeper_runs = Table(
+    "sweeper_runs",
+    metadata,
+    Column("service", Text, primary_key=True),
+    Column("interval_seconds", Float, nullable=False),
+    Column("runs_ok", BigInteger, nullable=False, server_default=text("0")),
+    Column("runs_skipped", BigInteger, nullable=False, server_default=text("0")),
+    Column("runs_failed", BigInteger, nullable=False, server_default=text("0")),
+    Column("first_run_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_run_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_success_at", DateTime(timezone=True)),
+    Column("last_duration_seconds", Float, nullable=False, server_default=text("0")),
+)
+
+sweeper_items = Table(
+    "sweeper_items",
+    metadata,
+    Column("service", Text, primary_key=True),
+    Column("action", Text, primary_key=True),
+    Column("total", BigInteger, nullable=False, server_default=text("0")),
+)
