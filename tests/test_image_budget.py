@@ -143,11 +143,12 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
             assert fp.tell() == 0, "the container walk restores the file position"
     assert decode["deep.heic"] - decode[heic.name] == 600 * 400 * (6 - 1.5)
     # libavif checks av1C against the AV1 stream, so an AVIF cannot be patched so: its 8-bit 4:2:0
-    # picture is priced as the image (4 B/px), the RGB bytes (3) and the picture dav1d keeps (1.5 + 1)
+    # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
+    # and the file it holds
     avif = DATA / "phones" / "card_p3_orientation6.avif"
     with Image.open(avif) as img, open(avif, "rb") as fp:
         priced = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
-    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES)
+    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
 
 
 def test_a_48mp_heic_needs_a_larger_budget(tmp_path, monkeypatch) -> None:

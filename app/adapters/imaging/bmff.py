@@ -72,6 +72,8 @@ class Layout:
     #: describe (Y plus subsampled Cb/Cr, 1 byte a sample at 8 bits, 2 above),
     #: or :data:`UNKNOWN_PICTURE_BYTES` when there is none.
     picture_bytes: float
+    #: the size of the file (libheif and libavif read all of it into memory).
+    file_bytes: int
 
 
 def read_layout(fp: BinaryIO) -> Layout:
@@ -86,7 +88,7 @@ def read_layout(fp: BinaryIO) -> Layout:
         found = _Found([], [])
         truncated = _walk(fp, 0, end, end, found, budget=[MAX_BOXES])
         picture = max(found.pictures, default=UNKNOWN_PICTURE_BYTES)
-        return Layout(tuple(found.sizes), truncated, picture)
+        return Layout(tuple(found.sizes), truncated, picture, end)
     finally:
         fp.seek(position)
 

@@ -31,9 +31,10 @@ of four kinds of cost:
    the codec's picture (its planes priced from the bit depth and chroma
    subsampling in the container, :mod:`app.adapters.imaging.bmff`), then
    to interleaved 8-bit RGB(A) in a buffer of the library's own, copied
-   into Pillow's image: libheif's buffers are released once the image is
-   loaded, while the AVIF decoder keeps its picture, and Pillow's plugin
-   copies the RGB buffer once more as bytes.
+   into Pillow's image: libheif's buffers (and its two copies of the file)
+   are released once the image is loaded, while the AVIF decoder keeps its
+   picture and the file, and Pillow's plugin copies the RGB buffer once
+   more as bytes.
 3. **The conversions at full size** (:mod:`app.adapters.imaging.colour` and
    ``Image.resize``): a palette with transparency is expanded to RGBA,
    its alpha channel is read, then it becomes RGB, or RGBa, premultiplied,
@@ -281,15 +282,17 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
     width, height = img.size
     pixels = width * height
     if family in ("HEIF", "AVIF"):
-        picture = bmff.read_layout(fp).picture_bytes
-        rgb = 3
+        layout = bmff.read_layout(fp)
+        picture, rgb = layout.picture_bytes, 3
         if _has_transparency(img):
             picture += ALPHA_PICTURE_BYTES
             rgb = 4
-        if family == "HEIF":  # the picture and libheif's RGB(A), released once loaded
-            return math.ceil(pixels * (picture + rgb)), 0
-        # libavif's RGB(A) copied to bytes; the picture stays with the decoder
-        return pixels * rgb, math.ceil(pixels * (picture + AV1_DECODER_BYTES))
+        if family == "HEIF":
+            # the file (pillow-heif's bytes and libheif's copy), the picture and the RGB(A),
+            # all released once the image is loaded
+            return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
+        # libavif's RGB(A) copied to bytes; the picture and the file stay with the decoder
+        return pixels * rgb, math.ceil(pixels * (picture + AV1_DECODER_BYTES)) + layout.file_bytes
     if family == "WEBP":
         # libwebp's canvas and its copy of the previous frame (RGBA), and the
         # frame handed to Pillow as bytes, all kept by the open image
