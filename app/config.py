@@ -120,7 +120,7 @@ class Settings:
         "buffers, conversions); above is image_too_large")
     accepted_formats: tuple = setting(
         "ATTACHE_ACCEPTED_FORMATS", PROCESSED, _formats,
-        "comma-separated image formats accepted at upload (a subset of the six processed)")
+        "comma-separated image formats accepted at upload (a subset of the eight processed; HEIF is HEIC)")
     lease_seconds: float = setting(
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
     max_attempts: int = setting(

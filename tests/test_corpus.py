@@ -1,31 +1,38 @@
 """The whole corpus through real processes: every file gets its expected outcome.
 
-``tests/data/MANIFEST.tsv`` says what each file should do; formats outside
-the six attache processes are refused at upload even where Pillow could
-open them. Afterwards no worker process may have used more than a few
+``tests/data/MANIFEST.tsv`` and ``tests/data/phones/MANIFEST.tsv`` say what
+each file should do (read through ``tests/corpus.py``); formats outside the
+eight attache processes are refused at upload even where Pillow could open
+them. Afterwards no worker process may have used more than a few
 hundred MB.
 """
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
 import pytest
 
 from app.adapters.imaging import PROCESSED_FORMATS
+from app.errors import CorruptImage, UnsupportedFormat
+from tests import corpus
 from tests.processes import Deployment
 
 pytestmark = pytest.mark.processes
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = corpus.DATA
 WORKER_MEMORY_LIMIT_MB = 400
+#: A corrupt file's answer, from where it is refused (tests.corpus.CORRUPT_OUTCOME).
+CORRUPT_ANSWER = {
+    ("probe", UnsupportedFormat): (415, "unsupported_format"),
+    ("probe", CorruptImage): (415, "corrupt_image"),
+    ("render", CorruptImage): ("failed", "corrupt_image"),
+}
 
 
 def manifest():
-    with open(DATA / "MANIFEST.tsv", newline="") as fh:
-        return list(csv.DictReader(fh, delimiter="\t"))
+    return corpus.ROWS
 
 
 def processed(row) -> bool:
@@ -77,7 +84,7 @@ def test_every_corpus_file_gets_its_expected_outcome(env, tmp_path):
             elif expected == "reject_bomb":
                 ok = outcome == (413, "decompression_bomb")
             elif expected == "reject_corrupt":
-                ok = outcome in ((415, "unsupported_format"), ("failed", "corrupt_image"))
+                ok = outcome == CORRUPT_ANSWER[corpus.CORRUPT_OUTCOME[path]]
             else:
                 ok = False
             if not ok:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -26,7 +27,7 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, budget, probe, render
+from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, budget, geometry, probe, render
 from app.adapters.postgres.models import attachments, jobs, outbox
 from app.config import Settings
 from app.core import pipeline
@@ -120,12 +121,63 @@ def test_progressive_jpeg_prices_full_size_coefficients(tmp_path) -> None:
     assert priced["prog.jpg"] - priced["base.jpg"] >= 2400 * 1600 * 2
 
 
+def _patched(source: Path, target: Path, box: bytes, offset: int, values: bytes) -> Path:
+    """*source* with *values* written *offset* bytes into the payload of its only *box* box."""
+    data = bytearray(source.read_bytes())
+    assert data.count(box) == 1
+    at = data.index(box) + 4 + offset
+    data[at:at + len(values)] = values
+    target.write_bytes(bytes(data))
+    return target
+
+
+def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path) -> None:
+    """A 10-bit 4:4:4 picture is 6 bytes a pixel where an 8-bit 4:2:0 one is 1.5: the container says which."""
+    heic = DATA / "phones" / "card_p3_orientation6.heic"
+    deep = _patched(heic, tmp_path / "deep.heic", b"hvcC", 16, bytes([0xFC | 3, 0xF8 | 2, 0xF8 | 2]))
+    spec = PIPELINE_V1_SPECS["thumbnail"]
+    decode = {}
+    for path in (heic, deep):
+        with Image.open(path) as img, open(path, "rb") as fp:
+            decode[path.name] = dict(budget.estimate(img, "HEIF", fp, spec).parts)["decode"]
+            assert fp.tell() == 0, "the container walk restores the file position"
+    assert decode["deep.heic"] - decode[heic.name] == 600 * 400 * (6 - 1.5)
+    # libavif checks av1C against the AV1 stream, so an AVIF cannot be patched so: its 8-bit 4:2:0
+    # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
+    # and the file it holds
+    avif = DATA / "phones" / "card_p3_orientation6.avif"
+    with Image.open(avif) as img, open(avif, "rb") as fp:
+        priced = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
+    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
+
+
+def test_a_48mp_heic_needs_a_larger_budget(tmp_path, monkeypatch) -> None:
+    """An iPhone's 48 MP "HEIF Max" photo is priced about 400 MiB: refused at the default, before decoding."""
+    spy = LoadSpy(monkeypatch)
+    source = DATA / "phones" / "card_p3_orientation6.heic"
+    data = source.read_bytes()
+    grid = data.index(b"ispe")  # the grid's size comes first, then the tiles'
+    big = tmp_path / "heif_max.heic"
+    big.write_bytes(data[:grid + 8] + struct.pack(">II", 6048, 8064) + data[grid + 16:])
+    with pytest.raises(ImageTooLarge) as err:
+        probe(big, Limits())
+    assert "8064x6048 HEIF" in str(err.value)
+    assert probe(big, Limits(max_decode_bytes=512 * MB)).width == 8064
+    assert spy.calls == []
+
+
+#: Outputs by what their encoders cost (see budget.OUTPUT_BYTES and the rest).
+OUTPUT_COST = {"auto": 0, "webp": 1, "avif": 2}
+
+
 def test_probe_prices_every_registered_pipeline() -> None:
     """PROBE_SPECS must be at least as costly as every derivative a pipeline renders."""
+    assert set(OUTPUT_COST) == set(geometry.OUTPUTS)
+    assert budget.OUTPUT_BYTES < budget.WEBP_OUTPUT_BYTES < budget.AVIF_OUTPUT_BYTES
     for spec in ALL_SPECS:
         covering = [p for p in budget.PROBE_SPECS if p.kind == spec.kind
                     and p.width >= spec.width and p.height >= spec.height
-                    and (p.output == "webp" or spec.output != "webp")]
+                    and OUTPUT_COST[p.output] >= OUTPUT_COST[spec.output]]
         assert covering, f"{spec} is larger than anything in budget.PROBE_SPECS"
 
 
@@ -135,7 +187,7 @@ def test_probe_prices_every_registered_pipeline() -> None:
 MEASURE = textwrap.dedent(
     r"""
     import json, re, sys
-    from app.adapters.imaging import Limits, budget, render
+    from app.adapters.imaging import Limits, VariantSpec, budget, render
     from app.adapters.imaging.probe import open_checked
     from app.core.pipeline import REGISTRY
 
@@ -144,7 +196,7 @@ MEASURE = textwrap.dedent(
         return (int(re.search(r"VmHWM:\s+(\d+)", text)[1]) * 1024, int(re.search(r"VmRSS:\s+(\d+)", text)[1]) * 1024)
 
     distinct = {(s.kind, s.width, s.height, s.output): s for v in REGISTRY.values() for s in v.specs.values()}
-    specs = list(distinct.values())
+    specs = [*distinct.values(), VariantSpec("avif", "bounded", 2048, 2048, output="avif")]  # no version has it yet
     unlimited = Limits(max_decode_bytes=10**12)
     for warm in sys.argv[2:]:  # load every plugin and codec first
         render(warm, specs[0], unlimited)
@@ -187,11 +239,14 @@ def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     rgba.save(tmp_path / "rgba.webp", quality=80)
     grey.convert("I").point(lambda v: v * 257).convert("I;16").save(tmp_path / "grey16.png", transparency=0)
     rgb.save(tmp_path / "progressive444.jpg", quality=90, progressive=True, subsampling=0)
-    files += [tmp_path / "rgba.webp", tmp_path / "grey16.png", tmp_path / "progressive444.jpg"]
-    warm = [DATA / "pillow" / name for name in ("hopper.jpg", "hopper.gif", "hopper.webp", "i_trns.png")]
+    rgb.save(tmp_path / "grid.heic", "HEIF", quality=80, tile_size=512)  # as an iPhone tiles its photos
+    rgba.save(tmp_path / "rgba.avif", quality=80, speed=8, max_threads=1)
+    files += [tmp_path / name for name in ("rgba.webp", "grey16.png", "progressive444.jpg", "grid.heic", "rgba.avif")]
+    warm = [DATA / "pillow" / name for name in ("hopper.jpg", "hopper.gif", "hopper.webp", "i_trns.png",
+                                                "avif_hopper.avif", "avif_hopper.heif")]
     done = subprocess.run(
         [sys.executable, "-c", MEASURE, json.dumps([str(f) for f in files]), *map(str, warm)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO, capture_output=True, text=True, timeout=600,
         env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
     )
     assert done.returncode == 0, done.stderr

@@ -1,14 +1,14 @@
-"""Tests for app.adapters.imaging, driven by the corpus manifest in tests/data/.
+"""Tests for app.adapters.imaging, driven by the corpus manifests in tests/data/.
 
-tests/data/MANIFEST.tsv has one row per file with the format Pillow saw,
-the declared size and the expected outcome (process / reject_*); see
-tests/data/README.md for where every file comes from. These tests need no
-services: no database, broker or network.
+tests/data/MANIFEST.tsv and tests/data/phones/MANIFEST.tsv have one row per
+file with the format Pillow saw, the declared size and the expected outcome
+(process / reject_*), read through tests/corpus.py; see tests/data/README.md
+for where every file comes from. These tests need no services: no
+database, broker or network.
 """
 
 from __future__ import annotations
 
-import csv
 import io
 import subprocess
 import sys
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from PIL import (
+    ExifTags,
     Image,
     ImageChops,
     ImageCms,
@@ -39,6 +40,8 @@ from app.adapters.imaging import (
     render,
     sniff,
 )
+from app.adapters.imaging import bmff
+from app.adapters.imaging._translate import translate_decode_error
 from app.errors import (
     CorruptImage,
     DecompressionBomb,
@@ -46,17 +49,18 @@ from app.errors import (
     PermanentError,
     UnsupportedFormat,
 )
+from tests import corpus, phone_images
+from tests.corpus import CORRUPT_OUTCOME
 
 # Pillow warns about the fuzzer TIFFs' broken tags; that is expected noise.
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning:PIL.TiffImagePlugin")
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = corpus.DATA
 REPO = Path(__file__).resolve().parents[1]
 LIMITS = Limits()
 SPECS = list(PIPELINE_V1_SPECS.values())
 
-with open(DATA / "MANIFEST.tsv", newline="", encoding="utf-8") as _fh:
-    MANIFEST = list(csv.DictReader(_fh, delimiter="\t"))
+MANIFEST = corpus.ROWS
 
 
 def _rows(expected: str, *, processed: bool | None = None) -> list[dict[str, str]]:
@@ -73,22 +77,6 @@ def _params(rows: list[dict[str, str]]) -> list:
 
 PROCESS_ROWS = _rows("process", processed=True)
 PROCESS_UNPROCESSED_ROWS = _rows("process", processed=False)
-
-# Where each reject_corrupt file is refused. The header of these files is
-# fine (so probe, which reads headers only, accepts them); the pixel data is
-# not, so render refuses them. BLP and SGI are not formats attache processes
-# at all, so the magic-byte sniff refuses them as unsupported before Pillow
-# sees them (no 650 MB allocation for the BLP "timeout" file).
-CORRUPT_OUTCOME = {
-    "pillow/crash-0c7e0e8e11ce787078f00b5b0ca409a167f070e0.tif": ("render", CorruptImage),
-    "pillow/crash-754d9c7ec485ffb76a90eeaab191ef69a2a3a3cd.sgi": ("probe", UnsupportedFormat),
-    "pillow/timeout-060745d3f534ad6e4128c51d336ea5489182c69d.blp": ("probe", UnsupportedFormat),
-    "pillow/timeout-6646305047838720": ("render", CorruptImage),
-    "pillow/truncated_image.png": ("render", CorruptImage),
-    "pillow/truncated_jpeg.jpg": ("render", CorruptImage),
-    "pillow/ultrahdr.jpg": ("render", CorruptImage),
-    "synthetic/astronaut_truncated60.jpg": ("render", CorruptImage),
-}
 
 ALPHA_FILES = [
     "pillow/pil123rgba.png",  # RGBA, interlaced
@@ -227,8 +215,19 @@ def assert_no_metadata(rendered: Rendered) -> None:
         (b"RIFF\x24\x00\x00\x00WAVEfmt ", None),  # RIFF, but audio
         (b"<svg xmlns='http://www.w3.org/2000/svg'/>", None),
         (b"<!DOCTYPE html><html>", None),
-        (b"\x00\x00\x00\x1cftypheic\x00\x00\x00\x00", None),  # HEIF
-        (b"\x00\x00\x00\x1cftypavif\x00\x00\x00\x00", None),  # AVIF
+        (b"\x00\x00\x00\x18ftypheic\x00\x00\x00\x00mif1heic", "HEIF"),
+        (b"\x00\x00\x00\x18ftypheix\x00\x00\x00\x00mif1heix", "HEIF"),
+        (b"\x00\x00\x00\x20ftypavif\x00\x00\x00\x00avifmif1miafMA1B", "AVIF"),
+        (b"\x00\x00\x00\x18ftypavis\x00\x00\x00\x00avismsf1", "AVIF"),
+        # a generic major brand: the compatible brands decide
+        (b"\x00\x00\x00\x1cftypmif1\x00\x00\x00\x00mif1miafheic", "HEIF"),
+        (b"\x00\x00\x00\x1cftypmif1\x00\x00\x00\x00mif1miafavif", "AVIF"),
+        # HEIF holding neither HEVC nor AV1 (JPEG, VVC), or a brand listed past the ftyp box
+        (b"\x00\x00\x00\x18ftypmif1\x00\x00\x00\x00mif1jpeg", None),
+        (b"\x00\x00\x00\x18ftypvvic\x00\x00\x00\x00mif1vvic", None),
+        (b"\x00\x00\x00\x14ftypmif1\x00\x00\x00\x00mif1avif", None),
+        (b"\x00\x00\x00\x18ftypmp42\x00\x00\x00\x00isommp42", None),  # an MP4 video
+        (b"\x00\x00\x00\x1cftyp", None),  # too short to say
         (b"\x00\x00\x01\x00\x01\x00", None),  # ICO
         (b"\x00\x00\x0a\x00\x00\x00\x00\x00", None),  # TGA (no magic)
         (b"GIF90a", None),
@@ -252,6 +251,8 @@ def test_processed_formats_table() -> None:
         "WEBP": "image/webp",
         "TIFF": "image/tiff",
         "BMP": "image/bmp",
+        "HEIF": "image/heic",
+        "AVIF": "image/avif",
     }
 
 
@@ -262,7 +263,7 @@ def test_manifest_is_complete_and_covered() -> None:
     for row in MANIFEST:
         assert path_of(row["path"]).is_file(), row["path"]
         assert path_of(row["path"]).stat().st_size == int(row["bytes"])
-    outcomes = [row["expected"] for row in MANIFEST]
+    outcomes = [row["expected"] for row in corpus.SHARED]
     assert outcomes.count("process") == 47
     assert set(CORRUPT_OUTCOME) == {row["path"] for row in _rows("reject_corrupt")}
     # MPO is processed as JPEG, not refused
@@ -308,8 +309,8 @@ def test_process_rows_probe_and_render(row: dict[str, str], monkeypatch) -> None
 
 @pytest.mark.parametrize("row", _params(PROCESS_UNPROCESSED_ROWS))
 def test_formats_pillow_reads_but_attache_does_not(row: dict[str, str]) -> None:
-    # AVIF, ICO, TGA: Pillow can open them, attache does not process them
-    assert row["format"] in {"AVIF", "ICO", "TGA"}
+    # ICO, TGA: Pillow can open them, attache does not process them
+    assert row["format"] in {"ICO", "TGA"}
     with pytest.raises(UnsupportedFormat):
         probe(path_of(row["path"]), LIMITS)
     with pytest.raises(UnsupportedFormat):
@@ -741,3 +742,132 @@ def test_output_is_deterministic(rel: str) -> None:
         first = render(path_of(rel), spec, LIMITS)
         second = render(path_of(rel), spec, LIMITS)
         assert first == second
+
+
+# --- phone photos: HEIC and AVIF --------------------------------------------
+
+CARDS = ["phones/card_p3_orientation6.heic", "phones/card_p3_orientation6.avif"]
+AVIF_SPECS = [
+    VariantSpec("avif-fit", "fit", 256, 256, output="avif"),
+    VariantSpec("avif-cover", "cover", 512, 512, output="avif"),
+    VariantSpec("avif-bounded", "bounded", 2048, 2048, output="avif"),
+]
+#: How far a quadrant of a derivative may be from its sRGB colour (lossy
+#: HEVC/AV1 and JPEG/AVIF out); ignoring the P3 profile is off by up to 40.
+COLOUR_TOLERANCE = 6
+
+
+def quadrant_colours(image: Image.Image) -> dict[str, tuple[float, ...]]:
+    """The mean colour of the middle of each quadrant (away from the edges' ringing)."""
+    image = image.convert("RGB")
+    width, height = image.size
+    colours = {}
+    for name in phone_images.QUADRANTS:
+        left = 0 if name.endswith("left") else width // 2
+        top = 0 if name.startswith("top") else height // 2
+        box = (left + width // 8, top + height // 8, left + width // 2 - width // 8, top + height // 2 - height // 8)
+        colours[name] = tuple(ImageStat.Stat(image.crop(box)).mean)
+    return colours
+
+
+def assert_upright_srgb_card(image: Image.Image) -> None:
+    for name, colour in quadrant_colours(image).items():
+        expected = phone_images.QUADRANTS[name]
+        assert max(abs(a - b) for a, b in zip(colour, expected)) <= COLOUR_TOLERANCE, (name, colour, expected)
+
+
+def test_the_card_tells_a_wrong_rendering_apart() -> None:
+    """The P3 numbers and every quarter turn of the card are far from the right answer."""
+    p3 = {name: phone_images.p3_numbers(colour) for name, colour in phone_images.QUADRANTS.items()}
+    assert max(max(abs(a - b) for a, b in zip(p3[n], c)) for n, c in phone_images.QUADRANTS.items()) >= 35
+    assert len(set(phone_images.QUADRANTS.values())) == 4  # any turn or flip moves a colour
+
+
+@pytest.mark.parametrize("rel", CARDS)
+def test_phone_photos_come_out_upright_in_srgb(rel: str) -> None:
+    with Image.open(path_of(rel)) as src:  # as stored: turned left, P3 numbers
+        assert src.info.get("icc_profile") == phone_images.DISPLAY_P3.read_bytes()
+    for spec in [*SPECS, *AVIF_SPECS]:
+        out = render(path_of(rel), spec, LIMITS)
+        im = decode(out)
+        if spec.kind == "cover":
+            assert im.size == (spec.width, spec.height)
+        else:
+            assert im.size == (min(spec.width, 600), round(min(spec.width, 600) * 2 / 3)), spec  # landscape, 3:2
+        assert_upright_srgb_card(im)
+
+
+def test_heic_rotation_is_applied_once() -> None:
+    """An iPhone writes the turn twice, as irot and as EXIF orientation; libheif applies irot only."""
+    rel = "phones/card_p3_orientation6.heic"
+    with Image.open(path_of(rel)) as src:
+        assert src.info["original_orientation"] == 6  # the EXIF in the file says 6 ...
+        assert src.getexif().get(ExifTags.Base.Orientation, 1) == 1  # ... pillow-heif resets it: irot rules
+    info = probe(path_of(rel), LIMITS)
+    assert (info.format, info.content_type, info.width, info.height, info.orientation, info.frames) == \
+        ("HEIF", "image/heic", 600, 400, 1, 1)
+
+
+def test_avif_rotation_is_reported_like_a_jpeg() -> None:
+    info = probe(path_of("phones/card_p3_orientation6.avif"), LIMITS)
+    assert (info.format, info.content_type, info.width, info.height, info.orientation, info.frames) == \
+        ("AVIF", "image/avif", 400, 600, 6, 1)
+
+
+def test_heic_and_avif_sizes_are_checked_from_the_container(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    for rel in CARDS:  # 400x600 as stored: both sides are in the container
+        with pytest.raises(ImageTooLarge):
+            probe(path_of(rel), Limits(max_dimension=500))
+        with pytest.raises(DecompressionBomb):
+            probe(path_of(rel), Limits(max_pixels=200_000))
+    assert spy.calls == []
+
+
+def test_container_layout_is_read_from_box_headers() -> None:
+    with open(path_of("phones/card_p3_orientation6.heic"), "rb") as fp:
+        fp.seek(7)
+        layout = bmff.read_layout(fp)
+        assert fp.tell() == 7, "the walk restores the file position"
+    # the grid (stored 400x600) and its 256 px tiles; HEVC 4:2:0 at 8 bits
+    assert layout == bmff.Layout(sizes=((400, 600), (256, 256)), truncated=False, picture_bytes=1.5,
+                                 file_bytes=path_of("phones/card_p3_orientation6.heic").stat().st_size)
+    with open(path_of("phones/card_truncated60.avif"), "rb") as fp:
+        assert bmff.read_layout(fp).truncated
+
+
+@pytest.mark.parametrize(("kind", "config", "expected"), [
+    # byte 16: 6 reserved bits (set), chroma_format_idc; 17, 18: 5 reserved bits, bit depth - 8
+    (b"hvcC", bytes(16) + bytes([0xFC, 0xF8, 0xF8]), 1.0),  # grey, 8 bits
+    (b"hvcC", bytes(16) + bytes([0xFC | 1, 0xF8, 0xF8]), 1.5),  # 4:2:0, 8 bits
+    (b"hvcC", bytes(16) + bytes([0xFC | 1, 0xF8 | 2, 0xF8 | 2]), 3.0),  # 4:2:0, 10 bits
+    (b"hvcC", bytes(16) + bytes([0xFC | 3, 0xF8 | 4, 0xF8 | 4]), 6.0),  # 4:4:4, 12 bits
+    (b"av1C", bytes([0x81, 0x00, 0b0000_1100]), 1.5),  # 4:2:0, 8 bits
+    (b"av1C", bytes([0x81, 0x00, 0b0100_1000]), 4.0),  # 4:2:2, 10 bits
+    (b"av1C", bytes([0x81, 0x00, 0b0100_0000]), 6.0),  # 4:4:4, 10 bits
+    (b"av1C", bytes([0x81, 0x00, 0b0001_1100]), 1.0),  # monochrome
+    (b"av1C", bytes([0x81]), None),  # too short to say
+])
+def test_codec_configurations_price_the_decoded_picture(kind: bytes, config: bytes, expected: float | None) -> None:
+    assert bmff.picture_bytes(kind, config) == expected
+
+
+def test_libheif_security_limits_are_bombs() -> None:
+    error = RuntimeError("Memory allocation error: Security limit exceeded: Image size 65000x65000 exceeds the "
+                         "maximum image size 1073741824")
+    assert isinstance(translate_decode_error(error), DecompressionBomb)
+    assert isinstance(translate_decode_error(RuntimeError("Decoder plugin generated an error")), CorruptImage)
+
+
+@pytest.mark.parametrize("rel", ["photos/chelsea.jpg", "pillow/pil123rgba.png", *CARDS])
+def test_avif_output(rel: str) -> None:
+    for spec in AVIF_SPECS:
+        out = render(path_of(rel), spec, LIMITS)
+        assert (out.content_type, out.extension) == ("image/avif", "avif")
+        assert out.data[4:12] == b"ftypavif"
+        im = decode(out)
+        assert (im.format, im.size) == ("AVIF", (out.width, out.height))
+        assert im.mode == ("RGBA" if rel.endswith("rgba.png") else "RGB")  # alpha kept where there is some
+        assert "icc_profile" not in im.info and "xmp" not in im.info
+        assert len(im.getexif()) == 0, "nothing from the source, no orientation either: the pixels are upright"
+        assert render(path_of(rel), spec, LIMITS) == out, "deterministic"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from PIL import Image
 from sqlalchemy import func, select
 
 from app.adapters.imaging import VariantSpec
@@ -23,6 +24,7 @@ from app.web import create_app
 from scheduler.retirement import Retirement, RetirementConfig
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import job, run, take_messages, upload
+from tests.test_imaging import assert_upright_srgb_card
 
 #: Pinned on purpose: editing a registered version in place must fail here.
 #: To change the pipeline, register a new version and pin its fingerprint.
@@ -100,6 +102,37 @@ def test_v2_makes_its_own_variants(v2_services, engine, data_file):
     assert set(rows) == {"original", "thumbnail", "crop", "optimized", "webp"}
     assert max(rows["thumbnail"].width, rows["thumbnail"].height) == 451  # fits 512, never upscaled
     assert rows["webp"].content_type == "image/webp"
+
+
+def test_avif_is_an_output_a_new_version_can_choose(env, engine, data_file, storage_dir, monkeypatch):
+    """No registered version renders AVIF (FROZEN above holds); a version that does carries its settings."""
+    specs = pipeline.REGISTRY[2].specs
+    avif = pipeline.PipelineVersion(3, {**specs, "avif": VariantSpec("avif", "bounded", 2048, 2048, output="avif")})
+    webp = pipeline.PipelineVersion(3, {**specs, "avif": VariantSpec("avif", "bounded", 2048, 2048, output="webp")})
+    assert avif.fingerprint != webp.fingerprint
+    before = (avif.fingerprint, webp.fingerprint)
+    with monkeypatch.context() as patched:  # the encoder settings are part of an AVIF version's definition only
+        patched.setattr(pipeline, "AVIF_QUALITY", pipeline.AVIF_QUALITY - 1)
+        assert {v: d.fingerprint for v, d in pipeline.REGISTRY.items()} == FROZEN
+        assert avif.fingerprint != before[0] and webp.fingerprint == before[1]
+    monkeypatch.setitem(pipeline.REGISTRY, 3, avif)
+    services = Services(Settings.from_env({**env, "ATTACHE_PIPELINE_VERSION": "3",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+    try:
+        accepted = upload(services, data_file("phones/card_p3_orientation6.heic"))
+        run(Workflow(services), engine, accepted.job_id)
+        assert job(engine, accepted.job_id).state == "ready"
+    finally:
+        services.engine.dispose()
+    with engine.connect() as conn:
+        rows = {r.variant: r for r in conn.execute(select(variants).where(variants.c.job_id == accepted.job_id))}
+    assert set(rows) == {"original", "thumbnail", "crop", "optimized", "webp", "avif"}
+    assert (rows["avif"].content_type, rows["avif"].width, rows["avif"].height) == ("image/avif", 600, 400)
+    assert rows["avif"].storage_key.endswith(".avif")
+    with Image.open(storage_dir / rows["avif"].storage_key) as image:
+        assert image.format == "AVIF"
+        assert_upright_srgb_card(image)
 
 
 def test_v1_publishing_after_v2_changes_nothing_served(quiet_services, app, engine, data_file):

@@ -62,11 +62,27 @@ def test_raw_body_upload_with_digests(client, engine, data_file):
     assert status["filename"] == "coffee.png"
 
 
+@pytest.mark.parametrize("relative,content_type,size", [
+    ("pillow/avif_hopper.heif", "image/heic", (128, 128)),  # HEIC: refused as unsupported before pillow-heif
+    ("phones/card_p3_orientation6.heic", "image/heic", (600, 400)),  # libheif reports it upright
+    ("phones/card_p3_orientation6.avif", "image/avif", (400, 600)),  # stored size, orientation 6
+])
+def test_heic_and_avif_are_accepted(client, engine, storage_dir, data_file, relative, content_type, size):
+    response = post_file(client, data_file(relative), name="IMG_0001.jpg")  # the name says nothing
+    assert response.status_code == 202, response.json
+    status = client.get(response.headers["Location"]).json
+    assert (status["content_type"], status["width"], status["height"]) == (content_type, *size)
+    assert stored_files(storage_dir) == [f"staging/{status['id']}"]
+
+
 @pytest.mark.parametrize("relative,status,code", [
     ("synthetic/vector_logo.svg", 415, "unsupported_format"),
     ("synthetic/html_error_page.png", 415, "unsupported_format"),
-    ("pillow/avif_hopper.heif", 415, "unsupported_format"),
     ("synthetic/jpeg_sof_65000x65000.jpg", 413, "decompression_bomb"),
+    ("phones/heic_ispe_65000x65000.heic", 413, "decompression_bomb"),
+    ("phones/avif_ispe_65000x65000.avif", 413, "decompression_bomb"),
+    ("phones/card_truncated60.heic", 415, "corrupt_image"),
+    ("phones/card_truncated60.avif", 415, "corrupt_image"),
     ("synthetic/png_bomb_20000x20000.png", 413, "decompression_bomb"),
     ("pillow/decompression_bomb.gif", 413, "decompression_bomb"),
     ("pillow/png_decompression_dos.png", 413, "decompression_bomb"),

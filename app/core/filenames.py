@@ -8,7 +8,7 @@ MAX_LENGTH = 255
 FALLBACK = "upload"
 #: the extension a download is named with, from the content type attache served it as (never the client's)
 EXTENSIONS = {"image/jpeg": "jpg", "image/png": "png", "image/gif": "gif", "image/webp": "webp",
-              "image/tiff": "tif", "image/bmp": "bmp"}
+              "image/tiff": "tif", "image/bmp": "bmp", "image/heic": "heic", "image/avif": "avif"}
 
 
 def sanitize(raw: str | None) -> str:

@@ -24,7 +24,14 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 
 from app.adapters.imaging import PIPELINE_V1_SPECS, VariantSpec
-from app.adapters.imaging.render import JPEG_QUALITY, WEBP_METHOD, WEBP_QUALITY
+from app.adapters.imaging.render import (
+    AVIF_QUALITY,
+    AVIF_SPEED,
+    AVIF_THREADS,
+    JPEG_QUALITY,
+    WEBP_METHOD,
+    WEBP_QUALITY,
+)
 from app.errors import AttacheError
 
 ORIGINAL = "original"
@@ -47,10 +54,15 @@ class PipelineVersion:
 
     @property
     def fingerprint(self) -> str:
+        encoders = {"jpeg_quality": JPEG_QUALITY, "webp_quality": WEBP_QUALITY, "webp_method": WEBP_METHOD}
+        if any(spec.output == "avif" for spec in self.specs.values()):
+            # only versions that render AVIF carry its settings, so adding the
+            # choice left every earlier version's fingerprint as it was
+            encoders |= {"avif_quality": AVIF_QUALITY, "avif_speed": AVIF_SPEED, "avif_threads": AVIF_THREADS}
         definition = {
             "version": self.version,
             "variants": [asdict(spec) for spec in self.specs.values()],
-            "encoders": {"jpeg_quality": JPEG_QUALITY, "webp_quality": WEBP_QUALITY, "webp_method": WEBP_METHOD},
+            "encoders": encoders,
         }
         return hashlib.sha256(json.dumps(definition, sort_keys=True).encode()).hexdigest()
 

@@ -4,7 +4,8 @@ Pillow reports bad input through a zoo of exception types (``OSError`` for
 truncation and decoder errors, ``SyntaxError``/``struct.error``/``ValueError``
 for malformed headers, its own ``DecompressionBombError`` and a *warning*
 for the 1x-2x ``MAX_IMAGE_PIXELS`` band, ``UnidentifiedImageError`` for
-"no plugin accepted this"). Callers of :mod:`app.adapters.imaging` only ever see
+"no plugin accepted this"; pillow-heif adds ``RuntimeError`` for libheif's
+decoding errors). Callers of :mod:`app.adapters.imaging` only ever see
 the permanent errors from :mod:`app.errors`; the Pillow exception stays
 available as ``__cause__`` for logs.
 
@@ -32,9 +33,11 @@ from app.errors import (
 # What malformed input looks like once Pillow has accepted the signature.
 # Pillow's own Image.open swallows (SyntaxError, IndexError, TypeError,
 # struct.error) while *choosing* a plugin; past that point, and during
-# decoding, any of these may surface from a plugin or a C decoder.
+# decoding, any of these may surface from a plugin or a C decoder
+# (RuntimeError: libheif's errors, through pillow-heif).
 MALFORMED_ERRORS: tuple[type[BaseException], ...] = (
     OSError,
+    RuntimeError,
     SyntaxError,
     ValueError,
     TypeError,
@@ -74,10 +77,17 @@ def is_text_chunk_bomb(exc: BaseException) -> bool:
     return isinstance(exc, ValueError) and "Decompressed data too large" in str(exc)
 
 
+def is_library_limit(exc: BaseException) -> bool:
+    """libheif refusing a file that would exceed one of its security limits (sizes, items, memory)."""
+    return isinstance(exc, RuntimeError) and "Security limit exceeded" in str(exc)
+
+
 def bomb_error(exc: BaseException | None = None) -> DecompressionBomb:
     """A :class:`DecompressionBomb` for a Pillow bomb error or warning."""
     if exc is not None and is_text_chunk_bomb(exc):
         return DecompressionBomb("image metadata decompresses to an excessive size")
+    if exc is not None and is_library_limit(exc):
+        return DecompressionBomb("image exceeds the decoder's safety limits")
     match = _PIXELS_RE.search(str(exc)) if exc is not None else None
     if match:
         return DecompressionBomb(
@@ -105,7 +115,7 @@ def translate_decode_error(exc: BaseException) -> PermanentError:
     """Map an exception raised while decoding pixel data."""
     if isinstance(exc, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
         return bomb_error(exc)
-    if is_text_chunk_bomb(exc):
+    if is_text_chunk_bomb(exc) or is_library_limit(exc):
         return bomb_error(exc)
     if isinstance(exc, NotImplementedError):
         return UnsupportedFormat("image uses a feature that is not supported")

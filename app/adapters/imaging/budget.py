@@ -27,7 +27,14 @@ of four kinds of cost:
    cost); WebP goes through libwebp's canvas, its copy of the previous
    frame and a bytes copy before Pillow's own image; an RLE BMP is
    inflated into a byte array and copied once more. A PNG (interlaced or
-   not) and a GIF decode straight into the image.
+   not) and a GIF decode straight into the image. HEIC and AVIF decode to
+   the codec's picture (its planes priced from the bit depth and chroma
+   subsampling in the container, :mod:`app.adapters.imaging.bmff`), then
+   to interleaved 8-bit RGB(A) in a buffer of the library's own, copied
+   into Pillow's image: libheif's buffers (and its two copies of the file)
+   are released once the image is loaded, while the AVIF decoder keeps its
+   picture and the file, and Pillow's plugin copies the RGB buffer once
+   more as bytes.
 3. **The conversions at full size** (:mod:`app.adapters.imaging.colour` and
    ``Image.resize``): a palette with transparency is expanded to RGBA,
    its alpha channel is read, then it becomes RGB, or RGBa, premultiplied,
@@ -38,7 +45,8 @@ of four kinds of cost:
    (``tests/test_image_budget.py`` keeps the estimate an upper bound).
 4. **The resample and the output**: the integer ``reduce()`` copy, the
    intermediate of the two-pass LANCZOS, then a few output-sized copies
-   (sRGB, transpose) and the encoder's memory (WebP's is the largest).
+   (sRGB, transpose) and the encoder's memory (AVIF's is the largest, then
+   WebP's).
 
 :func:`~app.adapters.imaging.probe.probe` (upload, and the worker's inspect step)
 does not know which derivative will be asked for, so it prices the
@@ -71,6 +79,7 @@ from PIL import Image
 
 from app.errors import ImageTooLarge
 
+from . import bmff
 from ._translate import MALFORMED_ERRORS
 from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
 
@@ -126,6 +135,14 @@ OTHER_MODE_BYTES = 8
 #: ARGB and YUV pictures and its own work buffers (measured: ~16 B/px).
 OUTPUT_BYTES = 12
 WEBP_OUTPUT_BYTES = 22
+#: libavif's YUV picture and libaom's encoder state, with the images above
+#: (measured: 40 B/px for a 256 px output, 24 B/px at 2048 px).
+AVIF_OUTPUT_BYTES = 40
+#: The alpha plane of a HEIC or AVIF picture (a second, grey picture), at 16 bits.
+ALPHA_PICTURE_BYTES = 2
+#: dav1d's own frame state besides the picture, per pixel (measured: under 1 B/px
+#: for 12 and 24 MP AVIFs, on two threads).
+AV1_DECODER_BYTES = 1
 #: The resized image while the full-size ones are still alive (RGBA is
 #: resampled as premultiplied RGBa and converted back: two copies).
 RESIZED_BYTES = 8
@@ -180,7 +197,7 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
     else:
         orientations = (1, 6)  # known only after decoding: price both axes
         coefficients = 0
-    decoder = _decoder_bytes(img, family)
+    decoder = _decoder_bytes(img, family, fp)
     best: Estimate | None = None
     for one in specs:
         for orientation in orientations:
@@ -220,13 +237,18 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     per_pixel = FULL_SIZE_BYTES.get(mode, (OTHER_MODE_BYTES, OTHER_MODE_BYTES))[transparent]
     grey = _grey_working_mode(mode, transparent)
     out_w, out_h = geometry.out_size
-    webp = spec.output == "webp" or (spec.kind == "bounded" and bool(transparent))
+    if spec.output == "avif":
+        output_bytes = AVIF_OUTPUT_BYTES
+    elif spec.output == "webp" or (spec.kind == "bounded" and bool(transparent)):
+        output_bytes = WEBP_OUTPUT_BYTES
+    else:
+        output_bytes = OUTPUT_BYTES
     parts = (
         ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
         ("conversions and resample",
          pixels * per_pixel + kept + _resample_bytes(box, geometry.out_size, 1 if grey else 4)
          + RESIZED_BYTES * out_w * out_h),
-        ("output", out_w * out_h * (WEBP_OUTPUT_BYTES if webp else OUTPUT_BYTES)),
+        ("output", out_w * out_h * output_bytes),
     )
     return Estimate(max(v for _, v in parts) + FIXED_BYTES, decoded, mode, parts)
 
@@ -255,10 +277,22 @@ def _resample_bytes(box: tuple[float, ...], out_size: tuple[int, int], bpp: int)
     return bpp * (reduced + out_w * rows)
 
 
-def _decoder_bytes(img: Image.Image, family: str) -> tuple[int, int]:
+def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, int]:
     """Memory the decoder holds besides the decoded image: (while decoding, until the file is closed)."""
     width, height = img.size
     pixels = width * height
+    if family in ("HEIF", "AVIF"):
+        layout = bmff.read_layout(fp)
+        picture, rgb = layout.picture_bytes, 3
+        if _has_transparency(img):
+            picture += ALPHA_PICTURE_BYTES
+            rgb = 4
+        if family == "HEIF":
+            # the file (pillow-heif's bytes and libheif's copy), the picture and the RGB(A),
+            # all released once the image is loaded
+            return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
+        # libavif's RGB(A) copied to bytes; the picture and the file stay with the decoder
+        return pixels * rgb, math.ceil(pixels * (picture + AV1_DECODER_BYTES)) + layout.file_bytes
     if family == "WEBP":
         # libwebp's canvas and its copy of the previous frame (RGBA), and the
         # frame handed to Pillow as bytes, all kept by the open image

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 #: Pillow's thumbnail() default: integer reduce() while >= 2x the final size
 #: remains, then LANCZOS for the rest.
 REDUCING_GAP = 2.0
-OUTPUTS = ("auto", "webp")
+OUTPUTS = ("auto", "webp", "avif")
 KINDS = ("fit", "cover", "bounded")
 
 
@@ -29,8 +29,9 @@ class VariantSpec:
     * ``bounded``: longest side <= ``max(width, height)``, never upscaled.
 
     ``output`` chooses the encoding: ``auto`` (JPEG when opaque; PNG, or WebP
-    for ``bounded``, when translucent) or ``webp`` (always WebP q85, alpha
-    kept when there is some).
+    for ``bounded``, when translucent), ``webp`` (always WebP q85, alpha
+    kept when there is some) or ``avif`` (always AVIF, alpha kept; no
+    registered version uses it yet, see ``docs/versions.md``).
     """
 
     name: str

@@ -9,7 +9,10 @@ is refused in microseconds, with no allocation).
 The checks, in order:
 
 1. :func:`~app.adapters.imaging.sniff.sniff` the magic bytes. Unknown -> refuse,
-   without handing the bytes to Pillow at all.
+   without handing the bytes to Pillow at all. For HEIF and AVIF the
+   container is walked first (:mod:`app.adapters.imaging.bmff`): every size
+   it declares goes through the checks of step 3, and a file cut short
+   is :class:`CorruptImage`, before libheif or libavif parse it.
 2. ``Image.open`` restricted to the sniffed plugin (``formats=[...]``), so
    a file that *claims* to be a PNG is only ever parsed by the PNG plugin.
    Pillow's own bomb check runs inside ``Image.open``; its warning band is
@@ -35,13 +38,14 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import BinaryIO, NamedTuple
 
 from PIL import ExifTags, Image, ImageFile, PngImagePlugin
 
 from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
 
-from . import budget
+from . import bmff, budget
+from . import plugins  # noqa: F401  (registers pillow-heif's HEIF opener)
 from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
 from .geometry import VariantSpec
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff
@@ -68,7 +72,9 @@ class ImageInfo:
 
     ``width``/``height`` are as stored (before EXIF orientation), as Pillow
     reports them. ``format`` is the processed family (an MPO reports
-    ``"JPEG"``), ``content_type`` its MIME type.
+    ``"JPEG"``), ``content_type`` its MIME type. A HEIC is the exception
+    that fits the rule: libheif rotates it while decoding, so it reports
+    its upright size and orientation 1 (see :mod:`app.adapters.imaging.plugins`).
 
     ``orientation`` is the EXIF orientation 1..8 (1 when absent or
     invalid). It comes from EXIF or XMP metadata found in the header; for
@@ -77,7 +83,7 @@ class ImageInfo:
     :func:`~app.adapters.imaging.render.render` does look there.
 
     ``frames`` is the frame count when the header states it (JPEG/MPO,
-    PNG/APNG, WebP, BMP) and ``None`` when counting would mean walking the
+    PNG/APNG, WebP, BMP, HEIF, AVIF) and ``None`` when counting would mean walking the
     file (GIF frames, TIFF pages). Walking GIF frames is also how Pillow
     meets bombs hidden in later frames.
     """
@@ -93,12 +99,12 @@ class ImageInfo:
 def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
     """Identify and size-check an image from its header only.
 
-    :raises UnsupportedFormat: not one of the six processed formats.
+    :raises UnsupportedFormat: not one of the eight processed formats.
     :raises DecompressionBomb: declares more than ``limits.max_pixels`` (or
         trips Pillow's own bomb check, or a PNG text-chunk zip bomb).
     :raises ImageTooLarge: a side exceeds ``limits.max_dimension``, or
         rendering it would cost more than ``limits.max_decode_bytes``.
-    :raises CorruptImage: the header is malformed.
+    :raises CorruptImage: the header is malformed, or a HEIF/AVIF file is cut short.
     """
     with open_checked(path, limits) as (img, family, _priced):
         return ImageInfo(
@@ -134,9 +140,11 @@ def open_checked(
     with open(path, "rb") as fp:
         family = sniff(fp.read(SNIFF_BYTES))
         if family is None:
-            raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF or BMP image")
+            raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC or AVIF image")
         if family not in limits.formats:
             raise UnsupportedFormat(f"{family} images are not accepted here (accepted: {', '.join(limits.formats)})")
+        if family in ("HEIF", "AVIF"):
+            _check_container(fp, limits)
         fp.seek(0)
         try:
             with bomb_warnings_as_errors():
@@ -161,6 +169,21 @@ def _check(img: Image.Image, family: str, limits: Limits) -> None:
     width, height = img.size
     if width < 1 or height < 1:
         raise CorruptImage("image declares an empty size")
+    _check_size(width, height, limits)
+    if family_of(img.format) != family:
+        raise UnsupportedFormat("image content does not match its signature")
+
+
+def _check_container(fp: BinaryIO, limits: Limits) -> None:
+    """Every size a HEIF/AVIF container declares is held to the limits; a cut-off file is corrupt."""
+    layout = bmff.read_layout(fp)
+    for width, height in layout.sizes:
+        _check_size(width, height, limits)
+    if layout.truncated:
+        raise CorruptImage("image data is truncated")
+
+
+def _check_size(width: int, height: int, limits: Limits) -> None:
     if width * height > limits.max_pixels:
         raise DecompressionBomb(
             f"image declares {width}x{height} = {width * height:,} pixels; "
@@ -170,8 +193,6 @@ def _check(img: Image.Image, family: str, limits: Limits) -> None:
         raise ImageTooLarge(
             f"image is {width}x{height}; sides are limited to {limits.max_dimension} pixels"
         )
-    if family_of(img.format) != family:
-        raise UnsupportedFormat("image content does not match its signature")
 
 
 def read_orientation(img: Image.Image, *, header_only: bool) -> int:
@@ -200,7 +221,8 @@ def read_orientation(img: Image.Image, *, header_only: bool) -> int:
 def _declared_frames(img: Image.Image, family: str) -> int | None:
     if family in ("GIF", "TIFF"):
         return None
-    # JPEG/MPO (MP index), PNG (acTL), WebP (ANIM header) set n_frames at
-    # open time from the header; JPEG and BMP are single images.
+    # JPEG/MPO (MP index), PNG (acTL), WebP (ANIM header), HEIF (top-level
+    # images) and AVIF (the sequence's sample count) set n_frames at open
+    # time from the header; JPEG and BMP are single images.
     frames = getattr(img, "n_frames", 1)
     return frames if isinstance(frames, int) and frames >= 1 else None
