@@ -75,6 +75,17 @@ def test_document_names_exactly_the_flask_routes(app):
     assert documented - routes == set(), "documented operations the app does not have"
 
 
+def test_a_route_whose_view_declares_no_operation_is_missing_from_the_document(settings):
+    """The walker documents only views with an @operation, so the test above catches a new undocumented route."""
+    from flask import Blueprint
+
+    extra = Blueprint("extra", __name__)
+    extra.add_url_rule("/v1/extra/<int:n>", "extra", lambda n: "")
+    app = create_app(settings)
+    app.register_blueprint(extra)
+    assert flask_api_routes(app) - documented_operations(document(app)) == {("GET", "/v1/extra/{n}")}
+
+
 def test_security_is_declared_where_the_code_enforces_it(app):
     """Bearer on everything but the probes and the document itself; 401 (and 403 for operator routes)."""
     doc = document(app)

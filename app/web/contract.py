@@ -20,7 +20,7 @@ part of the API and carry no operation.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import Annotated, Any, Callable, Mapping, TypeVar
 from uuid import UUID
@@ -180,13 +180,11 @@ def operation(operation_id: str, summary: str, *, tag: str, description: str | N
 
 #: answers shared by many operations, written once under components/responses
 SHARED = {
-    "Unauthorized": (401, Answer("No `Authorization: Bearer` header, or an unknown token (`error`: `unauthorized`).",
-                                 (Error,), ("unauthorized",),
-                                 {"WWW-Authenticate": Header("`Bearer realm=\"attache\"`")})),
-    "Forbidden": (403, Answer("The token is valid but lacks the `operator` role (`error`: `forbidden`).",
-                              (Error,), ("forbidden",))),
-    "DatabaseUnavailable": (503, Answer("PostgreSQL is unreachable (`error`: `database_unavailable`); retry "
-                                        "after the delay.", (Error,), ("database_unavailable",), RETRY_AFTER)),
+    "Unauthorized": replace(refused("No `Authorization: Bearer` header, or an unknown token.", "unauthorized"),
+                            headers={"WWW-Authenticate": Header("`Bearer realm=\"attache\"`")}),
+    "Forbidden": refused("The token is valid but lacks the `operator` role.", "forbidden"),
+    "DatabaseUnavailable": refused("PostgreSQL is unreachable; retry after the delay.", "database_unavailable",
+                                   retry_after=True),
 }
 TOO_LARGE_BODY = refused(f"The request body is larger than {FORM_MAX_BYTES // (1024 * 1024)} MiB.", "too_large")
 
@@ -227,6 +225,11 @@ def _path_parameters(rule: str, declared: dict[str, Param]) -> list[Param]:
     return found
 
 
+def _json_body(op: Operation) -> bool:
+    """The operation reads a JSON body described by a model (not raw content)."""
+    return isinstance(op.body, type) and issubclass(op.body, BaseModel)
+
+
 class _Walk:
     """One pass over the documented routes: the answers first, then the schemas of every model they name."""
 
@@ -240,10 +243,9 @@ class _Walk:
             for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
                 self.operations.append((rule.rule, method.lower(), declared, guard))
         answers = [a for _, _, op, guard in self.operations for a in self._answers(op, guard).values()
-                   if isinstance(a, Answer)] + [a for _, a in SHARED.values()]
+                   if isinstance(a, Answer)] + list(SHARED.values())
         wanted = {(m, "serialization") for a in answers for m in a.models}
-        wanted |= {(op.body, "validation") for _, _, op, _ in self.operations
-                   if isinstance(op.body, type) and issubclass(op.body, BaseModel)}
+        wanted |= {(op.body, "validation") for _, _, op, _ in self.operations if _json_body(op)}
         self.refs, definitions = models_json_schema(sorted(wanted, key=lambda pair: (pair[0].__name__, pair[1])),
                                                     ref_template="#/components/schemas/{model}",
                                                     schema_generator=_Untitled)
@@ -259,7 +261,7 @@ class _Walk:
                 answers.setdefault(403, "Forbidden")
         if op.database:
             answers.setdefault(503, "DatabaseUnavailable")
-        if isinstance(op.body, type):
+        if _json_body(op):
             answers.setdefault(413, TOO_LARGE_BODY)
         return dict(sorted(answers.items()))
 
@@ -289,7 +291,7 @@ class _Walk:
         parameters = _path_parameters(rule, given) + [p for p in op.parameters if p.where != "path"]
         if parameters:
             out["parameters"] = [p.document() for p in parameters]
-        if isinstance(op.body, type):  # a body whose every field has a default may be left out
+        if _json_body(op):  # a body whose every field has a default may be left out
             required = any(f.is_required() for f in op.body.model_fields.values())
             out["requestBody"] = {"required": required,
                                   "content": {JSON: {"schema": self.ref(op.body, "validation")}}}
@@ -316,7 +318,7 @@ def document(app: Flask) -> dict:
             "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
                                            "description": "A token from `ATTACHE_API_TOKENS`."}},
             "schemas": walk.schemas,
-            "responses": {name: walk.answer(answer) for name, (_, answer) in SHARED.items()},
+            "responses": {name: walk.answer(answer) for name, answer in SHARED.items()},
         },
     }
 

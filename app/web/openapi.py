@@ -15,4 +15,7 @@ bp = Blueprint("openapi", __name__)
 @operation("getOpenAPI", "This document", tag="meta", database=False,
            answers={200: ok("The OpenAPI 3.1 document.", ApiDocument)})
 def openapi_document():
-    return answer(ApiDocument.model_validate(document(current_app)), **{"Cache-Control": "no-cache"})
+    written = current_app.extensions.get("attache_openapi")
+    if written is None:  # the routes do not change once the app serves: written once per process
+        written = current_app.extensions["attache_openapi"] = ApiDocument.model_validate(document(current_app))
+    return answer(written, **{"Cache-Control": "no-cache"})
