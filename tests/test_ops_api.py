@@ -74,6 +74,27 @@ def test_replay_needs_a_reason_is_audited_and_gets_a_fresh_budget(app, engine, f
     assert job["state"] == "failed" and job["attempt"] == 2
 
 
+def test_ops_answers_are_byte_for_byte_what_the_operations_return(app, failed_job):
+    """The answer models (app/web/schemas.py) change no byte of what app.core.operations returns."""
+    from flask import jsonify
+
+    from app.core import operations
+
+    ops = authed(app, OPERATOR_TOKEN)
+    replayed = ops.post(f"/v1/ops/jobs/{failed_job['job_id']}/replay", json={"reason": "decoder upgraded"})
+    assert replayed.status_code == 200
+    services = app.extensions["attache"]
+    job = ops.get(f"/v1/ops/jobs/{failed_job['job_id']}")
+    listed = ops.get("/v1/ops/jobs")
+    leases = ops.get("/v1/ops/leases")
+    with app.app_context():
+        shown = operations.show_job(services, failed_job["job_id"])
+        assert shown["history"] and shown["audit"] and shown["audit"][-1]["details"]
+        assert job.data == replayed.data == jsonify(shown).data
+        assert listed.data == jsonify(jobs=operations.list_jobs(services)).data
+        assert leases.data == jsonify(operations.lease_status(services)).data
+
+
 # --- dead letters (real RabbitMQ vhost) ---------------------------------------------
 
 

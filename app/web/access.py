@@ -19,6 +19,7 @@ import hmac
 import logging
 import secrets
 import time
+from dataclasses import dataclass
 
 from flask import Blueprint, current_app, g, request, session
 
@@ -101,8 +102,21 @@ def local_developer(role: str | None = None) -> Identity | None:
                  if role is None or t.identity.role == role), None)
 
 
+@dataclass(frozen=True)
+class Protection:
+    """What :func:`protect` requires of a blueprint's callers: a valid token, and ``role`` if not None."""
+
+    role: str | None
+
+
+def protection(blueprint: Blueprint | None) -> Protection | None:
+    """What ``blueprint``'s views require (None: they are public); the API document states it."""
+    return getattr(blueprint, "attache_protection", None)
+
+
 def protect(blueprint: Blueprint, *, role: str | None = None) -> None:
     """Every view of ``blueprint`` needs a valid token (or session), and ``role`` if given."""
+    blueprint.attache_protection = Protection(role)
 
     @blueprint.before_request
     def check():

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import re
 import uuid
+from typing import Annotated, Literal
 from urllib.parse import quote
 
-from flask import Blueprint, Response, current_app, g, jsonify, request, url_for
+from flask import Blueprint, Response, current_app, g, request, url_for
+from pydantic import Field
 from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
@@ -25,8 +27,10 @@ from app.errors import (
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
+from app.web.contract import Header, in_header, in_path, in_query, ok, operation, raw, refused
+from app.web.responses import answer, refusal
 from app.web.responses import error as _error
-from app.web.responses import refusal
+from app.web.schemas import AttachmentStatus, UploadAccepted, Variant, VersionState
 from app.web.spool import HashingSpool, spool_stream, verify_digests
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
@@ -57,7 +61,67 @@ def _visible(attachment) -> bool:
     return identity().is_operator or attachment.owner == identity().principal
 
 
+_RAW = {"schema": {"type": "string", "format": "binary"}}
+
+
 @bp.post("")
+@operation(
+    "uploadAttachment", "Upload a photo", tag="attachments",
+    description="Streams the body to disk while hashing it, checks the digests, probes the image header, stages "
+                "the original and records the job, its history and its first message in one transaction. `202` "
+                "means the work can no longer be lost (RabbitMQ being down is not a refusal: the outbox keeps the "
+                "message). Any answer other than `202` leaves nothing behind. Send the file as multipart field "
+                "`file`, or as the raw body with its content type (any type but "
+                "`application/x-www-form-urlencoded` is taken as raw bytes, no Content-Type is refused; the format "
+                "is always sniffed from the bytes).",
+    parameters=[
+        in_header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the bytes "
+                                 "received."),
+        in_header("Content-MD5", "Base64 MD5 of the bytes, verified."),
+        in_header("Idempotency-Key", "1-255 printable characters (surrounding quotes are dropped). A retry of the same "
+                                  "content by the same principal while the key is remembered returns the first "
+                                  "attachment with `Idempotent-Replayed: true`; the same key with other content is "
+                                  "refused (422)."),
+        in_header("traceparent", "W3C trace context, kept with the job and carried to the workers; an invalid one is "
+                              "replaced by a fresh trace."),
+        in_header("tracestate", "W3C vendor trace state, kept with the job."),
+        in_header("Content-Disposition", "For a raw body: `attachment; filename=\"...\"` (or `filename*=`) gives the "
+                                      "display name, sanitized."),
+    ],
+    body={
+        "multipart/form-data": {
+            "schema": {"type": "object", "required": ["file"],
+                       "properties": {"file": {"type": "string", "format": "binary",
+                                               "description": "The photo; the part's filename is the display "
+                                                              "name, sanitized."}}},
+            "encoding": {"file": {"contentType": "application/octet-stream, image/*"}},
+        },
+        "image/*": _RAW,
+        "application/octet-stream": _RAW,
+    },
+    answers={
+        202: ok("Accepted: staged, recorded and queued (or an idempotent replay).", UploadAccepted, headers={
+            "Location": Header("The attachment's status URL, `/v1/attachments/{id}`.", required=True),
+            "Idempotent-Replayed": Header("`true` when this answers a retry with the same Idempotency-Key (nothing "
+                                          "new was created).", Literal["true"]),
+        }),
+        400: refused("Malformed request: no `file` part, an unusable content type, an empty body, a bad "
+                     "Idempotency-Key or digest header, or the client went away mid-body (`incomplete_body`: fewer "
+                     "bytes than `Content-Length`, or a broken chunked framing; nothing is stored and the "
+                     "Idempotency-Key stays unused).",
+                     "missing_file", "bad_content_type", "empty_body", "incomplete_body", "bad_idempotency_key",
+                     "bad_digest_header", "unsupported_digest", "bad_request", "http_error"),
+        413: refused("Too large: more bytes than the upload limit, or the image declares too many pixels, too long "
+                     "a side, or would need more memory to render than the decode budget.",
+                     "too_large", "decompression_bomb", "image_too_large"),
+        415: refused("Not an image format attache processes, or a corrupt header.",
+                     "unsupported_format", "corrupt_image"),
+        422: refused("A digest header does not match the bytes, or the Idempotency-Key was used for other content.",
+                     "digest_mismatch", "idempotency_key_reused"),
+        503: refused("PostgreSQL or storage is down, or the web's temporary directory cannot hold the upload; retry "
+                     "later.", "database_unavailable", "storage_unavailable", "spool_unavailable", retry_after=True),
+    },
+)
 def upload():
     services = _services()
     try:  # the request removes its spool files when it ends (app.web.request)
@@ -78,14 +142,13 @@ def upload():
     except (DatabaseUnavailable, StorageUnavailable) as exc:
         return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
                       **{"Retry-After": "5"})
-    location = url_for("attachments.status", attachment_id=accepted.attachment_id)
-    body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
-            "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
-    headers = {"Location": location}
+    headers = {"Location": url_for("attachments.status", attachment_id=accepted.attachment_id)}
     if accepted.replayed:
         headers["Idempotent-Replayed"] = "true"
-        body["state"] = _state_of(accepted.job_id)
-    return jsonify(body), 202, headers
+    return answer(UploadAccepted(id=accepted.attachment_id, job_id=accepted.job_id,
+                                 state=_state_of(accepted.job_id) if accepted.replayed else "queued",
+                                 pipeline_version=accepted.pipeline_version, size=received.size,
+                                 sha256=received.sha256), 202, **headers)
 
 
 def _idempotency_key() -> str | None:
@@ -166,59 +229,104 @@ def _load(attachment_id: uuid.UUID, version: int | None):
         ).order_by(variants.c.id)).all()
         versions = conn.execute(select(jobs.c.pipeline_version, jobs.c.state).where(
             jobs.c.attachment_id == attachment_id).order_by(jobs.c.pipeline_version)).all()
-    g.attache_versions = [{"pipeline_version": v, "state": s} for v, s in versions]
+    g.attache_versions = [VersionState(pipeline_version=v, state=s) for v, s in versions]
     return attachment, job, published
 
 
-def _iso(value):
-    return value.isoformat() if value is not None else None
+ATTACHMENT_ID = in_path("attachment_id")
+VERSION = in_query("version", "A pipeline version. Without it: the newest version with a `ready` job, else the newest "
+                           "job. A value that is not an integer is ignored.", int)
 
 
 @bp.get("/<uuid:attachment_id>")
+@operation(
+    "getAttachment", "An attachment's state, variants and versions", tag="attachments",
+    description="An uploader sees only its own attachments (others answer 404); an operator sees all.",
+    parameters=[ATTACHMENT_ID, VERSION],
+    answers={200: ok("The status document.", AttachmentStatus),
+             404: refused("No such attachment (or not yours), or no job at the asked version.", "not_found")},
+)
 def status(attachment_id: uuid.UUID):
     version = request.args.get("version", type=int)
     attachment, job, published = _load(attachment_id, version)
     if attachment is None or job is None:
         return _error(404, "not_found", "no such attachment" + (f" at version {version}" if version else ""))
-    body = {
-        "id": str(attachment.id),
-        "job_id": str(job.id),
-        "state": job.state,
-        "filename": attachment.filename,
-        "content_type": attachment.content_type,
-        "size": attachment.size,
-        "sha256": attachment.sha256,
-        "width": attachment.width,
-        "height": attachment.height,
-        "pipeline_version": job.pipeline_version,
-        "attempt": job.attempt,
-        "error_code": job.error_code,
-        "error_reason": job.error_reason,
-        "variants": {
-            row.variant: {
-                "url": url_for("attachments.download_variant", attachment_id=attachment.id, name=row.variant,
-                               **({"version": job.pipeline_version} if version else {})),
-                "content_type": row.content_type, "width": row.width, "height": row.height,
-                "size": row.size, "sha256": row.sha256,
-            }
-            for row in published
-        },
-        "created_at": _iso(attachment.created_at),
-        "ready_at": _iso(job.ready_at),
-        "versions": g.attache_versions,
-    }
-    return jsonify(body)
+    return answer(AttachmentStatus(
+        id=attachment.id, job_id=job.id, state=job.state, filename=attachment.filename,
+        content_type=attachment.content_type, size=attachment.size, sha256=attachment.sha256,
+        width=attachment.width, height=attachment.height, pipeline_version=job.pipeline_version,
+        attempt=job.attempt, error_code=job.error_code, error_reason=job.error_reason,
+        variants={row.variant: Variant(
+            url=url_for("attachments.download_variant", attachment_id=attachment.id, name=row.variant,
+                        **({"version": job.pipeline_version} if version else {})),
+            content_type=row.content_type, width=row.width, height=row.height, size=row.size, sha256=row.sha256,
+        ) for row in published},
+        created_at=attachment.created_at, ready_at=job.ready_at, versions=g.attache_versions,
+    ))
 
 
 # --- downloads --------------------------------------------------------------------
 
 
+_IMAGE = {"image/*": _RAW}
+_DOWNLOAD_HEADERS = {
+    "ETag": Header("`\"<sha256>\"` of the whole object."),
+    "Cache-Control": Header(f"With `?version=N`, `{PINNED_CACHE_CONTROL}`: the bytes behind a pinned URL never "
+                            f"change. Without it, `{UNPINNED_CACHE_CONTROL}`: the URL follows the newest ready "
+                            "version, so a cache revalidates with `If-None-Match`."),
+    "Content-Disposition": Header("`attachment; filename=\"...\"; filename*=UTF-8''...`"),
+    "Accept-Ranges": Header("`bytes`"),
+    "X-Content-Type-Options": Header("`nosniff`"),
+    "Content-Security-Policy": Header("`default-src 'none'; sandbox`"),
+}
+
+
+def _download(operation_id: str, summary: str, *parameters):
+    """The operation of the two download routes (one serves the other)."""
+    return operation(
+        operation_id, summary, tag="attachments",
+        description="Only published objects are served. With presigned downloads configured (S3 storage and "
+                    "`ATTACHE_PRESIGN_SECONDS` > 0) the answer is a redirect to the object store; otherwise the "
+                    "bytes stream through the web, with single-range support.",
+        parameters=[ATTACHMENT_ID, *parameters, VERSION,
+                    in_header("Range", "One `bytes=first-last`, `bytes=first-` or `bytes=-suffix` range; several "
+                                    "ranges or a malformed one are answered with the whole object."),
+                    in_header("If-Range", "The ETag; if it differs, the Range is ignored."),
+                    in_header("If-None-Match", "An ETag list; a match answers 304.")],
+        answers={
+            200: raw("The whole object, with the content type it was published with.", _IMAGE,
+                     {**_DOWNLOAD_HEADERS, "Content-Length": Header("Bytes.")}),
+            206: raw("The requested range.", _IMAGE,
+                     {**_DOWNLOAD_HEADERS, "Content-Range": Header("`bytes first-last/size`", required=True),
+                      "Content-Length": Header("Bytes in the range.")}),
+            302: raw("Presigned downloads: the object store's URL.", None, {
+                "Location": Header("A presigned URL, valid for `ATTACHE_PRESIGN_SECONDS`.", required=True),
+                "Cache-Control": Header("`no-store`")}),
+            304: raw("Not modified: `If-None-Match` names the ETag. No body.", None, _DOWNLOAD_HEADERS),
+            404: refused("No such attachment (or not yours), no job at the asked version, or no such variant in a "
+                         "ready job.", "not_found"),
+            409: refused("The job is not ready yet (or failed): nothing is published.", "not_ready"),
+            416: raw("Range not satisfiable. No body.", None, {
+                "Content-Range": Header("`bytes */size`", required=True), "ETag": _DOWNLOAD_HEADERS["ETag"]}),
+            500: refused("The published object is missing from storage (`effect_missing`: reported, never hidden).",
+                         "effect_missing"),
+            503: refused("Storage or PostgreSQL is unavailable; retry later.",
+                         "storage_unavailable", "database_unavailable", retry_after=True),
+        },
+    )
+
+
 @bp.get("/<uuid:attachment_id>/original")
+@_download("downloadOriginal", "Download the original (as uploaded)")
 def download_original(attachment_id: uuid.UUID):
     return download_variant(attachment_id, "original")
 
 
 @bp.get("/<uuid:attachment_id>/variants/<name>")
+@_download("downloadVariant", "Download a variant",
+           in_path("name", "A variant name as listed in the status document (`original` is one too).",
+                Annotated[str, Field(pattern="^[a-z][a-z0-9_]{0,31}$",
+                                     examples=["thumbnail", "crop", "optimized", "original"])]))
 def download_variant(attachment_id: uuid.UUID, name: str):
     version = request.args.get("version", type=int)
     attachment, job, published = _load(attachment_id, version)

@@ -13,10 +13,13 @@ from __future__ import annotations
 import threading
 import time
 
-from flask import Blueprint, current_app, jsonify
+from flask import Blueprint, current_app
 from sqlalchemy import text
 
 from app.errors import AttacheError
+from app.web.contract import ok, operation
+from app.web.responses import answer
+from app.web import schemas
 
 bp = Blueprint("health", __name__)
 
@@ -29,15 +32,20 @@ NO_ANSWER = f"unavailable: no answer within {READY_DEADLINE_SECONDS:g} s"
 
 
 @bp.get("/healthz")
+@operation("healthz", "Liveness: the process answers", tag="meta", database=False,
+           answers={200: ok("Alive.", schemas.Liveness)})
 def healthz():
-    return jsonify(status="ok")
+    return answer(schemas.Liveness(status="ok"))
 
 
 @bp.get("/readyz")
+@operation("readyz", "Readiness: PostgreSQL, RabbitMQ and storage answer", tag="meta", database=False,
+           answers={200: ok("Every dependency answers.", schemas.Readiness),
+                    503: ok("At least one dependency does not answer (no Retry-After).", schemas.Readiness)})
 def readyz():
     checks = _readiness().answer()
     ready = all(value == "ok" for value in checks.values())
-    return jsonify(status="ready" if ready else "unavailable", checks=checks), 200 if ready else 503
+    return answer(schemas.Readiness(status="ready" if ready else "unavailable", checks=checks), 200 if ready else 503)
 
 
 _CREATE = threading.Lock()

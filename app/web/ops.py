@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from typing import Literal
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, current_app, request
 from werkzeug.exceptions import BadRequest
 
 from app.adapters.broker.dead_letter_tools import (
@@ -13,10 +14,29 @@ from app.adapters.broker.dead_letter_tools import (
     MoreThanExpected,
     UnknownQueue,
 )
-from app.core import operations
+from app.core import messages, operations, states
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
+from app.web.contract import in_path, in_query, ok, operation, refused
+from app.web.responses import answer
 from app.web.responses import error as _error
+from app.web.schemas import (
+    DEFAULT_BACKFILL_BATCH,
+    MAX_BACKFILL_BATCH,
+    BackfillEstimate,
+    BackfillRequest,
+    BackfillResult,
+    DeadLetterChoice,
+    DeadLetterMessages,
+    DeadLetterQueues,
+    Job,
+    JobList,
+    LeaseStatus,
+    OutboxStatus,
+    PurgeResult,
+    ReplayRequest,
+    RequeueResult,
+)
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
 protect(bp, role="operator")
@@ -46,7 +66,19 @@ def missing_reason(exc):
     return _error(400, exc.error_code, str(exc))
 
 
+NO_SUCH_JOB = refused("No such job.", "not_found")
+
+
 @bp.get("/jobs")
+@operation(
+    "listJobs", "Jobs, most recently updated first", tag="ops",
+    parameters=[
+        in_query("state", "Only jobs in this state (an empty value means all).", Literal[states.STATES]),
+        in_query("pipeline_version", "Only jobs of this version (not an integer: ignored).", int),
+        in_query("limit", "At most this many, clamped to 1..1000 (not an integer: 100).", int, default=100),
+    ],
+    answers={200: ok("OK.", JobList), 400: refused("`state` is not a job state.", "bad_request")},
+)
 def jobs():
     try:
         listed = operations.list_jobs(_services(), state=request.args.get("state") or None,
@@ -54,31 +86,46 @@ def jobs():
                                       limit=request.args.get("limit", 100, type=int))
     except ValueError as exc:
         return _error(400, "bad_request", str(exc))
-    return jsonify(jobs=listed)
+    return answer(JobList(jobs=listed))
 
 
 @bp.get("/jobs/<uuid:job_id>")
+@operation("getJob", "A job with its history, trace context and audit trail", tag="ops",
+           answers={200: ok("OK.", Job), 404: NO_SUCH_JOB})
 def job(job_id: uuid.UUID):
-    return jsonify(operations.show_job(_services(), job_id))
+    return answer(Job.model_validate(operations.show_job(_services(), job_id)))
 
 
 @bp.post("/jobs/<uuid:job_id>/replay")
+@operation(
+    "replayJob", "Replay a failed job", tag="ops",
+    description="`failed` -> `queued` with a fresh attempt budget; the history and the audit log name the operator "
+                "and the reason. Recorded variants stay, so the job resumes at its first unfinished step.",
+    body=ReplayRequest,
+    answers={200: ok("The replayed job, now `queued`.", Job),
+             400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
+             404: NO_SUCH_JOB,
+             409: refused("The job is not `failed`.", "conflict")},
+)
 def replay(job_id: uuid.UUID):
     body = request.get_json(silent=True) or {}
     reason = body.get("reason") if isinstance(body, dict) else None
     if not isinstance(reason, (str, type(None))):
         return _error(400, "bad_request", "reason must be a string")
-    return jsonify(operations.replay(_services(), job_id, operator=identity().principal, reason=reason))
+    return answer(Job.model_validate(operations.replay(_services(), job_id, operator=identity().principal,
+                                                       reason=reason)))
 
 
 @bp.get("/outbox")
+@operation("getOutbox", "Unpublished outbox messages", tag="ops", answers={200: ok("OK.", OutboxStatus)})
 def outbox():
-    return jsonify(operations.outbox_status(_services()))
+    return answer(OutboxStatus.model_validate(operations.outbox_status(_services())))
 
 
 @bp.get("/leases")
+@operation("getLeases", "Leases of processing jobs", tag="ops", answers={200: ok("OK.", LeaseStatus)})
 def leases():
-    return jsonify(operations.lease_status(_services()))
+    return answer(LeaseStatus.model_validate(operations.lease_status(_services())))
 
 
 # --- dead letters ---------------------------------------------------------------
@@ -111,16 +158,35 @@ def broker_down(exc):
     return response
 
 
+BROKER_DOWN = refused("RabbitMQ is unavailable; retry later.", "broker_unavailable", retry_after=True)
+BROKER_OR_DATABASE_DOWN = refused("RabbitMQ or PostgreSQL is unavailable; retry later.",
+                                  "broker_unavailable", "database_unavailable", retry_after=True)
+NO_SUCH_QUEUE = refused("Not an attache step queue or dead-letter queue.", "not_found")
+_STEP_QUEUES = tuple(queue for _, queue in messages.ROUTES.values())
+QUEUE = in_path("queue", "A step queue or its dead-letter queue (both name the same `.XQ`); any other name "
+                         "answers 404.", Literal[_STEP_QUEUES + tuple(f"{name}.XQ" for name in _STEP_QUEUES)])
+
+
 @bp.get("/dlq")
+@operation("listDeadLetterQueues", "Depth of every dead-letter queue", tag="ops", database=False,
+           answers={200: ok("OK.", DeadLetterQueues), 503: BROKER_DOWN})
 def dlq_queues():
-    return jsonify(queues=_dead_letters().queues())
+    return answer(DeadLetterQueues(queues=_dead_letters().queues()))
 
 
 @bp.get("/dlq/<queue>/messages")
+@operation(
+    "listDeadLetters", "Look at dead letters without consuming them", tag="ops",
+    description="Each message is decoded from its Dramatiq envelope and joined with the reason the worker "
+                "recorded. Messages held by a concurrent call are not seen.",
+    parameters=[QUEUE,
+                in_query("limit", "At most this many, clamped to 1..500 (not an integer: 50).", int, default=50)],
+    answers={200: ok("OK.", DeadLetterMessages), 404: NO_SUCH_QUEUE, 503: BROKER_OR_DATABASE_DOWN},
+)
 def dlq_messages(queue: str):
     limit = request.args.get("limit", 50, type=int)
     listing = _dead_letters().listing(queue, limit=max(1, min(limit, 500)))
-    return jsonify(queue=queue, depth=listing["depth"], messages=listing["messages"])
+    return answer(DeadLetterMessages(queue=queue, depth=listing["depth"], messages=listing["messages"]))
 
 
 def _chosen(body) -> dict:
@@ -143,6 +209,8 @@ def _chosen(body) -> dict:
             and all(isinstance(i, str) and i for i in ids)):
         raise BadRequest(f"message_ids must be a list of 1..{MAX_MESSAGE_IDS} non-empty strings "
                          "(or send all with expected)")
+    if not all(i.isprintable() for i in ids):  # the audit log (JSONB) cannot hold a NUL or a lone surrogate
+        raise BadRequest("message ids are printable text: no control characters")
     return {"message_ids": ids}
 
 
@@ -151,26 +219,64 @@ def more_than_expected(exc):
     return _error(409, exc.error_code, str(exc))
 
 
+DEAD_LETTER_ACTION_ANSWERS = {
+    400: refused("The body does not name `message_ids`, or `all` with `expected` (see the request schema), or "
+                 "`reason` is not a string.", "bad_request"),
+    404: NO_SUCH_QUEUE,
+    409: refused("`all`: the queue holds more messages than `expected`; nothing was done.", "more_than_expected"),
+    503: BROKER_OR_DATABASE_DOWN,
+}
+DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touched (`details.status`: `intent`) and "
+                     "completed afterwards (`completed` with what was done, or `failed`).")
+
+
 @bp.post("/dlq/<queue>/requeue")
+@operation(
+    "requeueDeadLetters", "Move chosen dead letters back to their step queue", tag="ops",
+    description="Publishes each chosen message to the step queue (with confirms) before acking the dead letter. A "
+                "message not chosen is handed back in its place, unchanged. " + DEAD_LETTER_AUDIT,
+    parameters=[QUEUE], body=DeadLetterChoice,
+    answers={200: ok("Done.", RequeueResult), **DEAD_LETTER_ACTION_ANSWERS},
+)
 def dlq_requeue(queue: str):
     body = request.get_json(silent=True)
     reason = _reason(body)
-    return jsonify(_dead_letters().requeue(queue, actor=f"operator:{identity().principal}", reason=reason,
-                                           **_chosen(body)))
+    return answer(RequeueResult.model_validate(
+        _dead_letters().requeue(queue, actor=f"operator:{identity().principal}", reason=reason, **_chosen(body))))
 
 
 @bp.post("/dlq/<queue>/purge")
+@operation(
+    "purgeDeadLetters", "Delete chosen dead letters for good", tag="ops",
+    description="Deletes each chosen message (one by one, never a queue purge). A message not chosen, or "
+                "dead-lettered after the count was confirmed, is not touched. " + DEAD_LETTER_AUDIT,
+    parameters=[QUEUE], body=DeadLetterChoice,
+    answers={200: ok("Done.", PurgeResult), **DEAD_LETTER_ACTION_ANSWERS},
+)
 def dlq_purge(queue: str):
     body = request.get_json(silent=True)
     reason = _reason(body)
-    return jsonify(_dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason,
-                                         **_chosen(body)))
+    return answer(PurgeResult.model_validate(
+        _dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason, **_chosen(body))))
 
 
 # --- pipeline versions ----------------------------------------------------------------
 
 
 @bp.post("/pipelines/<int:version>/backfill")
+@operation(
+    "backfillPipeline", "Reprocess existing attachments into a pipeline version", tag="ops",
+    description="Creates a job at `version` for every attachment that is ready at an older version and has none at "
+                "this one, in batches, through the outbox. Safe to run again or twice at once. With `dry_run` it "
+                "only estimates.",
+    parameters=[in_path("version", "The target version.")], body=BackfillRequest,
+    answers={
+        200: ok("The estimate (dry run) or what was created.", BackfillEstimate, BackfillResult),
+        400: refused("The body is JSON but not an object (`[]`, `0`, `\"\"`, `false` and `null` count as `{}`), or "
+                     f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused).", "bad_request"),
+        404: refused("The pipeline version is not registered.", "not_found"),
+    },
+)
 def backfill(version: int):
     from app.core import backfill as backfill_module
     from app.core import pipeline
@@ -182,11 +288,11 @@ def backfill(version: int):
         pipeline.get(version)
     except LookupError as exc:
         return _error(404, "not_found", str(exc))
-    batch = body.get("batch", 100)
-    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= 10_000:
-        return _error(400, "bad_request", "batch must be an integer between 1 and 10000")
+    batch = body.get("batch", DEFAULT_BACKFILL_BATCH)
+    if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BACKFILL_BATCH:
+        return _error(400, "bad_request", f"batch must be an integer between 1 and {MAX_BACKFILL_BATCH}")
     estimate = backfill_module.estimate(_services(), version).as_dict()
     if body.get("dry_run"):
-        return jsonify(dry_run=True, **estimate)
+        return answer(BackfillEstimate(dry_run=True, **estimate))
     result = backfill_module.run(_services(), version, batch=batch, actor=f"backfill:operator:{identity().principal}")
-    return jsonify(dry_run=False, to_version=version, **result)
+    return answer(BackfillResult(dry_run=False, to_version=version, **result))

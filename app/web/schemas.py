@@ -1,0 +1,361 @@
+"""Every JSON body of the HTTP API, each shape defined once as a pydantic model.
+
+The views build their answers from these models (:func:`app.web.responses.answer`),
+and :mod:`app.web.contract` writes the OpenAPI document's schemas from the same
+models, so the document cannot drift from what the routes return.
+
+Conventions:
+
+* an answer model is closed (``extra="forbid"``) and every field is required:
+  attache always sends every field, ``null`` when it has no value;
+* timestamps are written with :meth:`datetime.isoformat` (``+00:00``, not ``Z``);
+* a request model describes a valid body; the views check bodies themselves,
+  so that each refusal keeps its own message, with the limits named here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, RootModel, TypeAdapter, WithJsonSchema
+
+from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS, TRACEBACK_CHARS
+from app.core import states
+
+#: the largest ``batch`` of a backfill request
+MAX_BACKFILL_BATCH = 10_000
+DEFAULT_BACKFILL_BATCH = 100
+
+JobState = Literal[states.STATES]
+Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str),
+                      WithJsonSchema({"type": "string", "format": "date-time"})]
+Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$", description="SHA-256 of the bytes, lowercase hex.")]
+Count = Annotated[int, Field(ge=0)]
+
+
+def as_found(documented: Any) -> Any:
+    """A value copied from a message as it came: documented as ``documented``, passed through unchecked.
+
+    A malformed dead letter must still be listed, or it could not be purged.
+    """
+    return Annotated[Any, WithJsonSchema(TypeAdapter(documented).json_schema())]
+
+
+FoundText = as_found(str | None)
+FoundCount = as_found(int | None)
+FoundInt = as_found(int)
+
+
+class Body(BaseModel):
+    """An answer's body: closed, every field sent."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+# --- every refusal ---------------------------------------------------------------
+
+
+class Error(Body):
+    """Every refusal and error answer of the API."""
+
+    error: str = Field(description="A stable, machine-readable code.")
+    message: str = Field(description="A short human explanation.")
+
+
+# --- attachments -----------------------------------------------------------------
+
+
+class UploadAccepted(Body):
+    """The upload is durable: staged, recorded and queued."""
+
+    id: UUID = Field(description="The attachment id.")
+    job_id: UUID
+    state: JobState = Field(description="`queued` for a new upload; for an idempotent replay "
+                                        "(`Idempotent-Replayed: true`) the job's current state.")
+    pipeline_version: int
+    size: int = Field(ge=1, description="Bytes received.")
+    sha256: Sha256
+
+
+class Variant(Body):
+    """A published variant."""
+
+    url: str = Field(json_schema_extra={"format": "uri-reference"},
+                     description="Where to download it (relative; carries `?version=` when the status was "
+                                 "asked for a version).")
+    content_type: str
+    width: int
+    height: int
+    size: int
+    sha256: Sha256
+
+
+class VersionState(Body):
+    pipeline_version: int
+    state: JobState
+
+
+class AttachmentStatus(Body):
+    """An attachment's state, published variants and versions."""
+
+    id: UUID
+    job_id: UUID = Field(description="The job shown: the asked version's, else the newest ready one, else the newest.")
+    state: JobState
+    filename: str = Field(description="The sanitized display name (`upload` when none).")
+    content_type: str = Field(description="Sniffed from the bytes, not taken from the client.")
+    size: int
+    sha256: Sha256
+    width: int
+    height: int
+    pipeline_version: int
+    attempt: Count
+    error_code: str | None
+    error_reason: str | None
+    variants: dict[str, Variant] = Field(description="The published variants of the job shown, by name "
+                                                     "(`original`, `thumbnail`, ...); empty until the job is "
+                                                     "`ready`.")
+    created_at: Timestamp
+    ready_at: Timestamp | None
+    versions: list[VersionState] = Field(description="Every pipeline version this attachment has a job at.")
+
+
+# --- /v1/ops: jobs -------------------------------------------------------------------
+
+
+class JobSummary(Body):
+    """A job as listed."""
+
+    job_id: UUID
+    attachment_id: UUID
+    pipeline_version: int
+    state: JobState
+    attempt: Count = Field(description="Managed attempts used so far.")
+    max_attempts: int
+    error_code: str | None
+    error_reason: str | None
+    lease_owner: str | None = Field(description="The worker whose running step holds the job; null while a "
+                                                 "`processing` job waits between steps for its next message.")
+    lease_expires_at: Timestamp | None
+    next_attempt_at: Timestamp | None
+    created_at: Timestamp
+    updated_at: Timestamp
+    ready_at: Timestamp | None
+
+
+class JobList(Body):
+    jobs: list[JobSummary]
+
+
+class Trace(Body):
+    """The W3C trace context the job was created with."""
+
+    traceparent: str
+    tracestate: str | None
+
+
+class Transition(Body):
+    """One entry of a job's history."""
+
+    at: Timestamp
+    from_: str | None = Field(alias="from", description="null for the creation of the job.")
+    to: JobState
+    attempt: int
+    who: str = Field(description="The actor: `web:<principal>`, a worker, the scheduler, `operator:<principal>`, ...")
+    error_code: str | None
+    reason: str | None
+
+
+class AuditEntry(Body):
+    """One audited action on the job."""
+
+    at: Timestamp
+    actor: str
+    action: str = Field(examples=["job.replay"])
+    reason: str | None
+    details: Any = Field(description="Action-specific JSON (an object for the actions attache records).")
+
+
+class Job(JobSummary):
+    """A job with its transitions, trace context and audit trail."""
+
+    trace: Trace
+    history: list[Transition]
+    audit: list[AuditEntry]
+
+
+class ReplayRequest(BaseModel):
+    """Why the job is replayed."""
+
+    reason: str = Field(min_length=1, pattern=r"\S", description="Why; required, kept in the job's history and "
+                                                                   "the audit log (first 1000 characters).")
+
+
+class OutboxStatus(Body):
+    pending: Count = Field(description="Messages not yet published.")
+    oldest_created_at: Timestamp | None
+    oldest_age_seconds: float = Field(description="0 when nothing is pending.")
+
+
+class LeaseStatus(Body):
+    processing: Count
+    expired: Count = Field(description="Processing jobs whose lease has expired (the scheduler requeues them).")
+    next_expiry: Timestamp | None
+
+
+# --- /v1/ops: dead letters -------------------------------------------------------------
+
+
+class DeadLetterQueue(Body):
+    name: str = Field(description="The dead-letter queue (`<queue>.XQ`).")
+    queue: str = Field(description="The step queue it belongs to.")
+    messages: Count = Field(description="Ready messages (0 if it does not exist yet).")
+
+
+class DeadLetterQueues(Body):
+    queues: list[DeadLetterQueue]
+
+
+class Death(Body):
+    """One entry of RabbitMQ's ``x-death`` header, as RabbitMQ wrote it."""
+
+    reason: FoundText
+    queue: FoundText
+    count: FoundCount
+    time: FoundText
+
+
+class RecordedDeath(Body):
+    """Why it died, as the worker recorded it."""
+
+    error_code: str
+    reason: str
+    recorded_at: Timestamp
+    job_id: UUID | None
+
+
+class DeadLetter(Body):
+    """A dead letter, decoded from its Dramatiq envelope."""
+
+    message_id: str | None
+    actor_name: FoundText = Field(description="From the Dramatiq envelope, else the AMQP `type` property.")
+    queue_name: FoundText = Field(description="From the Dramatiq envelope.")
+    body: Any = Field(description="The job message (`args[0]` of the envelope), or the whole body when it is not a "
+                                  "Dramatiq envelope (decoded JSON, else text).")
+    retries: FoundInt = Field(description="Dramatiq retries (only when PostgreSQL was down).")
+    death: list[Death] = Field(description="RabbitMQ's `x-death` header.")
+    recorded: RecordedDeath | None = Field(description="Why it died, as the worker recorded it; null if not "
+                                                       "recorded.")
+    traceback: Annotated[str, Field(max_length=TRACEBACK_CHARS)] | None
+
+
+class DeadLetterMessages(Body):
+    queue: str = Field(description="The queue name as given in the path.")
+    depth: Count = Field(description="Messages in the queue, counted while the listed ones were held: the "
+                                     "`expected` to confirm for an `all` requeue or purge.")
+    messages: list[DeadLetter] = Field(description="Looked at, not consumed: they stay in the queue, in order.")
+
+
+AuditReason = Annotated[str | None, Field(description="Recorded in the audit log.")]
+
+
+class ChosenMessages(BaseModel):
+    """The chosen dead letters, by id."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    message_ids: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1, max_length=MAX_MESSAGE_IDS,
+        description="The dead letters to act on, as listed (printable text); no other message is touched.")
+    reason: AuditReason = None
+
+
+class AllMessages(BaseModel):
+    """Every message of the queue, confirmed by count."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    all: Literal[True] = Field(description="Every message of the queue...")
+    expected: int = Field(ge=1, le=MAX_EXPECTED,
+                          description="...of which the operator saw this many (the listing's `depth`). A queue "
+                                      "holding more is refused with 409 and nothing is done; never more than the "
+                                      "depth at the start is taken.")
+    reason: AuditReason = None
+
+
+class DeadLetterChoice(RootModel[ChosenMessages | AllMessages]):
+    """What to act on: the chosen message ids, or all with the count the operator confirms."""
+
+
+class RequeueResult(Body):
+    requeued: Count
+    message_ids: list[str | None] = Field(description="The ids requeued, oldest first (null: a message without an "
+                                                      "id, with `all`).")
+    not_found: list[str] = Field(description="Chosen ids that were not in the queue (always empty with `all`).")
+
+
+class PurgeResult(Body):
+    purged: Count
+    message_ids: list[str | None] = Field(description="The ids deleted, oldest first (null: a message without an "
+                                                      "id, with `all`).")
+    not_found: list[str] = Field(description="Chosen ids that were not in the queue (always empty with `all`).")
+
+
+# --- /v1/ops: pipeline versions ----------------------------------------------------------
+
+
+class BackfillRequest(BaseModel):
+    """A backfill, or only its estimate."""
+
+    dry_run: bool = Field(False, description="Only estimate; create nothing (any truthy JSON value counts).")
+    batch: int = Field(DEFAULT_BACKFILL_BATCH, ge=1, le=MAX_BACKFILL_BATCH,
+                       description="Jobs created per transaction.")
+
+
+class BackfillEstimate(Body):
+    """The dry run: what a backfill would create."""
+
+    dry_run: Literal[True]
+    to_version: int
+    candidates: Count = Field(description="Attachments ready at an older version with no job at this one.")
+    renders: Count
+    seconds_per_job: float | None = Field(description="Average of recent ready jobs; null if none.")
+    estimated_worker_seconds: float | None
+
+
+class BackfillResult(Body):
+    """What a backfill created."""
+
+    dry_run: Literal[False]
+    to_version: int
+    created: Count = Field(description="Jobs created.")
+    published: Count = Field(description="Of which published now; the scheduler publishes the rest.")
+
+
+# --- probes and this document ---------------------------------------------------------------
+
+CheckResult = Annotated[str, Field(pattern="^(ok|unavailable: .+)$")]
+
+
+class Liveness(Body):
+    status: Literal["ok"]
+
+
+class Checks(Body):
+    database: CheckResult
+    broker: CheckResult
+    storage: CheckResult
+
+
+class Readiness(Body):
+    status: Literal["ready", "unavailable"]
+    checks: Checks
+
+
+class ApiDocument(BaseModel):
+    """The OpenAPI 3.1 document."""
+
+    model_config = ConfigDict(extra="allow")
+
+    openapi: str
