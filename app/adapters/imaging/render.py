@@ -52,7 +52,7 @@ import io
 import os
 from dataclasses import dataclass
 
-from PIL import Image
+from PIL import Image, ImageFile
 
 from . import budget
 from ._translate import (
@@ -63,10 +63,13 @@ from ._translate import (
 from .colour import to_srgb, to_working_mode
 from .geometry import REDUCING_GAP, VariantSpec, plan
 from .probe import Limits, open_checked, read_orientation
+from .shared import SHARED, content_key
 
 JPEG_QUALITY = 85
 WEBP_QUALITY = 85
 WEBP_METHOD = 4
+#: Outputs up to this long side are resampled with LANCZOS, larger ones with BICUBIC.
+SHARP_MAX_SIDE = 512
 
 # EXIF orientation -> the transpose that makes the image upright
 # (the same table as PIL.ImageOps.exif_transpose).
@@ -109,31 +112,50 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
         with open_checked(path, limits, spec) as (img, family, priced):
             reserve(priced.total)  # waits while other threads' renders hold the budget
-            stored_size = img.size
-            scale_back = 1.0
-            if family == "JPEG":
-                orientation = read_orientation(img, header_only=True)
-                geometry = plan(stored_size, orientation, spec)
-                drafted = img.draft(img.mode, geometry.decode_size)
-                if drafted is not None:
-                    scale_back = drafted[1][2] / stored_size[0]
-                _load(img)
-            else:
-                _load(img)
-                orientation = read_orientation(img, header_only=False)
-                geometry = plan(stored_size, orientation, spec)
+            key = (content_key(path), *_geometry_key(spec))
+            work = SHARED.get_or_make(key, lambda: _upright(img, family, spec))
+        return _encode(work.copy(), spec)  # the reservation covers the encoder too; shared images stay unchanged
 
-            icc_profile = img.info.get("icc_profile")
-            work = to_working_mode(img)
-            # resize() returns a new image, independent of the file closed below
-            box = tuple(v * scale_back for v in geometry.box)
-            work = work.resize(
-                geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
-            )
-        work = to_srgb(work, icc_profile)
-        if orientation in _UPRIGHT:
-            work = work.transpose(_UPRIGHT[orientation])
-        return _encode(work, spec)  # the reservation covers the encoder too
+
+def _geometry_key(spec: VariantSpec) -> tuple[str, int, int]:
+    """What decides a render's pixels besides the original: not its name, not its encoding."""
+    if spec.kind == "bounded":
+        side = max(spec.width, spec.height)
+        return spec.kind, side, side
+    return spec.kind, spec.width, spec.height
+
+
+def _upright(img: ImageFile.ImageFile, family: str, spec: VariantSpec) -> Image.Image:
+    """Decode, resample, sRGB, orientation: the pixels of the derivative, not yet encoded."""
+    stored_size = img.size
+    scale_back = 1.0
+    if family == "JPEG":
+        orientation = read_orientation(img, header_only=True)
+        geometry = plan(stored_size, orientation, spec)
+        drafted = img.draft(img.mode, geometry.decode_size)
+        if drafted is not None:
+            scale_back = drafted[1][2] / stored_size[0]
+        _load(img)
+    else:
+        _load(img)
+        orientation = read_orientation(img, header_only=False)
+        geometry = plan(stored_size, orientation, spec)
+
+    icc_profile = img.info.get("icc_profile")
+    work = to_working_mode(img)
+    box = tuple(v * scale_back for v in geometry.box)
+    work = work.resize(geometry.out_size, resample_filter(geometry.out_size), box=box, reducing_gap=REDUCING_GAP)
+    img.close()  # resize() made a new image: the full-size pixels go before the output-sized copies are made
+    work = to_srgb(work, icc_profile)
+    if orientation in _UPRIGHT:
+        work = work.transpose(_UPRIGHT[orientation])
+    work.info = {}  # nothing from the source (comment, exif, icc, ...) is written
+    return work
+
+
+def resample_filter(out_size: tuple[int, int]) -> Image.Resampling:
+    """LANCZOS up to :data:`SHARP_MAX_SIDE`, BICUBIC above (see the module doc, step 4)."""
+    return Image.Resampling.LANCZOS if max(out_size) <= SHARP_MAX_SIDE else Image.Resampling.BICUBIC
 
 
 def _load(img: Image.Image) -> None:
@@ -155,7 +177,6 @@ def _load(img: Image.Image) -> None:
 
 
 def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
-    img.info = {}  # nothing from the source (comment, exif, icc, ...) is written
     buf = io.BytesIO()
     if spec.output == "webp":
         if img.mode not in ("RGB", "RGBA"):
