@@ -18,14 +18,20 @@ Pipeline, and why it is in this order:
    The scaled IDCT is a proper low-pass reduction, so no extra headroom is
    requested. Other formats have no such shortcut and decode at full size
    (the limits bound that).
-3. **Normalise the pixel mode** (:mod:`app.adapters.imaging.colour`) so LANCZOS can
-   work on it: palette -> RGB(A), transparency -> alpha, 16-bit/float ->
-   8-bit (scaled, not clipped).
-4. **Downscale** with ``resize(..., LANCZOS, reducing_gap=2.0)``: Pillow first
+3. **Normalise the pixel mode** (:mod:`app.adapters.imaging.colour`) so the
+   resampling filter can work on it: palette -> RGB(A), transparency ->
+   alpha, 16-bit/float -> 8-bit (scaled, not clipped).
+4. **Downscale** with ``resize(..., filter, reducing_gap=2.0)``: Pillow first
    ``reduce()``\\s by an integer factor (cheap box averaging) while at least
-   2x the final size remains, then finishes with LANCZOS, the same recipe as
-   ``Image.thumbnail``. ``cover`` passes the centred crop as ``box`` so
-   cropping and scaling are a single resample.
+   2x the final size remains, then finishes with the filter, the same recipe
+   as ``Image.thumbnail``. ``cover`` passes the centred crop as ``box`` so
+   cropping and scaling are a single resample. The filter depends on the
+   output size (:func:`resample_filter`): LANCZOS for outputs up to
+   :data:`SHARP_MAX_SIDE` (thumbnails and crops, where its sharpness shows
+   and it costs a few ms), BICUBIC for the large display copies, where
+   LANCZOS took 70-400 ms on a 12 MP photo and BICUBIC takes 20-65 % less
+   for pixels within 58-60 dB PSNR of it (``tests/test_render_quality.py``
+   holds every variant within 35 dB of the renderer before this choice).
 5. **Colour to sRGB** on the small image (ICC transform via LittleCMS).
 6. **EXIF orientation last**: a transpose is a pure pixel shuffle, so it is
    exact at any size and cheapest on the smallest image. The orientation is
@@ -41,6 +47,12 @@ Pipeline, and why it is in this order:
    2048 px photo would be several MB). No EXIF/GPS, XMP, comments or ICC
    profile is written (pixels are already sRGB). The encoders are
    deterministic, so the same input bytes give the same output bytes.
+
+Steps 2-6 make the derivative's pixels; they depend on the original and the
+geometry only, not on the encoder, so they are shared through
+:mod:`app.adapters.imaging.shared`: pipeline v2's ``optimized`` (JPEG) and
+``webp`` decode and resample the original once per process, the second
+render only encodes.
 
 Animated GIF/WebP/APNG: only the first frame is rendered; the image is
 never seeked (a later GIF frame can be a decompression bomb).
