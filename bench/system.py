@@ -17,12 +17,15 @@ because the same photo came earlier).
    last ``ready``, with 1, 2 and 4 worker processes (``WORKER_PROCESSES``,
    4 threads each). Reference: the same files rendered (every variant, by
    :func:`~app.adapters.imaging.render`) by a plain loop in one process
-   per core.
-2. **Idle upload -> ready** of a 512x512 JPEG, one upload at a time.
+   per core. Beside it: the CPU seconds per image of the worker's and the
+   web's processes, and of the raw loop.
+2. **Idle upload -> ready** of a 512x512 JPEG, one upload at a time, with
+   the mean time of each step from ``step_runs``.
 3. **Ingest** (worker stopped, so the figure is the web's): 5 MB uploads
    from ``CLIENTS`` clients, MB/s until the last ``202``, against the same
    requests to :mod:`bench.raw_ingest` under the same gunicorn command
-   line; then the ``202`` latency of 1 MB uploads, one at a time.
+   line; then the ``202`` latency of 1 MB uploads, one at a time, beside
+   what an fsync costs on this disk.
 """
 
 from __future__ import annotations
@@ -170,29 +173,77 @@ def stack() -> Iterator[tuple[Stack, Path]]:
             made.close()
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of the live processes of a process group (a Deployment process and its children)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+        if int(fields[2]) == pgid:  # field 5 of stat, after the command in parentheses
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / tick
+
+
+def step_seconds(made: "Stack", ids: list[str]) -> str:
+    """Mean seconds of each step (``step_runs``) over these uploads' jobs, in ms."""
+    query = text("SELECT step || coalesce(':' || variant, ''), avg(seconds) * 1000 FROM step_runs "
+                 "WHERE job_id IN (SELECT id FROM jobs WHERE attachment_id = ANY(CAST(:ids AS uuid[]))) "
+                 "GROUP BY 1 ORDER BY min(finished_at)")
+    with made.engine.connect() as conn:
+        return ", ".join(f"{name} {ms:.0f}" for name, ms in conn.execute(query, {"ids": ids}))
+
+
+def fsync_latency(directory: Path, samples: int = 40) -> tuple[float, float]:
+    """p50 and p99 in ms of writing 4 KB to a new file and fsyncing it and its directory (what a commit waits for)."""
+    times = []
+    for i in range(samples):
+        path = directory / f"fsync-{i}"
+        began = time.perf_counter()
+        with open(path, "wb") as fh:
+            fh.write(os.urandom(4096))
+            fh.flush()
+            os.fsync(fh.fileno())
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        times.append((time.perf_counter() - began) * 1000)
+        path.unlink()
+    return percentile(times, 50), percentile(times, 99)
+
+
 # --- references ------------------------------------------------------------
 
 
-def _render_job(path: str) -> int:
-    """Every variant of the newest pipeline, as a worker renders them (the raw loop's unit of work)."""
+def _render_job(path: str) -> float:
+    """Every variant of the newest pipeline, as a worker renders them (the raw loop's unit of work); CPU seconds."""
     from app.adapters.imaging import Limits, render
     from app.core import pipeline
 
-    return len([render(path, spec, Limits()) for spec in pipeline.get(pipeline.NEWEST).specs.values()])
+    began = time.process_time()
+    for spec in pipeline.get(pipeline.NEWEST).specs.values():
+        render(path, spec, Limits())
+    return time.process_time() - began
 
 
 def _warm(_: int) -> None:
     from app.core import pipeline  # noqa: F401  (imports Pillow and the renderer)
 
 
-def raw_render_loop(files: list[Path]) -> float:
-    """Images/s of a plain loop, one process per core, over the same files."""
+def raw_render_loop(files: list[Path]) -> tuple[float, float]:
+    """Images/s of a plain loop, one process per core, over the same files; and CPU seconds per image."""
     cores = len(os.sched_getaffinity(0))
     with ProcessPoolExecutor(cores, mp_context=get_context("spawn")) as pool:
         list(pool.map(_warm, range(cores * 2)))
         began = time.perf_counter()
-        list(pool.map(_render_job, [str(f) for f in files]))
-        return len(files) / (time.perf_counter() - began)
+        cpu = sum(pool.map(_render_job, [str(f) for f in files]))
+        return len(files) / (time.perf_counter() - began), cpu / len(files)
 
 
 @contextlib.contextmanager
@@ -228,24 +279,30 @@ def saturation(made: Stack, root: Path) -> list[Figure]:
     photos = sorted(PHOTOS.glob("*_12mp_*.jpg"))
     figures = []
     reference = None
+    web = made.deployment.processes["web"].popen.pid
     for processes in WORKER_PROCESSES:
         folder = root / f"saturation-{processes}"
         folder.mkdir()
         files = [unique_jpeg(photos[i % len(photos)], folder / f"{i}.jpg", processes * 10_000 + i)
                  for i in range(SATURATION_UPLOADS)]
         if reference is None:
-            reference = raw_render_loop(files)
+            reference, raw_cpu = raw_render_loop(files)
         worker = made.start_worker(processes)
         try:
+            worker_cpu, web_cpu = group_cpu_seconds(worker.popen.pid), group_cpu_seconds(web)
             began = time.time()
             ids = _send_all(made.upload, files, CLIENTS)
             rate = len(files) / (made.wait_ready(ids) - began)
+            worker_cpu = (group_cpu_seconds(worker.popen.pid) - worker_cpu) / len(files)
+            web_cpu = (group_cpu_seconds(web) - web_cpu) / len(files)
         finally:
             worker.stop()
         cores = len(os.sched_getaffinity(0))
         figures.append(Figure(f"end to end, {SATURATION_UPLOADS} x 12 MP, v2, {CLIENTS} clients, "
                               f"{processes} worker process{'es' if processes > 1 else ''} x 4 threads",
-                              rate, "img/s", f"raw render loop, {cores} processes", reference, at_least=0.9))
+                              rate, "img/s", f"raw render loop, {cores} processes", reference, at_least=0.9,
+                              note=f"CPU s per image: worker {worker_cpu:.2f}, web {web_cpu:.2f}, "
+                                   f"raw loop {raw_cpu:.2f}"))
     return figures
 
 
@@ -254,17 +311,20 @@ def small_photo_latency(made: Stack, root: Path) -> list[Figure]:
     folder.mkdir()
     source = (PHOTOS / "astronaut.jpg").read_bytes()  # 512x512 JPEG
     worker = made.start_worker(1)
-    latencies = []
+    latencies, ids = [], []
     try:
         for i in range(SMALL_UPLOADS + 3):  # the first three warm the processes up and are not counted
             path = unique_jpeg(source, folder / f"{i}.jpg", i)
             began = time.time()
-            ready_at = made.wait_ready([made.upload(path)], interval=0.005)
+            attachment_id = made.upload(path)
+            ready_at = made.wait_ready([attachment_id], interval=0.005)
             if i >= 3:
                 latencies.append((ready_at - began) * 1000)
+                ids.append(attachment_id)
     finally:
         worker.stop()
-    note = f"{SMALL_UPLOADS} uploads, one at a time, v2, 1 worker process"
+    note = (f"{SMALL_UPLOADS} uploads, one at a time, v2, 1 worker process; mean ms per step: "
+            f"{step_seconds(made, ids)}")
     return [Figure("idle upload -> ready, 512x512 JPEG, p50", percentile(latencies, 50), "ms", "the target",
                    at_most=60, note=note),
             Figure("idle upload -> ready, 512x512 JPEG, p99", percentile(latencies, 99), "ms", "the target",
@@ -306,10 +366,13 @@ def ingest(made: Stack, root: Path) -> list[Figure]:
         made.upload(path)
         latencies.append((time.perf_counter() - began) * 1000)
     size = len(big) / 1e6
+    fsync_p50, fsync_p99 = fsync_latency(folder)
     return [Figure(f"ingest, {FIVE_MB_UPLOADS} x {size:.1f} MB uploads, {CLIENTS} clients, to 202", ours, "MB/s",
                    "raw streaming to a file + fsync, same gunicorn", raw, at_least=0.6),
             Figure("202 of a 1 MB upload, p99", percentile(latencies, 99), "ms", "the target", at_most=50,
-                   note=f"{ONE_MB_UPLOADS} uploads, one at a time, p50 {percentile(latencies, 50):.1f} ms")]
+                   note=f"{ONE_MB_UPLOADS} uploads, one at a time, p50 {percentile(latencies, 50):.1f} ms; "
+                        f"a 4 KB write + fsync of file and directory here: p50 {fsync_p50:.1f} ms, "
+                        f"p99 {fsync_p99:.1f} ms")]
 
 
 def main() -> list[Figure]:
