@@ -105,12 +105,17 @@ class Stack:
         with self.admin.connect() as conn:
             conn.exec_driver_sql(f'CREATE DATABASE "{self.name}"')
         url = ADMIN_URL.rsplit("/", 1)[0] + "/" + self.name
-        db.upgrade(url)
-        _rabbitmqctl("add_vhost", self.name)
-        _rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
+        self.engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://"))
+        self.deployment = None
+        try:
+            db.upgrade(url)
+            _rabbitmqctl("add_vhost", self.name)
+            _rabbitmqctl("set_permissions", "-p", self.name, "guest", ".*", ".*", ".*")
+        except BaseException:
+            self.close()
+            raise
         (root / "storage").mkdir()
         (root / "logs").mkdir()
-        self.engine = create_engine(url.replace("postgresql://", "postgresql+psycopg2://"))
         self.deployment = Deployment({
             "DATABASE_URL": url,
             "BROKER_URL": f"amqp://{AMQP_HOST}/{self.name}",
@@ -122,7 +127,8 @@ class Stack:
         self.deployment.session.headers["Authorization"] = f"Bearer {TOKEN}"
 
     def close(self) -> None:
-        self.deployment.stop_all()
+        if self.deployment is not None:
+            self.deployment.stop_all()
         self.engine.dispose()
         with self.admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
