@@ -18,20 +18,18 @@ Pipeline, and why it is in this order:
    The scaled IDCT is a proper low-pass reduction, so no extra headroom is
    requested. Other formats have no such shortcut and decode at full size
    (the limits bound that).
-3. **Normalise the pixel mode** (:mod:`app.adapters.imaging.colour`) so the
-   resampling filter can work on it: palette -> RGB(A), transparency ->
-   alpha, 16-bit/float -> 8-bit (scaled, not clipped).
-4. **Downscale** with ``resize(..., filter, reducing_gap=2.0)``: Pillow first
+3. **Normalise the pixel mode** (:mod:`app.adapters.imaging.colour`) so LANCZOS can
+   work on it: palette -> RGB(A), transparency -> alpha, 16-bit/float ->
+   8-bit (scaled, not clipped).
+4. **Downscale** with ``resize(..., LANCZOS, reducing_gap=2.0)``: Pillow first
    ``reduce()``\\s by an integer factor (cheap box averaging) while at least
-   2x the final size remains, then finishes with the filter, the same recipe
-   as ``Image.thumbnail``. ``cover`` passes the centred crop as ``box`` so
-   cropping and scaling are a single resample. The filter depends on the
-   output size (:func:`resample_filter`): LANCZOS for outputs up to
-   :data:`SHARP_MAX_SIDE` (thumbnails and crops, where its sharpness shows
-   and it costs a few ms), BICUBIC for the large display copies, where
-   LANCZOS took 70-400 ms on a 12 MP photo and BICUBIC takes 20-65 % less
-   for pixels within 58-60 dB PSNR of it (``tests/test_render_quality.py``
-   holds every variant within 35 dB of the renderer before this choice).
+   2x the final size remains, then finishes with LANCZOS, the same recipe as
+   ``Image.thumbnail``. ``cover`` passes the centred crop as ``box`` so
+   cropping and scaling are a single resample. :data:`RESAMPLE` is part of
+   what a pipeline version promises: BICUBIC would take 20-65 % less time
+   on the large copies and is within 50 dB of LANCZOS on photos, but only
+   26-36 dB on text, fine lines and noise, beyond what an existing version
+   may change (``tests/test_render_quality.py``, ``docs/performance.md``).
 5. **Colour to sRGB** on the small image (ICC transform via LittleCMS).
 6. **EXIF orientation last**: a transpose is a pure pixel shuffle, so it is
    exact at any size and cheapest on the smallest image. The orientation is
@@ -80,8 +78,8 @@ from .shared import SHARED, content_key
 JPEG_QUALITY = 85
 WEBP_QUALITY = 85
 WEBP_METHOD = 4
-#: Outputs up to this long side are resampled with LANCZOS, larger ones with BICUBIC.
-SHARP_MAX_SIDE = 512
+#: The resampling filter of every variant of pipelines v1 and v2.
+RESAMPLE = Image.Resampling.LANCZOS
 
 # EXIF orientation -> the transpose that makes the image upright
 # (the same table as PIL.ImageOps.exif_transpose).
@@ -156,18 +154,13 @@ def _upright(img: ImageFile.ImageFile, family: str, spec: VariantSpec) -> Image.
     icc_profile = img.info.get("icc_profile")
     work = to_working_mode(img)
     box = tuple(v * scale_back for v in geometry.box)
-    work = work.resize(geometry.out_size, resample_filter(geometry.out_size), box=box, reducing_gap=REDUCING_GAP)
+    work = work.resize(geometry.out_size, RESAMPLE, box=box, reducing_gap=REDUCING_GAP)
     img.close()  # resize() made a new image: the full-size pixels go before the output-sized copies are made
     work = to_srgb(work, icc_profile)
     if orientation in _UPRIGHT:
         work = work.transpose(_UPRIGHT[orientation])
     work.info = {}  # nothing from the source (comment, exif, icc, ...) is written
     return work
-
-
-def resample_filter(out_size: tuple[int, int]) -> Image.Resampling:
-    """LANCZOS up to :data:`SHARP_MAX_SIDE`, BICUBIC above (see the module doc, step 4)."""
-    return Image.Resampling.LANCZOS if max(out_size) <= SHARP_MAX_SIDE else Image.Resampling.BICUBIC
 
 
 def _load(img: Image.Image) -> None:
