@@ -10,7 +10,7 @@
 One table at the end gives every figure, its reference, the ratio, the
 target of issue 11 and whether it is met; ``docs/performance.md`` records
 a run. It should take about 2 minutes on an idle 2-core machine (an
-estimate: the recorded run, on a heavily loaded one, took 8). With
+estimate: the recorded runs, on a heavily loaded one, took 6-8). With
 ``ATTACHE_BENCH_EXTRA=1`` it also prints the memory budget on hostile files
 and the sweep benchmark over a million variant rows (:mod:`bench.sweeps`),
 which take several minutes more.
