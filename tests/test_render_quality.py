@@ -3,7 +3,8 @@
 :func:`reference_render` below is the renderer as it was at commit b5e43b6
 (``app/adapters/imaging/render.py`` before the speed work of issue 11:
 LANCZOS for every size, one decode and resample per call), kept here
-verbatim but for the memory reservation, which does not touch pixels. It
+verbatim but for the memory reservation and the translation of Pillow's
+errors, neither of which touches pixels. It
 uses the same header checks (``open_checked``), geometry (``plan``) and
 colour steps (``colour``) as the renderer; those were not changed.
 
