@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import io
 import os
-import shlex
 import struct
 import subprocess
 import sys
