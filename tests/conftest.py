@@ -149,6 +149,14 @@ def _tools_present():
         pytest.fail(f"test prerequisites missing: {missing} (run via make test / .ci/run)")
 
 
+@pytest.fixture(autouse=True)
+def _no_shared_images():
+    """Each test renders from scratch: no resampled image kept by an earlier test's render."""
+    from app.adapters.imaging.shared import SHARED
+
+    SHARED.clear()
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_pika():
     """Tests that point at a closed broker port on purpose would flood the report with pika's errors."""

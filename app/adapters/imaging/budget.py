@@ -91,7 +91,8 @@ MIB = 1024 * 1024
 #: the hostile files that decode huge (an 8000x8000 palette PNG with
 #: transparency, 75 KB, is priced 652 MiB; an 8000x8000 float TIFF 666 MiB).
 #: A worker is about 50 MB before it renders, so its peak stays near 340 MB
-#: at worst, the budget being shared by its threads.
+#: at worst, the budget being shared by its threads (plus at most 24 MiB of
+#: resampled images kept for the next variant, :mod:`.shared`).
 DEFAULT_MAX_DECODE_BYTES = 288 * MIB
 
 #: The derivatives the probe prices (the largest of each kind any registered

@@ -1,0 +1,104 @@
+"""Resampled images shared between the renders of one process (app/adapters/imaging/shared.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from PIL import Image
+
+from app.adapters.imaging import Limits, render
+from app.adapters.imaging.shared import SHARED, SharedImages
+from app.core import pipeline
+from app.errors import CorruptImage
+from tests.test_imaging import LoadSpy, path_of
+
+LIMITS = Limits()
+V2 = pipeline.get(2).specs
+
+
+def test_v2_optimized_and_webp_decode_the_original_once(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    jpeg, webp = render(path, V2["optimized"], LIMITS), render(path, V2["webp"], LIMITS)
+    assert len(spy.calls) == 1
+    assert (jpeg.content_type, webp.content_type) == ("image/jpeg", "image/webp")
+    assert (jpeg.width, jpeg.height) == (webp.width, webp.height) == (2048, 1367)
+    render(path, V2["thumbnail"], LIMITS)  # another geometry: decoded again
+    assert len(spy.calls) == 2
+
+
+def test_a_shared_render_is_the_same_as_a_fresh_one() -> None:
+    path = path_of("synthetic/exif_gps_orientation6.jpg")
+    shared = [render(path, V2["optimized"], LIMITS) for _ in range(2)][1]
+    SHARED.clear()
+    assert render(path, V2["optimized"], LIMITS) == shared
+
+
+def test_the_same_pixels_under_another_name_are_shared_and_other_pixels_are_not(tmp_path, monkeypatch) -> None:
+    original = path_of("photos/coffee.jpg")
+    copy = tmp_path / "copy.jpg"
+    copy.write_bytes(original.read_bytes())
+    other = tmp_path / "other.jpg"
+    with Image.open(original) as img:
+        img.transpose(Image.Transpose.FLIP_LEFT_RIGHT).save(other, quality=90)
+    spy = LoadSpy(monkeypatch)
+    first, again = render(original, V2["crop"], LIMITS), render(copy, V2["crop"], LIMITS)
+    assert first == again and len(spy.calls) == 1  # an S3 download is a new path to the same bytes
+    assert render(other, V2["crop"], LIMITS) != first and len(spy.calls) == 2
+
+
+def test_concurrent_renders_of_one_geometry_decode_once(monkeypatch) -> None:
+    spy = LoadSpy(monkeypatch)
+    path = path_of("photos/chelsea_12mp_4247x2825.jpg")
+    results = []
+    threads = [threading.Thread(target=lambda spec=spec: results.append(render(path, spec, LIMITS)))
+               for spec in (V2["optimized"], V2["webp"], V2["optimized"], V2["webp"])]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(results) == 4 and len(spy.calls) == 1
+    assert len({r.data for r in results}) == 2
+
+
+def test_a_failed_make_is_not_kept_and_the_waiters_try_themselves() -> None:
+    shared = SharedImages()
+    started, release = threading.Event(), threading.Event()
+    errors = []
+
+    def failing():
+        started.set()
+        release.wait(5)
+        raise CorruptImage("image data cannot be decoded")
+
+    def call(make):
+        try:
+            shared.get_or_make("key", make)
+        except CorruptImage as exc:
+            errors.append(exc)
+
+    first = threading.Thread(target=call, args=(failing,))
+    first.start()
+    started.wait(5)
+    made = []
+    second = threading.Thread(target=lambda: made.append(shared.get_or_make("key", lambda: Image.new("L", (4, 4)))))
+    second.start()
+    assert not made  # whether it is waiting yet or not, it cannot finish while the first one makes the image
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert len(errors) == 1 and made[0].size == (4, 4)
+    assert shared.get_or_make("key", lambda: pytest.fail("kept: not made again")).size == (4, 4)
+
+
+def test_the_kept_images_stay_under_their_capacity() -> None:
+    shared = SharedImages(capacity_bytes=3 * 100 * 100 * 4)
+    for n in range(5):
+        shared.get_or_make(n, lambda: Image.new("RGB", (100, 100)))
+    assert list(shared._entries) == [2, 3, 4]
+    shared.get_or_make("large", lambda: Image.new("RGB", (1000, 1000)))  # larger than all: not kept
+    assert "large" not in shared._entries and list(shared._entries) == [2, 3, 4]
+    assert shared.get_or_make(2, lambda: pytest.fail("evicted too early")).size == (100, 100)
+    shared.get_or_make(5, lambda: Image.new("RGB", (100, 100)))
+    assert list(shared._entries) == [4, 2, 5]  # least recently used went first
