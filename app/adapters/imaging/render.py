@@ -142,18 +142,6 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
             work = SHARED.get_or_make(key, lambda: _upright(img, family, spec))
         return _encode(work.copy(), spec)  # the reservation covers the encoder too; shared images stay unchanged
 
-            icc_profile = img.info.get("icc_profile")
-            work = to_working_mode(img)
-            # resize() returns a new image, independent of the file closed below
-            box = tuple(v * scale_back for v in geometry.box)
-            work = work.resize(
-                geometry.out_size, Image.Resampling.LANCZOS, box=box, reducing_gap=REDUCING_GAP
-            )
-        del img  # the decoder's buffers go with it (an AVIF decoder keeps its picture)
-        work = to_srgb(work, icc_profile)
-        if orientation in _UPRIGHT:
-            work = work.transpose(_UPRIGHT[orientation])
-        return _encode(work, spec)  # the reservation covers the encoder too
 
 def _geometry_key(spec: VariantSpec) -> tuple[str, int, int]:
     """What decides a render's pixels besides the original: not its name, not its encoding."""
