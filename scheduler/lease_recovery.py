@@ -12,7 +12,8 @@ from dataclasses import dataclass
 
 from app.adapters.postgres.db import transaction
 from app.core import states
-from app.services import Services, identity
+from app.core.identity import identity
+from app.services import Services
 
 log = logging.getLogger("attache.scheduler.leases")
 

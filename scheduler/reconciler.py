@@ -30,8 +30,9 @@ from dataclasses import dataclass
 
 from app.adapters.postgres.db import transaction
 from app.core import messages, states
+from app.core.identity import identity
 from app.errors import BrokerUnavailable
-from app.services import Services, identity
+from app.services import Services
 
 log = logging.getLogger("attache.scheduler.reconciler")
 

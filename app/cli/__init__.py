@@ -184,12 +184,7 @@ def dlq() -> None:
 
 
 def _dead_letters():
-    from app.adapters.broker.dead_letter_tools import DeadLetters
-    from app.adapters.postgres.db import make_engine
-
-    settings = _settings()
-    return DeadLetters(settings.broker_url, make_engine(settings.database_url, pool_size=1),
-                       socket_timeout=settings.publish_timeout_seconds)
+    return _services().dead_letters
 
 
 @dlq.command("list")
@@ -327,16 +322,9 @@ def gc() -> None:
 @_fail_on_attache_errors
 def gc_run(dry_run: bool, as_json: bool) -> None:
     """Run the staging cleanup and the object GC once, now."""
-    from scheduler.object_gc import ObjectGc, ObjectGcConfig
-    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+    from scheduler.sweepers import cleanups as scheduled_cleanups
 
-    services = _services()
-    settings = services.settings
-    cleanups = [
-        StagingCleanup(services, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
-                                                      failed_retention_seconds=settings.failed_retention_seconds)),
-        ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
-    ]
+    cleanups = scheduled_cleanups(_services())
     results = {}
     with Progress(console=console, transient=True, disable=as_json) as progress:
         task = progress.add_task("cleaning up", total=len(cleanups))

@@ -47,6 +47,7 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
+from app.core.identity import identity
 from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
 from app.errors import (
@@ -64,7 +65,7 @@ from app.errors import (
 from app.observability import telemetry
 from app.observability.logs import bound
 from app.observability.tracing import child_of, trace_id
-from app.services import Services, identity
+from app.services import Services
 
 log = logging.getLogger("attache.workflow")
 
