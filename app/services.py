@@ -5,9 +5,9 @@ settings with :func:`settings_or_exit` and makes one :class:`Services`;
 everything it uses is built here, on first use: the engine, the storage,
 the broker (with the worker's Dramatiq middleware when the process
 consumes), the outbox publisher and the unit of work that commits, then
-publishes, the dead-letter tools, the imaging limits. The scheduler's
-maintenance services live above this layer and are built from these in
-``scheduler/sweepers.py``.
+publishes (:mod:`app.core.unit_of_work`), the dead-letter tools, the
+imaging limits. The scheduler's maintenance services live above this
+layer and are built from these in ``scheduler/sweepers.py``.
 """
 
 from __future__ import annotations
@@ -80,6 +80,12 @@ class Services:
         from app.core.outbox import OutboxPublisher
 
         return OutboxPublisher(self.engine, self.broker)
+
+    @cached_property
+    def unit_of_work(self):
+        from app.core.unit_of_work import UnitOfWork
+
+        return UnitOfWork(self.engine, self.publisher)
 
     @cached_property
     def dead_letters(self):

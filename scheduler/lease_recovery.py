@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.adapters.postgres.db import transaction
 from app.core import states
 from app.core.identity import identity
 from app.services import Services
@@ -31,10 +30,9 @@ class LeaseRecovery:
         self.config = config
 
     def run_once(self) -> dict[str, int]:
-        with transaction(self.services.engine) as conn:
-            counts = states.recover_expired(conn, batch=self.config.batch, actor=identity("scheduler"))
+        # the fresh inspect messages are published after COMMIT, not at the next relay tick
+        with self.services.unit_of_work.begin() as work:
+            counts = states.recover_expired(work.conn, batch=self.config.batch, actor=identity("scheduler"))
         if counts["requeued"] or counts["failed"]:
             log.info("expired leases: %(requeued)d requeued, %(failed)d failed", counts, extra=counts)
-            # publish the fresh inspect messages now rather than at the next relay tick
-            self.services.publisher.publish_due(older_than_seconds=0, batch=self.config.batch)
         return counts

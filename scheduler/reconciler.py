@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.adapters.postgres.db import transaction
 from app.core import messages, states
 from app.core.identity import identity
 from app.errors import BrokerUnavailable
@@ -72,13 +71,12 @@ class Reconciler:
             # a message waiting in a queue is not lost: announcing again would only add to the backlog
             return counts
         for _ in range(self.config.max_batches):
-            with transaction(self.services.engine) as conn:
-                ids = states.reannounce_stranded(conn, after_seconds=self.config.after_seconds,
+            with self.services.unit_of_work.begin() as work:  # published after COMMIT
+                ids = states.reannounce_stranded(work.conn, after_seconds=self.config.after_seconds,
                                                  max_doublings=self.config.max_doublings,
                                                  batch=self.config.batch, actor=identity("scheduler"))
             counts["reannounced"] += len(ids)
-            if ids:
-                counts["published"] += self.services.publisher.publish(ids)
+            counts["published"] += work.published
             if len(ids) < self.config.batch:
                 break
         if counts["reannounced"]:

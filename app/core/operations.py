@@ -9,7 +9,6 @@ from sqlalchemy import func, select
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import job_history, jobs
-from app.adapters.postgres.models import outbox as outbox_table
 from app.core import outbox, states
 from app.errors import AttacheError
 from app.services import Services
@@ -82,7 +81,8 @@ def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str 
     reason = (audit.clean(reason) or "").strip()
     if not reason:
         raise MissingReason("a replay needs a reason")
-    with transaction(services.engine) as conn:
+    with services.unit_of_work.begin() as work:  # the fresh inspect message is published after COMMIT
+        conn = work.conn
         current = states.get(conn, job_id, lock=True)
         if current is None:
             raise NotFound(f"no job {job_id}")
@@ -93,12 +93,6 @@ def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str 
         audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                      reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                     "attempt": current.attempt})
-        pending = conn.execute(select(outbox_table.c.id).where(
-            outbox_table.c.job_id == job_id, outbox_table.c.published_at.is_(None))).scalars().all()
-    try:
-        services.publisher.publish(pending)
-    except AttacheError:
-        pass  # the scheduler publishes it
     return show_job(services, job_id)
 
 

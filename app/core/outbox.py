@@ -1,21 +1,25 @@
 """The transactional outbox: every message is born as a row.
 
-:func:`add` writes a row in the caller's transaction (the one that makes
-the state change the message announces). After COMMIT the producer calls
-:meth:`OutboxPublisher.publish` for the rows it wrote; a row is marked
-``published_at`` only once RabbitMQ confirmed it. Rows left unmarked (the
-broker was down, the process died between COMMIT and confirm) and rows
-whose ``available_at`` lies in the future (managed retries) are published
-by the scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`).
-Publishing a row twice is possible and harmless: consumers are idempotent.
+:func:`announce` builds a job's next message and :func:`add` writes it in
+the caller's transaction (the one that makes the state change the message
+announces). A :class:`~app.core.unit_of_work.UnitOfWork` collects the rows
+written in its transaction (:func:`collecting`) and, after COMMIT, hands
+them to :meth:`OutboxPublisher.publish`; a row is marked ``published_at``
+only once RabbitMQ confirmed it. Rows left unmarked (the broker was down,
+the process died between COMMIT and confirm) and rows whose
+``available_at`` lies in the future (managed retries) are published by the
+scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`). Publishing
+a row twice is possible and harmless: consumers are idempotent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from contextvars import ContextVar
 from datetime import datetime
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
 from sqlalchemy import func, insert, or_, select, text, update
@@ -26,8 +30,23 @@ from app.adapters.postgres.models import outbox
 from app.core import messages
 from app.errors import BrokerUnavailable
 from app.observability import telemetry
+from app.observability.tracing import child_of
 
 log = logging.getLogger("attache.outbox")
+
+#: the transaction a unit of work has open in this thread, and the outbox rows written in it so far
+_written: ContextVar[tuple[Connection, list[int]] | None] = ContextVar("attache_outbox_written", default=None)
+
+
+@contextlib.contextmanager
+def collecting(conn: Connection) -> Iterator[list[int]]:
+    """The ids of the outbox rows :func:`add` writes in ``conn``'s transaction while the block runs."""
+    written: list[int] = []
+    token = _written.set((conn, written))
+    try:
+        yield written
+    finally:
+        _written.reset(token)
 
 
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
@@ -38,7 +57,25 @@ def add(conn: Connection, payload: dict, *, available_at: datetime | None = None
                   actor_name=actor_name, payload=payload)
     if available_at is not None:
         values["available_at"] = available_at
-    return conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
+    row_id = conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
+    collector = _written.get()
+    if collector is not None and collector[0] is conn:
+        collector[1].append(row_id)
+    return row_id
+
+
+def announce(conn: Connection, job: Any, attempt: int, step: str, *, variant: str | None = None,
+             available_at: datetime | None = None) -> int:
+    """The one message builder: ``job``'s message for ``step`` of ``attempt``, written to the outbox.
+
+    ``job`` is a row of ``jobs`` (``id``, ``attachment_id``, ``pipeline_version``,
+    ``traceparent``, ``tracestate``); the message continues the job's trace.
+    Returns the outbox row id.
+    """
+    payload = messages.build(job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
+                             attempt=attempt, step=step, variant=variant, traceparent=child_of(job.traceparent),
+                             tracestate=job.tracestate)
+    return add(conn, payload, available_at=available_at)
 
 
 def to_message(row) -> Message:
