@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from app.core import states
 from app.core.identity import identity
-from app.services import Services
+from app.core.unit_of_work import UnitOfWork
 
 log = logging.getLogger("attache.scheduler.leases")
 
@@ -25,13 +25,13 @@ class LeaseRecoveryConfig:
 class LeaseRecovery:
     name = "lease_recovery"
 
-    def __init__(self, services: Services, config: LeaseRecoveryConfig):
-        self.services = services
+    def __init__(self, unit_of_work: UnitOfWork, config: LeaseRecoveryConfig):
+        self.unit_of_work = unit_of_work
         self.config = config
 
     def run_once(self) -> dict[str, int]:
         # the fresh inspect messages are published after COMMIT, not at the next relay tick
-        with self.services.unit_of_work.begin() as work:
+        with self.unit_of_work.begin() as work:
             counts = states.recover_expired(work.conn, batch=self.config.batch, actor=identity("scheduler"))
         if counts["requeued"] or counts["failed"]:
             log.info("expired leases: %(requeued)d requeued, %(failed)d failed", counts, extra=counts)

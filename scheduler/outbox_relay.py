@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.services import Services
+from app.core.outbox import OutboxPublisher
+
 
 log = logging.getLogger("attache.scheduler.outbox")
 
@@ -25,14 +26,14 @@ class OutboxRelayConfig:
 class OutboxRelay:
     name = "outbox_relay"
 
-    def __init__(self, services: Services, config: OutboxRelayConfig):
-        self.services = services
+    def __init__(self, publisher: OutboxPublisher, config: OutboxRelayConfig):
+        self.publisher = publisher
         self.config = config
 
     def run_once(self) -> dict[str, int]:
         totals = {"published": 0, "pending": 0}
         for _ in range(self.config.max_batches):
-            counts = self.services.publisher.publish_due(
+            counts = self.publisher.publish_due(
                 older_than_seconds=self.config.publish_after_seconds, batch=self.config.batch)
             totals["published"] += counts["published"]
             totals["pending"] = counts["pending"]

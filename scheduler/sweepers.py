@@ -31,18 +31,21 @@ class Sweeper:
 
 def sweepers(services: Services) -> list[Sweeper]:
     settings = services.settings
+    engine, storage = services.engine, services.storage
     return [
-        Sweeper(OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
+        Sweeper(OutboxRelay(services.publisher,
+                            OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
                 settings.outbox_interval_seconds),
-        Sweeper(LeaseRecovery(services, LeaseRecoveryConfig()), settings.lease_interval_seconds),
-        Sweeper(Reconciler(services, ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
+        Sweeper(LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig()), settings.lease_interval_seconds),
+        Sweeper(Reconciler(services.unit_of_work, services.broker,
+                           ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
                 settings.reconcile_interval_seconds),
-        Sweeper(StagingCleanup(services, StagingCleanupConfig(
+        Sweeper(StagingCleanup(engine, storage, StagingCleanupConfig(
             grace_seconds=settings.staging_grace_seconds, failed_retention_seconds=settings.failed_retention_seconds)),
                 settings.cleanup_interval_seconds),
-        Sweeper(ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+        Sweeper(ObjectGc(engine, storage, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
                 settings.cleanup_interval_seconds),
-        Sweeper(Retirement(services, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
+        Sweeper(Retirement(engine, storage, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
                 settings.cleanup_interval_seconds),
     ]
 

@@ -22,8 +22,8 @@ from sqlalchemy.orm import aliased
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, jobs
 from app.core import pipeline, states
+from app.core.needs import Database, Producer
 from app.observability.tracing import new_traceparent
-from app.services import Services
 
 log = logging.getLogger("attache.backfill")
 
@@ -52,7 +52,7 @@ def _candidates(to_version: int):
     )
 
 
-def estimate(services: Services, to_version: int) -> Estimate:
+def estimate(services: Database, to_version: int) -> Estimate:
     """The dry run: counts and a time estimate; changes nothing."""
     definition = pipeline.get(to_version)
     with transaction(services.engine) as conn:
@@ -65,7 +65,7 @@ def estimate(services: Services, to_version: int) -> Estimate:
                     None if average is None else round(float(average), 3))
 
 
-def run(services: Services, to_version: int, *, batch: int = 100, actor: str = "backfill",
+def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "backfill",
         progress: Callable[[int], None] | None = None) -> dict[str, int]:
     """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once."""
     pipeline.get(to_version)

@@ -37,8 +37,8 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.core import pipeline, states
+from app.core.needs import Database, ImageProducer, Producer
 from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
-from app.services import Services
 
 log = logging.getLogger("attache.intake")
 
@@ -77,7 +77,7 @@ class _LostRace(Exception):
     """Another request with the same Idempotency-Key committed first."""
 
 
-def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
+def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
     """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
     ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
     with transaction(services.engine) as conn:
@@ -93,7 +93,7 @@ def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) 
     return Accepted(row.attachment_id, row.job_id, row.pipeline_version, published=True, replayed=True)
 
 
-def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
+def _claim_key(conn, services: Producer, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
     """Take the key in the upload's transaction; an expired key is taken over."""
     ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
     statement = pg_insert(idempotency_keys).values(principal=owner, key=idempotency_key, request_sha256=sha256,
@@ -108,7 +108,7 @@ def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha25
         raise _LostRace()
 
 
-def accept(services: Services, received: Received, *, filename: str, owner: str, traceparent: str,
+def accept(services: ImageProducer, received: Received, *, filename: str, owner: str, traceparent: str,
            tracestate: str | None, idempotency_key: str | None = None) -> Accepted:
     """Stage, then record in one transaction, then publish. See the module docstring.
 
@@ -179,7 +179,7 @@ def _window_2() -> None:
     faults.point("after_commit")  # kills: committed, nothing published
 
 
-def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
+def _committed_after_all(services: Database, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
     """After an error raised by COMMIT, look whether the rows landed; the staged object stays either way.
 
     True only when a fresh connection sees the attachment row (the handoff
@@ -197,7 +197,7 @@ def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str,
         return False
 
 
-def _forget_staging(services: Services, key: str) -> None:
+def _forget_staging(services: ImageProducer, key: str) -> None:
     try:
         services.storage.delete(key)
     except AttacheError:

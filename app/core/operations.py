@@ -10,8 +10,8 @@ from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import job_history, jobs
 from app.core import outbox, states
+from app.core.needs import Database, Producer
 from app.errors import AttacheError
-from app.services import Services
 
 
 class NotFound(AttacheError):
@@ -46,7 +46,7 @@ def job_summary(row) -> dict:
     }
 
 
-def list_jobs(services: Services, *, state: str | None = None, pipeline_version: int | None = None,
+def list_jobs(services: Database, *, state: str | None = None, pipeline_version: int | None = None,
               limit: int = 100) -> list[dict]:
     if state is not None and state not in states.STATES:
         raise ValueError(f"state must be one of {', '.join(states.STATES)}")
@@ -59,7 +59,7 @@ def list_jobs(services: Services, *, state: str | None = None, pipeline_version:
         return [job_summary(row) for row in conn.execute(query)]
 
 
-def show_job(services: Services, job_id: uuid.UUID) -> dict:
+def show_job(services: Database, job_id: uuid.UUID) -> dict:
     with transaction(services.engine) as conn:
         row = states.get(conn, job_id)
         if row is None:
@@ -76,7 +76,7 @@ def show_job(services: Services, job_id: uuid.UUID) -> dict:
     }
 
 
-def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
+def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
     """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason."""
     reason = (audit.clean(reason) or "").strip()
     if not reason:
@@ -96,12 +96,12 @@ def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str 
     return show_job(services, job_id)
 
 
-def outbox_status(services: Services) -> dict:
+def outbox_status(services: Database) -> dict:
     with transaction(services.engine) as conn:
         return outbox.status(conn)
 
 
-def lease_status(services: Services) -> dict:
+def lease_status(services: Database) -> dict:
     with transaction(services.engine) as conn:
         row = conn.execute(select(
             func.count().label("processing"),
@@ -111,7 +111,7 @@ def lease_status(services: Services) -> dict:
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 
 
-def counts_by_state(services: Services) -> list[dict]:
+def counts_by_state(services: Database) -> list[dict]:
     with transaction(services.engine) as conn:
         rows = conn.execute(select(jobs.c.pipeline_version, jobs.c.state, func.count())
                             .group_by(jobs.c.pipeline_version, jobs.c.state)

@@ -48,6 +48,7 @@ from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
 from app.core.identity import identity
+from app.core.needs import ImageProducer
 from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
 from app.errors import (
@@ -65,7 +66,6 @@ from app.errors import (
 from app.observability import telemetry
 from app.observability.logs import bound
 from app.observability.tracing import trace_id
-from app.services import Services
 
 log = logging.getLogger("attache.workflow")
 
@@ -79,7 +79,7 @@ class Outcome:
 
 
 class Workflow:
-    def __init__(self, services: Services, policies: dict[str, RetryPolicy] | None = None):
+    def __init__(self, services: ImageProducer, policies: dict[str, RetryPolicy] | None = None):
         self.services = services
         self.policies = policies or step_policies(services.settings)
 
