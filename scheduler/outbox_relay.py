@@ -1,6 +1,9 @@
 """Outbox relay: publishes rows no producer managed to publish, and delayed rows when due.
 
-Safe with two schedulers: rows are taken ``FOR UPDATE SKIP LOCKED``.
+Safe with two schedulers: each batch is claimed (``FOR UPDATE SKIP LOCKED``,
+then ``outbox.claimed_until``) and committed before anything is published,
+so no row lock is held while RabbitMQ is waited on, and the other relay
+skips the claimed rows (:meth:`app.core.outbox.OutboxPublisher.publish_due`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ class OutboxRelayConfig:
     #: rows per batch; ``run_once`` loops over batches until none is left or the broker fails
     batch: int = 100
     max_batches: int = 50
+    #: how long a claimed batch is this relay's alone; a relay that dies mid-batch delays its rows this long
+    claim_seconds: float = 60.0
 
 
 class OutboxRelay:
@@ -33,8 +38,8 @@ class OutboxRelay:
     def run_once(self) -> dict[str, int]:
         totals = {"published": 0, "pending": 0}
         for _ in range(self.config.max_batches):
-            counts = self.publisher.publish_due(
-                older_than_seconds=self.config.publish_after_seconds, batch=self.config.batch)
+            counts = self.publisher.publish_due(older_than_seconds=self.config.publish_after_seconds,
+                                                batch=self.config.batch, claim_seconds=self.config.claim_seconds)
             totals["published"] += counts["published"]
             totals["pending"] = counts["pending"]
             if counts["pending"] or counts["published"] < self.config.batch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
@@ -16,6 +17,8 @@ from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from tests.processes import wait_for
+from tests.tcp import Listener
 
 HOUR = 3600
 
@@ -89,6 +92,42 @@ def test_outbox_relay_leaves_rows_unmarked_while_the_broker_is_down(settings, en
         row = conn.execute(select(outbox)).one()
     assert row.published_at is None and row.publish_attempts == 1 and "not confirmed" in row.last_error
     down.engine.dispose()
+
+
+def test_the_relay_holds_no_row_lock_while_it_waits_on_rabbitmq(settings, services, engine):
+    """The relay claims its batch and commits before publishing: a stalled broker blocks nobody's row,
+    a second relay skips the claimed row, and a failed publish releases it for the next round."""
+    from app.config import Settings
+    from app.services import Services
+
+    silent = Listener()  # accepts the connection and never answers
+    stalled = Services(Settings.from_env({"DATABASE_URL": settings.database_url,
+                                          "BROKER_URL": f"amqp://guest:guest@127.0.0.1:{silent.port}/%2F",
+                                          "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "4"}))
+    seed(engine, services.storage, stage=False)
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(
+        OutboxRelay(stalled.publisher, OutboxRelayConfig(publish_after_seconds=0)).run_once()))
+    try:
+        waiting.start()
+        wait_for(lambda: silent.accepted, timeout=10, message="the relay to connect to the stalled broker")
+        with engine.connect() as conn:  # NOWAIT: raises at once if the waiting relay held the row's lock
+            row = conn.execute(select(outbox).with_for_update(nowait=True)).one()
+            conn.rollback()
+        assert row.published_at is None and row.claimed_until is not None, "claimed, not published"
+        other = OutboxRelay(services.publisher, OutboxRelayConfig(publish_after_seconds=0))
+        assert other.run_once() == {"published": 0, "pending": 0}, "another relay skips a claimed row"
+        waiting.join(timeout=30)
+        assert results == [{"published": 0, "pending": 1}]
+        with engine.connect() as conn:
+            row = conn.execute(select(outbox)).one()
+        assert row.claimed_until is None and row.publish_attempts == 1 and "not confirmed" in row.last_error
+        assert other.run_once() == {"published": 1, "pending": 0}, "released: the next round publishes it"
+        assert services.broker.queue_depth("attache.inspect") == 1
+    finally:
+        waiting.join(timeout=30)
+        silent.close()
+        stalled.engine.dispose()
 
 
 # --- lease recovery ------------------------------------------------------------

@@ -104,47 +104,65 @@ class OutboxPublisher:
             ).order_by(outbox.c.id)).all()
         return self._send(rows)
 
-    def publish_due(self, *, older_than_seconds: float, batch: int = 100) -> dict[str, int]:
-        """Scheduler: publish unmarked rows older than the threshold, and delayed rows now due."""
+    def publish_due(self, *, older_than_seconds: float, batch: int = 100,
+                    claim_seconds: float = 60.0) -> dict[str, int]:
+        """Scheduler: publish unmarked rows older than the threshold, and delayed rows now due.
+
+        No row lock is held while RabbitMQ is waited on. The batch is claimed
+        in a short transaction (rows taken ``FOR UPDATE SKIP LOCKED``, their
+        ``claimed_until`` set ``claim_seconds`` ahead) that commits before
+        the first publish; each row is then marked after its own confirm.
+        Another relay skips a claimed row until the claim lapses, so a relay
+        that dies mid-batch delays its rows by ``claim_seconds`` at most, and
+        a broker failure releases the claims of the rows it did not send.
+        """
+        due = select(outbox.c.id).where(
+            outbox.c.published_at.is_(None),
+            outbox.c.available_at <= func.now(),
+            or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until <= func.now()),
+            or_(outbox.c.available_at > outbox.c.created_at,
+                outbox.c.created_at <= func.now() - _seconds(older_than_seconds)),
+        ).order_by(outbox.c.available_at, outbox.c.id).limit(batch).with_for_update(skip_locked=True)
         with transaction(self.engine) as conn:
-            rows = conn.execute(
-                select(outbox).where(
-                    outbox.c.published_at.is_(None),
-                    outbox.c.available_at <= func.now(),
-                    or_(outbox.c.available_at > outbox.c.created_at,
-                        outbox.c.created_at <= func.now() - text(f"interval '{float(older_than_seconds):.3f} seconds'")),
-                ).order_by(outbox.c.available_at, outbox.c.id).limit(batch).with_for_update(skip_locked=True)
-            ).all()
-            published = self._send(rows, conn=conn)
+            rows = conn.execute(update(outbox).where(outbox.c.id.in_(due.scalar_subquery()))
+                                .values(claimed_until=func.now() + _seconds(claim_seconds)).returning(outbox)).all()
+        published = self._send(sorted(rows, key=lambda row: (row.available_at, row.id)))
         return {"published": published, "pending": len(rows) - published}
 
-    def _send(self, rows, conn: Connection | None = None) -> int:
-        published = 0
-        for row in rows:
+    def _send(self, rows) -> int:
+        """Publish ``rows`` in order, each marked after its confirm; stop at the first broker failure."""
+        for sent, row in enumerate(rows):
             try:
                 with telemetry.producing(row.payload, row.queue_name, str(row.message_id)):
                     self.broker.enqueue(to_message(row))
             except BrokerUnavailable as exc:
                 log.warning("outbox row %s not published: %s", row.id, exc, extra={"outbox_id": row.id})
-                self._mark(conn, row.id, error=str(exc))
-                break
-            self._mark(conn, row.id)
-            published += 1
-        return published
+                self._mark(row.id, error=str(exc))
+                self._release([later.id for later in rows[sent + 1:] if later.claimed_until is not None])
+                return sent
+            self._mark(row.id)
+        return len(rows)
 
-    def _mark(self, conn: Connection | None, row_id: int, *, error: str | None = None) -> None:
-        values = {"publish_attempts": outbox.c.publish_attempts + 1}
+    def _mark(self, row_id: int, *, error: str | None = None) -> None:
+        """One publish attempt of a row: published (confirmed) or its error; either way its claim ends."""
+        values = {"publish_attempts": outbox.c.publish_attempts + 1, "claimed_until": None}
         if error is None:
             values["published_at"] = func.now()
             values["last_error"] = None
         else:
             values["last_error"] = error[:500]
-        statement = update(outbox).where(outbox.c.id == row_id).values(**values)
-        if conn is not None:
-            conn.execute(statement)
-        else:
-            with transaction(self.engine) as own:
-                own.execute(statement)
+        with transaction(self.engine) as conn:
+            conn.execute(update(outbox).where(outbox.c.id == row_id).values(**values))
+
+    def _release(self, row_ids: list[int]) -> None:
+        """Claimed rows not sent: due again at the relay's next round."""
+        if row_ids:
+            with transaction(self.engine) as conn:
+                conn.execute(update(outbox).where(outbox.c.id.in_(row_ids)).values(claimed_until=None))
+
+
+def _seconds(seconds: float):
+    return text(f"interval '{float(seconds):.3f} seconds'")
 
 
 def status(conn: Connection) -> dict:
