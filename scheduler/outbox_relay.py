@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from app.core.outbox import OutboxPublisher
 
-
 log = logging.getLogger("attache.scheduler.outbox")
 
 
