@@ -4,7 +4,8 @@ Run with ``dramatiq actors`` (the Procfile's ``worker``). Importing this
 module builds the broker from the environment and registers the actors.
 
 Dramatiq's own retries (the ``Retries`` middleware, bounded by
-``ATTACHE_BROKER_RETRIES``) are used only when a step could not record its
+``ATTACHE_BROKER_RETRIES``; the worker's middleware is set up in
+:mod:`app.services`) are used only when a step could not record its
 outcome at all, i.e. PostgreSQL was unreachable; after that the message is
 dead-lettered to ``<queue>.XQ``. Poison messages and missing effects are
 listed in ``throws`` and go to ``.XQ`` at once, unprocessed.
@@ -12,54 +13,21 @@ listed in ``throws`` and go to ``.XQ`` at once, unprocessed.
 
 from __future__ import annotations
 
-import sys
-
 import dramatiq
-from dramatiq.middleware import (
-    CurrentMessage,
-    Retries,
-    ShutdownNotifications,
-    TimeLimit,
-)
 
-from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
-from app.adapters.broker.rabbitmq import AttacheBroker
-from app.config import Settings
 from app.core.messages import ROUTES
 from app.core.policies import NEVER_RETRY
 from app.core.workflow import Workflow
-from app.errors import ConfigError
 from app.observability import logs
-from app.services import Services
+from app.services import Services, settings_or_exit
 
-try:
-    settings = Settings.from_env()
-except ConfigError as exc:
-    print(f"attache worker: configuration error: {exc}", file=sys.stderr)
-    raise SystemExit(2)
-
+settings = settings_or_exit("worker")
 logs.configure("worker")
 
-services = Services(settings, pool_size=8)
-broker = AttacheBroker(
-    url=settings.broker_url,
-    delivery_limit=settings.broker_delivery_limit,
-    socket_timeout=settings.publish_timeout_seconds,
-    middleware=[
-        TimeLimit(time_limit=10 * 60 * 1000),
-        ShutdownNotifications(),
-        CurrentMessage(),
-        # Dramatiq runs after_* hooks in reverse order: listed before Retries,
-        # the recorder runs after it and sees its verdict (message.failed).
-        DeadLetterRecorder(services.engine),
-        Retries(max_retries=settings.broker_retries, min_backoff=settings.broker_min_backoff_ms,
-                max_backoff=60_000),
-    ],
-)
-services.__dict__["broker"] = broker  # the worker publishes follow-up messages through the same broker
+services = Services(settings, pool_size=8, consumer=True)
+broker = services.broker  # consumes the steps' queues and publishes their follow-up messages
 dramatiq.set_broker(broker)
 workflow = Workflow(services)
-
 
 
 def _actor(step: str):

@@ -1,19 +1,41 @@
-"""What every process needs, built once from :class:`Settings`."""
+"""Wiring: what every process needs, built once from :class:`Settings`.
+
+Each process (web, worker, scheduler, the ``attache`` command) reads its
+settings with :func:`settings_or_exit` and makes one :class:`Services`;
+everything it uses is built here, on first use: the engine, the storage,
+the broker (with the worker's Dramatiq middleware when the process
+consumes), the outbox publisher and the unit of work that commits, then
+publishes (:mod:`app.core.unit_of_work`), the dead-letter tools, the
+imaging limits. The scheduler's maintenance services live above this
+layer and are built from these in ``scheduler/sweepers.py``.
+"""
 
 from __future__ import annotations
 
-import os
-import socket
-import threading
+import sys
 from functools import cached_property
+from typing import Mapping
 
 from app.config import Settings
+from app.errors import ConfigError
+
+
+def settings_or_exit(process: str, environ: Mapping[str, str] | None = None) -> Settings:
+    """The process's settings; a bad value prints one line naming its variable and exits with status 2."""
+    try:
+        return Settings.from_env(environ)
+    except ConfigError as exc:
+        print(f"attache {process}: configuration error: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 class Services:
-    def __init__(self, settings: Settings, *, pool_size: int = 5):
+    """One process's adapters. ``consumer``: the process runs Dramatiq actors (the worker)."""
+
+    def __init__(self, settings: Settings, *, pool_size: int = 5, consumer: bool = False):
         self.settings = settings
         self._pool_size = pool_size
+        self._consumer = consumer
 
     @cached_property
     def engine(self):
@@ -30,10 +52,28 @@ class Services:
 
     @cached_property
     def broker(self):
+        """The one broker of the process: the worker consumes through it and publishes follow-ups on it."""
         from app.adapters.broker.rabbitmq import AttacheBroker
 
         return AttacheBroker(url=self.settings.broker_url, delivery_limit=self.settings.broker_delivery_limit,
-                             socket_timeout=self.settings.publish_timeout_seconds, middleware=[])
+                             socket_timeout=self.settings.publish_timeout_seconds,
+                             middleware=self._consumer_middleware() if self._consumer else [])
+
+    def _consumer_middleware(self) -> list:
+        from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit
+
+        from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
+
+        return [
+            TimeLimit(time_limit=10 * 60 * 1000),
+            ShutdownNotifications(),
+            CurrentMessage(),
+            # Dramatiq runs after_* hooks in reverse order: listed before Retries,
+            # the recorder runs after it and sees its verdict (message.failed).
+            DeadLetterRecorder(self.engine),
+            Retries(max_retries=self.settings.broker_retries, min_backoff=self.settings.broker_min_backoff_ms,
+                    max_backoff=60_000),
+        ]
 
     @cached_property
     def publisher(self):
@@ -42,13 +82,20 @@ class Services:
         return OutboxPublisher(self.engine, self.broker)
 
     @cached_property
+    def unit_of_work(self):
+        from app.core.unit_of_work import UnitOfWork
+
+        return UnitOfWork(self.engine, self.publisher)
+
+    @cached_property
+    def dead_letters(self):
+        from app.adapters.broker.dead_letter_tools import DeadLetters
+
+        return DeadLetters(self.settings.broker_url, self.engine, socket_timeout=self.settings.publish_timeout_seconds)
+
+    @cached_property
     def limits(self):
         from app.adapters.imaging import Limits
 
         return Limits(max_pixels=self.settings.max_pixels, max_dimension=self.settings.max_dimension,
                       formats=self.settings.accepted_formats, max_decode_bytes=self.settings.max_decode_bytes)
-
-
-def identity(process: str) -> str:
-    """Who is acting, as written into job history and lease owners."""
-    return f"{process}:{socket.gethostname()}:{os.getpid()}:{threading.get_ident() % 100000}"

@@ -199,14 +199,15 @@ def main() -> int:
                 conn.exec_driver_sql("ANALYZE")
             with_idx = _reference(engine, referenced, unreferenced)
 
-            gc = ObjectGc(services, ObjectGcConfig(grace_seconds=3600, batch=BATCH))
+            gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=3600, batch=BATCH))
             gc_batches = _Timed(gc, "_process")
             storage = services.storage
             gc_storage = [_Timed(storage, "stat"), _Timed(storage, "delete")]  # instance attributes, this run only
             gc_counts = gc.run_once()
             gc_storage_s = sum(sum(t.times) for t in gc_storage)
             gc_db_s = (sum(gc_batches.times) - gc_storage_s) / len(gc_batches.times)
-            retirement = Retirement(services, RetirementConfig(grace_seconds=3600, batch=BATCH))
+            retirement = Retirement(services.engine, services.storage,
+                                    RetirementConfig(grace_seconds=3600, batch=BATCH))
             began = time.perf_counter()
             retire_counts = retirement.run_once()
             retire_total = time.perf_counter() - began

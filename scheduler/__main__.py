@@ -13,37 +13,13 @@ from datetime import datetime, timezone
 
 from apscheduler.schedulers.blocking import BlockingScheduler
 
-from app.config import Settings
-from app.errors import AttacheError, ConfigError
+from app.errors import AttacheError
 from app.observability import logs
-from app.services import Services
-from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
-from scheduler.object_gc import ObjectGc, ObjectGcConfig
-from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
-from scheduler.reconciler import Reconciler, ReconcilerConfig
-from scheduler.retirement import Retirement, RetirementConfig
+from app.services import Services, settings_or_exit
 from scheduler.runs import SweeperRuns
-from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from scheduler.sweepers import sweepers
 
 log = logging.getLogger("attache.scheduler")
-
-
-def build(services: Services) -> list[tuple[object, float]]:
-    settings = services.settings
-    return [
-        (OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
-         settings.outbox_interval_seconds),
-        (LeaseRecovery(services, LeaseRecoveryConfig()), settings.lease_interval_seconds),
-        (Reconciler(services, ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
-         settings.reconcile_interval_seconds),
-        (StagingCleanup(services, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
-                                                       failed_retention_seconds=settings.failed_retention_seconds)),
-         settings.cleanup_interval_seconds),
-        (ObjectGc(services, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
-         settings.cleanup_interval_seconds),
-        (Retirement(services, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
-         settings.cleanup_interval_seconds),
-    ]
 
 
 def guarded(service, interval: float, runs: SweeperRuns):
@@ -63,18 +39,15 @@ def guarded(service, interval: float, runs: SweeperRuns):
 
 
 def main() -> int:
-    try:
-        settings = Settings.from_env()
-    except ConfigError as exc:
-        print(f"attache scheduler: configuration error: {exc}", file=sys.stderr)
-        return 2
+    settings = settings_or_exit("scheduler")
     logs.configure("scheduler")
     services = Services(settings, pool_size=2)
     scheduler = BlockingScheduler(timezone="UTC")
     runs = SweeperRuns(services.engine)
-    for service, interval in build(services):
-        scheduler.add_job(guarded(service, interval, runs), "interval", seconds=interval, id=service.name,
-                          max_instances=1, coalesce=True, next_run_time=datetime.now(timezone.utc))
+    for sweeper in sweepers(services):
+        scheduler.add_job(guarded(sweeper.service, sweeper.interval_seconds, runs), "interval",
+                          seconds=sweeper.interval_seconds, id=sweeper.service.name, max_instances=1,
+                          coalesce=True, next_run_time=datetime.now(timezone.utc))
 
     def stop(signum, frame):
         log.info("scheduler stopping")

@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.adapters.postgres.db import transaction
 from app.core import states
-from app.services import Services, identity
+from app.core.identity import identity
+from app.core.unit_of_work import UnitOfWork
 
 log = logging.getLogger("attache.scheduler.leases")
 
@@ -25,15 +25,14 @@ class LeaseRecoveryConfig:
 class LeaseRecovery:
     name = "lease_recovery"
 
-    def __init__(self, services: Services, config: LeaseRecoveryConfig):
-        self.services = services
+    def __init__(self, unit_of_work: UnitOfWork, config: LeaseRecoveryConfig):
+        self.unit_of_work = unit_of_work
         self.config = config
 
     def run_once(self) -> dict[str, int]:
-        with transaction(self.services.engine) as conn:
-            counts = states.recover_expired(conn, batch=self.config.batch, actor=identity("scheduler"))
+        # the fresh inspect messages are published after COMMIT, not at the next relay tick
+        with self.unit_of_work.begin() as work:
+            counts = states.recover_expired(work.conn, batch=self.config.batch, actor=identity("scheduler"))
         if counts["requeued"] or counts["failed"]:
             log.info("expired leases: %(requeued)d requeued, %(failed)d failed", counts, extra=counts)
-            # publish the fresh inspect messages now rather than at the next relay tick
-            self.services.publisher.publish_due(older_than_seconds=0, batch=self.config.batch)
         return counts

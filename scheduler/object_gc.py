@@ -20,10 +20,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import jobs, variants
-from app.services import Services
+from app.adapters.storage import Storage
 from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.objects")
@@ -63,13 +64,14 @@ class ObjectGcConfig:
 class ObjectGc:
     name = "object_gc"
 
-    def __init__(self, services: Services, config: ObjectGcConfig):
-        self.services = services
+    def __init__(self, engine: Engine, storage: Storage, config: ObjectGcConfig):
+        self.engine = engine
+        self.storage = storage
         self.config = config
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "skipped": 0}
-        sweep_storage(self.services.engine, self.name, self.services.storage.list_objects(PREFIX), self.config.batch,
+        sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts)
         if counts["removed"]:
             log.info("object gc removed %(removed)d unreferenced objects", counts, extra=counts)
@@ -78,7 +80,7 @@ class ObjectGc:
     def _referenced(self, keys: list[str], conn=None) -> set[str]:
         if conn is not None:  # READ COMMITTED: every statement sees what is committed when it starts
             return set(conn.execute(referenced_query(keys)).scalars())
-        with transaction(self.services.engine) as conn:
+        with transaction(self.engine) as conn:
             return set(conn.execute(referenced_query(keys)).scalars())
 
     def _in_flight(self, keys: list[str], conn) -> set[str]:
@@ -98,7 +100,7 @@ class ObjectGc:
         candidates = [info for info in old if info.key not in referenced]
         if not candidates:
             return
-        with transaction(self.services.engine) as conn:  # one connection for the batch's re-checks
+        with transaction(self.engine) as conn:  # one connection for the batch's re-checks
             busy = self._in_flight([info.key for info in candidates], conn)
             counts["in_flight"] += len(busy)
             for info in candidates:
@@ -111,11 +113,11 @@ class ObjectGc:
                 if self._in_flight([info.key], conn):
                     counts["in_flight"] += 1
                     continue
-                current = self.services.storage.stat(info.key)
+                current = self.storage.stat(info.key)
                 if current is None or (current.last_modified and now - current.last_modified < grace):
                     counts["young"] += 1
                     continue
                 if not dry_run:
-                    self.services.storage.delete(info.key)
+                    self.storage.delete(info.key)
                     log.info("removed unreferenced object %s", info.key, extra={"key": info.key})
                 counts["removed"] += 1

@@ -28,10 +28,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.adapters.postgres.db import transaction
+from app.adapters.broker.rabbitmq import AttacheBroker
 from app.core import messages, states
+from app.core.identity import identity
+from app.core.unit_of_work import UnitOfWork
 from app.errors import BrokerUnavailable
-from app.services import Services, identity
 
 log = logging.getLogger("attache.scheduler.reconciler")
 
@@ -55,8 +56,9 @@ class ReconcilerConfig:
 class Reconciler:
     name = "reconciler"
 
-    def __init__(self, services: Services, config: ReconcilerConfig):
-        self.services = services
+    def __init__(self, unit_of_work: UnitOfWork, broker: AttacheBroker, config: ReconcilerConfig):
+        self.unit_of_work = unit_of_work
+        self.broker = broker
         self.config = config
 
     def run_once(self) -> dict[str, int]:
@@ -71,13 +73,12 @@ class Reconciler:
             # a message waiting in a queue is not lost: announcing again would only add to the backlog
             return counts
         for _ in range(self.config.max_batches):
-            with transaction(self.services.engine) as conn:
-                ids = states.reannounce_stranded(conn, after_seconds=self.config.after_seconds,
+            with self.unit_of_work.begin() as work:  # published after COMMIT
+                ids = states.reannounce_stranded(work.conn, after_seconds=self.config.after_seconds,
                                                  max_doublings=self.config.max_doublings,
                                                  batch=self.config.batch, actor=identity("scheduler"))
             counts["reannounced"] += len(ids)
-            if ids:
-                counts["published"] += self.services.publisher.publish(ids)
+            counts["published"] += work.published
             if len(ids) < self.config.batch:
                 break
         if counts["reannounced"]:
@@ -87,5 +88,4 @@ class Reconciler:
 
     def _backlog(self) -> int:
         """Messages ready in the step queues (not yet delivered to any worker)."""
-        broker = self.services.broker
-        return sum(broker.queue_depth(queue) or 0 for _, queue in messages.ROUTES.values())
+        return sum(self.broker.queue_depth(queue) or 0 for _, queue in messages.ROUTES.values())

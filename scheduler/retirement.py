@@ -16,11 +16,12 @@ import logging
 from dataclasses import dataclass
 
 from sqlalchemy import and_, func, select, text, update
+from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import jobs, variants
-from app.services import Services
+from app.adapters.storage import Storage
 from scheduler.locking import exclusive
 
 log = logging.getLogger("attache.scheduler.retirement")
@@ -66,18 +67,19 @@ class RetirementConfig:
 class Retirement:
     name = "retirement"
 
-    def __init__(self, services: Services, config: RetirementConfig):
-        self.services = services
+    def __init__(self, engine: Engine, storage: Storage, config: RetirementConfig):
+        self.engine = engine
+        self.storage = storage
         self.config = config
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"retired": 0, "objects_removed": 0, "objects_kept": 0, "skipped": 0}
-        with exclusive(self.services.engine, self.name) as held:
+        with exclusive(self.engine, self.name) as held:
             if not held:
                 counts["skipped"] = 1
                 return counts
             while True:
-                with transaction(self.services.engine) as conn:
+                with transaction(self.engine) as conn:
                     oldest = conn.execute(oldest_live_version_query()).scalar()
                     if oldest is None:  # nothing is published and unretired
                         break
@@ -91,7 +93,7 @@ class Retirement:
                 if not retired:
                     break
                 counts["retired"] += len(retired)
-                with transaction(self.services.engine) as conn:  # READ COMMITTED: each check sees fresh rows
+                with transaction(self.engine) as conn:  # READ COMMITTED: each check sees fresh rows
                     for key in set(retired):
                         self._collect(conn, key, counts)
         if counts["retired"]:
@@ -104,5 +106,5 @@ class Retirement:
         if still_used:
             counts["objects_kept"] += 1
             return
-        self.services.storage.delete(key)
+        self.storage.delete(key)
         counts["objects_removed"] += 1

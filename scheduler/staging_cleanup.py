@@ -22,10 +22,11 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import select
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, jobs
-from app.services import Services
+from app.adapters.storage import Storage
 from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.staging")
@@ -48,13 +49,14 @@ class StagingCleanupConfig:
 class StagingCleanup:
     name = "staging_cleanup"
 
-    def __init__(self, services: Services, config: StagingCleanupConfig):
-        self.services = services
+    def __init__(self, engine: Engine, storage: Storage, config: StagingCleanupConfig):
+        self.engine = engine
+        self.storage = storage
         self.config = config
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0}
-        sweep_storage(self.services.engine, self.name, self.services.storage.list_objects(PREFIX), self.config.batch,
+        sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts)
         if counts["removed"]:
             log.info("staging cleanup removed %(removed)d of %(examined)d staged objects", counts, extra=counts)
@@ -66,7 +68,7 @@ class StagingCleanup:
             counts["examined"] += 1
             if self._removable(info, now):
                 if not dry_run:
-                    self.services.storage.delete(info.key)
+                    self.storage.delete(info.key)
                     log.info("removed staged object %s", info.key, extra={"key": info.key})
                 counts["removed"] += 1
             else:
@@ -77,7 +79,7 @@ class StagingCleanup:
             attachment_id = uuid.UUID(info.key[len(PREFIX):])
         except ValueError:
             attachment_id = None
-        with transaction(self.services.engine) as conn:
+        with transaction(self.engine) as conn:
             owner = None if attachment_id is None else conn.execute(owner_query(info.key)).scalar()
             if owner is None:
                 age = now - (info.last_modified or now)

@@ -331,8 +331,9 @@ def test_chaos_soak(world):
 
     xq = {queue: services.broker.queue_depth(f"{queue}.XQ") or 0
           for queue in ("attache.inspect", "attache.render", "attache.publish")}
-    gc = ObjectGc(services, ObjectGcConfig(grace_seconds=0)).run_once()
-    cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=0, failed_retention_seconds=0)).run_once()
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=0)).run_once()
+    cleanup = StagingCleanup(services.engine, services.storage,
+                             StagingCleanupConfig(grace_seconds=0, failed_retention_seconds=0)).run_once()
     with engine.connect() as conn:
         referenced = set(conn.execute(select(variants.c.storage_key)).scalars())
     stored = {info.key for info in services.storage.list_objects("")}

@@ -85,7 +85,8 @@ def test_window_1_after_staging_before_job_row(deployment, engine, storage_dir, 
     from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
     services = Services(Settings.from_env(deployment.env))
-    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 1
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
+    assert cleanup.run_once()["removed"] == 1
     services.engine.dispose()
     assert not any(p.is_file() for p in storage_dir.rglob("*"))
     # the service keeps working
@@ -161,7 +162,8 @@ def test_an_ambiguous_commit_keeps_staging_and_the_upload_ends_ready(deployment,
     from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 
     services = Services(Settings.from_env(deployment.env))
-    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 0
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
+    assert cleanup.run_once()["removed"] == 0
     services.engine.dispose()
     assert (storage_dir / attachment.staging_key).exists()
     deployment.start("worker")

@@ -132,5 +132,6 @@ def test_a_commit_whose_connection_dies_keeps_staging_for_the_cleanup(app, engin
     retry = post(authed(app), data_file("photos/chelsea.jpg"), "lost-commit")
     assert retry.status_code == 202 and count(engine, attachments) == 1
     # the cleanup checks the database: the orphan (no row) goes, the retry's staging (queued job) stays
-    assert StagingCleanup(services, StagingCleanupConfig(grace_seconds=0)).run_once()["removed"] == 1
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
+    assert cleanup.run_once()["removed"] == 1
     assert staged(storage_dir) == [retry.json["id"]]

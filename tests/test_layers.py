@@ -72,11 +72,7 @@ def test_every_module_has_a_layer():
 PENDING = {
     ("app.adapters.broker.dead_letter_tools", "app.core.messages"),
     ("app.adapters.broker.dead_letter_tools", "app.core.messages.ROUTES"),
-    ("app.core.backfill", "app.services"),
-    ("app.core.intake", "app.services"),
-    ("app.core.operations", "app.services"),
     ("app.core.policies", "app.config"),
-    ("app.core.workflow", "app.services"),
 }
 
 

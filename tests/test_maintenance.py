@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 
@@ -16,6 +17,8 @@ from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from tests.processes import wait_for
+from tests.tcp import Listener
 
 HOUR = 3600
 
@@ -63,7 +66,7 @@ def test_outbox_relay_publishes_only_abandoned_and_due_rows(services, engine):
         conn.execute(update(outbox).where(outbox.c.job_id == old_job).values(created_at=func.now() - text("interval '1 minute'")))
         conn.execute(update(outbox).where(outbox.c.job_id == delayed_job)
                      .values(available_at=func.now() + text("interval '1 hour'")))
-    relay = OutboxRelay(services, OutboxRelayConfig(publish_after_seconds=30))
+    relay = OutboxRelay(services.publisher, OutboxRelayConfig(publish_after_seconds=30))
     assert relay.run_once() == {"published": 1, "pending": 0}
     assert services.broker.queue_depth("attache.inspect") == 1
     with engine.begin() as conn:
@@ -83,12 +86,48 @@ def test_outbox_relay_leaves_rows_unmarked_while_the_broker_is_down(settings, en
                                        "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
                                        "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "1"}))
     seed(engine, down.storage, stage=False)
-    counts = OutboxRelay(down, OutboxRelayConfig(publish_after_seconds=0)).run_once()
+    counts = OutboxRelay(down.publisher, OutboxRelayConfig(publish_after_seconds=0)).run_once()
     assert counts == {"published": 0, "pending": 1}
     with engine.connect() as conn:
         row = conn.execute(select(outbox)).one()
     assert row.published_at is None and row.publish_attempts == 1 and "not confirmed" in row.last_error
     down.engine.dispose()
+
+
+def test_the_relay_holds_no_row_lock_while_it_waits_on_rabbitmq(settings, services, engine):
+    """The relay claims its batch and commits before publishing: a stalled broker blocks nobody's row,
+    a second relay skips the claimed row, and a failed publish releases it for the next round."""
+    from app.config import Settings
+    from app.services import Services
+
+    silent = Listener()  # accepts the connection and never answers
+    stalled = Services(Settings.from_env({"DATABASE_URL": settings.database_url,
+                                          "BROKER_URL": f"amqp://guest:guest@127.0.0.1:{silent.port}/%2F",
+                                          "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "4"}))
+    seed(engine, services.storage, stage=False)
+    results = []
+    waiting = threading.Thread(target=lambda: results.append(
+        OutboxRelay(stalled.publisher, OutboxRelayConfig(publish_after_seconds=0)).run_once()))
+    try:
+        waiting.start()
+        wait_for(lambda: silent.accepted, timeout=10, message="the relay to connect to the stalled broker")
+        with engine.connect() as conn:  # NOWAIT: raises at once if the waiting relay held the row's lock
+            row = conn.execute(select(outbox).with_for_update(nowait=True)).one()
+            conn.rollback()
+        assert row.published_at is None and row.claimed_until is not None, "claimed, not published"
+        other = OutboxRelay(services.publisher, OutboxRelayConfig(publish_after_seconds=0))
+        assert other.run_once() == {"published": 0, "pending": 0}, "another relay skips a claimed row"
+        waiting.join(timeout=30)
+        assert results == [{"published": 0, "pending": 1}]
+        with engine.connect() as conn:
+            row = conn.execute(select(outbox)).one()
+        assert row.claimed_until is None and row.publish_attempts == 1 and "not confirmed" in row.last_error
+        assert other.run_once() == {"published": 1, "pending": 0}, "released: the next round publishes it"
+        assert services.broker.queue_depth("attache.inspect") == 1
+    finally:
+        waiting.join(timeout=30)
+        silent.close()
+        stalled.engine.dispose()
 
 
 # --- lease recovery ------------------------------------------------------------
@@ -99,7 +138,7 @@ def test_lease_recovery_requeues_expired_and_publishes_the_next_attempt(services
     _, live, _ = seed(engine, services.storage, "processing")
     with engine.begin() as conn:
         conn.execute(update(jobs).where(jobs.c.id == expired).values(lease_expires_at=func.now() - text("interval '1 second'")))
-    assert LeaseRecovery(services, LeaseRecoveryConfig()).run_once() == {"requeued": 1, "failed": 0}
+    assert LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig()).run_once() == {"requeued": 1, "failed": 0}
     with engine.connect() as conn:
         got = dict(conn.execute(select(jobs.c.id, jobs.c.state)).all())
         newest = conn.execute(select(outbox.c.payload, outbox.c.published_at).where(outbox.c.job_id == expired)
@@ -124,7 +163,8 @@ def test_staging_cleanup_never_removes_current_work(services, engine, storage_di
         conn.execute(update(jobs).where(jobs.c.id == failed_old_job).values(updated_at=func.now() - text("interval '8 days'")))
     for key in (orphan_old, queued_key, processing_key, ready_key, failed_recent_key, failed_old_key):
         age(storage_dir, key, 2 * HOUR)
-    cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=HOUR, failed_retention_seconds=7 * 24 * HOUR))
+    cleanup = StagingCleanup(services.engine, services.storage,
+                             StagingCleanupConfig(grace_seconds=HOUR, failed_retention_seconds=7 * 24 * HOUR))
     assert cleanup.run_once(dry_run=True)["removed"] == 3
     assert all(exists(storage_dir, k) for k in (orphan_old, ready_key, failed_old_key)), "a dry run removes nothing"
     counts = cleanup.run_once()
@@ -138,8 +178,8 @@ def test_staging_cleanup_never_removes_current_work(services, engine, storage_di
 def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, engine):
     with exclusive(engine, "staging_cleanup") as held:
         assert held
-        assert StagingCleanup(services, StagingCleanupConfig()).run_once()["skipped"] == 1
-    assert StagingCleanup(services, StagingCleanupConfig()).run_once()["skipped"] == 0
+        assert StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()["skipped"] == 1
+    assert StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()["skipped"] == 0
 
 
 # --- unreferenced objects ------------------------------------------------------------
@@ -159,7 +199,7 @@ def test_object_gc_removes_only_old_unreferenced_objects(services, engine, stora
             job_id=job_id, attachment_id=attachment_id, pipeline_version=1, variant="thumbnail",
             storage_key=referenced, content_type="image/jpeg", size=5, sha256="a" * 64, width=1, height=1,
             attempt=1))
-    gc = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR))
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
     counts = gc.run_once()
     assert (counts["removed"], counts["referenced"], counts["young"]) == (1, 1, 1)
     assert exists(storage_dir, referenced) and exists(storage_dir, unreferenced_young)
@@ -173,7 +213,7 @@ def test_object_gc_spares_a_fresh_copy_of_an_old_staged_original(services, engin
     age(storage_dir, staging, 2 * HOUR)
     original = pipeline.original_key(attachment_id, "0" * 64)
     services.storage.copy(staging, original)  # what the original's render does, right before its row's COMMIT
-    counts = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR)).run_once()
+    counts = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR)).run_once()
     assert exists(storage_dir, original), "a copy made just now is young, whatever its source's age"
     assert (counts["removed"], counts["young"]) == (0, 1)
     assert exists(storage_dir, staging)
@@ -185,7 +225,7 @@ def test_object_gc_keeps_the_objects_of_an_attachment_with_work_in_flight(servic
     original = pipeline.original_key(attachment_id, "0" * 64)
     services.storage.put_bytes(original, b"original bytes")
     age(storage_dir, original, 2 * HOUR)
-    gc = ObjectGc(services, ObjectGcConfig(grace_seconds=HOUR))
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
     counts = gc.run_once()
     assert exists(storage_dir, original), "the processing job's render may be recording this very key"
     assert (counts["removed"], counts["in_flight"]) == (0, 1)

@@ -89,6 +89,10 @@ def new_job(services, attachment_id, version):
     return job_id
 
 
+def retirement(services, grace_seconds: float) -> Retirement:
+    return Retirement(services.engine, services.storage, RetirementConfig(grace_seconds=grace_seconds))
+
+
 def served(app, attachment_id, version=None):
     path = f"/v1/attachments/{attachment_id}" + (f"?version={version}" if version else "")
     return authed(app, OPERATOR_TOKEN).get(path).json
@@ -217,21 +221,21 @@ def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_ser
     run(Workflow(quiet_services), engine, accepted.job_id)
     with engine.connect() as conn:
         v1_keys = dict(conn.execute(select(variants.c.variant, variants.c.storage_key)).all())
-    assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()["retired"] == 0, \
+    assert retirement(quiet_services, 0).run_once()["retired"] == 0, \
         "nothing newer is ready: v1 is still served"
     v2_job = new_job(quiet_services, accepted.attachment_id, 2)
     run(Workflow(quiet_services), engine, v2_job)
-    waiting = Retirement(quiet_services, RetirementConfig(grace_seconds=3600)).run_once()
+    waiting = retirement(quiet_services, 3600).run_once()
     assert waiting["retired"] == 0, "within the grace period nothing is retired"
-    assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once(dry_run=True)["retired"] == 4
-    counts = Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()
+    assert retirement(quiet_services, 0).run_once(dry_run=True)["retired"] == 4
+    counts = retirement(quiet_services, 0).run_once()
     assert counts["retired"] == 4 and counts["objects_removed"] == 3 and counts["objects_kept"] == 1
     assert (storage_dir / v1_keys["original"]).exists(), "the original is shared with v2"
     for name in ("thumbnail", "crop", "optimized"):
         assert not (storage_dir / v1_keys[name]).exists()
     assert served(app, accepted.attachment_id)["pipeline_version"] == 2
     assert served(app, accepted.attachment_id, 1)["variants"] == {}
-    assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()["retired"] == 0
+    assert retirement(quiet_services, 0).run_once()["retired"] == 0
 
 
 def test_a_redelivery_to_a_ready_job_of_a_retired_version_is_a_no_op(quiet_services, engine, data_file, storage_dir):
@@ -242,7 +246,7 @@ def test_a_redelivery_to_a_ready_job_of_a_retired_version_is_a_no_op(quiet_servi
         v1_messages = [r.payload for r in conn.execute(select(outbox).where(outbox.c.job_id == accepted.job_id)
                                                        .order_by(outbox.c.id))]
     run(workflow, engine, new_job(quiet_services, accepted.attachment_id, 2))
-    assert Retirement(quiet_services, RetirementConfig(grace_seconds=0)).run_once()["objects_removed"] == 3
+    assert retirement(quiet_services, 0).run_once()["objects_removed"] == 3
     for payload in v1_messages:  # every v1 message again, late: each verifies and is acked
         assert workflow.handle(payload, step=payload["step"]).status == "already_ready", payload["step"]
     assert job(engine, accepted.job_id).state == "ready"

@@ -75,7 +75,7 @@ def lose_messages(broker_url: str) -> None:
 
 
 def reconciler(services, after=AFTER, **config):
-    return Reconciler(services, ReconcilerConfig(after_seconds=after, **config))
+    return Reconciler(services.unit_of_work, services.broker, ReconcilerConfig(after_seconds=after, **config))
 
 
 def done(counts: dict) -> tuple[int, int]:

@@ -119,7 +119,7 @@ def test_redelivery_to_a_ready_job_whose_version_was_retired_is_acked(deployment
         v2_job, _ = states.create_job(conn, attachment_id=uuid.UUID(uploaded["id"]), pipeline_version=2,
                                       max_attempts=3, traceparent=new_traceparent(), tracestate=None, actor="test")
     wait_for(lambda: deployment.status(uploaded["id"])["pipeline_version"] == 2, timeout=60, message="v2 ready")
-    counts = Retirement(services, RetirementConfig(grace_seconds=0)).run_once()
+    counts = Retirement(services.engine, services.storage, RetirementConfig(grace_seconds=0)).run_once()
     assert counts["retired"] == 4 and counts["objects_removed"] == 3
     v1_job = uuid.UUID(uploaded["job_id"])
     with engine.connect() as conn:

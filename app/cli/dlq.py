@@ -9,7 +9,7 @@ import click
 from rich.progress import Progress
 
 from app.cli.output import console, emit, json_option, say
-from app.cli.runtime import fail_on_attache_errors, operator, settings
+from app.cli.runtime import fail_on_attache_errors, operator, services
 from app.cli.tables import Column, show
 from app.core import id_prefixes
 
@@ -23,12 +23,7 @@ def dlq() -> None:
 
 
 def _dead_letters():
-    from app.adapters.broker.dead_letter_tools import DeadLetters
-    from app.adapters.postgres.db import make_engine
-
-    current = settings()
-    return DeadLetters(current.broker_url, make_engine(current.database_url, pool_size=1),
-                       socket_timeout=current.publish_timeout_seconds)
+    return services().dead_letters
 
 
 @dlq.command("list")

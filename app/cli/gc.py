@@ -21,16 +21,9 @@ def gc() -> None:
 @fail_on_attache_errors
 def gc_run(dry_run: bool, as_json: bool) -> None:
     """Run the staging cleanup and the object GC once, now."""
-    from scheduler.object_gc import ObjectGc, ObjectGcConfig
-    from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+    from scheduler.sweepers import cleanups as scheduled_cleanups
 
-    svc = services()
-    settings = svc.settings
-    cleanups = [
-        StagingCleanup(svc, StagingCleanupConfig(grace_seconds=settings.staging_grace_seconds,
-                                                 failed_retention_seconds=settings.failed_retention_seconds)),
-        ObjectGc(svc, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
-    ]
+    cleanups = scheduled_cleanups(services())
     results = {}
     with Progress(console=console(), transient=True, disable=as_json) as progress:
         task = progress.add_task("cleaning up", total=len(cleanups))

@@ -22,9 +22,8 @@ from sqlalchemy.orm import aliased
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, jobs
 from app.core import pipeline, states
-from app.errors import AttacheError
+from app.core.needs import Database, Producer
 from app.observability.tracing import new_traceparent
-from app.services import Services
 
 log = logging.getLogger("attache.backfill")
 
@@ -53,7 +52,7 @@ def _candidates(to_version: int):
     )
 
 
-def estimate(services: Services, to_version: int) -> Estimate:
+def estimate(services: Database, to_version: int) -> Estimate:
     """The dry run: counts and a time estimate; changes nothing."""
     definition = pipeline.get(to_version)
     with transaction(services.engine) as conn:
@@ -66,7 +65,7 @@ def estimate(services: Services, to_version: int) -> Estimate:
                     None if average is None else round(float(average), 3))
 
 
-def run(services: Services, to_version: int, *, batch: int = 100, actor: str = "backfill",
+def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "backfill",
         progress: Callable[[int], None] | None = None) -> dict[str, int]:
     """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once."""
     pipeline.get(to_version)
@@ -74,23 +73,17 @@ def run(services: Services, to_version: int, *, batch: int = 100, actor: str = "
         raise ValueError("batch must be >= 1")
     created = published = 0
     while True:
-        with transaction(services.engine) as conn:
-            ids = conn.execute(_candidates(to_version).order_by(attachments.c.created_at, attachments.c.id)
-                               .limit(batch).with_for_update(of=attachments, skip_locked=True)).scalars().all()
-            outbox_ids = []
-            for attachment_id in ids:
-                made = states.create_job(conn, attachment_id=attachment_id, pipeline_version=to_version,
-                                         max_attempts=services.settings.max_attempts, traceparent=new_traceparent(),
-                                         tracestate=None, actor=actor, reason=f"backfill to version {to_version}")
-                if made is not None:
-                    outbox_ids.append(made[1])
+        with services.unit_of_work.begin() as work:  # the batch's messages are published after its COMMIT
+            ids = work.conn.execute(_candidates(to_version).order_by(attachments.c.created_at, attachments.c.id)
+                                    .limit(batch).with_for_update(of=attachments, skip_locked=True)).scalars().all()
+            made = [states.create_job(work.conn, attachment_id=attachment_id, pipeline_version=to_version,
+                                      max_attempts=services.settings.max_attempts, traceparent=new_traceparent(),
+                                      tracestate=None, actor=actor, reason=f"backfill to version {to_version}")
+                    for attachment_id in ids]
         if not ids:
             break
-        created += len(outbox_ids)
-        try:
-            published += services.publisher.publish(outbox_ids)
-        except AttacheError as exc:  # the scheduler publishes them
-            log.warning("backfill batch not published now: %s", exc)
+        created += sum(job is not None for job in made)
+        published += work.published
         if progress is not None:
             progress(len(ids))
         log.info("backfill to v%d: %d job(s) created so far", to_version, created,

@@ -16,6 +16,8 @@ Order matters and each step is a failure window:
    cleanup removes the bytes only if no row ever points at them);
 3. the message is published with a confirm and the row marked (window 3:
    an unconfirmed publish leaves the row unmarked; a duplicate is harmless);
+   2 and 3 are one :class:`~app.core.unit_of_work.UnitOfWork`, which asks
+   :func:`_committed_after_all` when the COMMIT's outcome is unknown;
 4. only then does the web answer ``202``.
 """
 
@@ -35,8 +37,8 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.core import pipeline, states
+from app.core.needs import Database, ImageProducer, Producer
 from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
-from app.services import Services
 
 log = logging.getLogger("attache.intake")
 
@@ -75,7 +77,7 @@ class _LostRace(Exception):
     """Another request with the same Idempotency-Key committed first."""
 
 
-def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
+def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
     """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
     ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
     with transaction(services.engine) as conn:
@@ -91,7 +93,7 @@ def _earlier(services: Services, owner: str, idempotency_key: str, sha256: str) 
     return Accepted(row.attachment_id, row.job_id, row.pipeline_version, published=True, replayed=True)
 
 
-def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
+def _claim_key(conn, services: Producer, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
     """Take the key in the upload's transaction; an expired key is taken over."""
     ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
     statement = pg_insert(idempotency_keys).values(principal=owner, key=idempotency_key, request_sha256=sha256,
@@ -106,7 +108,7 @@ def _claim_key(conn, services: Services, owner: str, idempotency_key: str, sha25
         raise _LostRace()
 
 
-def accept(services: Services, received: Received, *, filename: str, owner: str, traceparent: str,
+def accept(services: ImageProducer, received: Received, *, filename: str, owner: str, traceparent: str,
            tracestate: str | None, idempotency_key: str | None = None) -> Accepted:
     """Stage, then record in one transaction, then publish. See the module docstring.
 
@@ -126,20 +128,24 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
     services.storage.put_file(key, received.path, content_type=info.content_type)
     faults.point("after_staging")
     committing = False
+
+    def landed(error: Exception) -> bool:
+        return _committed_after_all(services, attachment_id, key, error)
+
     try:
-        with transaction(services.engine) as conn:
+        with services.unit_of_work.begin(after_commit=_window_2, landed=landed) as work:
+            conn = work.conn
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
                 height=info.height, staging_key=key))
             if idempotency_key is not None:
                 _claim_key(conn, services, owner, idempotency_key, received.sha256, attachment_id)
-            job_id, outbox_id = states.create_job(
+            job_id, _ = states.create_job(
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
                 actor=f"web:{owner}")
             committing = True  # every statement succeeded: an error from here on is the COMMIT's own
-        faults.point("during_commit")
     except _LostRace:
         _forget_staging(services, key)
         earlier = _earlier(services, owner, idempotency_key, received.sha256)
@@ -147,10 +153,9 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
             raise DatabaseUnavailable("the upload could not be recorded; retry")
         return earlier
     except Exception as exc:
-        if committing:  # the server may have committed: never remove bytes a row may point at
-            if not _committed_after_all(services, attachment_id, key, exc):
-                raise DatabaseUnavailable("the upload's outcome is unknown; retry with the same "
-                                          "Idempotency-Key") from exc
+        if committing:  # the COMMIT failed and no row is to be seen: never remove bytes a row may point at
+            raise DatabaseUnavailable("the upload's outcome is unknown; retry with the same "
+                                      "Idempotency-Key") from exc
         else:  # a clear rollback: no row was committed, so the staged bytes go too
             _forget_staging(services, key)
             if isinstance(exc, DatabaseUnavailable):
@@ -162,18 +167,19 @@ def accept(services: Services, received: Received, *, filename: str, owner: str,
         if not committing:
             _forget_staging(services, key)
         raise
-    faults.point("after_commit")
-    try:
-        published = services.publisher.publish([outbox_id]) == 1
-    except AttacheError as exc:  # the outbox row is durable; the scheduler will publish it
-        log.warning("publish after commit failed: %s", exc)
-        published = False
+    published = work.published == 1
     log.info("upload accepted", extra={"attachment_id": str(attachment_id), "job_id": str(job_id),
                                        "size": received.size, "published": published})
     return Accepted(attachment_id, job_id, settings.pipeline_version, published)
 
 
-def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
+def _window_2() -> None:
+    """Between the upload's COMMIT and its publish: the fault points of window 2."""
+    faults.point("during_commit")  # raises, as a COMMIT whose answer was lost
+    faults.point("after_commit")  # kills: committed, nothing published
+
+
+def _committed_after_all(services: Database, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
     """After an error raised by COMMIT, look whether the rows landed; the staged object stays either way.
 
     True only when a fresh connection sees the attachment row (the handoff
@@ -191,7 +197,7 @@ def _committed_after_all(services: Services, attachment_id: uuid.UUID, key: str,
         return False
 
 
-def _forget_staging(services: Services, key: str) -> None:
+def _forget_staging(services: ImageProducer, key: str) -> None:
     try:
         services.storage.delete(key)
     except AttacheError:

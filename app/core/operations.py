@@ -9,10 +9,9 @@ from sqlalchemy import func, select
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import job_history, jobs
-from app.adapters.postgres.models import outbox as outbox_table
 from app.core import id_prefixes, outbox, states
+from app.core.needs import Database, Producer
 from app.errors import AttacheError
-from app.services import Services
 
 
 class NotFound(AttacheError):
@@ -47,7 +46,7 @@ def job_summary(row) -> dict:
     }
 
 
-def list_jobs(services: Services, *, state: str | None = None, pipeline_version: int | None = None,
+def list_jobs(services: Database, *, state: str | None = None, pipeline_version: int | None = None,
               limit: int = 100) -> list[dict]:
     if state is not None and state not in states.STATES:
         raise ValueError(f"state must be one of {', '.join(states.STATES)}")
@@ -60,7 +59,7 @@ def list_jobs(services: Services, *, state: str | None = None, pipeline_version:
         return [job_summary(row) for row in conn.execute(query)]
 
 
-def resolve_job_id(services: Services, typed: str) -> uuid.UUID:
+def resolve_job_id(services: Database, typed: str) -> uuid.UUID:
     """The job whose id is ``typed`` or starts with it (:mod:`app.core.id_prefixes`); NotFound if none.
 
     Raises :class:`~app.core.id_prefixes.AmbiguousId` if ``typed`` starts
@@ -74,7 +73,7 @@ def resolve_job_id(services: Services, typed: str) -> uuid.UUID:
     return found
 
 
-def show_job(services: Services, job_id: uuid.UUID) -> dict:
+def show_job(services: Database, job_id: uuid.UUID) -> dict:
     with transaction(services.engine) as conn:
         row = states.get(conn, job_id)
         if row is None:
@@ -91,12 +90,13 @@ def show_job(services: Services, job_id: uuid.UUID) -> dict:
     }
 
 
-def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
+def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
     """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason."""
     reason = (audit.clean(reason) or "").strip()
     if not reason:
         raise MissingReason("a replay needs a reason")
-    with transaction(services.engine) as conn:
+    with services.unit_of_work.begin() as work:  # the fresh inspect message is published after COMMIT
+        conn = work.conn
         current = states.get(conn, job_id, lock=True)
         if current is None:
             raise NotFound(f"no job {job_id}")
@@ -107,21 +107,15 @@ def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str 
         audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                      reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                     "attempt": current.attempt})
-        pending = conn.execute(select(outbox_table.c.id).where(
-            outbox_table.c.job_id == job_id, outbox_table.c.published_at.is_(None))).scalars().all()
-    try:
-        services.publisher.publish(pending)
-    except AttacheError:
-        pass  # the scheduler publishes it
     return show_job(services, job_id)
 
 
-def outbox_status(services: Services) -> dict:
+def outbox_status(services: Database) -> dict:
     with transaction(services.engine) as conn:
         return outbox.status(conn)
 
 
-def lease_status(services: Services) -> dict:
+def lease_status(services: Database) -> dict:
     with transaction(services.engine) as conn:
         row = conn.execute(select(
             func.count().label("processing"),
@@ -131,7 +125,7 @@ def lease_status(services: Services) -> dict:
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 
 
-def counts_by_state(services: Services) -> list[dict]:
+def counts_by_state(services: Database) -> list[dict]:
     with transaction(services.engine) as conn:
         rows = conn.execute(select(jobs.c.pipeline_version, jobs.c.state, func.count())
                             .group_by(jobs.c.pipeline_version, jobs.c.state)

@@ -1,21 +1,25 @@
 """The transactional outbox: every message is born as a row.
 
-:func:`add` writes a row in the caller's transaction (the one that makes
-the state change the message announces). After COMMIT the producer calls
-:meth:`OutboxPublisher.publish` for the rows it wrote; a row is marked
-``published_at`` only once RabbitMQ confirmed it. Rows left unmarked (the
-broker was down, the process died between COMMIT and confirm) and rows
-whose ``available_at`` lies in the future (managed retries) are published
-by the scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`).
-Publishing a row twice is possible and harmless: consumers are idempotent.
+:func:`announce` builds a job's next message and :func:`add` writes it in
+the caller's transaction (the one that makes the state change the message
+announces). A :class:`~app.core.unit_of_work.UnitOfWork` collects the rows
+written in its transaction (:func:`collecting`) and, after COMMIT, hands
+them to :meth:`OutboxPublisher.publish`; a row is marked ``published_at``
+only once RabbitMQ confirmed it. Rows left unmarked (the broker was down,
+the process died between COMMIT and confirm) and rows whose
+``available_at`` lies in the future (managed retries) are published by the
+scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`). Publishing
+a row twice is possible and harmless: consumers are idempotent.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
+from contextvars import ContextVar
 from datetime import datetime
-from typing import Iterable
+from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
 from sqlalchemy import func, insert, or_, select, text, update
@@ -26,8 +30,23 @@ from app.adapters.postgres.models import outbox
 from app.core import messages
 from app.errors import BrokerUnavailable
 from app.observability import telemetry
+from app.observability.tracing import child_of
 
 log = logging.getLogger("attache.outbox")
+
+#: the transaction a unit of work has open in this thread, and the outbox rows written in it so far
+_written: ContextVar[tuple[Connection, list[int]] | None] = ContextVar("attache_outbox_written", default=None)
+
+
+@contextlib.contextmanager
+def collecting(conn: Connection) -> Iterator[list[int]]:
+    """The ids of the outbox rows :func:`add` writes in ``conn``'s transaction while the block runs."""
+    written: list[int] = []
+    token = _written.set((conn, written))
+    try:
+        yield written
+    finally:
+        _written.reset(token)
 
 
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
@@ -38,7 +57,25 @@ def add(conn: Connection, payload: dict, *, available_at: datetime | None = None
                   actor_name=actor_name, payload=payload)
     if available_at is not None:
         values["available_at"] = available_at
-    return conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
+    row_id = conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
+    collector = _written.get()
+    if collector is not None and collector[0] is conn:
+        collector[1].append(row_id)
+    return row_id
+
+
+def announce(conn: Connection, job: Any, attempt: int, step: str, *, variant: str | None = None,
+             available_at: datetime | None = None) -> int:
+    """The one message builder: ``job``'s message for ``step`` of ``attempt``, written to the outbox.
+
+    ``job`` is a row of ``jobs`` (``id``, ``attachment_id``, ``pipeline_version``,
+    ``traceparent``, ``tracestate``); the message continues the job's trace.
+    Returns the outbox row id.
+    """
+    payload = messages.build(job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
+                             attempt=attempt, step=step, variant=variant, traceparent=child_of(job.traceparent),
+                             tracestate=job.tracestate)
+    return add(conn, payload, available_at=available_at)
 
 
 def to_message(row) -> Message:
@@ -67,47 +104,65 @@ class OutboxPublisher:
             ).order_by(outbox.c.id)).all()
         return self._send(rows)
 
-    def publish_due(self, *, older_than_seconds: float, batch: int = 100) -> dict[str, int]:
-        """Scheduler: publish unmarked rows older than the threshold, and delayed rows now due."""
+    def publish_due(self, *, older_than_seconds: float, batch: int = 100,
+                    claim_seconds: float = 60.0) -> dict[str, int]:
+        """Scheduler: publish unmarked rows older than the threshold, and delayed rows now due.
+
+        No row lock is held while RabbitMQ is waited on. The batch is claimed
+        in a short transaction (rows taken ``FOR UPDATE SKIP LOCKED``, their
+        ``claimed_until`` set ``claim_seconds`` ahead) that commits before
+        the first publish; each row is then marked after its own confirm.
+        Another relay skips a claimed row until the claim lapses, so a relay
+        that dies mid-batch delays its rows by ``claim_seconds`` at most, and
+        a broker failure releases the claims of the rows it did not send.
+        """
+        due = select(outbox.c.id).where(
+            outbox.c.published_at.is_(None),
+            outbox.c.available_at <= func.now(),
+            or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until <= func.now()),
+            or_(outbox.c.available_at > outbox.c.created_at,
+                outbox.c.created_at <= func.now() - _seconds(older_than_seconds)),
+        ).order_by(outbox.c.available_at, outbox.c.id).limit(batch).with_for_update(skip_locked=True)
         with transaction(self.engine) as conn:
-            rows = conn.execute(
-                select(outbox).where(
-                    outbox.c.published_at.is_(None),
-                    outbox.c.available_at <= func.now(),
-                    or_(outbox.c.available_at > outbox.c.created_at,
-                        outbox.c.created_at <= func.now() - text(f"interval '{float(older_than_seconds):.3f} seconds'")),
-                ).order_by(outbox.c.available_at, outbox.c.id).limit(batch).with_for_update(skip_locked=True)
-            ).all()
-            published = self._send(rows, conn=conn)
+            rows = conn.execute(update(outbox).where(outbox.c.id.in_(due.scalar_subquery()))
+                                .values(claimed_until=func.now() + _seconds(claim_seconds)).returning(outbox)).all()
+        published = self._send(sorted(rows, key=lambda row: (row.available_at, row.id)))
         return {"published": published, "pending": len(rows) - published}
 
-    def _send(self, rows, conn: Connection | None = None) -> int:
-        published = 0
-        for row in rows:
+    def _send(self, rows) -> int:
+        """Publish ``rows`` in order, each marked after its confirm; stop at the first broker failure."""
+        for sent, row in enumerate(rows):
             try:
                 with telemetry.producing(row.payload, row.queue_name, str(row.message_id)):
                     self.broker.enqueue(to_message(row))
             except BrokerUnavailable as exc:
                 log.warning("outbox row %s not published: %s", row.id, exc, extra={"outbox_id": row.id})
-                self._mark(conn, row.id, error=str(exc))
-                break
-            self._mark(conn, row.id)
-            published += 1
-        return published
+                self._mark(row.id, error=str(exc))
+                self._release([later.id for later in rows[sent + 1:] if later.claimed_until is not None])
+                return sent
+            self._mark(row.id)
+        return len(rows)
 
-    def _mark(self, conn: Connection | None, row_id: int, *, error: str | None = None) -> None:
-        values = {"publish_attempts": outbox.c.publish_attempts + 1}
+    def _mark(self, row_id: int, *, error: str | None = None) -> None:
+        """One publish attempt of a row: published (confirmed) or its error; either way its claim ends."""
+        values = {"publish_attempts": outbox.c.publish_attempts + 1, "claimed_until": None}
         if error is None:
             values["published_at"] = func.now()
             values["last_error"] = None
         else:
             values["last_error"] = error[:500]
-        statement = update(outbox).where(outbox.c.id == row_id).values(**values)
-        if conn is not None:
-            conn.execute(statement)
-        else:
-            with transaction(self.engine) as own:
-                own.execute(statement)
+        with transaction(self.engine) as conn:
+            conn.execute(update(outbox).where(outbox.c.id == row_id).values(**values))
+
+    def _release(self, row_ids: list[int]) -> None:
+        """Claimed rows not sent: due again at the relay's next round."""
+        if row_ids:
+            with transaction(self.engine) as conn:
+                conn.execute(update(outbox).where(outbox.c.id.in_(row_ids)).values(claimed_until=None))
+
+
+def _seconds(seconds: float):
+    return text(f"interval '{float(seconds):.3f} seconds'")
 
 
 def status(conn: Connection) -> dict:

@@ -40,15 +40,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from typing import Any
 
 from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.adapters.postgres.models import job_history, jobs, variants
-from app.core import messages, outbox
-from app.observability.tracing import child_of
+from app.core import outbox
 
 QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
 STATES = (QUEUED, PROCESSING, READY, FAILED)
@@ -75,13 +73,6 @@ def _interval(seconds: float):
     return text(f"interval '{float(seconds):.3f} seconds'")
 
 
-def _inspect_message(conn: Connection, job: Row | Any, attempt: int, available_at: datetime | None = None) -> int:
-    payload = messages.build(
-        job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
-        attempt=attempt, step="inspect", traceparent=child_of(job.traceparent), tracestate=job.tracestate)
-    return outbox.add(conn, payload, available_at=available_at)
-
-
 def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
                traceparent: str, tracestate: str | None, actor: str,
                reason: str = "upload accepted") -> tuple[uuid.UUID, int] | None:
@@ -101,7 +92,7 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
     if row is None:
         return None
     _history(conn, job_id, None, QUEUED, 0, actor, reason=reason)
-    return job_id, _inspect_message(conn, row, attempt=1)
+    return job_id, outbox.announce(conn, row, 1, "inspect")
 
 
 def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
@@ -269,7 +260,7 @@ def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason:
     if row is None:
         return None
     _history(conn, job_id, PROCESSING, QUEUED, attempt, actor, error_code, reason)
-    _inspect_message(conn, row, attempt + 1, available_at=due)
+    outbox.announce(conn, row, attempt + 1, "inspect", available_at=due)
     return QUEUED
 
 
@@ -296,7 +287,7 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
                                     {"error_code": WORKER_LOST, "error_reason": reason},
                                     require_live_lease=False)
             _history(conn, job.id, PROCESSING, QUEUED, job.attempt, actor, WORKER_LOST, reason)
-            _inspect_message(conn, row, job.attempt + 1)
+            outbox.announce(conn, row, job.attempt + 1, "inspect")
             counts["requeued"] += 1
     return counts
 
@@ -345,7 +336,7 @@ def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(updated_at=func.now()))
         _history(conn, job.id, job.state, job.state, job.attempt, actor, None,
                  f"{REANNOUNCED}: attempt {job.next_attempt} had no live message")
-        ids.append(_inspect_message(conn, job, job.next_attempt))
+        ids.append(outbox.announce(conn, job, job.next_attempt, "inspect"))
     return ids
 
 
@@ -364,5 +355,5 @@ def replay(conn: Connection, job_id, *, actor: str, reason: str, budget: int) ->
     if row is None:
         return None
     _history(conn, job_id, FAILED, QUEUED, row.attempt, actor, None, reason)
-    _inspect_message(conn, row, row.attempt + 1)
+    outbox.announce(conn, row, row.attempt + 1, "inspect")
     return row

@@ -47,6 +47,8 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
+from app.core.identity import identity
+from app.core.needs import ImageProducer
 from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
 from app.errors import (
@@ -63,8 +65,7 @@ from app.errors import (
 )
 from app.observability import telemetry
 from app.observability.logs import bound
-from app.observability.tracing import child_of, trace_id
-from app.services import Services, identity
+from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
 
@@ -78,7 +79,7 @@ class Outcome:
 
 
 class Workflow:
-    def __init__(self, services: Services, policies: dict[str, RetryPolicy] | None = None):
+    def __init__(self, services: ImageProducer, policies: dict[str, RetryPolicy] | None = None):
         self.services = services
         self.policies = policies or step_policies(services.settings)
 
@@ -148,13 +149,12 @@ class Workflow:
             attachment = self._attachment(conn, job.attachment_id)
         with self._lease_kept(job.id, attempt, lease), self._staged(attachment) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
-        with transaction(self.services.engine) as conn:
-            if states.fence(conn, job.id, attempt, lease, take=False) is None:
+        with self.services.unit_of_work.begin() as work:
+            if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect")
-            ids = self._announce_next(conn, job, attempt)
-            self._hand_off(conn, job.id, attempt, lease)
-        self.services.publisher.publish(ids)
-        return Outcome("inspected", f"{len(ids)} message(s) announced")
+            self._announce_next(work.conn, job, attempt)
+            self._hand_off(work.conn, job.id, attempt, lease)
+        return Outcome("inspected", f"{len(work.written)} message(s) announced")
 
     def render(self, job, attempt: int, variant: str, lease: states.Lease) -> Outcome:
         version = pipeline.get(job.pipeline_version)
@@ -172,7 +172,8 @@ class Workflow:
             with self._lease_kept(job.id, attempt, lease):
                 effect = self._make_object(attachment, version, variant)
             faults.point("after_object_write")
-        with transaction(self.services.engine) as conn:
+        with self.services.unit_of_work.begin() as work:
+            conn = work.conn
             if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during render; the object stays unreferenced")
             if not done:
@@ -180,9 +181,8 @@ class Workflow:
                     job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
                     variant=variant, attempt=attempt, **effect,
                 ).on_conflict_do_nothing(constraint="variants_effect_key"))
-            ids = self._announce_publish_if_complete(conn, job, attempt, version)
+            self._announce_publish_if_complete(conn, job, attempt, version)
             self._hand_off(conn, job.id, attempt, lease)
-        self.services.publisher.publish(ids)
         return Outcome("rendered" if not done else "already_rendered", variant)
 
     def publish(self, job, attempt: int, lease: states.Lease) -> Outcome:
@@ -293,8 +293,8 @@ class Workflow:
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         todo = [name for name in version.variants if name not in recorded]
         if not todo:
-            return [self._message(conn, job, attempt, "publish")]
-        return [self._message(conn, job, attempt, "render", variant=name) for name in todo]
+            return [outbox.announce(conn, job, attempt, "publish")]
+        return [outbox.announce(conn, job, attempt, "render", variant=name) for name in todo]
 
     def _announce_publish_if_complete(self, conn, job, attempt: int, version) -> list[int]:
         # fence() locked the job row, so concurrent renders of one job
@@ -302,14 +302,8 @@ class Workflow:
         # (redeliveries may announce again: harmless duplicates).
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         if set(version.variants) <= recorded:
-            return [self._message(conn, job, attempt, "publish")]
+            return [outbox.announce(conn, job, attempt, "publish")]
         return []
-
-    def _message(self, conn, job, attempt: int, step: str, variant: str | None = None) -> int:
-        payload = messages.build(job_id=job.id, attachment_id=job.attachment_id,
-                                 pipeline_version=job.pipeline_version, attempt=attempt, step=step,
-                                 variant=variant, traceparent=child_of(job.traceparent), tracestate=job.tracestate)
-        return outbox.add(conn, payload)
 
     def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:
         """The step is done: the job waits for its next message without a short lease (see states.hand_off)."""

@@ -72,11 +72,11 @@ def _histogram(name: str, doc: str, conn, sql: str, labels: list[str] | None = N
 
 
 class DatabaseCollector:
-    def __init__(self, services):
-        self.services = services
+    def __init__(self, engine):
+        self.engine = engine
 
     def collect(self):
-        with self.services.engine.connect() as conn:
+        with self.engine.connect() as conn:
             uploads = conn.execute(text("SELECT count(*) FROM attachments")).scalar()
             yield CounterMetricFamily("attache_uploads", "Accepted uploads.", value=uploads)
 
@@ -172,17 +172,13 @@ def _sweepers(conn):
 
 
 class BrokerCollector:
-    def __init__(self, services):
-        self.services = services
+    def __init__(self, dead_letters):
+        self.dead_letters = dead_letters
 
     def collect(self):
-        from app.adapters.broker.dead_letter_tools import DeadLetters
-
-        settings = self.services.settings
         family = GaugeMetricFamily("attache_dlq_messages", "Dead letters waiting per queue.", labels=["queue"])
         try:
-            for queue in DeadLetters(settings.broker_url, self.services.engine,
-                                     socket_timeout=settings.publish_timeout_seconds).queues():
+            for queue in self.dead_letters.queues():
                 family.add_metric([queue["name"]], queue["messages"])
         except AttacheError as exc:
             log.warning("DLQ depth unavailable for /metrics: %s", exc)
@@ -190,7 +186,8 @@ class BrokerCollector:
 
 
 def render(services) -> bytes:
+    """The scrape, from the process's engine and dead-letter tools (``services.engine``, ``services.dead_letters``)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(DatabaseCollector(services))
-    registry.register(BrokerCollector(services))
+    registry.register(DatabaseCollector(services.engine))
+    registry.register(BrokerCollector(services.dead_letters))
     return generate_latest(registry)

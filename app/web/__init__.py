@@ -7,7 +7,6 @@ Blueprints never import the app: they reach shared objects through
 from __future__ import annotations
 
 import hashlib
-import sys
 
 from flask import Flask
 from sqlalchemy.exc import OperationalError
@@ -15,9 +14,9 @@ from werkzeug.exceptions import HTTPException
 
 from app.config import Settings
 from app.core.auth import effective_tokens
-from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
+from app.errors import DatabaseUnavailable, UploadRejected
 from app.observability import logs
-from app.services import Services
+from app.services import Services, settings_or_exit
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
 from app.web.responses import error, refusal
 from app.web.session import SessionInterface
@@ -25,11 +24,7 @@ from app.web.session import SessionInterface
 
 def create_app(settings: Settings | None = None) -> Flask:
     if settings is None:
-        try:
-            settings = Settings.from_env()
-        except ConfigError as exc:
-            print(f"attache web: configuration error: {exc}", file=sys.stderr)
-            raise SystemExit(2)
+        settings = settings_or_exit("web")
         logs.configure("web")
     app = Flask(__name__)
     app.request_class = UploadRequest

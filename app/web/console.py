@@ -218,11 +218,7 @@ def logout():
 
 
 def _dead_letters():
-    from app.adapters.broker.dead_letter_tools import DeadLetters
-
-    services = _services()
-    return DeadLetters(services.settings.broker_url, services.engine,
-                       socket_timeout=services.settings.publish_timeout_seconds)
+    return _services().dead_letters
 
 
 def _broker_down(exc: Exception) -> str:

@@ -132,10 +132,7 @@ def leases():
 
 
 def _dead_letters():
-    from app.adapters.broker.dead_letter_tools import DeadLetters
-
-    settings = _services().settings
-    return DeadLetters(settings.broker_url, _services().engine, socket_timeout=settings.publish_timeout_seconds)
+    return _services().dead_letters
 
 
 @bp.errorhandler(UnknownQueue)

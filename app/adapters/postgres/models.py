@@ -25,7 +25,8 @@ test compares the two so they cannot drift.
 * ``step_runs`` - how long each step took and how it ended (for
   ``attache_step_duration_seconds``); best effort, written after the step.
 * ``outbox`` - every message is born here, in the transaction of the state
-  change it announces; ``published_at`` is set when RabbitMQ confirmed it.
+  change it announces; ``published_at`` is set when RabbitMQ confirmed it;
+  ``claimed_until`` holds off other relays while one publishes the row.
 * ``sweeper_runs`` - one row per maintenance service of the scheduler: its
   interval, how many rounds ended ok, skipped or failed, its first run and
   last success (for ``attache_sweeper_*``); upserted after every round.
@@ -156,6 +157,8 @@ outbox = Table(
     Column("published_at", DateTime(timezone=True)),
     Column("publish_attempts", Integer, nullable=False, server_default=text("0")),
     Column("last_error", Text),
+    #: the relay's claim on an unpublished row while it publishes it (another relay skips it until then)
+    Column("claimed_until", DateTime(timezone=True)),
 )
 Index("outbox_pending_idx", outbox.c.available_at, postgresql_where=text("published_at IS NULL"))
 Index("outbox_job_idx", outbox.c.job_id, outbox.c.id)

@@ -1,0 +1,84 @@
+"""Commit, then publish: the one place a state change and the messages announcing it leave a process.
+
+Every producer (the upload's intake, the workflow's steps, an operator's
+replay, a backfill batch, lease recovery, the reconciler) writes its state
+change and its outbox rows in ONE transaction opened by
+:meth:`UnitOfWork.begin`. The unit of work collects the outbox rows written
+in that transaction (:func:`app.core.outbox.collecting`) and, only after
+COMMIT, publishes them (:meth:`app.core.outbox.OutboxPublisher.publish`)::
+
+    with services.unit_of_work.begin() as work:
+        states.replay(work.conn, ...)
+    work.written, work.published    # the outbox rows it wrote, and how many RabbitMQ confirmed
+
+Nothing is published when the block raises (the transaction rolled back).
+A failure to publish after COMMIT is logged and left to the scheduler's
+outbox relay: the work is already safe. Rows not yet due (a managed retry's
+``available_at``) are left to the relay too.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+from sqlalchemy.engine import Connection, Engine
+
+from app.adapters.postgres.db import transaction
+from app.core import outbox
+from app.errors import AttacheError
+
+log = logging.getLogger("attache.unit_of_work")
+
+
+@dataclass
+class Work:
+    """One transaction: its connection, then what it wrote and what was published after its COMMIT."""
+
+    conn: Connection
+    #: ids of the outbox rows written in this transaction
+    written: list[int] = field(default_factory=list)
+    #: how many of them RabbitMQ confirmed after COMMIT
+    published: int = 0
+
+
+class UnitOfWork:
+    def __init__(self, engine: Engine, publisher: outbox.OutboxPublisher):
+        self.engine = engine
+        self.publisher = publisher
+
+    @contextlib.contextmanager
+    def begin(self, *, after_commit: Callable[[], None] | None = None,
+              landed: Callable[[Exception], bool] | None = None) -> Iterator[Work]:
+        """``BEGIN``, the block, ``COMMIT``, then publish what the block wrote to the outbox.
+
+        ``after_commit`` runs between COMMIT and publishing (the upload's
+        fault points of window 2). An error raised by COMMIT itself, or by
+        ``after_commit``, leaves the outcome unknown: with ``landed`` the
+        unit of work asks it whether the transaction committed after all
+        and, if so, publishes as usual; otherwise the error propagates and
+        nothing is published (the relay publishes rows that did commit).
+        """
+        committing = False
+        try:
+            with transaction(self.engine) as conn, outbox.collecting(conn) as written:
+                work = Work(conn, written)
+                yield work
+                committing = True  # the block succeeded: an error from here on is the COMMIT's own
+            if after_commit is not None:
+                after_commit()
+        except Exception as exc:
+            if not (committing and landed is not None and landed(exc)):
+                raise
+        work.published = self._publish(work.written)
+
+    def _publish(self, ids: list[int]) -> int:
+        if not ids:
+            return 0
+        try:
+            return self.publisher.publish(ids)
+        except AttacheError as exc:  # the rows are durable; the scheduler's relay publishes them
+            log.warning("publish after commit failed: %s", exc)
+            return 0

@@ -1,0 +1,55 @@
+"""Every maintenance service of the scheduler, built from the process's :class:`~app.services.Services`.
+
+The one place their configs are made from :class:`~app.config.Settings`
+(and each service's interval): ``python -m scheduler`` runs them all,
+``attache gc run`` runs the two storage cleanups once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.services import Services
+from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
+from scheduler.object_gc import ObjectGc, ObjectGcConfig
+from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.reconciler import Reconciler, ReconcilerConfig
+from scheduler.retirement import Retirement, RetirementConfig
+from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+
+#: the storage cleanups ``attache gc run`` runs on demand
+CLEANUPS = (StagingCleanup.name, ObjectGc.name)
+
+
+@dataclass(frozen=True)
+class Sweeper:
+    """A maintenance service (``name``, ``run_once()``) and how often the scheduler runs it."""
+
+    service: object
+    interval_seconds: float
+
+
+def sweepers(services: Services) -> list[Sweeper]:
+    settings = services.settings
+    engine, storage = services.engine, services.storage
+    return [
+        Sweeper(OutboxRelay(services.publisher,
+                            OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
+                settings.outbox_interval_seconds),
+        Sweeper(LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig()), settings.lease_interval_seconds),
+        Sweeper(Reconciler(services.unit_of_work, services.broker,
+                           ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
+                settings.reconcile_interval_seconds),
+        Sweeper(StagingCleanup(engine, storage, StagingCleanupConfig(
+            grace_seconds=settings.staging_grace_seconds, failed_retention_seconds=settings.failed_retention_seconds)),
+                settings.cleanup_interval_seconds),
+        Sweeper(ObjectGc(engine, storage, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
+                settings.cleanup_interval_seconds),
+        Sweeper(Retirement(engine, storage, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
+                settings.cleanup_interval_seconds),
+    ]
+
+
+def cleanups(services: Services) -> list:
+    """The storage cleanups, configured as the scheduler runs them."""
+    return [sweeper.service for sweeper in sweepers(services) if sweeper.service.name in CLEANUPS]
