@@ -25,8 +25,9 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.web import create_app
-from scheduler.__main__ import build, guarded
+from scheduler.__main__ import guarded
 from scheduler.runs import SweeperRuns
+from scheduler.sweepers import sweepers
 from tests.conftest import OPERATOR_TOKEN, authed
 
 REPO = Path(__file__).resolve().parents[1]
@@ -142,7 +143,7 @@ def test_the_rules_cover_what_operators_asked_for():
 
 def test_every_metric_named_is_exported(settings, services, engine):
     runs = SweeperRuns(engine)
-    for service, interval in build(services):
+    for service, interval in [(sweeper.service, sweeper.interval_seconds) for sweeper in sweepers(services)]:
         guarded(service, interval, runs)()
     app = create_app(settings)
     response = authed(app, OPERATOR_TOKEN).get("/metrics")

@@ -17,10 +17,11 @@ from app.adapters.postgres.models import jobs, outbox
 from app.config import Settings
 from app.services import Services
 from app.web import create_app
-from scheduler.__main__ import build, guarded
+from scheduler.__main__ import guarded
 from scheduler.locking import exclusive
 from scheduler.runs import SweeperRuns
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from scheduler.sweepers import sweepers
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.processes import Deployment, wait_for
 from tests.test_maintenance import seed
@@ -63,7 +64,7 @@ def test_each_round_is_added_up_and_exported(settings, services, engine):
         conn.execute(update(jobs).where(jobs.c.id == expired)
                      .values(lease_expires_at=func.now() - text("interval '1 second'")))
     abandon_outbox_rows(engine)
-    scheduled = build(services)
+    scheduled = [(sweeper.service, sweeper.interval_seconds) for sweeper in sweepers(services)]
     assert {service.name for service, _ in scheduled} == SERVICES
 
     started = time.time()
@@ -109,7 +110,7 @@ def test_each_round_is_added_up_and_exported(settings, services, engine):
     # a round that raises (its database cannot be reached): counted, nothing added
     broken = Services(Settings.from_env({"DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache",
                                          "BROKER_URL": settings.broker_url, "STORAGE_URL": settings.storage_url}))
-    guarded(StagingCleanup(broken, StagingCleanupConfig()), cleanup_interval, runs)()
+    guarded(StagingCleanup(broken.engine, broken.storage, StagingCleanupConfig()), cleanup_interval, runs)()
     broken.engine.dispose()
     third = sweeper_samples(app)
     assert of(third, "attache_sweeper_runs_total", service="staging_cleanup", outcome="ok") == 1
