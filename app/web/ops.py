@@ -14,7 +14,8 @@ from app.adapters.broker.dead_letter_tools import (
     UnknownQueue,
 )
 from app.core import operations
-from app.errors import BrokerUnavailable
+from app.core import search as finder
+from app.errors import BrokerUnavailable, SearchTooBroad
 from app.web.access import identity, protect
 from app.web.responses import error as _error
 
@@ -49,12 +50,23 @@ def missing_reason(exc):
 @bp.get("/jobs")
 def jobs():
     try:
-        listed = operations.list_jobs(_services(), state=request.args.get("state") or None,
-                                      pipeline_version=request.args.get("pipeline_version", type=int),
-                                      limit=request.args.get("limit", 100, type=int))
+        page = operations.find_jobs(_services(), operations.JobFilter.parse(request.args),
+                                    cursor=request.args.get("cursor") or None,
+                                    limit=request.args.get("limit", 100, type=int))
     except ValueError as exc:
         return _error(400, "bad_request", str(exc))
-    return jsonify(jobs=listed)
+    return jsonify(page)
+
+
+@bp.get("/search")
+def search():
+    try:
+        return jsonify(finder.search(_services(), request.args.get("q", ""),
+                                     limit=request.args.get("limit", finder.MAX_MATCHES, type=int)))
+    except ValueError as exc:
+        return _error(400, "bad_request", str(exc))
+    except SearchTooBroad as exc:
+        return _error(400, exc.error_code, str(exc))
 
 
 @bp.get("/jobs/<uuid:job_id>")
