@@ -74,7 +74,7 @@ def kinds(detail):
 
 def test_the_timeline_names_each_step_retry_lease_expiry_and_derivative(quiet_services, engine, two_versions):
     attachment_id, v1, v2 = two_versions
-    overview = timeline.attachment_overview(quiet_services, attachment_id)
+    overview = timeline.attachment_overview(quiet_services.engine, attachment_id)
     assert overview["attachment"]["attachment_id"] == str(attachment_id)
     assert overview["attachment"]["filename"] == "chelsea.jpg"
     first, second = overview["jobs"]
@@ -119,7 +119,7 @@ def test_a_replay_shows_who_did_it_and_why(quiet_services, engine, data_file):
     accepted = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
     run(Workflow(quiet_services), engine, accepted.job_id)
     operations.replay(quiet_services, accepted.job_id, operator="olga", reason="decoder upgraded")
-    detail = timeline.job_detail(quiet_services, accepted.job_id)
+    detail = timeline.job_detail(quiet_services.engine, accepted.job_id)
     failed = next(e for e in detail["timeline"] if e["kind"] == "failed")
     assert failed["error_code"] == "corrupt_image"
     replayed = detail["timeline"][-1]
@@ -127,9 +127,9 @@ def test_a_replay_shows_who_did_it_and_why(quiet_services, engine, data_file):
     assert [(a["actor"], a["action"]) for a in detail["audit"]] == [("operator:olga", "job.replay")]
     assert detail["now"]["kind"] == "queued"
     with pytest.raises(operations.NotFound):
-        timeline.job_detail(quiet_services, uuid.uuid4())
+        timeline.job_detail(quiet_services.engine, uuid.uuid4())
     with pytest.raises(operations.NotFound):
-        timeline.attachment_overview(quiet_services, uuid.uuid4())
+        timeline.attachment_overview(quiet_services.engine, uuid.uuid4())
 
 
 def test_step_runs_name_their_worker(quiet_services, engine, data_file):

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import text
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import time_limit, transaction
-from app.services import Services
 
 #: how long the window's queries may take together
 TIME_LIMIT_SECONDS = 10.0
@@ -62,7 +62,7 @@ def _bucketed(conn, sql: str, params: dict) -> dict[datetime, tuple]:
     return {row[0]: tuple(row[1:]) for row in conn.execute(text(sql), params)}
 
 
-def activity(services: Services, window_name: str = "hour") -> dict:
+def activity(engine: Engine, window_name: str = "hour") -> dict:
     """The charts' numbers for the last hour or day; ValueError for another window name.
 
     ``times`` are the buckets' starts; every per-bucket list has one value a
@@ -71,7 +71,7 @@ def activity(services: Services, window_name: str = "hour") -> dict:
     if window_name not in WINDOWS:
         raise ValueError(f"window must be one of {', '.join(WINDOWS)}")
     window = WINDOWS[window_name]
-    with transaction(services.engine) as conn:
+    with transaction(engine) as conn:
         conn.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
         with time_limit(conn, TIME_LIMIT_SECONDS):
             now = conn.execute(text("SELECT now()")).scalar_one()

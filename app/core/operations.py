@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from typing import ClassVar
 
 from sqlalchemy import func, select, tuple_
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
@@ -69,6 +70,9 @@ class JobFilter:
     def parse(cls, values) -> JobFilter:
         """From text (a query string, a form, the command line): blank means unset; ValueError names the field."""
         text = {name: (values.get(name) or "").strip() or None for name in cls.FIELDS}
+        for name, value in text.items():
+            if value is not None and not value.isprintable():
+                raise ValueError(f"{name} must be printable text, without control characters")
         if text["state"] is not None and text["state"] not in states.STATES:
             raise ValueError(f"state must be one of {', '.join(states.STATES)}")
         version = None
@@ -118,7 +122,7 @@ def _after(cursor: str) -> tuple[datetime, uuid.UUID]:
     return position
 
 
-def find_jobs(services: Services, filters: JobFilter = JobFilter(), *, cursor: str | None = None,
+def find_jobs(engine: Engine, filters: JobFilter = JobFilter(), *, cursor: str | None = None,
               limit: int = 100) -> dict:
     """A page of jobs, newest first: ``{"jobs": [...], "next_cursor": ... or None}``.
 
@@ -146,7 +150,7 @@ def find_jobs(services: Services, filters: JobFilter = JobFilter(), *, cursor: s
     if cursor:
         query = query.where(tuple_(jobs.c.created_at, jobs.c.id) < tuple_(*_after(cursor)))
     query = query.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
-    with transaction(services.engine) as conn:
+    with transaction(engine) as conn:
         rows = conn.execute(query).all()
     page = rows[:limit]
     return {"jobs": [job_summary(row) for row in page],
@@ -158,7 +162,7 @@ def list_jobs(services: Services, *, state: str | None = None, pipeline_version:
     """The first page of :func:`find_jobs` for a state and a version, as a list."""
     if state is not None and state not in states.STATES:
         raise ValueError(f"state must be one of {', '.join(states.STATES)}")
-    return find_jobs(services, JobFilter(state=state, pipeline_version=pipeline_version), limit=limit)["jobs"]
+    return find_jobs(services.engine, JobFilter(state=state, pipeline_version=pipeline_version), limit=limit)["jobs"]
 
 
 def resolve_job_id(services: Services, typed: str) -> uuid.UUID:

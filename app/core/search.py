@@ -26,12 +26,12 @@ import re
 import uuid
 
 from sqlalchemy import null, select
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import time_limit, transaction
 from app.adapters.postgres.models import attachments, jobs
 from app.core import id_prefixes
 from app.errors import QueryTimeout, SearchTooBroad
-from app.services import Services
 
 #: the most matches a search returns
 MAX_MATCHES = 50
@@ -86,7 +86,7 @@ def _iso(value):
     return value.isoformat() if value is not None else None
 
 
-def search(services: Services, text: str, *, limit: int = MAX_MATCHES) -> dict:
+def search(engine: Engine, text: str, *, limit: int = MAX_MATCHES) -> dict:
     """``{"query", "matches": [...], "more"}``: the attachments ``text`` names, newest first.
 
     Each match is the attachment (id, filename, uploader, size, sha256,
@@ -100,12 +100,14 @@ def search(services: Services, text: str, *, limit: int = MAX_MATCHES) -> dict:
         raise ValueError("type an attachment or job id (or its start), a sha256, an uploader or part of a filename")
     if len(text) > MAX_QUERY:
         raise ValueError(f"a search is at most {MAX_QUERY} characters")
+    if not text.isprintable():
+        raise ValueError("a search is printable text, without control characters")
     limit = max(1, min(limit, MAX_MATCHES))
     how: dict[uuid.UUID, list[str]] = {}
     job_hits: dict[uuid.UUID, list[str]] = {}
     more = False
     try:
-        with transaction(services.engine) as conn, time_limit(conn, TIME_LIMIT_SECONDS):
+        with transaction(engine) as conn, time_limit(conn, TIME_LIMIT_SECONDS):
             for kind, query in _searches(text, limit):
                 rows = conn.execute(query).all()
                 more |= len(rows) > limit

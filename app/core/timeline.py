@@ -23,6 +23,7 @@ import uuid
 from datetime import timedelta
 
 from sqlalchemy import func, select
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
@@ -30,7 +31,6 @@ from app.adapters.postgres.models import attachments, job_history, jobs, outbox,
 from app.core import states
 from app.core.operations import NotFound, job_summary
 from app.observability.tracing import trace_id
-from app.services import Services
 
 
 def _iso(value):
@@ -43,9 +43,9 @@ def attachment_facts(row) -> dict:
             "width": row.width, "height": row.height, "created_at": _iso(row.created_at)}
 
 
-def attachment_overview(services: Services, attachment_id: uuid.UUID) -> dict:
+def attachment_overview(engine: Engine, attachment_id: uuid.UUID) -> dict:
     """``{"attachment": facts, "jobs": [job_detail, ...]}``, one job per pipeline version, oldest version first."""
-    with transaction(services.engine) as conn:
+    with transaction(engine) as conn:
         row = conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one_or_none()
         if row is None:
             raise NotFound(f"no attachment {attachment_id}")
@@ -55,9 +55,9 @@ def attachment_overview(services: Services, attachment_id: uuid.UUID) -> dict:
         return {"attachment": attachment_facts(row), "jobs": [_detail(conn, job, now) for job in versions]}
 
 
-def job_detail(services: Services, job_id: uuid.UUID) -> dict:
+def job_detail(engine: Engine, job_id: uuid.UUID) -> dict:
     """One job as :func:`attachment_overview` shows it: summary, ``now``, ``timeline``, variants, audit."""
-    with transaction(services.engine) as conn:
+    with transaction(engine) as conn:
         job = states.get(conn, job_id)
         if job is None:
             raise NotFound(f"no job {job_id}")

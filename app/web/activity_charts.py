@@ -26,7 +26,7 @@ def dashboard_charts(data: dict) -> list[Markup]:
         line_chart("chart-latency", f"Upload → ready, p50 and p99 of the jobs ready {per}", times, [
             Series("p50", data["latency_p50"], BLUE, summed=False),
             Series("p99", data["latency_p99"], RED, summed=False),
-        ], unit=" s", tick_every=ticks),
+        ], unit=" s", tick_every=ticks, whole=False),
         line_chart("chart-outbox", "Outbox backlog (messages not yet confirmed by RabbitMQ)", times, [
             Series("Backlog", data["outbox_backlog"], AMBER, summed=False),
         ], tick_every=ticks),

@@ -168,7 +168,11 @@ def _schemas() -> dict:
                          "items": _object({"pipeline_version": {"type": "integer"}, "state": job_state})},
         }),
         "JobSummary": _object(job_summary_properties),
-        "JobList": _object({"jobs": {"type": "array", "items": _schema("JobSummary")}}),
+        "JobList": _object({
+            "jobs": {"type": "array", "items": _schema("JobSummary"), "description": "Newest first (created)."},
+            "next_cursor": _nullable("string", description="Pass as `cursor` for the next page; null on the last."),
+        }),
+        **_search_schemas(job_state, sha256, date_time),
         "Job": _object({
             **job_summary_properties,
             "trace": _object({"traceparent": {"type": "string"}, "tracestate": _nullable("string")},
@@ -544,6 +548,74 @@ DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touche
                      "completed afterwards (`completed` with what was done, or `failed`).")
 
 
+# --- finding an upload, listing jobs (app/core/search.py, operations.find_jobs) -----------------
+
+
+def _search_schemas(job_state: dict, sha256: dict, date_time: dict) -> dict:
+    from app.core import search
+
+    return {"SearchResult": _object({
+        "query": {"type": "string", "description": "What was searched for, trimmed."},
+        "matches": {"type": "array", "description": "Newest first; an id match before the others.", "items": _object({
+            "attachment_id": {"type": "string", "format": "uuid"},
+            "filename": {"type": "string"},
+            "uploader": {"type": "string"},
+            "size": {"type": "integer"},
+            "content_type": {"type": "string"},
+            "sha256": sha256,
+            "created_at": date_time,
+            "matched_by": {"type": "array", "items": {"enum": [search.ATTACHMENT_ID, search.JOB_ID, search.SHA256,
+                                                               search.UPLOADER, search.FILENAME]}},
+            "matched_job_ids": {"type": "array", "items": {"type": "string", "format": "uuid"},
+                                "description": "The jobs whose id matched."},
+            "jobs": {"type": "array", "description": "Every pipeline version's job.", "items": _object({
+                "job_id": {"type": "string", "format": "uuid"}, "pipeline_version": {"type": "integer"},
+                "state": job_state, "error_code": _nullable("string")})},
+        })},
+        "more": {"type": "boolean", "description": "Other attachments match too: type more of it."},
+    })}
+
+
+def _search_operation() -> dict:
+    from app.core import id_prefixes, search
+
+    return _ops_get(
+        "searchAttachments", "Find an upload by id, job id, a unique start of either, sha256, uploader or filename",
+        _schema("SearchResult"),
+        description=f"Tried as each at once: an attachment or job id or its start ({id_prefixes.MIN_PREFIX}+ "
+                    f"hex digits), a sha256 or its first {search.MIN_SHA256_PREFIX}+ hex digits, an uploader "
+                    f"(exactly), a part of the filename ({search.MIN_FRAGMENT}+ characters, any case). One match is "
+                    "the attachment to open; several are listed.",
+        parameters=[
+            {"name": "q", "in": "query", "required": True, "description": "What to look for.",
+             "schema": {"type": "string", "maxLength": search.MAX_QUERY}},
+            {"name": "limit", "in": "query", "required": False,
+             "description": f"At most this many, clamped to 1..{search.MAX_MATCHES} (not an integer: "
+                            f"{search.MAX_MATCHES}).", "schema": {"type": "integer", "default": search.MAX_MATCHES}},
+        ],
+        errors={"400": _error("`q` is missing, blank, too long or has control characters; or the search matched "
+                              f"too much to finish in {search.TIME_LIMIT_SECONDS:g} s.",
+                              ["bad_request", "search_too_broad"])})
+
+
+def _job_list_parameters() -> list:
+    def query(name: str, description: str, schema: dict) -> dict:
+        return {"name": name, "in": "query", "required": False, "description": description, "schema": schema}
+
+    return [
+        query("state", "Only jobs in this state (empty: any).", {"type": "string", "enum": list(states.STATES)}),
+        query("pipeline_version", "Only jobs of this version.", {"type": "integer"}),
+        query("uploader", "Only the jobs of this uploader's attachments.", {"type": "string"}),
+        query("error_code", "Only jobs with this error code (failed, or waiting to retry).", {"type": "string"}),
+        query("since", "Created at or after this time (ISO 8601; without a zone, UTC).",
+              {"type": "string", "format": "date-time"}),
+        query("until", "Created before this time.", {"type": "string", "format": "date-time"}),
+        query("cursor", "The `next_cursor` of the previous page.", {"type": "string"}),
+        query("limit", "At most this many, clamped to 1..1000 (not an integer: 100).",
+              {"type": "integer", "default": 100}),
+    ]
+
+
 def _paths() -> dict:
     queue = _ref("parameters", "Queue")
     job_id = _ref("parameters", "JobId")
@@ -563,18 +635,13 @@ def _paths() -> dict:
             "responses": {"200": _ok("The OpenAPI 3.1 document.", {"type": "object", "required": ["openapi"]})},
         }},
         "/v1/ops/jobs": _ops_get(
-            "listJobs", "Jobs, most recently updated first", _schema("JobList"),
-            parameters=[
-                {"name": "state", "in": "query", "required": False,
-                 "description": "Only jobs in this state (an empty value means all).",
-                 "schema": {"type": "string", "enum": list(states.STATES)}},
-                {"name": "pipeline_version", "in": "query", "required": False,
-                 "description": "Only jobs of this version (not an integer: ignored).", "schema": {"type": "integer"}},
-                {"name": "limit", "in": "query", "required": False,
-                 "description": "At most this many, clamped to 1..1000 (not an integer: 100).",
-                 "schema": {"type": "integer", "default": 100}},
-            ],
-            errors={"400": _error("`state` is not a job state.", ["bad_request"])}),
+            "listJobs", "Jobs, newest first, a page at a time", _schema("JobList"),
+            description="Filters combine (and). Keyset-paginated: each page ends where the last job's "
+                        "`(created_at, id)` is, so jobs that change state or arrive meanwhile neither repeat "
+                        "nor skip a page.",
+            parameters=_job_list_parameters(),
+            errors={"400": _error("A filter or the cursor is not valid; the message names it.", ["bad_request"])}),
+        "/v1/ops/search": _search_operation(),
         "/v1/ops/jobs/{job_id}": _ops_get(
             "getJob", "A job with its history, trace context and audit trail", _schema("Job"),
             parameters=[job_id], errors={"404": _error("No such job.", ["not_found"])}),

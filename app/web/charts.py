@@ -20,8 +20,8 @@ from datetime import datetime, timedelta, timezone
 
 from markupsafe import Markup, escape
 
-WIDTH, HEIGHT = 640, 220
-LEFT, RIGHT, TOP, BOTTOM = 56, 12, 14, 30
+WIDTH, HEIGHT = 520, 200
+LEFT, RIGHT, TOP, BOTTOM = 52, 10, 12, 28
 GRID = "#d8dce4"
 INK = "#5b6475"
 #: line and bar colours, in the order series take them (dark enough on white for WCAG AA non-text contrast)
@@ -53,6 +53,12 @@ def nice_ceiling(value: float) -> float:
         if step * power >= value * (1 - 1e-9):
             return step * power
     return 10 * power  # pragma: no cover - the loop ends at 10
+
+
+def axis_top(value: float, *, whole: bool) -> float:
+    """The top of a y axis over ``value`` whose :data:`TICKS` steps are nice numbers (whole ones for counts)."""
+    step = nice_ceiling(value / TICKS)
+    return max(step, 1.0) * TICKS if whole else step * TICKS
 
 
 def _time(value) -> datetime:
@@ -91,12 +97,16 @@ def _describe(series: Series, times: list[datetime], unit: str) -> str:
 
 
 def line_chart(chart_id: str, title: str, times: list, series: list[Series], *, unit: str = "",
-               tick_every: timedelta, note: str | None = None) -> Markup:
-    """Series over the buckets starting at ``times`` (one value each, ``None`` for none); x labels every ``tick_every``."""
+               tick_every: timedelta, whole: bool = True, note: str | None = None) -> Markup:
+    """Series over the buckets that start at ``times``, a value a bucket (``None``: no value).
+
+    The x axis is labelled every ``tick_every``; ``unit`` follows each value;
+    ``whole``: the values are counts, so the y axis steps by whole numbers.
+    """
     moments = [_time(t) for t in times]
     count = max(len(moments), 1)
     plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    top = nice_ceiling(max([v for s in series for v in s.values if v is not None] or [0]))
+    top = axis_top(max([v for s in series for v in s.values if v is not None] or [0]), whole=whole)
 
     def x(index: int) -> float:
         return LEFT + (index + 0.5) * plot_w / count
@@ -111,14 +121,14 @@ def line_chart(chart_id: str, title: str, times: list, series: list[Series], *, 
         value = top * tick / TICKS
         svg.append(f'<line x1="{LEFT}" x2="{WIDTH - RIGHT}" y1="{y(value):.1f}" y2="{y(value):.1f}" '
                    f'stroke="{GRID}" stroke-width="1"/>')
-        svg.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="11" '
+        svg.append(f'<text x="{LEFT - 6}" y="{y(value) + 4:.1f}" text-anchor="end" font-size="12" '
                    f'fill="{INK}">{escape(_number(value) + unit)}</text>')
     step = tick_every.total_seconds()
     for index, moment in enumerate(moments):
         if moment.timestamp() % step == 0:
             svg.append(f'<line x1="{x(index):.1f}" x2="{x(index):.1f}" y1="{TOP + plot_h}" y2="{TOP + plot_h + 4}" '
                        f'stroke="{INK}"/>')
-            svg.append(f'<text x="{x(index):.1f}" y="{HEIGHT - 8}" text-anchor="middle" font-size="11" '
+            svg.append(f'<text x="{x(index):.1f}" y="{HEIGHT - 8}" text-anchor="middle" font-size="12" '
                        f'fill="{INK}">{moment:%H:%M}</text>')
     for s in series:
         runs, current = [], []
@@ -152,10 +162,10 @@ def line_chart(chart_id: str, title: str, times: list, series: list[Series], *, 
 def bar_chart(chart_id: str, title: str, rows: list[tuple[str, list[float]]], parts: list[tuple[str, str]], *,
               note: str | None = None) -> Markup:
     """One row per label, its values stacked left to right; ``parts`` names and colours each value."""
-    row_h, label_w = 24, 180
+    row_h, label_w = 24, 160
     height = TOP + max(len(rows), 1) * row_h + BOTTOM
     plot_w = WIDTH - label_w - RIGHT - 48
-    top = nice_ceiling(max([sum(values) for _, values in rows] or [0]))
+    top = axis_top(max([sum(values) for _, values in rows] or [0]), whole=True)
     summary = "; ".join(f"{label}: " + ", ".join(f"{_number(v)} {name}" for v, (name, _) in zip(values, parts))
                         for label, values in rows) or "none"
     svg = _svg_open(chart_id, title, f"{title}. {summary}.", height)
@@ -170,14 +180,14 @@ def bar_chart(chart_id: str, title: str, rows: list[tuple[str, list[float]]], pa
                 svg.append(f'<rect x="{left:.1f}" y="{y + 4}" width="{width:.1f}" height="{row_h - 8}" '
                            f'fill="{colour}"><title>{escape(f"{label}: {_number(value)} {name}")}</title></rect>')
             left += width
-        svg.append(f'<text x="{left + 6:.1f}" y="{y + row_h / 2 + 4:.1f}" font-size="11" fill="{INK}">'
+        svg.append(f'<text x="{left + 6:.1f}" y="{y + row_h / 2 + 4:.1f}" font-size="12" fill="{INK}">'
                    f'{escape(" + ".join(_number(v) for v in values))}</text>')
     base = TOP + max(len(rows), 1) * row_h
     svg.append(f'<line x1="{label_w}" x2="{label_w + plot_w}" y1="{base}" y2="{base}" stroke="{GRID}"/>')
     for tick in range(TICKS + 1):
         value = top * tick / TICKS
         at = label_w + value / top * plot_w
-        svg.append(f'<text x="{at:.1f}" y="{base + 16}" text-anchor="middle" font-size="11" fill="{INK}">'
+        svg.append(f'<text x="{at:.1f}" y="{base + 16}" text-anchor="middle" font-size="12" fill="{INK}">'
                    f'{escape(_number(value))}</text>')
     svg.append("</svg>")
     return _figure(chart_id, title, svg, _legend([(name, colour) for name, colour in parts]), note)

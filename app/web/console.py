@@ -299,7 +299,7 @@ def dashboard():
         return _message(404, "No such window", f"Charts cover {' or '.join(activity.WINDOWS)}.")
     charts, charts_error = None, None
     try:
-        charts = dashboard_charts(activity.activity(services, window))
+        charts = dashboard_charts(activity.activity(services.engine, window))
     except QueryTimeout as exc:
         log.warning("console: charts not drawn: %s", exc)
         charts_error = f"The charts took too long to compute ({exc})."
@@ -318,7 +318,7 @@ def search():
     if not typed.strip():
         return _page("search.html", q="", result=None)
     try:
-        result = finder.search(_services(), typed)
+        result = finder.search(_services().engine, typed)
     except (ValueError, QueryTimeout) as exc:  # nothing to search for, or too broad to finish
         return _page("search.html", 400, q=typed, result=None, error=str(exc))
     one = finder.landing(result)
@@ -332,7 +332,7 @@ def search():
 @bp.get("/attachments/<uuid:attachment_id>")
 def attachment(attachment_id: uuid.UUID):
     try:
-        overview = timeline.attachment_overview(_services(), attachment_id)
+        overview = timeline.attachment_overview(_services().engine, attachment_id)
     except operations.NotFound:
         return _message(404, "No such attachment", f"There is no attachment {attachment_id}.")
     return _page("attachment.html", attachment=overview["attachment"], jobs=overview["jobs"])
@@ -343,7 +343,7 @@ def jobs():
     args = request.args
     try:
         filters = operations.JobFilter.parse(args)
-        page = operations.find_jobs(_services(), filters, cursor=args.get("cursor") or None, limit=JOBS_PAGE)
+        page = operations.find_jobs(_services().engine, filters, cursor=args.get("cursor") or None, limit=JOBS_PAGE)
     except ValueError as exc:
         return _page("jobs.html", 400, args=args, page=None, error=str(exc), states=states.STATES)
     next_url = url_for("console.jobs", **filters.as_params(), cursor=page["next_cursor"]) \
@@ -356,7 +356,7 @@ def jobs():
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
     try:
         job = operations.show_job(_services(), job_id)
-        detail = timeline.job_detail(_services(), job_id)
+        detail = timeline.job_detail(_services().engine, job_id)
     except operations.NotFound:
         return _message(404, "No such job", f"There is no job {job_id}.")
     return _page("job.html", status, job=job, detail=detail, **context)

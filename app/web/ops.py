@@ -50,7 +50,7 @@ def missing_reason(exc):
 @bp.get("/jobs")
 def jobs():
     try:
-        page = operations.find_jobs(_services(), operations.JobFilter.parse(request.args),
+        page = operations.find_jobs(_services().engine, operations.JobFilter.parse(request.args),
                                     cursor=request.args.get("cursor") or None,
                                     limit=request.args.get("limit", 100, type=int))
     except ValueError as exc:
@@ -61,7 +61,7 @@ def jobs():
 @bp.get("/search")
 def search():
     try:
-        return jsonify(finder.search(_services(), request.args.get("q", ""),
+        return jsonify(finder.search(_services().engine, request.args.get("q", ""),
                                      limit=request.args.get("limit", finder.MAX_MATCHES, type=int)))
     except ValueError as exc:
         return _error(400, "bad_request", str(exc))
