@@ -41,9 +41,10 @@ def jobs_list(state, pipeline_version, uploader, error_code, since, until, curso
     emit(page["jobs"], as_json, lambda rows: show(
         f"{len(rows)} job(s)",
         [Column("job", whole=True), Column("attachment", whole=True, optional=True), Column("v"), Column("state"),
-         Column("attempt"), Column("error"), Column("created", whole=True)],
+         Column("attempt"), Column("error"), Column("updated", whole=True),
+         Column("created", whole=True, optional=True)],
         [[r["job_id"], r["attachment_id"], r["pipeline_version"], r["state"], f"{r['attempt']}/{r['max_attempts']}",
-          r["error_code"], r["created_at"]] for r in rows]))
+          r["error_code"], r["updated_at"], r["created_at"]] for r in rows]))
     if page["next_cursor"]:
         click.echo(f"more: the next page is --cursor {page['next_cursor']}", err=as_json)
 
