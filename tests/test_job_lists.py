@@ -101,6 +101,10 @@ def test_bad_filters_and_cursors_are_refused_by_name():
                             ({"until": "2026-13-01"}, "until must be an ISO 8601")):
         with pytest.raises(ValueError, match=message):
             JobFilter.parse(values)
+    with pytest.raises(ValueError, match="since must be an ISO 8601"):
+        JobFilter.parse({"since": "0001-01-01T00:00:00+01:00"})  # before the first instant Python can hold in UTC
+    assert JobFilter.parse({"since": "0959-12-14T03:29:06-22:51"}).since.utcoffset() == timedelta(0), \
+        "an offset PostgreSQL would refuse is turned into UTC (found by Schemathesis)"
     parsed = JobFilter.parse({"since": "2026-11-30T12:00", "until": "2026-11-30T13:00+01:00", "state": " ",
                               "uploader": "alice"})
     assert parsed.since == T0 and parsed.until == T0 and parsed.state is None

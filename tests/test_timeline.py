@@ -170,3 +170,23 @@ def test_the_job_page_has_the_timeline_and_links_its_attachment(app, two_version
     assert f'href="/ops/attachments/{attachment_id}"' in page.text
     assert f'id="timeline-{v1}"' in page.text and 'data-kind="step"' in page.text
     assert 'id="history"' in page.text
+
+
+def test_with_presigned_s3_downloads_the_console_lets_images_come_from_the_storage(env):
+    """A thumbnail's download redirects to the storage host there; ``img-src 'self'`` alone would block it."""
+    from app.adapters.storage import storage_from_url
+    from tests.s3server import moto_server
+    from tests.test_console import CSP
+
+    with moto_server() as endpoint:
+        s3 = {**env, "STORAGE_URL": f"s3://console?endpoint={endpoint}", "S3_ACCESS_KEY": "test",
+              "S3_SECRET_KEY": "test-secret", "BROKER_URL": NOWHERE}
+        storage_from_url(s3["STORAGE_URL"], access_key="test", secret_key="test-secret").ensure_bucket()
+        for presign, expected in (("300", f"{CSP}; img-src 'self' {endpoint}"), ("0", CSP)):
+            app = create_app(Settings.from_env({**s3, "ATTACHE_PRESIGN_SECONDS": presign}))
+            try:
+                page = signed_in(app).get("/ops")
+                assert page.status_code == 200
+                assert page.headers["Content-Security-Policy"] == expected, presign
+            finally:
+                app.extensions["attache"].engine.dispose()

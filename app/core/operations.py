@@ -96,14 +96,14 @@ class JobFilter:
 
 
 def _instant(text: str | None, name: str) -> datetime | None:
-    """An ISO 8601 date or time; one without a zone is UTC."""
+    """An ISO 8601 date or time, in UTC; one without a zone is UTC (PostgreSQL takes offsets up to ±15:59 only)."""
     if text is None:
         return None
     try:
         parsed = datetime.fromisoformat(text)
-    except ValueError:
+        return parsed.astimezone(timezone.utc) if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
         raise ValueError(f"{name} must be an ISO 8601 date or time, like 2026-12-01T09:30:00Z") from None
-    return parsed if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
 
 
 def _cursor(row) -> str:

@@ -17,7 +17,10 @@ upload", has the figures).
 
 Plain CREATE INDEX, inside the release's migration transaction: writes to
 each table wait while its index builds (about 30 s for the trigram index
-of a million attachments, 1–3 s for the others).
+of a million attachments, 1–3 s for the others). An index that exists
+already is left alone (``IF NOT EXISTS``), so a large deployment can build
+them ``CONCURRENTLY`` by hand beforehand, under these names
+(``docs/operations.md``).
 
 Revision ID: 0009
 Revises: 0008
@@ -35,21 +38,23 @@ depends_on = None
 def upgrade() -> None:
     op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     op.add_column("step_runs", sa.Column("worker", sa.Text))
-    op.create_index("step_runs_job_idx", "step_runs", ["job_id", "id"])
-    op.create_index("attachments_created_idx", "attachments", ["created_at"])
-    op.create_index("attachments_owner_idx", "attachments", ["owner", "created_at"])
+    op.create_index("step_runs_job_idx", "step_runs", ["job_id", "id"], if_not_exists=True)
+    op.create_index("attachments_created_idx", "attachments", ["created_at"], if_not_exists=True)
+    op.create_index("attachments_owner_idx", "attachments", ["owner", "created_at"], if_not_exists=True)
     op.create_index("attachments_sha256_idx", "attachments", ["sha256"],
-                    postgresql_ops={"sha256": "text_pattern_ops"})
+                    postgresql_ops={"sha256": "text_pattern_ops"}, if_not_exists=True)
     op.create_index("attachments_filename_trgm_idx", "attachments", ["filename"], postgresql_using="gin",
-                    postgresql_ops={"filename": "gin_trgm_ops"})
-    op.create_index("jobs_created_idx", "jobs", ["created_at", "id"])
-    op.create_index("jobs_state_created_idx", "jobs", ["state", "created_at", "id"])
+                    postgresql_ops={"filename": "gin_trgm_ops"}, if_not_exists=True)
+    op.create_index("jobs_created_idx", "jobs", ["created_at", "id"], if_not_exists=True)
+    op.create_index("jobs_state_created_idx", "jobs", ["state", "created_at", "id"], if_not_exists=True)
     op.create_index("jobs_error_code_idx", "jobs", ["error_code", "created_at", "id"],
-                    postgresql_where=sa.text("error_code IS NOT NULL"))
-    op.create_index("jobs_ready_idx", "jobs", ["ready_at"], postgresql_where=sa.text("ready_at IS NOT NULL"))
-    op.create_index("job_history_errors_idx", "job_history", ["at"], postgresql_where=sa.text("error_code IS NOT NULL"))
-    op.create_index("outbox_published_idx", "outbox", ["published_at", "created_at"])
-    op.create_index("dead_letters_recorded_idx", "dead_letters", ["recorded_at"])
+                    postgresql_where=sa.text("error_code IS NOT NULL"), if_not_exists=True)
+    op.create_index("jobs_ready_idx", "jobs", ["ready_at"], postgresql_where=sa.text("ready_at IS NOT NULL"),
+                    if_not_exists=True)
+    op.create_index("job_history_errors_idx", "job_history", ["at"],
+                    postgresql_where=sa.text("error_code IS NOT NULL"), if_not_exists=True)
+    op.create_index("outbox_published_idx", "outbox", ["published_at", "created_at"], if_not_exists=True)
+    op.create_index("dead_letters_recorded_idx", "dead_letters", ["recorded_at"], if_not_exists=True)
 
 
 def downgrade() -> None:
