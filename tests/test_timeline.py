@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pytest
 from sqlalchemy import select, update
@@ -132,6 +132,25 @@ def test_a_replay_shows_who_did_it_and_why(quiet_services, engine, data_file):
         timeline.attachment_overview(quiet_services.engine, uuid.uuid4())
 
 
+def test_now_says_what_a_processing_job_waits_for(engine):
+    from tests.test_states import seed
+
+    with engine.begin() as conn:
+        _, job_id = seed(conn)
+        assert states.claim(conn, job_id, 1, states.Lease("worker:a:1:1", 30)) is not None
+    running = timeline.job_detail(engine, job_id)["now"]
+    assert running["kind"] == "running" and "worker:a:1:1 holds the lease until" in running["text"]
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(lease_expires_at=jobs.c.updated_at))
+    expired = timeline.job_detail(engine, job_id)["now"]
+    assert expired["kind"] == "lease_expired" and "the lease of worker:a:1:1 expired at" in expired["text"]
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(lease_expires_at=jobs.c.updated_at
+                                                                     + timedelta(seconds=30)))
+        assert states.hand_off(conn, job_id, 1, "worker:a:1:1")
+    assert timeline.job_detail(engine, job_id)["now"]["kind"] == "between_steps"
+
+
 def test_step_runs_name_their_worker(quiet_services, engine, data_file):
     accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
     run(Workflow(quiet_services), engine, accepted.job_id)
@@ -190,3 +209,49 @@ def test_with_presigned_s3_downloads_the_console_lets_images_come_from_the_stora
                 assert page.headers["Content-Security-Policy"] == expected, presign
             finally:
                 app.extensions["attache"].engine.dispose()
+
+
+@pytest.mark.processes
+def test_an_operator_finds_an_upload_in_a_real_browser(env, quiet_services, storage_down, engine, data_file, tmp_path):
+    """The header's search box, a job id prefix, the attachment's page with its thumbnails loaded.
+
+    Screenshot: ``artifacts/console/attachment.png``.
+    """
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+    from tests.processes import Deployment
+    from tests.test_activity import ARTIFACTS
+
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    lose_the_lease(engine, accepted.job_id)
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    with engine.begin() as conn:
+        v2, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2, max_attempts=3,
+                                  traceparent=TRACEPARENT, tracestate=None, actor="backfill:test")
+    run(Workflow(storage_down), engine, v2)
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTIFACTS / "attachment.png").unlink(missing_ok=True)
+    deployment = Deployment(env, tmp_path)
+    with browsing(deployment, tmp_path, "web") as driver:
+        wait = waiting(driver)
+        driver.get(deployment.url + "/ops/login")
+        wait.until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(OPERATOR_TOKEN)
+        driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+        box = wait.until(EC.visibility_of_element_located((By.ID, "search-q")))
+        assert driver.find_element(By.CSS_SELECTOR, "label[for=search-q]").get_attribute("textContent") == \
+            "Find an upload"
+        box.send_keys(str(v2)[:8])
+        driver.find_element(By.CSS_SELECTOR, "form.search button[type=submit]").click()
+        wait.until(EC.url_contains(f"/ops/attachments/{accepted.attachment_id}#job-{v2}"))
+        now = wait.until(EC.visibility_of_element_located((By.ID, f"now-{v2}")))
+        assert "waiting to retry" in now.text
+        images = driver.find_elements(By.CSS_SELECTOR, f"#derivatives-{accepted.job_id} img")
+        assert len(images) == 3
+        wait.until(lambda d: all(int(img.get_property("naturalWidth") or 0) > 0 for img in images))
+        rows = driver.find_elements(By.CSS_SELECTOR, f"#timeline-{accepted.job_id} tbody tr")
+        assert {r.get_attribute("data-kind") for r in rows} >= {"created", "claimed", "lease_expired", "step", "ready"}
+        driver.set_window_size(1280, 3000)
+        driver.save_screenshot(str(ARTIFACTS / "attachment.png"))
+    assert (ARTIFACTS / "attachment.png").stat().st_size > 10_000

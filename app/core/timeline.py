@@ -20,7 +20,7 @@ message), its trace id, its derivatives and the operators' audit entries.
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 from sqlalchemy import func, select
 from sqlalchemy.engine import Engine
@@ -87,11 +87,16 @@ def _detail(conn, job, now) -> dict:
     }
 
 
+def _clock(value) -> str:
+    """A time as people read it in a sentence (the ISO form is in the ``until`` beside it)."""
+    return value.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _now(job, now) -> dict:
     """What the job waits for at this moment, in words an operator reads at a glance."""
     if job.state == states.QUEUED and job.next_attempt_at is not None and job.next_attempt_at > now:
         return {"kind": "retry_waiting", "until": _iso(job.next_attempt_at),
-                "text": f"waiting to retry: attempt {job.attempt + 1} is due at {_iso(job.next_attempt_at)} "
+                "text": f"waiting to retry: attempt {job.attempt + 1} is due at {_clock(job.next_attempt_at)} "
                         f"after {job.error_code}: {job.error_reason}"}
     if job.state == states.QUEUED:
         return {"kind": "queued", "until": None, "text": f"queued: attempt {job.attempt + 1} waits for a worker"}
@@ -100,14 +105,14 @@ def _now(job, now) -> dict:
                 "text": f"processing attempt {job.attempt}: between steps, waiting for its next message"}
     if job.state == states.PROCESSING and job.lease_expires_at <= now:
         return {"kind": "lease_expired", "until": _iso(job.lease_expires_at),
-                "text": f"the lease of {job.lease_owner} expired at {_iso(job.lease_expires_at)}: "
+                "text": f"the lease of {job.lease_owner} expired at {_clock(job.lease_expires_at)}: "
                         "lease recovery will take the attempt back"}
     if job.state == states.PROCESSING:
         return {"kind": "running", "until": _iso(job.lease_expires_at),
                 "text": f"running attempt {job.attempt}: {job.lease_owner} holds the lease until "
-                        f"{_iso(job.lease_expires_at)}"}
+                        f"{_clock(job.lease_expires_at)}"}
     if job.state == states.READY:
-        return {"kind": "ready", "until": None, "text": f"ready since {_iso(job.ready_at)}"}
+        return {"kind": "ready", "until": None, "text": f"ready since {_clock(job.ready_at)}"}
     return {"kind": "failed", "until": None, "text": f"failed: {job.error_code}: {job.error_reason}"}
 
 

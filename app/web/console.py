@@ -323,9 +323,9 @@ def search():
         return _page("search.html", 400, q=typed, result=None, error=str(exc))
     one = finder.landing(result)
     if one is not None:
-        jobs = one["matched_job_ids"]
+        typed_jobs = one["matched_job_ids"]
         return redirect(url_for("console.attachment", attachment_id=one["attachment_id"],
-                                _anchor=f"job-{jobs[0]}" if jobs else None))
+                                _anchor=f"job-{typed_jobs[0]}" if typed_jobs else None))
     return _page("search.html", 404 if not result["matches"] else 200, q=typed, result=result)
 
 
