@@ -145,6 +145,21 @@ class EffectMissing(AttacheError):
     error_code = "effect_missing"
 
 
+# --- operators' queries ---------------------------------------------------
+
+
+class QueryTimeout(AttacheError):
+    """A query ran longer than the time it was given and was cancelled."""
+
+    error_code = "query_timeout"
+
+
+class SearchTooBroad(QueryTimeout):
+    """A search matched too much to finish in its time: type more of it."""
+
+    error_code = "search_too_broad"
+
+
 # --- upload refusals ------------------------------------------------------
 
 

@@ -18,20 +18,35 @@ def jobs() -> None:
 @jobs.command("list")
 @click.option("--state", type=click.Choice(["queued", "processing", "ready", "failed"]))
 @click.option("--pipeline-version", type=int)
+@click.option("--uploader", help="Only the jobs of this uploader's attachments.")
+@click.option("--error-code", help="Only jobs with this error code (failed, or waiting to retry).")
+@click.option("--since", help="Created at or after this ISO 8601 time (UTC unless it says).")
+@click.option("--until", help="Created before this ISO 8601 time.")
+@click.option("--cursor", help="Where the previous page ended (printed under it).")
 @click.option("--limit", type=int, default=100, show_default=True)
 @json_option
 @fail_on_attache_errors
-def jobs_list(state, pipeline_version, limit, as_json) -> None:
-    """List jobs, newest first."""
+def jobs_list(state, pipeline_version, uploader, error_code, since, until, cursor, limit, as_json) -> None:
+    """List jobs, newest first, a page at a time.
+
+    --json prints the page's jobs as a list; the next page's cursor, if there
+    is one, goes to standard error.
+    """
     from app.core import operations
 
-    listed = operations.list_jobs(services(), state=state, pipeline_version=pipeline_version, limit=limit)
-    emit(listed, as_json, lambda rows: show(
+    version = None if pipeline_version is None else str(pipeline_version)
+    filters = operations.JobFilter.parse({"state": state, "pipeline_version": version, "uploader": uploader,
+                                          "error_code": error_code, "since": since, "until": until})
+    page = operations.find_jobs(services().engine, filters, cursor=cursor, limit=limit)
+    emit(page["jobs"], as_json, lambda rows: show(
         f"{len(rows)} job(s)",
         [Column("job", whole=True), Column("attachment", whole=True, optional=True), Column("v"), Column("state"),
-         Column("attempt"), Column("error"), Column("updated", whole=True)],
+         Column("attempt"), Column("error"), Column("updated", whole=True),
+         Column("created", whole=True, optional=True)],
         [[r["job_id"], r["attachment_id"], r["pipeline_version"], r["state"], f"{r['attempt']}/{r['max_attempts']}",
-          r["error_code"], r["updated_at"]] for r in rows]))
+          r["error_code"], r["updated_at"], r["created_at"]] for r in rows]))
+    if page["next_cursor"]:
+        click.echo(f"more: the next page is --cursor {page['next_cursor']}", err=as_json)
 
 
 @jobs.command("show")

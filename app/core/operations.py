@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import base64
 import uuid
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import ClassVar
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, tuple_
+from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import job_history, jobs
+from app.adapters.postgres.models import attachments, job_history, jobs
 from app.core import id_prefixes, outbox, states
 from app.core.needs import Database, Producer
 from app.errors import AttacheError
@@ -46,17 +51,117 @@ def job_summary(row) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class JobFilter:
+    """Which jobs a list shows; every field optional. ``since``/``until`` bound ``created_at`` (until excluded)."""
+
+    state: str | None = None
+    pipeline_version: int | None = None
+    uploader: str | None = None
+    error_code: str | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+    #: the names of the filters, as query parameters, form fields and (with dashes) CLI options
+    FIELDS: ClassVar[tuple[str, ...]] = ("state", "pipeline_version", "uploader", "error_code", "since", "until")
+
+    @classmethod
+    def parse(cls, values) -> JobFilter:
+        """From text (a query string, a form, the command line): blank means unset; ValueError names the field."""
+        text = {name: (values.get(name) or "").strip() or None for name in cls.FIELDS}
+        for name, value in text.items():
+            if value is not None and not value.isprintable():
+                raise ValueError(f"{name} must be printable text, without control characters")
+        if text["state"] is not None and text["state"] not in states.STATES:
+            raise ValueError(f"state must be one of {', '.join(states.STATES)}")
+        version = None
+        if text["pipeline_version"] is not None:
+            try:
+                version = int(text["pipeline_version"])
+            except ValueError:
+                raise ValueError("pipeline_version must be an integer") from None
+        return cls(state=text["state"], pipeline_version=version, uploader=text["uploader"],
+                   error_code=text["error_code"], since=_instant(text["since"], "since"),
+                   until=_instant(text["until"], "until"))
+
+    def as_params(self) -> dict[str, str]:
+        """The set filters as text again (for the next page's link)."""
+        out = {}
+        for name in self.FIELDS:
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = value.isoformat() if isinstance(value, datetime) else str(value)
+        return out
+
+
+def _instant(text: str | None, name: str) -> datetime | None:
+    """An ISO 8601 date or time, in UTC; one without a zone is UTC (PostgreSQL takes offsets up to ±15:59 only)."""
+    if text is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(text)
+        return parsed.astimezone(timezone.utc) if parsed.tzinfo is not None else parsed.replace(tzinfo=timezone.utc)
+    except (ValueError, OverflowError):
+        raise ValueError(f"{name} must be an ISO 8601 date or time, like 2026-12-01T09:30:00Z") from None
+
+
+def _cursor(row) -> str:
+    """Where the next page starts: the last row's ``(created_at, id)``, opaque to callers."""
+    return base64.urlsafe_b64encode(f"{row.created_at.isoformat()}|{row.id}".encode()).decode().rstrip("=")
+
+
+def _after(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        created, job_id = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode().split("|")
+        position = datetime.fromisoformat(created), uuid.UUID(job_id)
+    except ValueError:  # binascii.Error and UnicodeDecodeError are ValueErrors too
+        raise ValueError("cursor is not one this server gave out") from None
+    if position[0].tzinfo is None:
+        raise ValueError("cursor is not one this server gave out")
+    return position
+
+
+def find_jobs(engine: Engine, filters: JobFilter = JobFilter(), *, cursor: str | None = None,
+              limit: int = 100) -> dict:
+    """A page of jobs, newest first: ``{"jobs": [...], "next_cursor": ... or None}``.
+
+    The one query behind ``/v1/ops/jobs``, ``attache jobs list`` and the
+    console's job list. Newest means created last: ``created_at`` never
+    changes, so a page boundary ``(created_at, id)`` stays put while jobs
+    move on, and the next page starts right after it (keyset pagination,
+    never ``OFFSET``: page 1000 costs what page 1 does). Indexes:
+    ``jobs_created_idx``, ``jobs_state_created_idx``, ``jobs_error_code_idx``,
+    ``attachments_owner_idx`` (migration 0011).
+    """
+    limit = max(1, min(limit, 1000))
+    query = select(jobs)
+    if filters.uploader is not None:
+        query = query.join(attachments, attachments.c.id == jobs.c.attachment_id).where(
+            attachments.c.owner == filters.uploader)
+    for column, value in ((jobs.c.state, filters.state), (jobs.c.pipeline_version, filters.pipeline_version),
+                          (jobs.c.error_code, filters.error_code)):
+        if value is not None:
+            query = query.where(column == value)
+    if filters.since is not None:
+        query = query.where(jobs.c.created_at >= filters.since)
+    if filters.until is not None:
+        query = query.where(jobs.c.created_at < filters.until)
+    if cursor:
+        query = query.where(tuple_(jobs.c.created_at, jobs.c.id) < tuple_(*_after(cursor)))
+    query = query.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
+    with transaction(engine) as conn:
+        rows = conn.execute(query).all()
+    page = rows[:limit]
+    return {"jobs": [job_summary(row) for row in page],
+            "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
+
+
 def list_jobs(services: Database, *, state: str | None = None, pipeline_version: int | None = None,
               limit: int = 100) -> list[dict]:
+    """The first page of :func:`find_jobs` for a state and a version, as a list."""
     if state is not None and state not in states.STATES:
         raise ValueError(f"state must be one of {', '.join(states.STATES)}")
-    query = select(jobs).order_by(jobs.c.updated_at.desc()).limit(max(1, min(limit, 1000)))
-    if state is not None:
-        query = query.where(jobs.c.state == state)
-    if pipeline_version is not None:
-        query = query.where(jobs.c.pipeline_version == pipeline_version)
-    with transaction(services.engine) as conn:
-        return [job_summary(row) for row in conn.execute(query)]
+    return find_jobs(services.engine, JobFilter(state=state, pipeline_version=pipeline_version), limit=limit)["jobs"]
 
 
 def resolve_job_id(services: Database, typed: str) -> uuid.UUID:

@@ -110,7 +110,7 @@ class Workflow:
             with transaction(self.services.engine) as conn:
                 conn.execute(insert(step_runs).values(
                     job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
-                    attempt=body["attempt"], outcome=outcome.status, seconds=seconds))
+                    attempt=body["attempt"], outcome=outcome.status, seconds=seconds, worker=identity("worker")))
         except Exception:
             log.warning("step timing not recorded", exc_info=True)
 

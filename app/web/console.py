@@ -18,6 +18,18 @@ Dead letters
     Requeue and purge act on the ticked message ids, or on "all" with the
     queue's depth as the page showed it (a hidden ``expected`` field): a
     queue holding more by then is refused with 409 and nothing is done.
+Finding an upload
+    The search box on every page (``/ops/search?q=``, :mod:`app.core.search`)
+    goes straight to the attachment's page when one attachment matches
+    (``/ops/attachments/<id>``: every pipeline version's job with its
+    timeline and derivatives, :mod:`app.core.timeline`), else lists the
+    matches. ``/ops/jobs`` lists jobs with filters, a page at a time
+    (:func:`app.core.operations.find_jobs`).
+Charts
+    The dashboard draws the last hour or day (``?window=day``) from
+    PostgreSQL as inline SVG (:mod:`app.web.activity_charts`), so the CSP
+    needs nothing more. Thumbnails are the download endpoints'; when those
+    redirect to presigned S3 URLs, ``img-src`` names the storage's origin.
 """
 
 from __future__ import annotations
@@ -25,6 +37,7 @@ from __future__ import annotations
 import logging
 import uuid
 from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 from flask import (
     Blueprint,
@@ -43,9 +56,11 @@ from app.adapters.broker.dead_letter_tools import (
     MoreThanExpected,
     UnknownQueue,
 )
-from app.core import operations
+from app.core import activity, operations, states, timeline
+from app.core import search as finder
 from app.core.auth import Identity, authenticate
-from app.errors import AttacheError
+from app.errors import AttacheError, QueryTimeout
+from app.web.activity_charts import dashboard_charts
 from app.web.access import (
     csrf_token,
     form_csrf_ok,
@@ -71,6 +86,8 @@ OPERATOR = "operator"
 PUBLIC_ENDPOINTS = {"console.login", "console.login_form"}
 #: dead letters shown on a queue's page (the page also shows how many the queue holds)
 LISTED = 200
+#: jobs on a page of the console's job list
+JOBS_PAGE = 50
 
 
 def _services():
@@ -138,7 +155,34 @@ def check_csrf():
 def security_headers(response):
     for name, value in SECURITY_HEADERS.items():
         response.headers[name] = value
+    origin = _image_origin()
+    if origin:
+        response.headers["Content-Security-Policy"] += f"; img-src 'self' {origin}"
     return response
+
+
+def _image_origin() -> str:
+    """Where thumbnails come from besides this site: the storage's origin when downloads redirect to it.
+
+    With S3 and ``ATTACHE_PRESIGN_SECONDS`` the download endpoints answer
+    with a presigned URL on the storage host; ``img-src 'self'`` would block
+    the image. Computed once per process from one presigned URL (made
+    locally, nothing is fetched); empty for the filesystem store.
+    """
+    found = current_app.extensions.get("attache_console_image_origin")
+    if found is None:
+        services = _services()
+        found = ""
+        if services.settings.presign_seconds:
+            try:
+                url = services.storage.presigned_url("attachments/console-probe", 60)
+            except AttacheError:
+                return ""  # asked again on the next page
+            if url:
+                parts = urlsplit(url)
+                found = f"{parts.scheme}://{parts.netloc}"
+        current_app.extensions["attache_console_image_origin"] = found
+    return found
 
 
 @bp.context_processor
@@ -166,6 +210,17 @@ def when(value) -> str:
     if parsed.tzinfo is not None:
         parsed = parsed.astimezone(timezone.utc)
     return parsed.strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+@bp.app_template_filter("when_ms")
+def when_ms(value) -> str:
+    """An ISO timestamp as ``YYYY-MM-DD HH:MM:SS.mmm UTC``: steps of one second stay apart."""
+    if not value:
+        return "—"
+    parsed = datetime.fromisoformat(value) if isinstance(value, str) else value
+    if parsed.tzinfo is not None:
+        parsed = parsed.astimezone(timezone.utc)
+    return parsed.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
 @bp.app_template_filter("age")
@@ -235,17 +290,72 @@ def dashboard():
         queues = _dead_letters().queues()
     except (AttacheError, OSError) as exc:
         dlq_error = _broker_down(exc)
+    window = request.args.get("window", "hour")
+    if window not in activity.WINDOWS:
+        return _message(404, "No such window", f"Charts cover {' or '.join(activity.WINDOWS)}.")
+    charts, charts_error = None, None
+    try:
+        charts = dashboard_charts(activity.activity(services.engine, window))
+    except QueryTimeout as exc:
+        log.warning("console: charts not drawn: %s", exc)
+        charts_error = f"The charts took too long to compute ({exc})."
     return _page("dashboard.html", counts=operations.counts_by_state(services),
                  outbox=operations.outbox_status(services), leases=operations.lease_status(services),
-                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state="failed"))
+                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state="failed"),
+                 window=window, windows=list(activity.WINDOWS), charts=charts, charts_error=charts_error)
+
+
+# --- search, attachments and job lists ------------------------------------------------
+
+
+@bp.get("/search")
+def search():
+    typed = request.args.get("q", "")
+    if not typed.strip():
+        return _page("search.html", q="", result=None)
+    try:
+        result = finder.search(_services().engine, typed)
+    except (ValueError, QueryTimeout) as exc:  # nothing to search for, or too broad to finish
+        return _page("search.html", 400, q=typed, result=None, error=str(exc))
+    one = finder.landing(result)
+    if one is not None:
+        typed_jobs = one["matched_job_ids"]
+        return redirect(url_for("console.attachment", attachment_id=one["attachment_id"],
+                                _anchor=f"job-{typed_jobs[0]}" if typed_jobs else None))
+    return _page("search.html", 404 if not result["matches"] else 200, q=typed, result=result)
+
+
+@bp.get("/attachments/<uuid:attachment_id>")
+def attachment(attachment_id: uuid.UUID):
+    try:
+        overview = timeline.attachment_overview(_services().engine, attachment_id)
+    except operations.NotFound:
+        return _message(404, "No such attachment", f"There is no attachment {attachment_id}.")
+    return _page("attachment.html", attachment=overview["attachment"], jobs=overview["jobs"])
+
+
+@bp.get("/jobs")
+def jobs():
+    args = request.args
+    try:
+        filters = operations.JobFilter.parse(args)
+        page = operations.find_jobs(_services().engine, filters, cursor=args.get("cursor") or None, limit=JOBS_PAGE)
+    except ValueError as exc:
+        return _page("jobs.html", 400, args=args, page=None, error=str(exc), states=states.STATES)
+    next_url = url_for("console.jobs", **filters.as_params(), cursor=page["next_cursor"]) \
+        if page["next_cursor"] else None
+    first_url = url_for("console.jobs", **filters.as_params()) if args.get("cursor") else None
+    return _page("jobs.html", args=args, page=page, next_url=next_url, first_url=first_url,
+                 states=states.STATES)
 
 
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
     try:
         job = operations.show_job(_services(), job_id)
+        detail = timeline.job_detail(_services().engine, job_id)
     except operations.NotFound:
         return _message(404, "No such job", f"There is no job {job_id}.")
-    return _page("job.html", status, job=job, **context)
+    return _page("job.html", status, job=job, detail=detail, **context)
 
 
 @bp.get("/jobs/<uuid:job_id>")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Literal
 
 from flask import Blueprint, current_app, request
@@ -14,8 +15,9 @@ from app.adapters.broker.dead_letter_tools import (
     MoreThanExpected,
     UnknownQueue,
 )
-from app.core import messages, operations, states
-from app.errors import BrokerUnavailable
+from app.core import id_prefixes, messages, operations, states
+from app.core import search as finder
+from app.errors import BrokerUnavailable, SearchTooBroad
 from app.web.access import identity, protect
 from app.web.contract import in_path, in_query, ok, operation, refused
 from app.web.responses import answer
@@ -36,6 +38,7 @@ from app.web.schemas import (
     PurgeResult,
     ReplayRequest,
     RequeueResult,
+    SearchResult,
 )
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
@@ -71,22 +74,58 @@ NO_SUCH_JOB = refused("No such job.", "not_found")
 
 @bp.get("/jobs")
 @operation(
-    "listJobs", "Jobs, most recently updated first", tag="ops",
+    "listJobs", "Jobs, newest first, a page at a time", tag="ops",
+    description="Filters combine (and). Keyset-paginated: each page ends where the last job's "
+                "`(created_at, id)` is, so jobs that change state or arrive meanwhile neither repeat nor skip a page.",
     parameters=[
-        in_query("state", "Only jobs in this state (an empty value means all).", Literal[states.STATES]),
-        in_query("pipeline_version", "Only jobs of this version (not an integer: ignored).", int),
+        in_query("state", "Only jobs in this state (empty: any).", Literal[states.STATES]),
+        in_query("pipeline_version", "Only jobs of this version.", int),
+        in_query("uploader", "Only the jobs of this uploader's attachments.", str),
+        in_query("error_code", "Only jobs with this error code (failed, or waiting to retry).", str),
+        in_query("since", "Created at or after this time (ISO 8601; without a zone, UTC).", datetime),
+        in_query("until", "Created before this time.", datetime),
+        in_query("cursor", "The `next_cursor` of the previous page.", str),
         in_query("limit", "At most this many, clamped to 1..1000 (not an integer: 100).", int, default=100),
     ],
-    answers={200: ok("OK.", JobList), 400: refused("`state` is not a job state.", "bad_request")},
+    answers={200: ok("OK.", JobList),
+             400: refused("A filter or the cursor is not valid; the message names it.", "bad_request")},
 )
 def jobs():
     try:
-        listed = operations.list_jobs(_services(), state=request.args.get("state") or None,
-                                      pipeline_version=request.args.get("pipeline_version", type=int),
-                                      limit=request.args.get("limit", 100, type=int))
+        page = operations.find_jobs(_services().engine, operations.JobFilter.parse(request.args),
+                                    cursor=request.args.get("cursor") or None,
+                                    limit=request.args.get("limit", 100, type=int))
     except ValueError as exc:
         return _error(400, "bad_request", str(exc))
-    return answer(JobList(jobs=listed))
+    return answer(JobList.model_validate(page))
+
+
+@bp.get("/search")
+@operation(
+    "searchAttachments", "Find an upload by id, job id, a unique start of either, sha256, uploader or filename",
+    tag="ops",
+    description=f"Tried as each at once: an attachment or job id or its start ({id_prefixes.MIN_PREFIX}+ hex "
+                f"digits), a sha256 or its first {finder.MIN_SHA256_PREFIX}+ hex digits, an uploader (exactly), "
+                f"a part of the filename ({finder.MIN_FRAGMENT}+ characters, any case). One match is the "
+                "attachment to open; several are listed.",
+    parameters=[
+        in_query("q", "What to look for.", str),
+        in_query("limit", f"At most this many, clamped to 1..{finder.MAX_MATCHES} (not an integer: "
+                          f"{finder.MAX_MATCHES}).", int, default=finder.MAX_MATCHES),
+    ],
+    answers={200: ok("OK.", SearchResult),
+             400: refused("`q` is missing, blank, too long or has control characters; or the search matched "
+                          f"too much to finish in {finder.TIME_LIMIT_SECONDS:g} s.", "bad_request", "search_too_broad")},
+)
+def search():
+    try:
+        found = finder.search(_services().engine, request.args.get("q", ""),
+                              limit=request.args.get("limit", finder.MAX_MATCHES, type=int))
+    except ValueError as exc:
+        return _error(400, "bad_request", str(exc))
+    except SearchTooBroad as exc:
+        return _error(400, exc.error_code, str(exc))
+    return answer(SearchResult.model_validate(found))
 
 
 @bp.get("/jobs/<uuid:job_id>")

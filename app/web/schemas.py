@@ -22,7 +22,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, RootModel, TypeAdapter, WithJsonSchema
 
 from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS, TRACEBACK_CHARS
-from app.core import states
+from app.core import search, states
 
 #: the largest ``batch`` of a backfill request
 MAX_BACKFILL_BATCH = 10_000
@@ -145,7 +145,42 @@ class JobSummary(Body):
 
 
 class JobList(Body):
+    """A page of jobs, newest created first."""
+
     jobs: list[JobSummary]
+    next_cursor: str | None = Field(description="Pass as `cursor` for the next page; null on the last.")
+
+
+class FoundJob(Body):
+    """One pipeline version's job of a found attachment."""
+
+    job_id: UUID
+    pipeline_version: int
+    state: JobState
+    error_code: str | None
+
+
+class Found(Body):
+    """An attachment a search found."""
+
+    attachment_id: UUID
+    filename: str
+    uploader: str
+    size: Count
+    content_type: str
+    sha256: Sha256
+    created_at: Timestamp
+    matched_by: list[Literal[search.ATTACHMENT_ID, search.JOB_ID, search.SHA256, search.UPLOADER, search.FILENAME]]
+    matched_job_ids: list[UUID] = Field(description="The jobs whose id matched.")
+    jobs: list[FoundJob] = Field(description="Every pipeline version's job.")
+
+
+class SearchResult(Body):
+    """What a search found: one match is the attachment to open; several are listed."""
+
+    query: str = Field(description="What was searched for, trimmed.")
+    matches: list[Found] = Field(description="Newest first; an id match before the others.")
+    more: bool = Field(description="Other attachments match too: type more of it.")
 
 
 class Trace(Body):

@@ -10,7 +10,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
-from app.errors import DatabaseUnavailable
+from app.errors import DatabaseUnavailable, QueryTimeout
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -37,6 +37,26 @@ def transaction(engine: Engine) -> Iterator[Connection]:
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise DatabaseUnavailable("database connection lost") from exc
+        raise
+
+
+#: PostgreSQL's SQLSTATE for a statement cancelled by ``statement_timeout``
+QUERY_CANCELED = "57014"
+
+
+@contextlib.contextmanager
+def time_limit(conn: Connection, seconds: float) -> Iterator[None]:
+    """Statements of this block on ``conn`` are cancelled after ``seconds``: :class:`QueryTimeout`.
+
+    ``SET LOCAL``: the limit ends with the transaction, and the cancelled
+    transaction is rolled back by whoever opened it.
+    """
+    conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(seconds * 1000))}")
+    try:
+        yield
+    except OperationalError as exc:
+        if getattr(exc.orig, "pgcode", None) == QUERY_CANCELED:
+            raise QueryTimeout(f"the query ran longer than {seconds:g} s and was cancelled") from exc
         raise
 
 

@@ -22,8 +22,9 @@ test compares the two so they cannot drift.
   definition when its first job was made (see :mod:`app.core.pipeline`).
 * ``idempotency_keys`` - ``Idempotency-Key`` of an upload per principal:
   a retried POST returns the attachment its first try created.
-* ``step_runs`` - how long each step took and how it ended (for
-  ``attache_step_duration_seconds``); best effort, written after the step.
+* ``step_runs`` - how long each step took, who ran it and how it ended (for
+  ``attache_step_duration_seconds`` and a job's timeline); best effort,
+  written after the step.
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it;
   ``claimed_until`` holds off other relays while one publishes the row.
@@ -74,6 +75,12 @@ attachments = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 Index("attachments_staging_key_idx", attachments.c.staging_key)  # staging cleanup: who owns this object?
+Index("attachments_created_idx", attachments.c.created_at)  # charts: uploads per minute; search: newest first
+Index("attachments_owner_idx", attachments.c.owner, attachments.c.created_at)  # search and job lists by uploader
+Index("attachments_sha256_idx", attachments.c.sha256,  # search: a sha256 or its start (LIKE 'abc%')
+      postgresql_ops={"sha256": "text_pattern_ops"})
+Index("attachments_filename_trgm_idx", attachments.c.filename,  # search: a filename fragment (ILIKE '%x%'), pg_trgm
+      postgresql_using="gin", postgresql_ops={"filename": "gin_trgm_ops"})
 
 jobs = Table(
     "jobs",
@@ -102,6 +109,12 @@ jobs = Table(
 )
 Index("jobs_lease_expiry_idx", jobs.c.lease_expires_at, postgresql_where=text("state = 'processing'"))
 Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
+# job lists, newest first, keyset-paginated on (created_at, id): unfiltered, by state, by error code
+Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
+Index("jobs_state_created_idx", jobs.c.state, jobs.c.created_at, jobs.c.id)
+Index("jobs_error_code_idx", jobs.c.error_code, jobs.c.created_at, jobs.c.id,
+      postgresql_where=text("error_code IS NOT NULL"))
+Index("jobs_ready_idx", jobs.c.ready_at, postgresql_where=text("ready_at IS NOT NULL"))  # charts: ready per minute
 
 job_history = Table(
     "job_history",
@@ -117,6 +130,8 @@ job_history = Table(
     Column("reason", Text),
 )
 Index("job_history_job_idx", job_history.c.job_id, job_history.c.id)
+Index("job_history_errors_idx", job_history.c.at,  # charts: failures and retries by error code
+      postgresql_where=text("error_code IS NOT NULL"))
 
 variants = Table(
     "variants",
@@ -162,6 +177,7 @@ outbox = Table(
 )
 Index("outbox_pending_idx", outbox.c.available_at, postgresql_where=text("published_at IS NULL"))
 Index("outbox_job_idx", outbox.c.job_id, outbox.c.id)
+Index("outbox_published_idx", outbox.c.published_at, outbox.c.created_at)  # charts: the backlog over time
 
 dead_letters = Table(
     "dead_letters",
@@ -178,6 +194,7 @@ dead_letters = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 Index("dead_letters_message_idx", dead_letters.c.message_id)
+Index("dead_letters_recorded_idx", dead_letters.c.recorded_at)  # charts: dead letters per queue
 
 audit_log = Table(
     "audit_log",
@@ -221,8 +238,10 @@ step_runs = Table(
     Column("outcome", Text, nullable=False),
     Column("seconds", Float, nullable=False),
     Column("finished_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("worker", Text),  # who ran it (null for runs recorded before migration 0011)
 )
 Index("step_runs_finished_idx", step_runs.c.finished_at)
+Index("step_runs_job_idx", step_runs.c.job_id, step_runs.c.id)  # a job's timeline
 
 #: how a maintenance round ended; ``sweeper_runs`` has a ``runs_<outcome>`` counter for each
 SWEEPER_OUTCOMES = ("ok", "skipped", "failed")
