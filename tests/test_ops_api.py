@@ -91,7 +91,7 @@ def test_ops_answers_are_byte_for_byte_what_the_operations_return(app, failed_jo
         shown = operations.show_job(services, failed_job["job_id"])
         assert shown["history"] and shown["audit"] and shown["audit"][-1]["details"]
         assert job.data == replayed.data == jsonify(shown).data
-        assert listed.data == jsonify(jobs=operations.list_jobs(services)).data
+        assert listed.data == jsonify(operations.find_jobs(services.engine, operations.JobFilter())).data
         assert leases.data == jsonify(operations.lease_status(services)).data
 
 
