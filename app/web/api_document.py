@@ -26,6 +26,7 @@ from typing import Any
 
 from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS
 from app.core import messages, states
+from app.web import tus_openapi
 from app.web.request import FORM_MAX_BYTES
 
 JSON = "application/json"
@@ -549,6 +550,7 @@ def _paths() -> dict:
     job_id = _ref("parameters", "JobId")
     return {
         "/v1/attachments": _upload(),
+        **tus_openapi.paths(),  # /v1/uploads
         "/v1/attachments/{attachment_id}": _status(),
         "/v1/attachments/{attachment_id}/original": _download(
             "downloadOriginal", "Download the original (as uploaded)", []),
@@ -680,6 +682,7 @@ def document() -> dict:
         },
         "tags": [
             {"name": "attachments", "description": "Upload, status and downloads."},
+            tus_openapi.TAG,
             {"name": "ops", "description": "The operator API (role `operator`)."},
             {"name": "meta", "description": "Probes, metrics and this document."},
         ],
