@@ -57,7 +57,11 @@ def kill_web_in_the_middle(deployment: Deployment, engine, length: int) -> int:
     wait_for(lambda: (row := upload_row(engine)) is not None and row.upload_offset >= length // 5,
              timeout=60, interval=0.05, message="a fifth of the upload to arrive")
     deployment.processes["web"].kill()
-    offset = upload_row(engine).upload_offset
+    # a COMMIT the dead process had already sent may still land: the offset it stopped at is the one that stays
+    seen = []
+    offset = wait_for(lambda: (seen.append(upload_row(engine).upload_offset) or len(seen) > 2)
+                      and seen[-1] == seen[-2] == seen[-3] and seen[-1], timeout=10, interval=0.1,
+                      message="the killed process's last offset to settle")
     assert 0 < offset < length * 2 // 3, f"the kill came too late to be in the middle ({offset} of {length})"
     return offset
 
