@@ -144,6 +144,15 @@ class Settings:
     idempotency_ttl_seconds: float = setting(
         "ATTACHE_IDEMPOTENCY_TTL_SECONDS", 24 * 3600.0, _float(1),
         "how long an Idempotency-Key keeps returning the same attachment")
+    upload_expiry_seconds: float = setting(
+        "ATTACHE_UPLOAD_EXPIRY_SECONDS", 24 * 3600.0, _float(1),
+        "a resumable upload (/v1/uploads) expires this long after its last PATCH (at most "
+        "ATTACHE_IDEMPOTENCY_TTL_SECONDS, which keeps its last PATCH safe to retry); the staging cleanup "
+        "then removes its partial bytes, and a finished upload's URL is forgotten")
+    upload_chunk_bytes: int = setting(
+        "ATTACHE_UPLOAD_CHUNK_BYTES", 5 * 1024 * 1024, _int(1),
+        "the upload page sends a file in resumable PATCH requests of at most this many bytes; a dropped "
+        "connection costs at most one")
     retire_grace_seconds: float = setting(
         "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0),
         "objects of a pipeline version are collected this long after a newer version is ready")

@@ -205,6 +205,44 @@ class DigestMismatch(UploadRejected):
     error_code = "digest_mismatch"
 
 
+# --- resumable uploads (tus, app.core.resumable) -------------------------------------
+
+
+class UploadNotFound(UploadRejected):
+    """No resumable upload with this id belongs to the caller (or it was terminated or forgotten)."""
+
+    status = 404
+    error_code = "not_found"
+
+
+class UploadExpired(UploadRejected):
+    """The resumable upload expired: its partial bytes are gone or about to go."""
+
+    status = 410
+    error_code = "upload_expired"
+
+
+class OffsetMismatch(UploadRejected):
+    """A PATCH's ``Upload-Offset`` is not where the upload stands (a lost answer, or a concurrent PATCH)."""
+
+    status = 409
+    error_code = "offset_mismatch"
+
+
+class ChecksumMismatch(UploadRejected):
+    """The PATCH body does not match its ``Upload-Checksum`` (tus's 460); nothing of it was kept."""
+
+    status = 460
+    error_code = "checksum_mismatch"
+
+
+class PartsMissing(UploadRejected):
+    """The partial bytes of an upload are not all in storage: it cannot finish, and is terminated."""
+
+    status = 410
+    error_code = "upload_lost"
+
+
 def error_code(error: BaseException) -> str:
     return error.error_code if isinstance(error, AttacheError) else "internal_error"
 

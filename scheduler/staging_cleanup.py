@@ -12,6 +12,10 @@ look at the database taken right before the delete:
   ``ATTACHE_FAILED_RETENTION_SECONDS`` (after that a replay is impossible).
 
 A job in ``queued`` or ``processing`` always keeps its staging.
+
+It also ends resumable uploads (:mod:`app.core.resumable`): an expired
+upload is forgotten with its partial bytes (``partial/{upload_id}/…``), and
+a part whose upload is gone or finished is removed.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from sqlalchemy.engine import Engine
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, jobs
 from app.adapters.storage import Storage
+from app.core import resumable
 from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.staging")
@@ -55,12 +60,31 @@ class StagingCleanup:
         self.config = config
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
-        counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0}
+        counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0, "uploads_expired": 0, "parts_removed": 0}
         sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts)
-        if counts["removed"]:
-            log.info("staging cleanup removed %(removed)d of %(examined)d staged objects", counts, extra=counts)
+        if counts["skipped"]:
+            return counts
+        counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage, batch=self.config.batch,
+                                                             dry_run=dry_run)
+        sweep_storage(self.engine, self.name, self.storage.list_objects(resumable.PREFIX),
+                      self.config.batch, lambda chunk: self._process_parts(chunk, counts, dry_run), counts)
+        if counts["removed"] or counts["uploads_expired"] or counts["parts_removed"]:
+            log.info("staging cleanup removed %(removed)d of %(examined)d staged objects, forgot "
+                     "%(uploads_expired)d expired uploads and removed %(parts_removed)d unneeded parts",
+                     counts, extra=counts)
         return counts
+
+    def _process_parts(self, batch, counts, dry_run: bool) -> None:
+        now = datetime.now(timezone.utc)
+        for info in batch:
+            removable = resumable.part_removable(self.engine, info.key)
+            if removable is None:  # not a part this version wrote: an orphan after the grace period
+                removable = now - (info.last_modified or now) >= timedelta(seconds=self.config.grace_seconds)
+            if removable:
+                if not dry_run:
+                    self.storage.delete(info.key)
+                counts["parts_removed"] += 1
 
     def _process(self, batch, counts, dry_run: bool) -> None:
         now = datetime.now(timezone.utc)

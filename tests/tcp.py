@@ -48,3 +48,61 @@ class Listener:
         self.server.close()
         for sock in self.sockets:
             sock.close()
+
+
+class SlowLink:
+    """A proxy at ``bytes_per_second`` each way, like a phone's uplink, that hangs up both sides when either does.
+
+    When the server behind it dies, its clients see their connection drop (as
+    through any real proxy), and a new connection while the server is down is
+    accepted and closed at once.
+    """
+
+    CHUNK = 8192
+
+    def __init__(self, upstream: tuple[str, int], bytes_per_second: int):
+        self.upstream = upstream
+        self.delay = self.CHUNK / bytes_per_second
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self._lock = threading.Lock()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=5)
+            except OSError:  # the server is down: the client sees a dropped connection
+                client.close()
+                continue
+            upstream.settimeout(None)
+            with self._lock:
+                self.sockets += [client, upstream]
+            for source, target in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(source, target), daemon=True).start()
+
+    def _pipe(self, source: socket.socket, target: socket.socket):
+        import time
+
+        try:
+            while data := source.recv(self.CHUNK):
+                target.sendall(data)
+                time.sleep(self.delay * len(data) / self.CHUNK)
+        except OSError:
+            pass
+        for sock in (source, target):  # one side is gone: so is the other
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def close(self):
+        self.server.close()
+        with self._lock:
+            for sock in self.sockets:
+                sock.close()

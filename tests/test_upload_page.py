@@ -105,8 +105,17 @@ def test_uploader_signs_in_and_sees_the_upload_page(app, settings):
 
     script = client.get("/static/upload.js")
     assert script.status_code == 200 and "javascript" in script.mimetype
-    assert "X-CSRF-Token" in script.text and "upload.onprogress" in script.text
+    assert "X-CSRF-Token" in script.text and "onProgress" in script.text and "tus.Upload" in script.text
     script.close()
+    assert '<script src="/static/tus.min.js" defer></script>' in page.text
+    assert f'data-chunk-bytes="{settings.upload_chunk_bytes}"' in page.text and 'data-resumable-url="/v1/uploads"' \
+        in page.text
+    vendored = client.get("/static/tus.min.js")
+    assert vendored.status_code == 200 and "javascript" in vendored.mimetype
+    vendored.close()
+    licence = client.get("/static/tus.min.js.LICENSE.txt")
+    assert licence.status_code == 200 and "tus-js-client 4.3.1" in licence.text and "MIT License" in licence.text
+    licence.close()
 
 
 def test_operator_may_sign_in_too_and_bad_sign_ins_change_nothing(app):

@@ -40,10 +40,13 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
     app.session_interface = SessionInterface()  # Secure over HTTPS
 
-    from app.web import attachments, health, metrics, openapi, ops
+    from app.web import attachments, health, metrics, openapi, ops, tus
 
     app.register_blueprint(openapi.bp)
     app.register_blueprint(attachments.bp)
+    app.register_blueprint(tus.bp)  # resumable uploads (tus 1.0)
+    app.register_blueprint(tus.discovery)
+    app.wsgi_app = tus.MethodOverride(app.wsgi_app)
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
     app.register_blueprint(metrics.bp)

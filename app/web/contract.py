@@ -29,6 +29,7 @@ from flask import Flask
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from app.web import tus_openapi
 from app.web.access import protection
 from app.web.request import FORM_MAX_BYTES
 from app.web.schemas import Error
@@ -203,6 +204,7 @@ INFO = {
 }
 TAGS = [
     {"name": "attachments", "description": "Upload, status and downloads."},
+    tus_openapi.TAG,
     {"name": "ops", "description": "The operator API (role `operator`)."},
     {"name": "meta", "description": "Probes, metrics and this document."},
 ]
@@ -308,6 +310,10 @@ def document(app: Flask) -> dict:
     paths: dict[str, dict] = {}
     for rule, method, op, guard in sorted(walk.operations, key=lambda o: (o[0], o[1])):
         paths.setdefault(openapi_path(rule), {})[method] = walk.operation(rule, op, guard)
+    # tus is a protocol of headers with no JSON shape of its own: its paths are written by
+    # app/web/tus_openapi.py from the constants of app/web/tus.py, and refer to the shared components by name
+    paths.update(tus_openapi.paths())
+    paths = dict(sorted(paths.items()))
     return {
         "openapi": "3.1.0",
         "info": {**INFO, "version": _version()},

@@ -9,10 +9,13 @@ Sign-in
     In development mode with no tokens configured, a request from the local
     machine is signed in as the development token's identity without typing.
 Uploads
-    The page's JavaScript posts each file to ``POST /v1/attachments`` and polls
-    ``GET /v1/attachments/{id}``; both ride on the session (see
-    :mod:`app.web.access`), the POST with the session's CSRF token in
-    ``X-CSRF-Token``. The thumbnail ``<img>`` does too.
+    The page's JavaScript sends each file as a resumable upload to
+    ``/v1/uploads`` with tus-js-client (``static/tus.min.js``, vendored: see
+    ``docs/dependencies.md``), in PATCHes of ``ATTACHE_UPLOAD_CHUNK_BYTES``, and
+    polls ``GET /v1/attachments/{id}`` for the attachment the last PATCH names;
+    all ride on the session (see :mod:`app.web.access`), the POST and PATCHes
+    with the session's CSRF token in ``X-CSRF-Token``. The thumbnail ``<img>``
+    does too. Both scripts are files: the page's CSP allows no inline script.
 """
 
 from __future__ import annotations
@@ -88,7 +91,7 @@ def index():
         start_session(developer)
         who = developer
     settings = _settings()
-    return render_template("upload.html", who=who, csrf=csrf_token(),
+    return render_template("upload.html", who=who, csrf=csrf_token(), chunk_bytes=settings.upload_chunk_bytes,
                            max_bytes=settings.max_upload_bytes, max_mb=limit_in_mb(settings.max_upload_bytes))
 
 

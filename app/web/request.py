@@ -5,7 +5,8 @@
   in the temporary directory). Every other route reads file parts and drops
   them (:class:`DroppedPart`): nothing reaches the disk, nothing is kept.
 * The body limit is per route: the upload limit plus 1 MiB of multipart
-  framing on the upload route, :data:`FORM_MAX_BYTES` everywhere else
+  framing on the upload route, the upload limit on the raw-body routes of
+  resumable uploads, :data:`FORM_MAX_BYTES` everywhere else
   (sign-in and console forms, the JSON of ``/v1/ops``). More is ``413``.
 * Nothing outlives the request: every spool is removed when the request
   closes (Flask closes it when the request ends, whatever happened). A
@@ -32,6 +33,8 @@ from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files
 UPLOAD_ENDPOINT = "attachments.upload"
+#: the views that take an upload's bytes as a raw body (tus creation and PATCH, app.web.tus)
+RAW_UPLOAD_ENDPOINTS = ("tus.create", "tus.patch")
 #: the body limit of every route but the upload
 FORM_MAX_BYTES = 1024 * 1024
 #: multipart framing around the file part, on top of the upload limit
@@ -73,6 +76,8 @@ class UploadRequest(Request):
             return self._max_content_length
         if self.endpoint == UPLOAD_ENDPOINT:
             return current_app.extensions["attache"].settings.max_upload_bytes + MULTIPART_HEADROOM_BYTES
+        if self.endpoint in RAW_UPLOAD_ENDPOINTS:
+            return current_app.extensions["attache"].settings.max_upload_bytes
         return FORM_MAX_BYTES
 
     @max_content_length.setter
@@ -103,11 +108,14 @@ class UploadRequest(Request):
         stream = self.__dict__.get("stream")
         return isinstance(stream, BodyStream) and stream.incomplete
 
-    def spool(self) -> HashingSpool:
-        """A new spool file that belongs to this request: it is removed when the request closes."""
+    def spool(self, max_bytes: int | None = None) -> HashingSpool:
+        """A new spool file that belongs to this request: it is removed when the request closes.
+
+        It holds at most ``max_bytes`` (by default the upload limit).
+        """
         settings = current_app.extensions["attache"].settings
         ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
-        spool = HashingSpool(settings.max_upload_bytes)
+        spool = HashingSpool(settings.max_upload_bytes if max_bytes is None else max_bytes)
         self.__dict__.setdefault("attache_spools", []).append(spool)
         return spool
 

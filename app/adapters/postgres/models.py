@@ -25,6 +25,9 @@ test compares the two so they cannot drift.
 * ``step_runs`` - how long each step took, who ran it and how it ended (for
   ``attache_step_duration_seconds`` and a job's timeline); best effort,
   written after the step.
+* ``uploads`` - a resumable (tus) upload in progress: who, how long, how
+  far, its metadata and when it expires; ``attachment_id`` once its last
+  byte went through the durable handoff (see :mod:`app.core.resumable`).
 * ``outbox`` - every message is born here, in the transaction of the state
   change it announces; ``published_at`` is set when RabbitMQ confirmed it;
   ``claimed_until`` holds off other relays while one publishes the row.
@@ -267,3 +270,22 @@ sweeper_items = Table(
     Column("action", Text, primary_key=True),
     Column("total", BigInteger, nullable=False, server_default=text("0")),
 )
+
+uploads = Table(
+    "uploads",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("upload_length", BigInteger, nullable=False),
+    Column("upload_offset", BigInteger, nullable=False, server_default=text("0")),
+    Column("upload_metadata", Text),
+    Column("filename", Text, nullable=False),
+    Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id")),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    CheckConstraint("upload_length > 0 AND upload_offset BETWEEN 0 AND upload_length",
+                    name="uploads_offset_check"),
+    CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
+)
+Index("uploads_expires_idx", uploads.c.expires_at)  # the staging cleanup: which uploads have expired?

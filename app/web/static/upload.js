@@ -1,7 +1,10 @@
-// The upload page (/): each chosen or dropped file gets a row; it is sent with XMLHttpRequest to
-// POST /v1/attachments (multipart field "file", the session's CSRF token in X-CSRF-Token), its
-// state is polled from GET /v1/attachments/{id} until ready or failed, and then its thumbnail is
-// shown. Plain JavaScript, no build step; the session cookie authenticates every request.
+// The upload page (/): each chosen or dropped file gets a row; it is sent as a resumable upload
+// (tus, with tus-js-client from tus.min.js) to /v1/uploads in PATCHes of data-chunk-bytes, the
+// session's CSRF token in X-CSRF-Token. A dropped connection (a phone in a tunnel, a restarting
+// server) is retried and resumes from the offset the server reports; the same file chosen again
+// after a reload resumes too. The final PATCH names the attachment (Attachment-Id), whose state is
+// then polled from GET /v1/attachments/{id} until ready or failed, and then its thumbnail is shown.
+// Plain JavaScript, no build step; the session cookie authenticates every request.
 (function () {
   "use strict";
 
@@ -11,6 +14,8 @@
   }
   var csrf = document.querySelector('meta[name="csrf-token"]').getAttribute("content");
   var uploadUrl = root.getAttribute("data-upload-url");
+  var resumableUrl = root.getAttribute("data-resumable-url");
+  var chunkBytes = Number(root.getAttribute("data-chunk-bytes"));
   var maxBytes = Number(root.getAttribute("data-max-bytes"));
   var maxMb = root.getAttribute("data-max-mb");
   var input = document.getElementById("file");
@@ -21,6 +26,9 @@
   var POLL_MS = 700;
   var MAX_POLL_MS = 5000;
   var PARALLEL = 3; // uploads in flight at once; the rest wait their turn
+  // after a failed request, wait this long (ms) before each next try; progress starts the list again
+  var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
+  var RESUMING = "Connection lost; resuming where it stopped…";
   var FORMATS = "JPEG, PNG, WebP, GIF, TIFF or BMP";
 
   var STATE_WORDS = {
@@ -128,8 +136,11 @@
       }
       return "Not an image we process (" + FORMATS + ")";
     }
-    if (status === 422) {
+    if (status === 422 || status === 460) {
       return "The file changed in transit; try again";
+    }
+    if (status === 404 || status === 410) {
+      return "The upload expired before it finished; choose the file again";
     }
     if (status === 503) {
       return "The service is busy; try again in a moment";
@@ -188,35 +199,66 @@
 
   function send(row) {
     setState(row, "uploading");
-    var form = new FormData();
-    form.append("file", row.file, row.file.name);
-    var xhr = new XMLHttpRequest();
-    xhr.open("POST", uploadUrl);
-    xhr.setRequestHeader("X-CSRF-Token", csrf);
-    xhr.setRequestHeader("Accept", "application/json");
-    xhr.upload.onprogress = function (event) {
-      if (event.lengthComputable && event.total > 0) {
-        row.progress.value = Math.round((event.loaded / event.total) * 100);
-      }
-    };
-    xhr.onload = function () {
-      var body = parse(xhr.responseText);
-      if ((xhr.status === 202 || xhr.status === 200) && body && body.id) {
+    var upload = new tus.Upload(row.file, {
+      endpoint: resumableUrl,
+      chunkSize: chunkBytes,
+      retryDelays: RETRY_DELAYS,
+      metadata: { filename: row.file.name, filetype: row.file.type },
+      headers: { "X-CSRF-Token": csrf },
+      removeFingerprintOnSuccess: true,
+      onProgress: function (sent, total) {
+        if (total > 0) {
+          row.progress.value = Math.round((sent / total) * 100);
+        }
+      },
+      onChunkComplete: function () {
+        if (row.message.textContent === RESUMING) {
+          setState(row, "uploading", ""); // it did resume
+        }
+      },
+      onShouldRetry: function (err) {
+        // as tus-js-client decides by default (not a 4xx but 409 and 423, and online), saying so on the row
+        var status = err.originalResponse ? err.originalResponse.getStatus() : 0;
+        var retry = (status < 400 || status >= 500 || status === 409 || status === 423) && navigator.onLine !== false;
+        if (retry) {
+          row.item.setAttribute("data-resumed", "true");
+          setState(row, "uploading", RESUMING);
+        }
+        return retry;
+      },
+      onAfterResponse: function (request, response) {
+        var made = response.getHeader("Attachment-Id"); // on the last PATCH, or a HEAD of a finished upload
+        if (made) {
+          row.id = made;
+        }
+      },
+      onSuccess: function () {
         row.progress.value = 100;
-        row.id = body.id;
-        setState(row, body.state || "queued");
-        settle(row, body);
-      } else {
-        setState(row, "refused", refusal(xhr.status, body));
+        setState(row, "queued", "");
+        if (row.id) {
+          poll(row);
+        } else {
+          setState(row, "error", "The upload finished but the service did not name the attachment");
+        }
+        finished();
+      },
+      onError: function (err) {
+        var response = err.originalResponse;
+        if (response && response.getStatus()) {
+          setState(row, "refused", refusal(response.getStatus(), parse(response.getBody())));
+        } else {
+          setState(row, "error", refusal(0, null));
+        }
+        finished();
       }
-      finished();
-    };
-    xhr.onerror = function () {
-      setState(row, "error", refusal(0, null));
-      finished();
-    };
-    xhr.onabort = xhr.onerror;
-    xhr.send(form);
+    });
+    // the same file chosen again (after a reload, say) resumes the upload it started
+    upload.findPreviousUploads().then(function (previous) {
+      if (previous.length) {
+        upload.resumeFromPreviousUpload(previous[0]);
+      }
+      upload.start();
+    });
   }
 
   // --- live state -----------------------------------------------------------------------

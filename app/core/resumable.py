@@ -1,0 +1,282 @@
+"""Resumable uploads (the tus protocol's server side, without its HTTP): partial bytes, their state, their end.
+
+An upload is a row in ``uploads`` (owner, ``Upload-Length``, how far it
+has got, its ``Upload-Metadata``, when it expires) and the bytes received
+so far, one storage object per accepted PATCH: ``partial/{upload_id}/{offset}``
+(the offset zero-padded to 20 digits). Every backend stores parts the same
+way: each part is written atomically like any other object, so a process
+killed mid-PATCH never leaves half an append behind (a filesystem append
+would, and S3 cannot append at all), and the offset in the row moves only
+after its part is stored.
+
+* **Append.** A PATCH's body is received first, then the row is locked
+  (``SELECT … FOR UPDATE``), its offset compared with the PATCH's, the part
+  stored under that offset and the offset advanced, in that transaction.
+  Two PATCHes at the same offset therefore never both append: the second
+  finds the offset moved and gets ``409``. A part stored whose row update
+  never committed lies exactly where the next PATCH at that offset writes,
+  and is replaced by it, so the parts from offset 0 always chain.
+* **The last byte.** Under the same lock the parts are concatenated into a
+  local spool and handed to :func:`app.core.intake.accept`, the durable
+  handoff of ``POST /v1/attachments`` (verified, staged, job and outbox in
+  one transaction), with the Idempotency-Key ``tus:{upload_id}``: if the
+  process dies after that handoff committed but before the row says so,
+  the client's retry of the last PATCH returns the same attachment instead
+  of a second one. Then the row records ``attachment_id`` and the parts
+  are removed. An upload whose bytes are refused (not an image attache
+  processes, a bomb…) is terminated with the refusal.
+* **Expiry.** An upload expires ``ATTACHE_UPLOAD_EXPIRY_SECONDS`` after its
+  last PATCH (never later than the Idempotency-Key lifetime, so the retry
+  above always finds its key). The staging cleanup forgets expired uploads
+  with their parts (:func:`forget_expired`) and removes parts nobody needs
+  any more (:func:`part_removable`). Parts are never an attachment: nothing
+  reads ``partial/`` but this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Callable
+
+from sqlalchemy import delete, insert, select, update
+from sqlalchemy.engine import Engine
+
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import uploads
+from app.adapters.storage import Storage
+from app.core import intake
+from app.errors import (
+    AttacheError,
+    OffsetMismatch,
+    PartsMissing,
+    PermanentError,
+    UploadExpired,
+    UploadNotFound,
+    UploadRejected,
+    UploadTooLarge,
+)
+
+log = logging.getLogger("attache.resumable")
+
+#: where partial bytes live in storage
+PREFIX = "partial/"
+COPY_CHUNK = 1024 * 1024
+
+
+def parts_prefix(upload_id: uuid.UUID) -> str:
+    return f"{PREFIX}{upload_id}/"
+
+
+def part_key(upload_id: uuid.UUID, offset: int) -> str:
+    return f"{parts_prefix(upload_id)}{offset:020d}"
+
+
+def handoff_key(upload_id: uuid.UUID) -> str:
+    """The Idempotency-Key under which the upload's last byte makes its attachment."""
+    return f"tus:{upload_id}"
+
+
+def lifetime(settings) -> timedelta:
+    """How long an upload lives after its last PATCH (see the module docstring)."""
+    return timedelta(seconds=min(settings.upload_expiry_seconds, settings.idempotency_ttl_seconds))
+
+
+@dataclass(frozen=True)
+class Upload:
+    id: uuid.UUID
+    owner: str
+    length: int
+    offset: int
+    metadata: str | None
+    filename: str
+    attachment_id: uuid.UUID | None
+    expires_at: datetime
+
+    @property
+    def complete(self) -> bool:
+        """Its last byte went through the durable handoff: ``attachment_id`` names what it made."""
+        return self.attachment_id is not None
+
+    @classmethod
+    def of(cls, row) -> "Upload":
+        return cls(row.id, row.owner, row.upload_length, row.upload_offset, row.upload_metadata, row.filename,
+                   row.attachment_id, row.expires_at)
+
+
+def create(services, *, owner: str, length: int, filename: str, metadata: str | None) -> Upload:
+    """A new, empty upload of ``length`` bytes; the upload limit is checked here, before any byte is sent."""
+    limit = services.settings.max_upload_bytes
+    if length > limit:
+        raise UploadTooLarge(f"Upload-Length {length} is larger than the limit of {limit} bytes")
+    if length < 1:
+        raise UploadRejected("the upload is empty", error_code="empty_body")
+    with transaction(services.engine) as conn:
+        row = conn.execute(insert(uploads).values(
+            id=uuid.uuid4(), owner=owner, upload_length=length, upload_metadata=metadata, filename=filename,
+            expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
+    return Upload.of(row)
+
+
+def find(services, upload_id: uuid.UUID, owner: str) -> Upload:
+    """The caller's upload; :class:`UploadNotFound` for anyone else's, :class:`UploadExpired` once expired."""
+    with transaction(services.engine) as conn:
+        return _visible(conn, upload_id, owner, lock=False)
+
+
+def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: intake.Received,
+           spool: Callable[[], object], traceparent: str, tracestate: str | None) -> Upload:
+    """Store ``part`` (a PATCH body, received in full) at ``offset``; at the last byte, hand the upload off.
+
+    ``spool()`` gives a writable spool (``write(bytes)``, ``finish() -> Received``,
+    ``discard()``) to concatenate the parts into. Raises :class:`OffsetMismatch` when the upload is not
+    at ``offset``; the refusals of the handoff (``PermanentError``, ``UploadRejected``)
+    terminate the upload and are raised again.
+    """
+    refused: AttacheError | None = None
+    with transaction(services.engine) as conn:
+        upload = _visible(conn, upload_id, owner, lock=True)
+        if upload.complete and offset == upload.length and part.size == 0:
+            return upload  # a retried empty PATCH at the end: nothing to do
+        if upload.complete or offset != upload.offset:
+            raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")
+        if part.size > upload.length - offset:
+            raise UploadTooLarge(f"the PATCH goes past Upload-Length {upload.length}")
+        values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
+        if part.size:
+            services.storage.put_file(part_key(upload.id, offset), part.path)
+            values["upload_offset"] = offset + part.size
+        if values.get("upload_offset") == upload.length:
+            try:
+                values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
+            except (PermanentError, UploadRejected) as exc:
+                conn.execute(delete(uploads).where(uploads.c.id == upload.id))
+                refused = exc
+        if refused is None:
+            upload = Upload.of(conn.execute(update(uploads).where(uploads.c.id == upload.id).values(**values)
+                                            .returning(uploads)).one())
+    if refused is not None:
+        log.info("upload %s refused at its last byte: %s", upload_id, refused.error_code)
+        _remove_parts(services.storage, upload_id)
+        raise refused
+    if upload.complete:
+        log.info("upload %s complete", upload_id, extra={"attachment_id": str(upload.attachment_id)})
+        _remove_parts(services.storage, upload_id)
+    return upload
+
+
+def terminate(services, upload_id: uuid.UUID, owner: str) -> None:
+    """Forget the upload and remove its partial bytes (tus termination); an attachment it made stays."""
+    with transaction(services.engine) as conn:
+        _visible(conn, upload_id, owner, lock=True, expired_too=True)
+        conn.execute(delete(uploads).where(uploads.c.id == upload_id))
+    _remove_parts(services.storage, upload_id)
+
+
+def forget_expired(engine: Engine, storage: Storage, *, batch: int = 200, dry_run: bool = False) -> int:
+    """Forget every expired upload, finished or not, and remove its parts; returns how many.
+
+    Rows are locked with ``SKIP LOCKED``: an upload whose PATCH holds its row
+    is left for the next round (that PATCH extends its life anyway).
+    """
+    forgotten = 0
+    while True:
+        with transaction(engine) as conn:
+            expired = conn.execute(select(uploads.c.id).where(uploads.c.expires_at <= _now(conn))
+                                   .order_by(uploads.c.expires_at).limit(batch)
+                                   .with_for_update(skip_locked=True)).scalars().all()
+            if not dry_run:
+                for upload_id in expired:
+                    _remove_parts(storage, upload_id, quietly=False)
+                    conn.execute(delete(uploads).where(uploads.c.id == upload_id))
+                    log.info("forgot expired upload %s", upload_id, extra={"upload_id": str(upload_id)})
+        forgotten += len(expired)
+        if dry_run or len(expired) < batch:
+            return forgotten
+
+
+def part_removable(engine: Engine, key: str) -> bool | None:
+    """Whether the part at ``key`` is needed by no upload: True, False, or None for a key this module never wrote.
+
+    A part is removable once its upload is gone (terminated, refused, forgotten)
+    or finished (its bytes are staged). An expired upload's parts go with the
+    upload, in :func:`forget_expired`.
+    """
+    upload_id, _, offset = key[len(PREFIX):].partition("/")
+    try:
+        upload_id = uuid.UUID(upload_id)
+        int(offset)
+    except ValueError:
+        return None
+    with transaction(engine) as conn:
+        row = conn.execute(select(uploads.c.attachment_id).where(uploads.c.id == upload_id)).one_or_none()
+    return row is None or row.attachment_id is not None
+
+
+# --- inside ---------------------------------------------------------------------------
+
+
+def _now(conn) -> datetime:
+    """The database's clock: every web process and the scheduler agree on expiry."""
+    return conn.exec_driver_sql("SELECT now()").scalar()
+
+
+def _visible(conn, upload_id: uuid.UUID, owner: str, *, lock: bool, expired_too: bool = False) -> Upload:
+    query = select(uploads).where(uploads.c.id == upload_id)
+    row = conn.execute(query.with_for_update() if lock else query).one_or_none()
+    if row is None or row.owner != owner:
+        raise UploadNotFound("no such upload")
+    if not expired_too and row.expires_at <= _now(conn):
+        raise UploadExpired("the upload expired; start a new one")
+    return Upload.of(row)
+
+
+def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent: str,
+              tracestate: str | None) -> uuid.UUID:
+    """Concatenate the parts and give them to the durable handoff of every upload; the attachment's id."""
+    sink = spool()
+    try:
+        _copy_parts(services, upload, sink)
+        received = sink.finish()
+    except BaseException:
+        sink.discard()
+        raise
+    try:
+        accepted = intake.accept(services, received, filename=upload.filename, owner=upload.owner,
+                                 traceparent=traceparent, tracestate=tracestate,
+                                 idempotency_key=handoff_key(upload.id))
+    finally:
+        received.discard()
+    return accepted.attachment_id
+
+
+def _copy_parts(services, upload: Upload, sink) -> None:
+    """Write the chain of parts from offset 0 to the upload's length into ``sink``; :class:`PartsMissing` if broken."""
+    parts = {}
+    for info in services.storage.list_objects(parts_prefix(upload.id)):
+        with contextlib.suppress(ValueError):
+            parts[int(info.key.rsplit("/", 1)[1])] = info
+    position = 0
+    while position < upload.length:
+        info = parts.get(position)
+        if info is None or info.size == 0:
+            raise PartsMissing(f"the upload's bytes from offset {position} are missing; start a new upload")
+        with contextlib.closing(services.storage.open_stream(info.key, chunk_size=COPY_CHUNK)) as stream:
+            for chunk in stream:
+                sink.write(chunk)
+        position += info.size
+    if position != upload.length:
+        raise PartsMissing("the upload's parts do not add up to its length; start a new upload")
+
+
+def _remove_parts(storage: Storage, upload_id: uuid.UUID, *, quietly: bool = True) -> None:
+    try:
+        for key in list(storage.list_keys(parts_prefix(upload_id))):
+            storage.delete(key)
+    except AttacheError:
+        if not quietly:
+            raise
+        log.warning("could not remove the parts of upload %s; the staging cleanup will", upload_id)

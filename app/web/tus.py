@@ -1,0 +1,276 @@
+"""``/v1/uploads``: resumable uploads over tus 1.0 (https://tus.io/protocols/resumable-upload).
+
+The core protocol plus the creation, creation-with-upload, termination,
+checksum (``sha1``, ``sha256``) and expiration extensions. This module
+speaks the protocol's headers and status codes; what an upload is, where
+its partial bytes live and how it ends is :mod:`app.core.resumable`.
+
+* ``OPTIONS /v1/uploads`` (public, like any tus server's discovery): the
+  version, extensions, ``Tus-Max-Size`` (the upload limit) and checksum
+  algorithms.
+* ``POST /v1/uploads`` with ``Upload-Length`` (checked against the upload
+  limit here, before any byte is sent) and ``Upload-Metadata`` (its
+  ``filename``, or Uppy's ``name``, is the display name): ``201`` and
+  ``Location``. With a body (``Content-Type: application/offset+octet-stream``)
+  its bytes are the first PATCH.
+* ``HEAD /v1/uploads/{id}``: ``Upload-Offset`` says where to resume.
+* ``PATCH /v1/uploads/{id}`` with ``Upload-Offset`` and optionally
+  ``Upload-Checksum``: ``204`` and the new ``Upload-Offset``; ``409`` when
+  the offset is not the upload's; ``460`` on a checksum mismatch (nothing
+  of that body is kept). A body cut short without a checksum keeps what
+  arrived, so the client resumes after it.
+* ``DELETE /v1/uploads/{id}``: termination.
+* ``X-HTTP-Method-Override: PATCH`` (or ``DELETE``) on a ``POST`` is taken as
+  that method (:class:`MethodOverride`), for clients behind proxies that
+  only pass GET and POST.
+
+When the last byte has arrived the upload becomes an attachment through the
+same durable handoff as ``POST /v1/attachments``; the final PATCH and every
+later HEAD carry ``Attachment-Id``. Every request but ``OPTIONS`` needs the
+API's bearer token or the browser session (PATCH, POST and DELETE from a
+session with its CSRF token), and ``Tus-Resumable: 1.0.0`` (else ``412``).
+An upload is its owner's only: anyone else gets ``404``.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import re
+
+from flask import Blueprint, Response, current_app, request, url_for
+from werkzeug.http import http_date
+
+from app.core import filenames, resumable
+from app.errors import (
+    ChecksumMismatch,
+    IncompleteBody,
+    OffsetMismatch,
+    PermanentError,
+    StorageUnavailable,
+    UploadRejected,
+    UploadTooLarge,
+)
+from app.observability.logs import bound
+from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
+from app.web.access import identity, protect
+from app.web.attachments import REFUSAL_STATUS
+from app.web.responses import error
+from app.web.spool import spool_stream
+
+bp = Blueprint("tus", __name__, url_prefix="/v1/uploads")
+#: OPTIONS only, without a token: what a client may ask before it has one
+discovery = Blueprint("tus_discovery", __name__, url_prefix="/v1/uploads")
+protect(bp)
+
+TUS_VERSION = "1.0.0"
+EXTENSIONS = ("creation", "creation-with-upload", "termination", "checksum", "expiration")
+CHECKSUM_ALGORITHMS = ("sha1", "sha256")
+PART_TYPE = "application/offset+octet-stream"
+#: the longest ``Upload-Metadata`` kept (it is echoed on every HEAD)
+MAX_METADATA_CHARS = 4096
+#: metadata keys that name the file: tus-js-client's convention, then Uppy's
+FILENAME_KEYS = ("filename", "name")
+ATTACHMENT_ID = "Attachment-Id"
+
+_METADATA_KEY = re.compile(r"[!-~]+")  # printable ASCII, no space (commas are split on before)
+_DIGITS = re.compile(r"[0-9]{1,19}")
+
+
+def _services():
+    return current_app.extensions["attache"]
+
+
+class MethodOverride:
+    """WSGI middleware: a ``POST`` under ``/v1/uploads/`` with ``X-HTTP-Method-Override`` is routed as that method.
+
+    The tus core protocol requires it; anywhere else the header is ignored.
+    """
+
+    METHODS = ("PATCH", "DELETE", "HEAD")
+
+    def __init__(self, wsgi_app):
+        self.wsgi_app = wsgi_app
+
+    def __call__(self, environ, start_response):
+        wanted = environ.get("HTTP_X_HTTP_METHOD_OVERRIDE", "").strip().upper()
+        if wanted in self.METHODS and environ.get("REQUEST_METHOD") == "POST" \
+                and environ.get("PATH_INFO", "").startswith(bp.url_prefix + "/"):
+            environ["REQUEST_METHOD"] = wanted
+        return self.wsgi_app(environ, start_response)
+
+
+@bp.before_request
+def _speaks_tus():
+    if request.headers.get("Tus-Resumable") != TUS_VERSION:
+        return error(412, "tus_version", f"send Tus-Resumable: {TUS_VERSION}", **{"Tus-Version": TUS_VERSION})
+    return None
+
+
+@bp.after_request
+@discovery.after_request
+def _tus_headers(response):
+    response.headers["Tus-Resumable"] = TUS_VERSION
+    response.headers["Cache-Control"] = "no-store"
+    return response
+
+
+@bp.errorhandler(PermanentError)
+def _refused(exc: PermanentError):
+    """The last byte arrived, and the handoff refused the image (the upload is terminated)."""
+    return error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
+
+
+@bp.errorhandler(StorageUnavailable)
+def _storage_down(exc: StorageUnavailable):
+    return error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
+                 **{"Retry-After": "5"})
+
+
+@discovery.route("", methods=["OPTIONS"])
+def options():
+    return Response(status=204, headers={
+        "Tus-Version": TUS_VERSION,
+        "Tus-Extension": ",".join(EXTENSIONS),
+        "Tus-Max-Size": str(_services().settings.max_upload_bytes),
+        "Tus-Checksum-Algorithm": ",".join(CHECKSUM_ALGORITHMS),
+    })
+
+
+@bp.post("", provide_automatic_options=False)
+def create():
+    if "Upload-Defer-Length" in request.headers:
+        raise UploadRejected("Upload-Defer-Length is not supported: send Upload-Length",
+                             error_code="bad_upload_length")
+    length = _number("Upload-Length")
+    metadata, filename = _metadata(request.headers.get("Upload-Metadata"))
+    with_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
+    if with_body and request.mimetype != PART_TYPE:
+        raise UploadRejected(f"a body sent with the creation needs Content-Type: {PART_TYPE}",
+                             error_code="bad_content_type", status=415)
+    upload = resumable.create(_services(), owner=identity().principal, length=length, filename=filename,
+                              metadata=metadata)
+    headers = {"Location": url_for("tus.head", upload_id=upload.id)}
+    if with_body:
+        upload = _append(upload, 0)
+        headers["Upload-Offset"] = str(upload.offset)
+    return Response(status=201, headers={**headers, **_state(upload)})
+
+
+@bp.route("/<uuid:upload_id>", methods=["HEAD"])
+def head(upload_id):
+    upload = resumable.find(_services(), upload_id, identity().principal)
+    headers = {"Upload-Offset": str(upload.offset), "Upload-Length": str(upload.length), **_state(upload)}
+    if upload.metadata:
+        headers["Upload-Metadata"] = upload.metadata
+    return Response(status=200, headers=headers)
+
+
+@bp.patch("/<uuid:upload_id>")
+def patch(upload_id):
+    offset = _number("Upload-Offset", minimum=0)
+    if request.mimetype != PART_TYPE:
+        raise UploadRejected(f"a PATCH needs Content-Type: {PART_TYPE}", error_code="bad_content_type", status=415)
+    upload = resumable.find(_services(), upload_id, identity().principal)
+    if offset != upload.offset:
+        raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")  # before reading the body
+    upload = _append(upload, offset)
+    return Response(status=204, headers={"Upload-Offset": str(upload.offset), **_state(upload)})
+
+
+@bp.delete("/<uuid:upload_id>")
+def terminate(upload_id):
+    resumable.terminate(_services(), upload_id, identity().principal)
+    return Response(status=204)
+
+
+# --- inside ---------------------------------------------------------------------------
+
+
+def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
+    """Receive this request's body and append it at ``offset``; a body cut short keeps what arrived."""
+    checksum = _checksum(request.headers.get("Upload-Checksum"))
+    remaining = upload.length - offset
+    if (request.content_length or 0) > remaining:
+        raise UploadTooLarge(f"the body goes past Upload-Length {upload.length}")
+    spool = request.spool(max_bytes=remaining)
+    spool_stream(request.stream, spool)
+    cut_short = request.body_incomplete()
+    part = spool.finish()
+    if checksum is not None:
+        algorithm, expected = checksum
+        if cut_short:
+            raise IncompleteBody("the body ended early, so its Upload-Checksum cannot match; nothing was kept")
+        with open(part.path, "rb") as fh:
+            if hashlib.file_digest(fh, algorithm).digest() != expected:
+                raise ChecksumMismatch(f"the body does not match its Upload-Checksum ({algorithm})")
+    traceparent = accept_traceparent(request.headers.get("traceparent"))
+    with bound(trace_id=trace_id(traceparent), principal=upload.owner, upload_id=str(upload.id)):
+        upload = resumable.append(_services(), upload.id, owner=upload.owner, offset=offset, part=part,
+                                  spool=request.spool, traceparent=traceparent,
+                                  tracestate=accept_tracestate(request.headers.get("tracestate")))
+    if cut_short:
+        raise IncompleteBody(f"the body ended early; the {part.size} bytes that arrived were kept: resume at "
+                             f"Upload-Offset {upload.offset}")
+    return upload
+
+
+def _state(upload: resumable.Upload) -> dict[str, str]:
+    """The headers every answer about an upload carries: when it expires, and what it made."""
+    headers = {"Upload-Expires": http_date(upload.expires_at)}
+    if upload.complete:
+        headers[ATTACHMENT_ID] = str(upload.attachment_id)
+    return headers
+
+
+def _number(header: str, *, minimum: int = 1) -> int:
+    raw = request.headers.get(header, "").strip()
+    if not _DIGITS.fullmatch(raw) or int(raw) < minimum:
+        raise UploadRejected(f"{header} must be an integer >= {minimum}",
+                             error_code=f"bad_{header.lower().replace('-', '_')}")
+    return int(raw)
+
+
+def _metadata(raw: str | None) -> tuple[str | None, str]:
+    """``Upload-Metadata`` as kept (None when empty) and the display name it carries."""
+    raw = (raw or "").strip()
+    if not raw:
+        return None, filenames.sanitize(None)
+    if len(raw) > MAX_METADATA_CHARS:
+        raise UploadRejected(f"Upload-Metadata is longer than {MAX_METADATA_CHARS} characters",
+                             error_code="bad_metadata")
+    pairs: dict[str, bytes] = {}
+    for item in raw.split(","):
+        key, _, value = item.strip().partition(" ")
+        if not _METADATA_KEY.fullmatch(key) or key in pairs:
+            raise UploadRejected("Upload-Metadata: each pair is a unique key and a base64 value",
+                                 error_code="bad_metadata")
+        try:
+            pairs[key] = base64.b64decode(value.strip(), validate=True)
+        except (binascii.Error, ValueError):
+            raise UploadRejected(f"Upload-Metadata: the value of {key!r} is not base64",
+                                 error_code="bad_metadata") from None
+    name = next((pairs[k] for k in FILENAME_KEYS if k in pairs), None)
+    try:
+        display = filenames.sanitize(name.decode("utf-8") if name is not None else None)
+    except UnicodeDecodeError:
+        raise UploadRejected("Upload-Metadata: the filename is not UTF-8", error_code="bad_metadata") from None
+    return raw, display
+
+
+def _checksum(raw: str | None) -> tuple[str, bytes] | None:
+    """``Upload-Checksum: <algorithm> <base64 digest>`` as (hashlib name, digest), or None."""
+    if raw is None:
+        return None
+    algorithm, _, value = raw.strip().partition(" ")
+    if algorithm not in CHECKSUM_ALGORITHMS:
+        raise UploadRejected(f"Upload-Checksum: supported algorithms are {', '.join(CHECKSUM_ALGORITHMS)}",
+                             error_code="unsupported_checksum")
+    try:
+        digest = base64.b64decode(value.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise UploadRejected("Upload-Checksum: the digest is not base64", error_code="bad_checksum") from None
+    if len(digest) != hashlib.new(algorithm).digest_size:
+        raise UploadRejected(f"Upload-Checksum: not a {algorithm} digest", error_code="bad_checksum")
+    return algorithm, digest

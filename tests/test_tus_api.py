@@ -1,0 +1,410 @@
+"""``/v1/uploads``: the tus 1.0 protocol and its extensions, the upload's state, and how it ends.
+
+Against the Flask app in this process, real PostgreSQL and a real storage
+directory; the body cut short runs against real gunicorn. The clients
+nobody here wrote (tuspy, tus-js-client) are in ``test_tus_clients.py``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+import uuid
+
+import pytest
+from sqlalchemy import func, select, text, update
+
+from app.adapters.postgres.models import attachments, idempotency_keys, jobs, outbox, uploads
+from app.core import resumable
+from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from tests.conftest import OTHER_UPLOADER_TOKEN, authed
+from tests.processes import wait_for
+
+TUS = {"Tus-Resumable": "1.0.0"}
+PART = "application/offset+octet-stream"
+PHOTO = "photos/chelsea.jpg"
+
+
+def b64(text: str | bytes) -> str:
+    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
+
+
+def create(client, length: int, *, filename: str | None = "chelsea.jpg", headers=None, **kwargs):
+    extra = {"Upload-Metadata": f"filename {b64(filename)},filetype {b64('image/jpeg')}"} if filename else {}
+    return client.post("/v1/uploads", headers={**TUS, "Upload-Length": str(length), **extra, **(headers or {})},
+                       **kwargs)
+
+
+def patch(client, location: str, offset: int, data: bytes, headers=None):
+    return client.patch(location, data=data, headers={**TUS, "Upload-Offset": str(offset), "Content-Type": PART,
+                                                      **(headers or {})})
+
+
+def send(client, location: str, data: bytes, chunk: int, start: int = 0):
+    """PATCH ``data[start:]`` in chunks; the last answer."""
+    offset, answer = start, None
+    while offset < len(data):
+        answer = patch(client, location, offset, data[offset:offset + chunk])
+        assert answer.status_code == 204, answer.get_data(as_text=True)
+        offset = int(answer.headers["Upload-Offset"])
+    return answer
+
+
+def parts(storage_dir) -> list[str]:
+    root = storage_dir / "partial"
+    return sorted(str(p.relative_to(storage_dir)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
+
+
+def count(engine, table) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table)).scalar_one()
+
+
+@pytest.fixture
+def photo(data_file) -> bytes:
+    return data_file(PHOTO).read_bytes()
+
+
+# --- discovery and the protocol's preconditions --------------------------------------------
+
+
+def test_options_says_what_the_server_speaks_without_a_token(client, settings):
+    answer = client.application.test_client().options("/v1/uploads")
+    assert answer.status_code == 204
+    assert answer.headers["Tus-Version"] == "1.0.0" and answer.headers["Tus-Resumable"] == "1.0.0"
+    assert answer.headers["Tus-Extension"].split(",") == [
+        "creation", "creation-with-upload", "termination", "checksum", "expiration"]
+    assert answer.headers["Tus-Max-Size"] == str(settings.max_upload_bytes)
+    assert answer.headers["Tus-Checksum-Algorithm"].split(",") == ["sha1", "sha256"]
+
+
+def test_a_token_and_the_protocol_version_are_required(client, engine):
+    anonymous = client.application.test_client()
+    assert create(anonymous, 100).status_code == 401
+    refused = client.post("/v1/uploads", headers={"Upload-Length": "100"})
+    assert refused.status_code == 412 and refused.headers["Tus-Version"] == "1.0.0"
+    assert create(client, 100, headers={"Tus-Resumable": "0.2.2"}).status_code == 412
+    assert count(engine, uploads) == 0
+
+
+def test_limits_are_checked_at_creation_from_upload_length(client, engine, settings):
+    too_large = create(client, settings.max_upload_bytes + 1)
+    assert too_large.status_code == 413 and too_large.json["error"] == "too_large"
+    assert create(client, settings.max_upload_bytes).status_code == 201, "the limit itself is allowed"
+    for length in ("0", "-1", "12abc", ""):
+        answer = client.post("/v1/uploads", headers={**TUS, "Upload-Length": length})
+        assert answer.status_code == 400, length
+    assert client.post("/v1/uploads", headers=TUS).status_code == 400, "no Upload-Length"
+    assert client.post("/v1/uploads", headers={**TUS, "Upload-Defer-Length": "1"}).status_code == 400
+    assert create(client, 10, filename=None, headers={"Upload-Metadata": "filename not-base64!"}).status_code == 400
+    assert count(engine, uploads) == 1
+
+
+# --- an upload from creation to attachment -------------------------------------------------
+
+
+def test_chunks_become_one_attachment_through_the_durable_handoff(client, engine, storage_dir, photo):
+    created = create(client, len(photo))
+    assert created.status_code == 201 and created.headers["Tus-Resumable"] == "1.0.0"
+    location = created.headers["Location"]
+    assert location.startswith("/v1/uploads/") and "Upload-Expires" in created.headers
+    assert "Attachment-Id" not in created.headers
+
+    head = client.head(location, headers=TUS)
+    assert head.status_code == 200 and head.headers["Upload-Offset"] == "0"
+    assert head.headers["Upload-Length"] == str(len(photo)) and head.headers["Cache-Control"] == "no-store"
+    assert head.headers["Upload-Metadata"] == f"filename {b64('chelsea.jpg')},filetype {b64('image/jpeg')}"
+
+    half = len(photo) // 2
+    send(client, location, photo[:half], 4096)
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(half)
+    # partial bytes are in storage under their own prefix, and nothing of them is an attachment
+    assert parts(storage_dir) and all(p.startswith("partial/") for p in parts(storage_dir))
+    assert [p for p in storage_dir.rglob("*") if p.is_file() and "partial" not in p.parts] == []
+    assert count(engine, attachments) == 0
+
+    last = send(client, location, photo, 4096, start=half)
+    attachment_id = last.headers["Attachment-Id"]
+    assert last.headers["Upload-Offset"] == str(len(photo))
+    head = client.head(location, headers=TUS)
+    assert head.status_code == 200 and head.headers["Attachment-Id"] == attachment_id
+    assert head.headers["Upload-Offset"] == str(len(photo))
+
+    # the same handoff as POST /v1/attachments: staged, recorded, queued, announced
+    status = client.get(f"/v1/attachments/{attachment_id}")
+    assert status.status_code == 200
+    assert (status.json["filename"], status.json["size"], status.json["sha256"]) == (
+        "chelsea.jpg", len(photo), hashlib.sha256(photo).hexdigest())
+    assert status.json["state"] == "queued"
+    with engine.connect() as conn:
+        staging_key = conn.execute(select(attachments.c.staging_key)).scalar_one()
+        assert conn.execute(select(func.count()).select_from(jobs)).scalar_one() == 1
+        assert conn.execute(select(func.count()).select_from(outbox)).scalar_one() == 1
+    assert (storage_dir / staging_key).read_bytes() == photo
+    assert parts(storage_dir) == [], "the parts go once the bytes are staged"
+
+
+def test_creation_with_upload_takes_the_first_bytes_or_all_of_them(client, engine, photo):
+    first = create(client, len(photo), data=photo[:1000], content_type=PART)
+    assert first.status_code == 201 and first.headers["Upload-Offset"] == "1000"
+    assert "Attachment-Id" not in first.headers
+    last = send(client, first.headers["Location"], photo, 64 * 1024, start=1000)
+    assert last.headers["Attachment-Id"]
+
+    whole = create(client, len(photo), data=photo, content_type=PART)
+    assert whole.status_code == 201 and whole.headers["Upload-Offset"] == str(len(photo))
+    assert whole.headers["Attachment-Id"] != last.headers["Attachment-Id"]
+    assert count(engine, attachments) == 2
+    assert create(client, 10, data=b"0123456789", content_type="image/jpeg").status_code == 415
+
+
+def test_filename_comes_from_the_metadata_sanitized(client, engine, photo):
+    for metadata, expected in ((f"name {b64('../../uppy.jpg')}", "uppy.jpg"), ("", "upload"),
+                               (f"filename {b64('tus é.jpg')},name {b64('other.jpg')}", "tus é.jpg")):
+        created = create(client, len(photo), filename=None, headers={"Upload-Metadata": metadata},
+                         data=photo, content_type=PART)
+        assert created.status_code == 201, created.json
+        with engine.connect() as conn:
+            filename = conn.execute(select(attachments.c.filename).where(
+                attachments.c.id == uuid.UUID(created.headers["Attachment-Id"]))).scalar_one()
+        assert filename == expected
+
+
+def test_a_patch_at_the_wrong_offset_or_past_the_length_is_refused(client, storage_dir, photo):
+    location = create(client, 100).headers["Location"]
+    assert patch(client, location, 0, b"x" * 40).status_code == 204
+    behind = patch(client, location, 0, b"y" * 10)
+    assert behind.status_code == 409 and behind.json["error"] == "offset_mismatch"
+    assert patch(client, location, 50, b"y" * 10).status_code == 409
+    past = patch(client, location, 40, b"z" * 61)
+    assert past.status_code == 413
+    assert client.patch(location, data=b"z", headers={**TUS, "Upload-Offset": "40"}).status_code == 415
+    assert client.patch(location, data=b"z", headers={**TUS, "Content-Type": PART}).status_code == 400
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "40"
+    assert [(storage_dir / p).read_bytes() for p in parts(storage_dir)] == [b"x" * 40]
+
+
+@pytest.mark.parametrize("algorithm", ["sha1", "sha256"])
+def test_checksums_are_verified_and_a_mismatch_keeps_nothing(client, storage_dir, photo, algorithm):
+    location = create(client, len(photo)).headers["Location"]
+    chunk = photo[:5000]
+    good = f"{algorithm} {b64(hashlib.new(algorithm, chunk).digest())}"
+    bad = f"{algorithm} {b64(hashlib.new(algorithm, b'other').digest())}"
+    mismatch = patch(client, location, 0, chunk, {"Upload-Checksum": bad})
+    assert mismatch.status_code == 460 and mismatch.json["error"] == "checksum_mismatch"
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "0" and parts(storage_dir) == []
+    assert patch(client, location, 0, chunk, {"Upload-Checksum": good}).status_code == 204
+    assert patch(client, location, 5000, b"x", {"Upload-Checksum": f"md5 {b64(b'0' * 16)}"}).status_code == 400
+    assert patch(client, location, 5000, b"x", {"Upload-Checksum": f"{algorithm} {b64(b'short')}"}).status_code \
+        == 400
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "5000"
+
+
+def test_an_image_refused_at_the_last_byte_ends_the_upload(client, engine, storage_dir, data_file):
+    svg = data_file("synthetic/vector_logo.svg").read_bytes()
+    location = create(client, len(svg)).headers["Location"]
+    assert patch(client, location, 0, svg[:10]).status_code == 204
+    refused = patch(client, location, 10, svg[10:])
+    assert refused.status_code == 415 and refused.json["error"] == "unsupported_format"
+    assert client.head(location, headers=TUS).status_code == 404
+    assert count(engine, attachments) == 0 and count(engine, uploads) == 0 and parts(storage_dir) == []
+
+
+def test_termination_removes_the_upload_and_its_bytes(client, engine, storage_dir, photo):
+    location = create(client, len(photo)).headers["Location"]
+    send(client, location, photo[:3000], 1000)
+    assert len(parts(storage_dir)) == 3
+    assert client.delete(location, headers=TUS).status_code == 204
+    assert client.head(location, headers=TUS).status_code == 404
+    assert patch(client, location, 3000, photo[3000:4000]).status_code == 404
+    assert parts(storage_dir) == [] and count(engine, uploads) == 0
+
+
+def test_an_upload_is_its_owners_only(client, photo):
+    location = create(client, len(photo)).headers["Location"]
+    bob = authed(client.application, OTHER_UPLOADER_TOKEN)
+    assert bob.head(location, headers=TUS).status_code == 404
+    assert patch(bob, location, 0, photo[:10]).status_code == 404
+    assert bob.delete(location, headers=TUS).status_code == 404
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "0"
+    assert client.head(f"/v1/uploads/{uuid.uuid4()}", headers=TUS).status_code == 404
+
+
+def test_a_browser_session_needs_its_csrf_token_to_write(client, photo):
+    from tests.test_upload_page import csrf_meta, signed_in
+
+    browser = signed_in(client.application)
+    assert create(browser, len(photo)).status_code == 403
+    csrf = csrf_meta(browser.get("/").text)
+    created = create(browser, len(photo), headers={"X-CSRF-Token": csrf})
+    assert created.status_code == 201
+    location = created.headers["Location"]
+    assert browser.head(location, headers=TUS).status_code == 200, "HEAD is safe: no token needed"
+    assert patch(browser, location, 0, photo[:10]).status_code == 403
+    assert patch(browser, location, 0, photo[:10], {"X-CSRF-Token": csrf}).status_code == 204
+
+
+# --- concurrency and crashes ------------------------------------------------------------------
+
+
+def test_two_patches_at_the_same_offset_never_both_append(client, engine, storage_dir, photo):
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    answers = {}
+
+    def send_one(size):
+        answers[size] = patch(client.application.test_client(), location, 0, photo[:size],
+                              {"Authorization": client.environ_base["HTTP_AUTHORIZATION"]})
+
+    # hold the row so both PATCHes have received their bodies and wait for it together
+    with engine.connect() as holder:
+        holder.execute(select(uploads).where(uploads.c.id == upload_id).with_for_update())
+        threads = [threading.Thread(target=send_one, args=(size,)) for size in (1000, 2000)]
+        for thread in threads:
+            thread.start()
+
+        def both_waiting():
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                         "AND datname = current_database()")).scalar() == 2
+
+        wait_for(both_waiting, timeout=20, message="both PATCHes waiting for the upload's row")
+        holder.rollback()
+    for thread in threads:
+        thread.join(timeout=30)
+    statuses = sorted(a.status_code for a in answers.values())
+    assert statuses == [204, 409], statuses
+    winner = next(size for size, a in answers.items() if a.status_code == 204)
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(winner)
+    assert [(storage_dir / p).read_bytes() for p in parts(storage_dir)] == [photo[:winner]]
+
+
+def test_a_retried_last_patch_after_a_lost_answer_makes_no_second_attachment(client, engine, storage_dir, photo):
+    """The web died after the handoff committed but before the upload's row said so: the client retries."""
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    half = len(photo) // 2
+    send(client, location, photo[:half], 1 << 20)
+    first = patch(client, location, half, photo[half:])
+    attachment_id = first.headers["Attachment-Id"]
+    with engine.begin() as conn:  # the row as it was before the lost COMMIT
+        conn.execute(update(uploads).where(uploads.c.id == upload_id).values(upload_offset=half, attachment_id=None))
+    (storage_dir / resumable.part_key(upload_id, 0)).write_bytes(photo[:half])
+
+    retried = patch(client, location, half, photo[half:])
+    assert retried.status_code == 204 and retried.headers["Attachment-Id"] == attachment_id
+    assert count(engine, attachments) == 1 and count(engine, jobs) == 1
+    with engine.connect() as conn:
+        assert conn.execute(select(idempotency_keys.c.key)).scalar_one() == resumable.handoff_key(upload_id)
+
+
+# --- expiry and the staging cleanup -------------------------------------------------------
+
+
+def test_an_expired_upload_is_gone_and_the_staging_cleanup_removes_its_bytes(client, services, engine, storage_dir,
+                                                                           photo):
+    expiring = create(client, len(photo)).headers["Location"]
+    send(client, expiring, photo[:2000], 1000)
+    live = create(client, len(photo)).headers["Location"]
+    send(client, live, photo[:1000], 1000)
+    finished = create(client, len(photo), data=photo, content_type=PART)
+    expiring_id = uuid.UUID(expiring.rsplit("/", 1)[1])
+    with engine.begin() as conn:
+        conn.execute(update(uploads).where(uploads.c.id == expiring_id)
+                     .values(expires_at=func.now() - text("interval '1 second'")))
+    assert client.head(expiring, headers=TUS).status_code == 410
+    assert patch(client, expiring, 2000, photo[2000:3000]).status_code == 410
+    # a leftover part of the finished upload, and one of an upload nobody remembers
+    finished_id = uuid.UUID(finished.headers["Location"].rsplit("/", 1)[1])
+    services.storage.put_bytes(resumable.part_key(finished_id, 0), b"left behind")
+    services.storage.put_bytes(resumable.part_key(uuid.uuid4(), 0), b"orphan")
+
+    cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=3600))
+    assert cleanup.run_once(dry_run=True)["uploads_expired"] == 1
+    assert len(parts(storage_dir)) == 5
+    counts = cleanup.run_once()
+    assert (counts["uploads_expired"], counts["parts_removed"]) == (1, 2)
+    assert parts(storage_dir) == [f"partial/{live.rsplit('/', 1)[1]}/{0:020d}"], "the live upload keeps its bytes"
+    assert client.head(expiring, headers=TUS).status_code == 404
+    assert client.head(live, headers=TUS).headers["Upload-Offset"] == "1000"
+    assert client.head(finished.headers["Location"], headers=TUS).headers["Attachment-Id"] == \
+        finished.headers["Attachment-Id"]
+    assert count(engine, attachments) == 1
+
+
+def test_the_expiry_index_serves_the_cleanup(engine):
+    from tests.test_maintenance import explain
+
+    with engine.connect() as conn:
+        conn.exec_driver_sql("SET enable_seqscan = off")
+        plan = explain(conn, select(uploads.c.id).where(uploads.c.expires_at <= func.now())
+                       .order_by(uploads.c.expires_at).limit(200))
+    assert "uploads_expires_idx" in plan and "Seq Scan" not in plan, plan
+
+
+# --- a body cut short, against real gunicorn -----------------------------------------------
+
+
+@pytest.mark.processes
+def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
+    import socket
+
+    import requests
+
+    headers = {**TUS, "Authorization": f"Bearer {web.token}"}
+    created = requests.post(web.url + "/v1/uploads", headers={**headers, "Upload-Length": str(len(photo))},
+                            timeout=10)
+    location = created.headers["Location"]
+    sent = 7000
+    head = (f"PATCH {location} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
+            f"Tus-Resumable: 1.0.0\r\nUpload-Offset: 0\r\nContent-Type: {PART}\r\n"
+            f"Content-Length: {len(photo)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(head.encode() + photo[:sent])
+        sock.shutdown(socket.SHUT_WR)  # the phone went into a tunnel
+        while sock.recv(65536):
+            pass
+
+    def offset():
+        return int(requests.head(web.url + location, headers=headers, timeout=10).headers["Upload-Offset"])
+
+    assert wait_for(offset, timeout=20, message="the bytes that arrived to be kept") == sent
+    rest = requests.patch(web.url + location, data=photo[sent:], timeout=30,
+                          headers={**headers, "Upload-Offset": str(sent), "Content-Type": PART})
+    assert rest.status_code == 204 and rest.headers["Attachment-Id"]
+    status = web.status(rest.headers["Attachment-Id"])
+    assert status["sha256"] == hashlib.sha256(photo).hexdigest()
+
+
+def test_the_api_document_names_the_headers_of_every_answer(client, photo):
+    """Schemathesis rarely reaches a live upload; here each success answer meets its documented headers."""
+    from app.web.api_document import document
+
+    documented = document()["paths"]
+    created = create(client, len(photo))
+    location = created.headers["Location"]
+    answers = {
+        ("options", "/v1/uploads", "204"): client.application.test_client().options("/v1/uploads"),
+        ("post", "/v1/uploads", "201"): created,
+        ("patch", "/v1/uploads/{upload_id}", "204"): patch(client, location, 0, photo[:100]),
+        ("head", "/v1/uploads/{upload_id}", "200"): client.head(location, headers=TUS),
+        ("delete", "/v1/uploads/{upload_id}", "204"): client.delete(location, headers=TUS),
+    }
+    for (method, path, status), answer in answers.items():
+        assert answer.status_code == int(status), (method, path)
+        headers = documented[path][method]["responses"][status].get("headers", {})
+        missing = [name for name, header in headers.items() if header.get("required") and name not in answer.headers]
+        assert missing == [], (method, path, missing)
+        assert answer.headers["Tus-Resumable"] == "1.0.0"
+
+
+def test_a_post_with_x_http_method_override_is_that_method(client, photo):
+    location = create(client, len(photo)).headers["Location"]
+    override = client.post(location, data=photo[:100], headers={**TUS, "Upload-Offset": "0", "Content-Type": PART,
+                                                                 "X-HTTP-Method-Override": "PATCH"})
+    assert override.status_code == 204 and override.headers["Upload-Offset"] == "100"
+    assert client.post(location, headers={**TUS, "X-HTTP-Method-Override": "DELETE"}).status_code == 204
+    assert client.head(location, headers=TUS).status_code == 404
+    assert client.post("/v1/attachments", headers={"X-HTTP-Method-Override": "DELETE"}).status_code == 400, \
+        "ignored outside /v1/uploads"

@@ -1,0 +1,183 @@
+"""Resumable uploads proven with clients nobody here wrote, while the web process is SIGKILLed mid-upload.
+
+* ``tuspy`` (the tus project's Python client) uploads the 24 MP photo in
+  chunks over a slow link; the web process is killed in the middle and
+  started again; the client resumes from the offset the server reports and
+  the attachment ends ``ready`` with the original byte for byte.
+* The upload page's ``tus-js-client`` in a real Chromium does the same.
+
+Real gunicorn, worker and scheduler processes from the Procfile, real
+PostgreSQL, RabbitMQ and storage directory. The link (``tests.tcp.SlowLink``)
+is slow so that the kill lands while bytes are still on their way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import uuid
+
+import pytest
+import requests
+from sqlalchemy import select
+
+from app.adapters.postgres.models import attachments, uploads
+from tests.conftest import UPLOADER_TOKEN
+from tests.processes import Deployment, wait_for
+from tests.tcp import SlowLink
+
+pytestmark = pytest.mark.processes
+
+PHOTO = "photos/coffee_24mp_6000x4000.jpg"  # 24 MP, 1.9 MB
+CHUNK = 64 * 1024
+LINK_BYTES_PER_SECOND = 160 * 1024  # about 12 s for the photo
+
+
+@pytest.fixture
+def deployment(env, tmp_path):
+    deployment = Deployment({**env, "ATTACHE_UPLOAD_CHUNK_BYTES": str(CHUNK)}, tmp_path)
+    yield deployment
+    deployment.stop_all()
+
+
+@pytest.fixture
+def link(deployment):
+    link = SlowLink(("127.0.0.1", deployment.port), LINK_BYTES_PER_SECOND)
+    yield link
+    link.close()
+
+
+def upload_row(engine):
+    with engine.connect() as conn:
+        return conn.execute(select(uploads)).one_or_none()
+
+
+def kill_web_in_the_middle(deployment: Deployment, engine, length: int) -> int:
+    """Wait until between a fifth and two thirds of the bytes are in, SIGKILL web; the offset it stopped at."""
+    wait_for(lambda: (row := upload_row(engine)) is not None and row.upload_offset >= length // 5,
+             timeout=60, interval=0.05, message="a fifth of the upload to arrive")
+    deployment.processes["web"].kill()
+    # a COMMIT the dead process had already sent may still land: the offset it stopped at is the one that stays
+    seen = []
+    offset = wait_for(lambda: (seen.append(upload_row(engine).upload_offset) or len(seen) > 2)
+                      and seen[-1] == seen[-2] == seen[-3] and seen[-1], timeout=10, interval=0.1,
+                      message="the killed process's last offset to settle")
+    assert 0 < offset < length * 2 // 3, f"the kill came too late to be in the middle ({offset} of {length})"
+    return offset
+
+
+def assert_ready_byte_for_byte(deployment: Deployment, engine, storage_dir, attachment_id: str, photo: bytes):
+    status = deployment.wait_state(attachment_id, timeout=120)
+    assert status["state"] == "ready", status
+    assert status["sha256"] == hashlib.sha256(photo).hexdigest() and status["size"] == len(photo)
+    original = deployment.session.get(f"{deployment.url}/v1/attachments/{attachment_id}/original", timeout=30)
+    assert original.status_code == 200 and original.content == photo
+    with engine.connect() as conn:
+        rows = conn.execute(select(uploads.c.attachment_id)).scalars().all()
+        assert rows == [uuid.UUID(attachment_id)], "one upload, resumed, not a second one started over"
+        assert conn.execute(select(attachments.c.id)).scalars().all() == [uuid.UUID(attachment_id)]
+    left = [p for p in (storage_dir / "partial").rglob("*") if p.is_file() and not p.name.startswith(".tmp-")]
+    assert left == [], "the partial bytes are gone once the bytes are staged (a killed write's .tmp- aside)"
+
+
+def test_tuspy_resumes_after_the_web_process_is_killed(deployment, link, engine, storage_dir, data_file):
+    from tusclient import client as tus
+
+    photo_path = data_file(PHOTO)
+    photo = photo_path.read_bytes()
+    for name in ("web", "worker", "scheduler"):
+        deployment.start(name)
+    tus_client = tus.TusClient(f"http://127.0.0.1:{link.port}/v1/uploads",
+                               headers={"Authorization": f"Bearer {UPLOADER_TOKEN}"})
+    uploader = tus_client.uploader(str(photo_path), chunk_size=CHUNK, retries=60, retry_delay=0.5,
+                                   metadata={"filename": photo_path.name}, upload_checksum=True)
+    reported = []  # every offset the server reported when the client asked where to resume
+    ask = uploader.get_offset
+    uploader.get_offset = lambda: reported.append(ask()) or reported[-1]
+    outcome = {}
+
+    def run():
+        try:
+            uploader.upload()
+            outcome["headers"] = uploader.request.response_headers
+        except Exception as exc:  # reported below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    stopped_at = kill_web_in_the_middle(deployment, engine, len(photo))
+    assert reported == [], "the client has not had to ask yet"
+    deployment.start("web")
+    thread.join(timeout=120)
+    assert not thread.is_alive() and "error" not in outcome, outcome
+    # the first answer after the restart was where the killed process had stopped, and the client went on from it
+    assert reported and reported[0] == stopped_at, (reported, stopped_at)
+    attachment_id = outcome["headers"]["attachment-id"]
+    assert int(outcome["headers"]["upload-offset"]) == len(photo)
+    assert_ready_byte_for_byte(deployment, engine, storage_dir, attachment_id, photo)
+    head = requests.head(f"{deployment.url}/v1/uploads/{upload_row(engine).id}", timeout=10,
+                         headers={"Authorization": f"Bearer {UPLOADER_TOKEN}", "Tus-Resumable": "1.0.0"})
+    assert head.headers["Attachment-Id"] == attachment_id, "a later HEAD names the attachment too"
+
+
+def test_the_upload_page_resumes_in_a_real_browser(deployment, link, engine, storage_dir, data_file, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+
+    photo_path = data_file(PHOTO)
+    photo = photo_path.read_bytes()
+    page = f"http://127.0.0.1:{link.port}/"
+
+    def row(driver):
+        found = driver.find_elements(By.CSS_SELECTOR, f'li.upload[data-file-name="{photo_path.name}"]')
+        return found[0] if found else None
+
+    with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
+        driver.get(page)
+        waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+        driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+        chooser = waiting(driver).until(EC.presence_of_element_located((By.ID, "file")))
+        chooser.send_keys(str(photo_path))
+
+        kill_web_in_the_middle(deployment, engine, len(photo))
+        waiting(driver, 60).until(lambda d: row(d).get_attribute("data-resumed") == "true")
+        message = row(driver).find_element(By.CSS_SELECTOR, ".message").text
+        assert message.startswith("Connection lost; resuming"), message
+        assert row(driver).get_attribute("data-state") == "uploading"
+        deployment.start("web")
+
+        waiting(driver, 180).until(lambda d: row(d).get_attribute("data-state") in ("ready", "failed", "refused",
+                                                                                      "error"))
+        done = row(driver)
+        assert done.get_attribute("data-state") == "ready", done.text
+        assert done.find_element(By.CSS_SELECTOR, ".message").text == ""
+        thumbnail = done.find_element(By.CSS_SELECTOR, "img.thumbnail")
+        waiting(driver).until(lambda d: d.execute_script("return arguments[0].complete && arguments[0].naturalWidth",
+                                                         thumbnail) > 0)
+        errors = [entry for entry in driver.get_log("browser") if "Content Security Policy" in entry["message"]]
+        assert errors == [], "the page runs without breaking its CSP"
+        driver.save_screenshot(str(tmp_path / "resumed.png"))
+        attachment_id = upload_row(engine).attachment_id
+        assert attachment_id is not None
+        assert_ready_byte_for_byte(deployment, engine, storage_dir, str(attachment_id), photo)
+
+
+def test_the_readmes_three_lines_upload_as_written(web, engine, data_file, tmp_path, monkeypatch):
+    """The README's tuspy lines, run as they are (only the address changed), make a ready-to-process attachment."""
+    import re
+
+    from tests.processes import REPO
+
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("### Resumable uploads (tus)"):]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    assert len(code.strip().splitlines()) == 3, code
+    (tmp_path / "photo.jpg").write_bytes(data_file("photos/chelsea.jpg").read_bytes())
+    monkeypatch.chdir(tmp_path)
+    exec(code.replace("http://127.0.0.1:8000", web.url), {"TOKEN": UPLOADER_TOKEN})
+    with engine.connect() as conn:
+        row = conn.execute(select(uploads)).one()
+        filename = conn.execute(select(attachments.c.filename).where(attachments.c.id == row.attachment_id)).scalar()
+    assert filename == "photo.jpg"
