@@ -263,9 +263,12 @@ def test_sweep_lookups_use_their_indexes(engine):
         # attachment's older rows through variants_effect_key: `make bench` prints that plan)
         "jobs_state_idx": [candidates_query(3600, 500, 1)],
     }
+    #: indexes that lead with the same column, which the planner may prefer (migration 0011 adds them)
+    same_lead = {"jobs_state_idx": ("jobs_state_created_idx",)}
     with engine.connect() as conn:
         conn.exec_driver_sql("SET enable_seqscan = off")  # tables are empty here: ask what an index can do
         for index, statements in lookups.items():
             for statement in statements:
                 plan = explain(conn, statement)
-                assert index in plan and "Seq Scan" not in plan, plan
+                assert any(name in plan for name in (index, *same_lead.get(index, ()))), plan
+                assert "Seq Scan" not in plan, plan

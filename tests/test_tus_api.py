@@ -320,7 +320,7 @@ def test_an_expired_upload_is_gone_and_the_staging_cleanup_removes_its_bytes(cli
     services.storage.put_bytes(resumable.part_key(finished_id, 0), b"left behind")
     services.storage.put_bytes(resumable.part_key(uuid.uuid4(), 0), b"orphan")
 
-    cleanup = StagingCleanup(services, StagingCleanupConfig(grace_seconds=3600))
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=3600))
     assert cleanup.run_once(dry_run=True)["uploads_expired"] == 1
     assert len(parts(storage_dir)) == 5
     counts = cleanup.run_once()
@@ -379,9 +379,9 @@ def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
 
 def test_the_api_document_names_the_headers_of_every_answer(client, photo):
     """Schemathesis rarely reaches a live upload; here each success answer meets its documented headers."""
-    from app.web.api_document import document
+    from app.web.contract import document
 
-    documented = document()["paths"]
+    documented = document(client.application)["paths"]
     created = create(client, len(photo))
     location = created.headers["Location"]
     answers = {

@@ -29,7 +29,6 @@ from flask import Flask
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
-from app.web import tus_openapi
 from app.web.access import protection
 from app.web.request import FORM_MAX_BYTES
 from app.web.schemas import Error
@@ -204,7 +203,6 @@ INFO = {
 }
 TAGS = [
     {"name": "attachments", "description": "Upload, status and downloads."},
-    tus_openapi.TAG,
     {"name": "ops", "description": "The operator API (role `operator`)."},
     {"name": "meta", "description": "Probes, metrics and this document."},
 ]
@@ -312,12 +310,14 @@ def document(app: Flask) -> dict:
         paths.setdefault(openapi_path(rule), {})[method] = walk.operation(rule, op, guard)
     # tus is a protocol of headers with no JSON shape of its own: its paths are written by
     # app/web/tus_openapi.py from the constants of app/web/tus.py, and refer to the shared components by name
+    from app.web import tus_openapi  # it reads app/web/tus.py, which imports this module
+
     paths.update(tus_openapi.paths())
     paths = dict(sorted(paths.items()))
     return {
         "openapi": "3.1.0",
         "info": {**INFO, "version": _version()},
-        "tags": TAGS,
+        "tags": TAGS[:1] + [tus_openapi.TAG] + TAGS[1:],
         "security": BEARER,
         "paths": paths,
         "components": {
