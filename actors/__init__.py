@@ -25,8 +25,8 @@ from dramatiq.middleware import (
 from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
 from app.adapters.broker.rabbitmq import AttacheBroker
 from app.config import Settings
-from app.core.messages import ROUTES
 from app.core.policies import NEVER_RETRY
+from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.errors import ConfigError
 from app.observability import logs
@@ -62,16 +62,14 @@ workflow = Workflow(services)
 
 
 
-def _actor(step: str):
-    actor_name, queue_name = ROUTES[step]
-
+def _actor(step: Step):
     def run(payload):
         workflow.handle(payload, step=step)
 
-    run.__name__ = actor_name
-    return dramatiq.actor(run, actor_name=actor_name, queue_name=queue_name, throws=NEVER_RETRY)
+    run.__name__ = step.actor
+    return dramatiq.actor(run, actor_name=step.actor, queue_name=step.queue, throws=NEVER_RETRY)
 
 
-inspect = _actor("inspect")
-render = _actor("render")
-publish = _actor("publish")
+inspect = _actor(Step.INSPECT)
+render = _actor(Step.RENDER)
+publish = _actor(Step.PUBLISH)

@@ -29,7 +29,8 @@ import logging
 from dataclasses import dataclass
 
 from app.adapters.postgres.db import transaction
-from app.core import messages, states
+from app.core import states
+from app.core.steps import Step
 from app.errors import BrokerUnavailable
 from app.services import Services, identity
 
@@ -88,4 +89,4 @@ class Reconciler:
     def _backlog(self) -> int:
         """Messages ready in the step queues (not yet delivered to any worker)."""
         broker = self.services.broker
-        return sum(broker.queue_depth(queue) or 0 for _, queue in messages.ROUTES.values())
+        return sum(broker.queue_depth(step.queue) or 0 for step in Step)

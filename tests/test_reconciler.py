@@ -17,6 +17,7 @@ from sqlalchemy import func, insert, select, text, update
 from app.adapters.postgres import db
 from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.core import states
+from app.core.steps import Step
 from app.observability import metrics
 from app.observability.tracing import new_traceparent
 from scheduler.reconciler import Reconciler, ReconcilerConfig
@@ -94,7 +95,7 @@ def test_a_queued_job_whose_message_was_consumed_without_effect_is_announced_aga
         trail = conn.execute(select(job_history.c.from_state, job_history.c.to_state, job_history.c.reason)
                              .where(job_history.c.job_id == stranded).order_by(job_history.c.id)).all()
     assert trail[-1][:2] == ("queued", "queued") and trail[-1].reason.startswith(states.REANNOUNCED)
-    assert b"attache_reconciler_reannounced_total 1.0" in metrics.render(services)
+    assert b"attache_reconciler_reannounced_total 1.0" in metrics.render(services, [step.queue for step in Step])
 
 
 def test_jobs_with_a_path_forward_are_left_alone(services, engine):

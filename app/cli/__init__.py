@@ -186,10 +186,11 @@ def dlq() -> None:
 def _dead_letters():
     from app.adapters.broker.dead_letter_tools import DeadLetters
     from app.adapters.postgres.db import make_engine
+    from app.core.steps import Step
 
     settings = _settings()
     return DeadLetters(settings.broker_url, make_engine(settings.database_url, pool_size=1),
-                       socket_timeout=settings.publish_timeout_seconds)
+                       queues=[step.queue for step in Step], socket_timeout=settings.publish_timeout_seconds)
 
 
 @dlq.command("list")

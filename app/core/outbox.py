@@ -24,6 +24,7 @@ from sqlalchemy.engine import Connection, Engine
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import outbox
 from app.core import messages
+from app.core.steps import Step
 from app.errors import BrokerUnavailable
 from app.observability import telemetry
 
@@ -33,9 +34,9 @@ log = logging.getLogger("attache.outbox")
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
     """Write one message to the outbox in the current transaction; returns its row id."""
     messages.validate(payload)
-    actor_name, queue_name = messages.ROUTES[payload["step"]]
-    values = dict(job_id=uuid.UUID(payload["job_id"]), message_id=uuid.uuid4(), queue_name=queue_name,
-                  actor_name=actor_name, payload=payload)
+    step = Step(payload["step"])
+    values = dict(job_id=uuid.UUID(payload["job_id"]), message_id=uuid.uuid4(), queue_name=step.queue,
+                  actor_name=step.actor, payload=payload)
     if available_at is not None:
         values["available_at"] = available_at
     return conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()

@@ -48,6 +48,7 @@ from sqlalchemy.engine import Connection, Row
 
 from app.adapters.postgres.models import job_history, jobs, variants
 from app.core import messages, outbox
+from app.core.steps import Step
 from app.observability.tracing import child_of
 
 QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
@@ -78,7 +79,7 @@ def _interval(seconds: float):
 def _inspect_message(conn: Connection, job: Row | Any, attempt: int, available_at: datetime | None = None) -> int:
     payload = messages.build(
         job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
-        attempt=attempt, step="inspect", traceparent=child_of(job.traceparent), tracestate=job.tracestate)
+        attempt=attempt, step=Step.INSPECT, traceparent=child_of(job.traceparent), tracestate=job.tracestate)
     return outbox.add(conn, payload, available_at=available_at)
 
 

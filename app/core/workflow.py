@@ -49,6 +49,7 @@ from app.adapters.postgres.models import attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
 from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
+from app.core.steps import Step
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -84,8 +85,9 @@ class Workflow:
 
     # --- entry point --------------------------------------------------------
 
-    def handle(self, payload: object, *, step: str) -> Outcome:
+    def handle(self, payload: object, *, step: Step | str) -> Outcome:
         """Run the step a message asks for; ``step`` is the actor that received it."""
+        step = Step(step)
         try:
             body = messages.validate(payload)
             if body["step"] != step:
@@ -93,10 +95,9 @@ class Workflow:
         except InvalidMessage as error:
             log.error("poison message: %s", error, extra={"actor": step})
             raise
-        _, queue = messages.ROUTES[step]
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
                    trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
-                telemetry.consuming(body, queue):
+                telemetry.consuming(body, step.queue):
             began = time.monotonic()
             outcome = self._handle(body)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
@@ -128,11 +129,13 @@ class Workflow:
         attempt = body["attempt"]
         lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
         try:
-            if body["step"] == "inspect":
-                return self.inspect(job, attempt, lease)
-            if body["step"] == "render":
-                return self.render(job, attempt, body["variant"], lease)
-            return self.publish(job, attempt, lease)
+            match Step(body["step"]):
+                case Step.INSPECT:
+                    return self.inspect(job, attempt, lease)
+                case Step.RENDER:
+                    return self.render(job, attempt, body["variant"], lease)
+                case Step.PUBLISH:
+                    return self.publish(job, attempt, lease)
         except (PoisonMessage, DatabaseUnavailable):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
@@ -293,8 +296,8 @@ class Workflow:
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         todo = [name for name in version.variants if name not in recorded]
         if not todo:
-            return [self._message(conn, job, attempt, "publish")]
-        return [self._message(conn, job, attempt, "render", variant=name) for name in todo]
+            return [self._message(conn, job, attempt, Step.PUBLISH)]
+        return [self._message(conn, job, attempt, Step.RENDER, variant=name) for name in todo]
 
     def _announce_publish_if_complete(self, conn, job, attempt: int, version) -> list[int]:
         # fence() locked the job row, so concurrent renders of one job
@@ -302,10 +305,10 @@ class Workflow:
         # (redeliveries may announce again: harmless duplicates).
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         if set(version.variants) <= recorded:
-            return [self._message(conn, job, attempt, "publish")]
+            return [self._message(conn, job, attempt, Step.PUBLISH)]
         return []
 
-    def _message(self, conn, job, attempt: int, step: str, variant: str | None = None) -> int:
+    def _message(self, conn, job, attempt: int, step: Step, variant: str | None = None) -> int:
         payload = messages.build(job_id=job.id, attachment_id=job.attachment_id,
                                  pipeline_version=job.pipeline_version, attempt=attempt, step=step,
                                  variant=variant, traceparent=child_of(job.traceparent), tracestate=job.tracestate)

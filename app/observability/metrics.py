@@ -121,8 +121,9 @@ class DatabaseCollector:
 
 
 class BrokerCollector:
-    def __init__(self, services):
+    def __init__(self, services, step_queues: list[str]):
         self.services = services
+        self.step_queues = step_queues
 
     def collect(self):
         from app.adapters.broker.dead_letter_tools import DeadLetters
@@ -130,7 +131,7 @@ class BrokerCollector:
         settings = self.services.settings
         family = GaugeMetricFamily("attache_dlq_messages", "Dead letters waiting per queue.", labels=["queue"])
         try:
-            for queue in DeadLetters(settings.broker_url, self.services.engine,
+            for queue in DeadLetters(settings.broker_url, self.services.engine, queues=self.step_queues,
                                      socket_timeout=settings.publish_timeout_seconds).queues():
                 family.add_metric([queue["name"]], queue["messages"])
         except AttacheError as exc:
@@ -138,8 +139,9 @@ class BrokerCollector:
         yield family
 
 
-def render(services) -> bytes:
+def render(services, step_queues: list[str]) -> bytes:
+    """The metrics text; ``step_queues`` are the queues whose dead letters are counted."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(DatabaseCollector(services))
-    registry.register(BrokerCollector(services))
+    registry.register(BrokerCollector(services, step_queues))
     return generate_latest(registry)

@@ -25,7 +25,8 @@ from importlib import metadata
 from typing import Any
 
 from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS
-from app.core import messages, states
+from app.core import states
+from app.core.steps import Step
 from app.web.request import FORM_MAX_BYTES
 
 JSON = "application/json"
@@ -342,7 +343,7 @@ def _parameters() -> dict:
 
 
 def _dead_letter_queue_names() -> list[str]:
-    names = [queue for _, queue in messages.ROUTES.values()]
+    names = [step.queue for step in Step]
     return names + [f"{name}.XQ" for name in names]
 
 

@@ -45,6 +45,7 @@ from app.adapters.broker.dead_letter_tools import (
 )
 from app.core import operations
 from app.core.auth import Identity, authenticate
+from app.core.steps import Step
 from app.errors import AttacheError
 from app.web.access import (
     csrf_token,
@@ -221,7 +222,7 @@ def _dead_letters():
     from app.adapters.broker.dead_letter_tools import DeadLetters
 
     services = _services()
-    return DeadLetters(services.settings.broker_url, services.engine,
+    return DeadLetters(services.settings.broker_url, services.engine, queues=[step.queue for step in Step],
                        socket_timeout=services.settings.publish_timeout_seconds)
 
 

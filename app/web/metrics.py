@@ -5,6 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.core.steps import Step
 from app.observability import metrics
 from app.web.access import protect
 
@@ -14,4 +15,5 @@ protect(bp, role="operator")
 
 @bp.get("/metrics")
 def scrape():
-    return Response(metrics.render(current_app.extensions["attache"]), mimetype=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(current_app.extensions["attache"], [step.queue for step in Step]),
+                    mimetype=CONTENT_TYPE_LATEST)

@@ -14,6 +14,7 @@ from app.adapters.broker.dead_letter_tools import (
     UnknownQueue,
 )
 from app.core import operations
+from app.core.steps import Step
 from app.errors import BrokerUnavailable
 from app.web.access import identity, protect
 from app.web.responses import error as _error
@@ -88,7 +89,8 @@ def _dead_letters():
     from app.adapters.broker.dead_letter_tools import DeadLetters
 
     settings = _services().settings
-    return DeadLetters(settings.broker_url, _services().engine, socket_timeout=settings.publish_timeout_seconds)
+    return DeadLetters(settings.broker_url, _services().engine, queues=[step.queue for step in Step],
+                       socket_timeout=settings.publish_timeout_seconds)
 
 
 @bp.errorhandler(UnknownQueue)

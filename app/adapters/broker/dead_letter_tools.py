@@ -35,7 +35,7 @@ import contextlib
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pika
 import pika.exceptions
@@ -46,7 +46,6 @@ from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import dead_letters
-from app.core.messages import ROUTES
 from app.errors import AttacheError, BrokerUnavailable
 
 TRACEBACK_CHARS = 2000
@@ -126,19 +125,19 @@ class MoreThanExpected(AttacheError):
 
 
 class DeadLetters:
-    """Dead-letter queues of the step queues in :data:`app.core.messages.ROUTES`."""
+    """The dead-letter queues of ``queues``, the step queues (``[step.queue for step in Step]``)."""
 
-    def __init__(self, broker_url: str, engine, *, socket_timeout: float = 5.0):
+    def __init__(self, broker_url: str, engine, *, queues: Iterable[str], socket_timeout: float = 5.0):
         self.parameters = connection_parameters(broker_url, socket_timeout=socket_timeout)
         self.engine = engine
+        self.step_queues = tuple(queues)
 
     # --- helpers ------------------------------------------------------------
 
-    @staticmethod
-    def _resolve(queue: str) -> tuple[str, str]:
+    def _resolve(self, queue: str) -> tuple[str, str]:
         """``(xq, original)`` for ``attache.inspect`` or ``attache.inspect.XQ``; ValueError for anything else."""
         original = queue[:-3] if isinstance(queue, str) and queue.endswith(".XQ") else queue
-        if original not in {name for _, name in ROUTES.values()}:
+        if original not in self.step_queues:
             raise UnknownQueue(f"not an attache dead-letter queue: {queue!r}")
         return xq_name(original), original
 
@@ -190,7 +189,7 @@ class DeadLetters:
         """Depth of every step queue's XQ (a missing XQ counts 0)."""
         with self._connection("queues") as connection:
             return [{"name": xq_name(queue), "queue": queue, "messages": self._depth(connection, xq_name(queue)) or 0}
-                    for _, queue in ROUTES.values()]
+                    for queue in self.step_queues]
 
     def messages(self, queue: str, limit: int = 50) -> list[dict]:
         """Up to ``limit`` dead letters, decoded, left in the queue in their order."""
