@@ -22,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import jobs, variants
+from app.adapters.postgres.models import JobState, jobs, variants
 from app.services import Services
 from scheduler.locking import sweep_storage
 
@@ -42,7 +42,7 @@ def in_flight_query(attachment_ids):
     An index lookup through ``jobs_attachment_version_key``.
     """
     return select(jobs.c.attachment_id).where(jobs.c.attachment_id.in_(list(attachment_ids)),
-                                              jobs.c.state.in_(("queued", "processing"))).distinct()
+                                              jobs.c.state.in_((JobState.QUEUED, JobState.PROCESSING))).distinct()
 
 
 def attachment_of(key: str) -> uuid.UUID | None:

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from app.adapters.postgres.models import JobState
 from app.config import Settings
 from app.errors import AttacheError, ConfigError
 
@@ -126,7 +127,7 @@ def jobs() -> None:
 
 
 @jobs.command("list")
-@click.option("--state", type=click.Choice(["queued", "processing", "ready", "failed"]))
+@click.option("--state", type=click.Choice([state.value for state in JobState]))
 @click.option("--pipeline-version", type=int)
 @click.option("--limit", type=int, default=100, show_default=True)
 @json_option

@@ -8,7 +8,7 @@ from sqlalchemy import func, select
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import job_history, jobs
+from app.adapters.postgres.models import JobState, job_history, jobs
 from app.adapters.postgres.models import outbox as outbox_table
 from app.core import outbox, states
 from app.errors import AttacheError
@@ -49,8 +49,8 @@ def job_summary(row) -> dict:
 
 def list_jobs(services: Services, *, state: str | None = None, pipeline_version: int | None = None,
               limit: int = 100) -> list[dict]:
-    if state is not None and state not in states.STATES:
-        raise ValueError(f"state must be one of {', '.join(states.STATES)}")
+    if state is not None and state not in set(JobState):
+        raise ValueError(f"state must be one of {', '.join(JobState)}")
     query = select(jobs).order_by(jobs.c.updated_at.desc()).limit(max(1, min(limit, 1000)))
     if state is not None:
         query = query.where(jobs.c.state == state)
@@ -113,7 +113,7 @@ def lease_status(services: Services) -> dict:
             func.count().label("processing"),
             func.count().filter(states.expired()).label("expired"),
             func.min(jobs.c.lease_expires_at).filter(jobs.c.lease_owner.is_not(None)).label("next_expiry"),
-        ).where(jobs.c.state == "processing")).one()
+        ).where(jobs.c.state == JobState.PROCESSING)).one()
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 
 

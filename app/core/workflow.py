@@ -45,7 +45,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, step_runs, variants
+from app.adapters.postgres.models import JobState, attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
 from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
@@ -122,9 +122,9 @@ class Workflow:
             raise UnknownJob(f"no job {job_id}")
         if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
             raise InvalidMessage("message does not match the job it names")
-        if job.state == states.READY:
+        if job.state == JobState.READY:
             return self.verify_ready(job)
-        if job.state == states.FAILED:
+        if job.state == JobState.FAILED:
             return Outcome("ignored", "job is failed")
         attempt = body["attempt"]
         lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
@@ -192,7 +192,7 @@ class Workflow:
         version = pipeline.get(job.pipeline_version)
         with transaction(self.services.engine) as conn:
             current = states.get(conn, job.id, lock=True)
-            if current.state == states.READY:
+            if current.state == JobState.READY:
                 published = False
             else:
                 published = states.publish_ready(conn, job.id, attempt, version.variants, lease.owner)
@@ -203,7 +203,7 @@ class Workflow:
             return self.verify_ready(job)
         faults.point("after_result_commit")
         self.services.storage.delete(attachment.staging_key)
-        return Outcome("ready", f"{len(version.variants)} variants published")
+        return Outcome(JobState.READY, f"{len(version.variants)} variants published")
 
     # --- ready: verify, never redo -------------------------------------------
 
@@ -243,7 +243,7 @@ class Workflow:
             if policy.retryable(error):
                 new_state = states.retry_later(conn, job.id, attempt, code, reason, policy.delay(attempt), actor)
             else:
-                new_state = states.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
+                new_state = JobState.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
         return Outcome(new_state or "stale", f"{code}: {reason}")
 
     # --- helpers ---------------------------------------------------------------

@@ -25,7 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS
-from app.core import states
+from app.adapters.postgres.models import JobState
 from app.core.steps import Step
 from app.web.request import FORM_MAX_BYTES
 
@@ -99,7 +99,7 @@ TOO_LARGE_BODY = {"413": _error(f"The request body is larger than {FORM_MAX_BYTE
 
 
 def _schemas() -> dict:
-    job_state = {"type": "string", "enum": list(states.STATES)}
+    job_state = {"type": "string", "enum": [state.value for state in JobState]}
     date_time = {"type": "string", "format": "date-time"}
     nullable_date_time = _nullable("string", format="date-time")
     sha256 = {"type": "string", "pattern": "^[0-9a-f]{64}$", "description": "SHA-256 of the bytes, lowercase hex."}
@@ -568,7 +568,7 @@ def _paths() -> dict:
             parameters=[
                 {"name": "state", "in": "query", "required": False,
                  "description": "Only jobs in this state (an empty value means all).",
-                 "schema": {"type": "string", "enum": list(states.STATES)}},
+                 "schema": {"type": "string", "enum": [state.value for state in JobState]}},
                 {"name": "pipeline_version", "in": "query", "required": False,
                  "description": "Only jobs of this version (not an integer: ignored).", "schema": {"type": "integer"}},
                 {"name": "limit", "in": "query", "required": False,

@@ -11,7 +11,7 @@ from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, jobs, variants
+from app.adapters.postgres.models import JobState, attachments, jobs, variants
 from app.core import filenames, intake
 from app.errors import (
     AttacheError,
@@ -79,7 +79,7 @@ def upload():
         return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
                       **{"Retry-After": "5"})
     location = url_for("attachments.status", attachment_id=accepted.attachment_id)
-    body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": "queued",
+    body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": JobState.QUEUED.value,
             "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
     headers = {"Location": location}
     if accepted.replayed:
@@ -160,7 +160,7 @@ def _load(attachment_id: uuid.UUID, version: int | None):
         else:
             # the newest version with a ready job, else the newest job
             candidates = conn.execute(query.order_by(jobs.c.pipeline_version.desc())).all()
-            job = next((j for j in candidates if j.state == "ready"), candidates[0] if candidates else None)
+            job = next((j for j in candidates if j.state == JobState.READY), candidates[0] if candidates else None)
         published = [] if job is None else conn.execute(select(variants).where(
             variants.c.job_id == job.id, variants.c.published_at.is_not(None), variants.c.retired_at.is_(None),
         ).order_by(variants.c.id)).all()
@@ -226,7 +226,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         return _error(404, "not_found", "no such attachment")
     row = next((r for r in published if r.variant == name), None)
     if row is None:
-        if job.state != "ready":
+        if job.state != JobState.READY:
             return _error(409, "not_ready", f"the attachment is {job.state}, not ready")
         return _error(404, "not_found", f"no variant {name!r}")
     etag = f'"{row.sha256}"'

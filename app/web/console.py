@@ -43,6 +43,7 @@ from app.adapters.broker.dead_letter_tools import (
     MoreThanExpected,
     UnknownQueue,
 )
+from app.adapters.postgres.models import JobState
 from app.core import operations
 from app.core.auth import Identity, authenticate
 from app.core.steps import Step
@@ -242,7 +243,7 @@ def dashboard():
         dlq_error = _broker_down(exc)
     return _page("dashboard.html", counts=operations.counts_by_state(services),
                  outbox=operations.outbox_status(services), leases=operations.lease_status(services),
-                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state="failed"))
+                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state=JobState.FAILED))
 
 
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
