@@ -12,7 +12,9 @@ from :class:`AttacheError` and carries a stable, machine-readable
 
 Vendor exceptions (botocore/minio, psycopg2, pika, Pillow) are translated
 into this tree at the edge of the module that talks to the vendor, so the
-rest of the code never imports a vendor exception type.
+rest of the code never imports a vendor exception type. Every error class
+of attache is defined here, whichever layer raises it
+(``tests/test_errors.py`` checks it).
 """
 
 from __future__ import annotations
@@ -77,6 +79,12 @@ class StagingMissing(PermanentError):
     """The staged original is gone, so the job can never be processed."""
 
     error_code = "staging_missing"
+
+
+class PipelineChanged(AttacheError):
+    """A registered pipeline version was edited in place."""
+
+    error_code = "pipeline_changed"
 
 
 # --- transient: the world is the problem ---------------------------------
@@ -188,6 +196,57 @@ class DigestMismatch(UploadRejected):
 
     status = 422
     error_code = "digest_mismatch"
+
+
+class IdempotencyKeyReused(UploadRejected):
+    """The Idempotency-Key was used for different content."""
+
+    status = 422
+    error_code = "idempotency_key_reused"
+
+
+# --- operator actions (``/v1/ops``, the console, the ``attache`` command) ---------
+
+
+class JobNotFound(AttacheError):
+    """No such job."""
+
+    error_code = "not_found"
+
+
+class JobConflict(AttacheError):
+    """The job is not in a state that allows this."""
+
+    error_code = "conflict"
+
+
+class MissingReason(AttacheError):
+    """An audited action needs a reason."""
+
+    error_code = "reason_required"
+
+
+class UnknownQueue(AttacheError, ValueError):
+    """A queue name that is not one of attache's dead-letter queues."""
+
+    error_code = "not_found"
+
+
+class BadSelection(AttacheError, ValueError):
+    """Requeue or purge without a valid choice: message ids, or all with the expected count."""
+
+    error_code = "bad_selection"
+
+
+class MoreThanExpected(AttacheError):
+    """The queue holds more dead letters than the operator confirmed; nothing was done."""
+
+    error_code = "more_than_expected"
+
+    def __init__(self, xq: str, depth: int, expected: int):
+        super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
+                         "Look at the queue again and confirm what it holds now, or name the message ids.")
+        self.xq, self.depth, self.expected = xq, depth, expected
 
 
 def error_code(error: BaseException) -> str:

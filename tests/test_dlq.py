@@ -24,14 +24,10 @@ from dramatiq.message import Message
 from sqlalchemy import insert, select
 
 from app import faults
-from app.adapters.broker.dead_letter_tools import (
-    BadSelection,
-    DeadLetters,
-    MoreThanExpected,
-)
+from app.adapters.broker.dead_letter_tools import DeadLetters
 from app.adapters.postgres.models import audit_log, dead_letters
 from app.core.steps import Step
-from app.errors import BrokerUnavailable
+from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected
 
 XQ = "attache.inspect.XQ"
 STEP_QUEUES = [step.queue for step in Step]

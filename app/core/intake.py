@@ -35,7 +35,7 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.core import pipeline, states
-from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
+from app.errors import AttacheError, DatabaseUnavailable, IdempotencyKeyReused
 from app.services import Services
 
 log = logging.getLogger("attache.intake")
@@ -62,13 +62,6 @@ class Accepted:
     pipeline_version: int
     published: bool
     replayed: bool = False
-
-
-class IdempotencyKeyReused(UploadRejected):
-    """The Idempotency-Key was used for different content."""
-
-    status = 422
-    error_code = "idempotency_key_reused"
 
 
 class _LostRace(Exception):

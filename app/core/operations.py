@@ -11,26 +11,8 @@ from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, job_history, jobs
 from app.adapters.postgres.models import outbox as outbox_table
 from app.core import outbox, states
-from app.errors import AttacheError
+from app.errors import AttacheError, JobConflict, JobNotFound, MissingReason
 from app.services import Services
-
-
-class NotFound(AttacheError):
-    """No such job."""
-
-    error_code = "not_found"
-
-
-class Conflict(AttacheError):
-    """The job is not in a state that allows this."""
-
-    error_code = "conflict"
-
-
-class MissingReason(AttacheError):
-    """An audited action needs a reason."""
-
-    error_code = "reason_required"
 
 
 def _iso(value):
@@ -64,7 +46,7 @@ def show_job(services: Services, job_id: uuid.UUID) -> dict:
     with transaction(services.engine) as conn:
         row = states.get(conn, job_id)
         if row is None:
-            raise NotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         history = conn.execute(select(job_history).where(job_history.c.job_id == job_id)
                                .order_by(job_history.c.id)).all()
         audits = audit.for_target(conn, f"job:{job_id}")
@@ -85,11 +67,11 @@ def replay(services: Services, job_id: uuid.UUID, *, operator: str, reason: str 
     with transaction(services.engine) as conn:
         current = states.get(conn, job_id, lock=True)
         if current is None:
-            raise NotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         row = states.replay(conn, job_id, actor=f"operator:{operator}", reason=reason[:1000],
                             budget=services.settings.max_attempts)
         if row is None:
-            raise Conflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
+            raise JobConflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
         audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                      reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                     "attempt": current.attempt})

@@ -25,15 +25,9 @@ from sqlalchemy.engine import Connection
 
 from app.adapters.imaging import PIPELINE_V1_SPECS, VariantSpec
 from app.adapters.imaging.render import JPEG_QUALITY, WEBP_METHOD, WEBP_QUALITY
-from app.errors import AttacheError
+from app.errors import PipelineChanged
 
 ORIGINAL = "original"
-
-
-class PipelineChanged(AttacheError):
-    """A registered pipeline version was edited in place."""
-
-    error_code = "pipeline_changed"
 
 
 @dataclass(frozen=True)

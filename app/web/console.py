@@ -38,16 +38,19 @@ from flask import (
     url_for,
 )
 
-from app.adapters.broker.dead_letter_tools import (
-    BadSelection,
-    MoreThanExpected,
-    UnknownQueue,
-)
 from app.adapters.postgres.models import JobState
 from app.core import operations
 from app.core.auth import Identity, authenticate
 from app.core.steps import Step
-from app.errors import AttacheError
+from app.errors import (
+    AttacheError,
+    BadSelection,
+    JobConflict,
+    JobNotFound,
+    MissingReason,
+    MoreThanExpected,
+    UnknownQueue,
+)
 from app.web.access import (
     csrf_token,
     form_csrf_ok,
@@ -249,7 +252,7 @@ def dashboard():
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
     try:
         job = operations.show_job(_services(), job_id)
-    except operations.NotFound:
+    except JobNotFound:
         return _message(404, "No such job", f"There is no job {job_id}.")
     return _page("job.html", status, job=job, **context)
 
@@ -264,12 +267,12 @@ def replay(job_id: uuid.UUID):
     reason = request.form.get("reason", "")
     try:
         operations.replay(_services(), job_id, operator=principal(), reason=reason)
-    except operations.MissingReason:
+    except MissingReason:
         return _job_page(job_id, 400, error="A replay needs a reason: say why it should work this time.",
                          reason=reason)
-    except operations.NotFound:
+    except JobNotFound:
         return _message(404, "No such job", f"There is no job {job_id}.")
-    except operations.Conflict as exc:
+    except JobConflict as exc:
         return _message(409, "Cannot replay", str(exc))
     log.info("console: %s replayed job %s", principal(), job_id)
     flash(f"Job {job_id} replayed: it is queued again.")

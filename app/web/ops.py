@@ -7,15 +7,10 @@ import uuid
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import BadRequest
 
-from app.adapters.broker.dead_letter_tools import (
-    MAX_EXPECTED,
-    MAX_MESSAGE_IDS,
-    MoreThanExpected,
-    UnknownQueue,
-)
+from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS
 from app.core import operations
 from app.core.steps import Step
-from app.errors import BrokerUnavailable
+from app.errors import BrokerUnavailable, JobConflict, JobNotFound, MissingReason, MoreThanExpected, UnknownQueue
 from app.web.access import identity, protect
 from app.web.responses import error as _error
 
@@ -27,12 +22,12 @@ def _services():
     return current_app.extensions["attache"]
 
 
-@bp.errorhandler(operations.NotFound)
+@bp.errorhandler(JobNotFound)
 def not_found(exc):
     return _error(404, exc.error_code, str(exc))
 
 
-@bp.errorhandler(operations.Conflict)
+@bp.errorhandler(JobConflict)
 def conflict(exc):
     return _error(409, exc.error_code, str(exc))
 
@@ -42,7 +37,7 @@ def bad_request(exc):
     return _error(400, "bad_request", exc.description)
 
 
-@bp.errorhandler(operations.MissingReason)
+@bp.errorhandler(MissingReason)
 def missing_reason(exc):
     return _error(400, exc.error_code, str(exc))
 

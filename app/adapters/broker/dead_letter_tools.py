@@ -46,7 +46,7 @@ from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import dead_letters
-from app.errors import AttacheError, BrokerUnavailable
+from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected, UnknownQueue
 
 TRACEBACK_CHARS = 2000
 REQUEUED_BY_HEADER = "x-attache-requeued-by"
@@ -103,25 +103,6 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
         "recorded": None,
         "traceback": traceback[:TRACEBACK_CHARS] if isinstance(traceback, str) else None,
     }
-
-
-class UnknownQueue(ValueError):
-    """A queue name that is not one of attache's dead-letter queues."""
-
-
-class BadSelection(ValueError):
-    """Requeue or purge without a valid choice: message ids, or all with the expected count."""
-
-
-class MoreThanExpected(AttacheError):
-    """The queue holds more dead letters than the operator confirmed; nothing was done."""
-
-    error_code = "more_than_expected"
-
-    def __init__(self, xq: str, depth: int, expected: int):
-        super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
-                         "Look at the queue again and confirm what it holds now, or name the message ids.")
-        self.xq, self.depth, self.expected = xq, depth, expected
 
 
 class DeadLetters:
@@ -382,4 +363,4 @@ class DeadLetters:
                 raise
 
 
-__all__ = ["BadSelection", "DeadLetters", "MoreThanExpected", "UnknownQueue"]
+__all__ = ["DeadLetters"]
