@@ -6,8 +6,9 @@ module builds the broker from the environment and registers the actors.
 Dramatiq's own retries (the ``Retries`` middleware, bounded by
 ``ATTACHE_BROKER_RETRIES``) are used only when a step could not record its
 outcome at all, i.e. PostgreSQL was unreachable; after that the message is
-dead-lettered to ``<queue>.XQ``. Poison messages and missing effects are
-listed in ``throws`` and go to ``.XQ`` at once, unprocessed.
+dead-lettered to ``<queue>.XQ``. Errors whose class is not retryable
+(poison messages, missing effects) are the actors' ``throws`` and go to
+``.XQ`` at once, unprocessed.
 """
 
 from __future__ import annotations
@@ -25,10 +26,9 @@ from dramatiq.middleware import (
 from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
 from app.adapters.broker.rabbitmq import AttacheBroker
 from app.config import Settings
-from app.core.policies import NEVER_RETRY
 from app.core.steps import Step
 from app.core.workflow import Workflow
-from app.errors import ConfigError
+from app.errors import NOT_RETRYABLE, ConfigError
 from app.observability import logs
 from app.services import Services
 
@@ -67,7 +67,7 @@ def _actor(step: Step):
         workflow.handle(payload, step=step)
 
     run.__name__ = step.actor
-    return dramatiq.actor(run, actor_name=step.actor, queue_name=step.queue, throws=NEVER_RETRY)
+    return dramatiq.actor(run, actor_name=step.actor, queue_name=step.queue, throws=NOT_RETRYABLE)
 
 
 inspect = _actor(Step.INSPECT)

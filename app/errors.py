@@ -10,6 +10,9 @@ from :class:`AttacheError` and carries a stable, machine-readable
   down, a timeout). A step that raises one moves its job back to
   ``queued`` with a backoff, until its attempts are spent.
 
+Each class says whether it is worth retrying (:attr:`AttacheError.retryable`);
+the workflow and the Dramatiq actors decide by that attribute alone.
+
 Vendor exceptions (botocore/minio, psycopg2, pika, Pillow) are translated
 into this tree at the edge of the module that talks to the vendor, so the
 rest of the code never imports a vendor exception type. Every error class
@@ -24,6 +27,11 @@ class AttacheError(Exception):
     """Base of every attache error."""
 
     error_code = "internal_error"
+    #: may the same work succeed if it is tried again later? A step whose error is retryable
+    #: runs again after a backoff while its job has attempts left; any other ends the job
+    #: ``failed``, or, raised past the workflow, is dead-lettered at once. An error we did not
+    #: foresee (this base class, any other exception) is assumed to heal.
+    retryable = True
 
     def __init__(self, message: str = "", *, error_code: str | None = None):
         super().__init__(message or self.__class__.__doc__ or self.error_code)
@@ -40,6 +48,7 @@ class ConfigError(AttacheError):
     """A setting is missing or invalid; the message names the variable."""
 
     error_code = "config_error"
+    retryable = False
 
 
 # --- permanent: the input is the problem ---------------------------------
@@ -49,6 +58,7 @@ class PermanentError(AttacheError):
     """Retrying cannot help; the job ends ``failed``."""
 
     error_code = "permanent_error"
+    retryable = False
 
 
 class UnsupportedFormat(PermanentError):
@@ -85,6 +95,7 @@ class PipelineChanged(AttacheError):
     """A registered pipeline version was edited in place."""
 
     error_code = "pipeline_changed"
+    retryable = False
 
 
 # --- transient: the world is the problem ---------------------------------
@@ -94,6 +105,7 @@ class TransientError(AttacheError):
     """A dependency failed in a way that may heal; retry later."""
 
     error_code = "transient_error"
+    retryable = True
 
 
 class StorageError(AttacheError):
@@ -133,6 +145,7 @@ class PoisonMessage(AttacheError):
     """A message that must never be processed: it is dead-lettered at once."""
 
     error_code = "poison_message"
+    retryable = False
 
 
 class InvalidMessage(PoisonMessage):
@@ -151,6 +164,7 @@ class EffectMissing(AttacheError):
     """A ``ready`` job's published effect is not all there (reported, never hidden)."""
 
     error_code = "effect_missing"
+    retryable = False
 
 
 # --- upload refusals ------------------------------------------------------
@@ -161,6 +175,7 @@ class UploadRejected(AttacheError):
 
     status = 400
     error_code = "bad_request"
+    retryable = False
     retry_after: int | None = None
 
     def __init__(self, message: str = "", *, error_code: str | None = None, status: int | None = None):
@@ -174,6 +189,7 @@ class SpoolUnavailable(UploadRejected):
 
     status = 503
     error_code = "spool_unavailable"
+    retryable = True
     retry_after = 5
 
 
@@ -212,36 +228,42 @@ class JobNotFound(AttacheError):
     """No such job."""
 
     error_code = "not_found"
+    retryable = False
 
 
 class JobConflict(AttacheError):
     """The job is not in a state that allows this."""
 
     error_code = "conflict"
+    retryable = False
 
 
 class MissingReason(AttacheError):
     """An audited action needs a reason."""
 
     error_code = "reason_required"
+    retryable = False
 
 
 class UnknownQueue(AttacheError, ValueError):
     """A queue name that is not one of attache's dead-letter queues."""
 
     error_code = "not_found"
+    retryable = False
 
 
 class BadSelection(AttacheError, ValueError):
     """Requeue or purge without a valid choice: message ids, or all with the expected count."""
 
     error_code = "bad_selection"
+    retryable = False
 
 
 class MoreThanExpected(AttacheError):
     """The queue holds more dead letters than the operator confirmed; nothing was done."""
 
     error_code = "more_than_expected"
+    retryable = False
 
     def __init__(self, xq: str, depth: int, expected: int):
         super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
@@ -251,6 +273,28 @@ class MoreThanExpected(AttacheError):
 
 def error_code(error: BaseException) -> str:
     return error.error_code if isinstance(error, AttacheError) else "internal_error"
+
+
+def retryable(error: BaseException) -> bool:
+    """What the error's class says (:attr:`AttacheError.retryable`); any other exception: yes."""
+    return error.retryable if isinstance(error, AttacheError) else True
+
+
+class _NotRetryable:
+    """``isinstance(error, NOT_RETRYABLE)`` is true when ``retryable(error)`` is false.
+
+    For an API that takes exception types and checks them with ``isinstance``,
+    such as a Dramatiq actor's ``throws``. It is not a class: ``except`` refuses it.
+    """
+
+    def __instancecheck__(self, error: object) -> bool:
+        return isinstance(error, BaseException) and not retryable(error)
+
+    def __repr__(self) -> str:
+        return "NOT_RETRYABLE"
+
+
+NOT_RETRYABLE = _NotRetryable()
 
 
 def sanitized_reason(error: BaseException) -> str:

@@ -5,9 +5,12 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+import pytest
+
 import app
 import app.errors
 import scheduler
+from app import errors
 
 #: exception classes defined elsewhere on purpose, and why
 NOT_ERRORS = {
@@ -38,3 +41,25 @@ def test_every_error_class_lives_in_app_errors():
                  if cls.__module__.split(".")[0] in ("app", "scheduler", "actors")
                  and cls.__module__ != "app.errors"}
     assert elsewhere == NOT_ERRORS
+
+
+@pytest.mark.parametrize("error, expected", [
+    (errors.UnsupportedFormat(), False), (errors.StagingMissing(), False), (errors.InvalidMessage(), False),
+    (errors.UnknownJob(), False), (errors.EffectMissing(), False), (errors.PipelineChanged(), False),
+    (errors.UploadRejected(), False), (errors.JobNotFound(), False),
+    (errors.StorageUnavailable(), True), (errors.DatabaseUnavailable(), True), (errors.BrokerUnavailable(), True),
+    (errors.ObjectNotFound(), True), (errors.AttacheError(), True), (errors.SpoolUnavailable(), True),
+    (ValueError("a bug"), True),
+])
+def test_the_workflow_and_the_actors_retry_by_the_class(error, expected):
+    assert errors.retryable(error) is expected
+    assert isinstance(error, errors.NOT_RETRYABLE) is (not expected)  # a Dramatiq actor's throws
+
+
+def test_not_retryable_is_no_exception_class():
+    assert not isinstance("poison", errors.NOT_RETRYABLE)
+    with pytest.raises(TypeError):
+        try:
+            raise errors.InvalidMessage()
+        except errors.NOT_RETRYABLE:  # type: ignore[misc]
+            pass

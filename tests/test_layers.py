@@ -73,7 +73,6 @@ PENDING = {
     ("app.core.backfill", "app.services"),
     ("app.core.intake", "app.services"),
     ("app.core.operations", "app.services"),
-    ("app.core.policies", "app.config"),
     ("app.core.workflow", "app.services"),
 }
 

@@ -47,7 +47,6 @@ from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
-from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
 from app.core.steps import Step
 from app.errors import (
@@ -60,6 +59,7 @@ from app.errors import (
     StagingMissing,
     UnknownJob,
     error_code,
+    retryable,
     sanitized_reason,
 )
 from app.observability import telemetry
@@ -79,9 +79,11 @@ class Outcome:
 
 
 class Workflow:
-    def __init__(self, services: Services, policies: dict[str, RetryPolicy] | None = None):
+    def __init__(self, services: Services, policies: dict[Step, RetryPolicy] | None = None):
         self.services = services
-        self.policies = policies or step_policies(services.settings)
+        settings = services.settings
+        self.policies = policies or {step: step.retry_policy(settings.retry_initial_seconds, settings.retry_max_seconds)
+                                     for step in Step}
 
     # --- entry point --------------------------------------------------------
 
@@ -230,7 +232,7 @@ class Workflow:
     # --- failures ------------------------------------------------------------
 
     def record_failure(self, job, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
-        """Permanent -> ``failed``; otherwise ``queued`` with a backoff (or ``failed`` once spent).
+        """Not retryable -> ``failed``; otherwise ``queued`` with the step's backoff (or ``failed`` once spent).
 
         The next attempt's message waits in the outbox until it is due; the
         scheduler publishes it then.
@@ -238,10 +240,10 @@ class Workflow:
         code, reason = error_code(error), sanitized_reason(error)
         if not isinstance(error, AttacheError):
             log.error("unexpected %s in step", type(error).__name__, exc_info=error)
-        policy = self.policies[step]
+        delay = self.policies[Step(step)].delay(attempt)
         with transaction(self.services.engine) as conn:
-            if policy.retryable(error):
-                new_state = states.retry_later(conn, job.id, attempt, code, reason, policy.delay(attempt), actor)
+            if retryable(error):  # and attempts left: the job row's max_attempts decides (states.retry_later)
+                new_state = states.retry_later(conn, job.id, attempt, code, reason, delay, actor)
             else:
                 new_state = JobState.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
         return Outcome(new_state or "stale", f"{code}: {reason}")
