@@ -171,53 +171,40 @@ class EffectMissing(AttacheError):
 
 
 class UploadRejected(AttacheError):
-    """An upload was refused; ``status`` is the HTTP answer, ``retry_after`` (seconds) says a retry may work."""
+    """An upload was refused (the HTTP status of each refusal: ``app/web/responses.py``)."""
 
-    status = 400
     error_code = "bad_request"
     retryable = False
-    retry_after: int | None = None
-
-    def __init__(self, message: str = "", *, error_code: str | None = None, status: int | None = None):
-        super().__init__(message, error_code=error_code)
-        if status is not None:
-            self.status = status
 
 
 class SpoolUnavailable(UploadRejected):
     """The web's temporary directory cannot take the upload (full, out of files): retry later."""
 
-    status = 503
     error_code = "spool_unavailable"
     retryable = True
-    retry_after = 5
 
 
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 
-    status = 413
     error_code = "too_large"
 
 
 class IncompleteBody(UploadRejected):
     """The request body ended before its declared length (the client went away mid-body)."""
 
-    status = 400
     error_code = "incomplete_body"
 
 
 class DigestMismatch(UploadRejected):
     """A digest header does not match the bytes received."""
 
-    status = 422
     error_code = "digest_mismatch"
 
 
 class IdempotencyKeyReused(UploadRejected):
     """The Idempotency-Key was used for different content."""
 
-    status = 422
     error_code = "idempotency_key_reused"
 
 

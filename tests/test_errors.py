@@ -63,3 +63,24 @@ def test_not_retryable_is_no_exception_class():
             raise errors.InvalidMessage()
         except errors.NOT_RETRYABLE:  # type: ignore[misc]
             pass
+
+
+@pytest.mark.parametrize("error, status", [
+    (errors.UnsupportedFormat(), 415), (errors.CorruptImage(), 415), (errors.DecompressionBomb(), 413),
+    (errors.ImageTooLarge(), 413), (errors.UploadRejected(), 400), (errors.IncompleteBody(), 400),
+    (errors.UploadTooLarge(), 413), (errors.DigestMismatch(), 422), (errors.IdempotencyKeyReused(), 422),
+    (errors.SpoolUnavailable(), 503), (errors.DatabaseUnavailable(), 503), (errors.StorageUnavailable(), 503),
+    (errors.BrokerUnavailable(), 503), (errors.EffectMissing(), 500), (errors.JobNotFound(), 404),
+    (errors.UnknownQueue(), 404), (errors.JobConflict(), 409), (errors.MoreThanExpected("q.XQ", 3, 2), 409),
+    (errors.MissingReason(), 400), (errors.BadSelection(), 400), (errors.AttacheError(), 500),
+])
+def test_each_class_maps_to_its_http_status_in_one_place(error, status):
+    from flask import Flask
+
+    from app.web.responses import answer
+
+    with Flask(__name__).app_context():
+        response = answer(error)
+    assert response.status_code == status
+    assert response.json["error"] == error.error_code
+    assert response.headers.get("Retry-After") == ("5" if status == 503 else None)

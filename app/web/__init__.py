@@ -19,7 +19,7 @@ from app.errors import ConfigError, DatabaseUnavailable, UploadRejected
 from app.observability import logs
 from app.services import Services
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
-from app.web.responses import error, refusal
+from app.web.responses import answer, error
 from app.web.session import SessionInterface
 
 
@@ -63,12 +63,12 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(OperationalError)
-    def database_unavailable(exc):
-        return error(503, "database_unavailable", "the database is unavailable; retry later", **{"Retry-After": "5"})
+    def database_unavailable(exc):  # psycopg2's text never reaches a client
+        return answer(DatabaseUnavailable(), "the database is unavailable; retry later")
 
     @app.errorhandler(UploadRejected)
     def upload_rejected(exc: UploadRejected):  # a body refused outside the upload view's own handling
-        return refusal(exc)
+        return answer(exc)
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):

@@ -16,6 +16,7 @@ from app.core import filenames, intake
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
+    EffectMissing,
     IncompleteBody,
     ObjectNotFound,
     PermanentError,
@@ -25,8 +26,8 @@ from app.errors import (
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
+from app.web.responses import answer
 from app.web.responses import error as _error
-from app.web.responses import refusal
 from app.web.spool import HashingSpool, spool_stream, verify_digests
 
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
@@ -35,10 +36,6 @@ bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 PINNED_CACHE_CONTROL = "private, max-age=31536000, immutable"
 #: a download URL without ``?version``: it follows the newest ready version, so caches revalidate (ETag)
 UNPINNED_CACHE_CONTROL = "private, no-cache"
-
-#: HTTP status for each refusal a probe can raise
-REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompression_bomb": 413,
-                  "image_too_large": 413}
 
 
 def _services():
@@ -71,13 +68,10 @@ def upload():
                                      traceparent=traceparent,
                                      tracestate=accept_tracestate(request.headers.get("tracestate")),
                                      idempotency_key=_idempotency_key())
-    except UploadRejected as exc:
-        return refusal(exc)
-    except PermanentError as exc:
-        return _error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
+    except (UploadRejected, PermanentError) as exc:
+        return answer(exc)
     except (DatabaseUnavailable, StorageUnavailable) as exc:
-        return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
-                      **{"Retry-After": "5"})
+        return answer(exc, "the service cannot accept uploads right now; retry later")
     location = url_for("attachments.status", attachment_id=accepted.attachment_id)
     body = {"id": str(accepted.attachment_id), "job_id": str(accepted.job_id), "state": JobState.QUEUED.value,
             "pipeline_version": accepted.pipeline_version, "size": received.size, "sha256": received.sha256}
@@ -132,7 +126,7 @@ def _receive_body() -> HashingSpool:
     spool_stream(request.stream, spool)
     _refuse_incomplete_body()
     if spool.size == 0:
-        raise UploadRejected("the upload is empty", error_code="empty_body", status=400)
+        raise UploadRejected("the upload is empty", error_code="empty_body")
     return spool
 
 
@@ -258,10 +252,10 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     try:
         stream = storage.open_stream(row.storage_key, start=start, length=length)
         first = next(stream, b"")
-    except ObjectNotFound:
-        return _error(500, "effect_missing", "the published object is missing; operators have been told")
+    except ObjectNotFound:  # a published object is gone: the effect is incomplete
+        return answer(EffectMissing("the published object is missing; operators have been told"))
     except AttacheError:
-        return _error(503, "storage_unavailable", "storage is unavailable; retry later", **{"Retry-After": "5"})
+        return answer(StorageUnavailable("storage is unavailable; retry later"))
 
     def body():
         yield first

@@ -45,6 +45,7 @@ from app.core.steps import Step
 from app.errors import (
     AttacheError,
     BadSelection,
+    BrokerUnavailable,
     JobConflict,
     JobNotFound,
     MissingReason,
@@ -58,6 +59,7 @@ from app.web.access import (
     session_identity,
     start_session,
 )
+from app.web.responses import status_of
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +254,8 @@ def dashboard():
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
     try:
         job = operations.show_job(_services(), job_id)
-    except JobNotFound:
-        return _message(404, "No such job", f"There is no job {job_id}.")
+    except JobNotFound as exc:
+        return _message(status_of(exc), "No such job", f"There is no job {job_id}.")
     return _page("job.html", status, job=job, **context)
 
 
@@ -267,13 +269,13 @@ def replay(job_id: uuid.UUID):
     reason = request.form.get("reason", "")
     try:
         operations.replay(_services(), job_id, operator=principal(), reason=reason)
-    except MissingReason:
-        return _job_page(job_id, 400, error="A replay needs a reason: say why it should work this time.",
+    except MissingReason as exc:
+        return _job_page(job_id, status_of(exc), error="A replay needs a reason: say why it should work this time.",
                          reason=reason)
-    except JobNotFound:
-        return _message(404, "No such job", f"There is no job {job_id}.")
+    except JobNotFound as exc:
+        return _message(status_of(exc), "No such job", f"There is no job {job_id}.")
     except JobConflict as exc:
-        return _message(409, "Cannot replay", str(exc))
+        return _message(status_of(exc), "Cannot replay", str(exc))
     log.info("console: %s replayed job %s", principal(), job_id)
     flash(f"Job {job_id} replayed: it is queued again.")
     return redirect(url_for("console.job", job_id=job_id), code=303)
@@ -283,7 +285,7 @@ def replay(job_id: uuid.UUID):
 
 
 def _unknown_queue(queue: str):
-    return _message(404, "No such queue", f"{queue} is not an attache dead-letter queue.")
+    return _message(status_of(UnknownQueue), "No such queue", f"{queue} is not an attache dead-letter queue.")
 
 
 @bp.get("/dlq")
@@ -291,7 +293,7 @@ def dlq():
     try:
         queues = _dead_letters().queues()
     except (AttacheError, OSError) as exc:
-        return _page("dlq.html", 503, queues=None, dlq_error=_broker_down(exc))
+        return _page("dlq.html", status_of(BrokerUnavailable), queues=None, dlq_error=_broker_down(exc))
     return _page("dlq.html", queues=queues)
 
 
@@ -302,7 +304,8 @@ def dlq_queue(queue: str):
     except UnknownQueue:
         return _unknown_queue(queue)
     except (AttacheError, OSError) as exc:
-        return _page("dlq.html", 503, queue=queue, messages=None, dlq_error=_broker_down(exc))
+        return _page("dlq.html", status_of(BrokerUnavailable), queue=queue, messages=None,
+                     dlq_error=_broker_down(exc))
     messages = listing["messages"]
     for message in messages:
         body = message.get("body")
@@ -349,14 +352,14 @@ def _act(verb: str, queue: str):
     except UnknownQueue:
         return _unknown_queue(queue)
     except BadSelection as exc:
-        return _message(400, "Nothing chosen", str(exc))
+        return _message(status_of(exc), "Nothing chosen", str(exc))
     except MoreThanExpected as exc:
-        return _message(409, "The queue has changed",
+        return _message(status_of(exc), "The queue has changed",
                         f"{exc.xq} now holds {exc.depth} message(s), more than the {exc.expected} this page showed: "
                         f"nothing was {verb}d. Look at the queue again.")
     except (AttacheError, OSError) as exc:
-        return _message(503, "RabbitMQ unavailable", f"{_broker_down(exc)}; nothing more was {verb}d. "
-                                                     "What was already done is in the audit log.")
+        return _message(status_of(BrokerUnavailable), "RabbitMQ unavailable",
+                        f"{_broker_down(exc)}; nothing more was {verb}d. What was already done is in the audit log.")
     text = f"{verb.capitalize()}d {result[verb + 'd']} message(s) from {queue}."
     if result["not_found"]:
         text += f" Not found (already gone or held by another operator): {', '.join(result['not_found'])}."

@@ -12,6 +12,7 @@ from app.core import operations
 from app.core.steps import Step
 from app.errors import BrokerUnavailable, JobConflict, JobNotFound, MissingReason, MoreThanExpected, UnknownQueue
 from app.web.access import identity, protect
+from app.web.responses import answer
 from app.web.responses import error as _error
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
@@ -23,23 +24,22 @@ def _services():
 
 
 @bp.errorhandler(JobNotFound)
-def not_found(exc):
-    return _error(404, exc.error_code, str(exc))
-
-
 @bp.errorhandler(JobConflict)
-def conflict(exc):
-    return _error(409, exc.error_code, str(exc))
+@bp.errorhandler(MissingReason)
+@bp.errorhandler(UnknownQueue)
+@bp.errorhandler(MoreThanExpected)
+def refused(exc):
+    return answer(exc)
+
+
+@bp.errorhandler(BrokerUnavailable)
+def broker_down(exc):
+    return answer(exc, "RabbitMQ is unavailable; retry later")
 
 
 @bp.errorhandler(BadRequest)
 def bad_request(exc):
     return _error(400, "bad_request", exc.description)
-
-
-@bp.errorhandler(MissingReason)
-def missing_reason(exc):
-    return _error(400, exc.error_code, str(exc))
 
 
 @bp.get("/jobs")
@@ -88,24 +88,12 @@ def _dead_letters():
                        socket_timeout=settings.publish_timeout_seconds)
 
 
-@bp.errorhandler(UnknownQueue)
-def unknown_queue(exc):
-    return _error(404, "not_found", str(exc))
-
-
 def _reason(body) -> str | None:
     """The optional ``reason`` of an audited action: a string, or absent."""
     reason = body.get("reason") if isinstance(body, dict) else None
     if reason is not None and not isinstance(reason, str):
         raise BadRequest("reason must be a string")
     return reason
-
-
-@bp.errorhandler(BrokerUnavailable)
-def broker_down(exc):
-    response = _error(503, exc.error_code, "RabbitMQ is unavailable; retry later")
-    response.headers["Retry-After"] = "5"
-    return response
 
 
 @bp.get("/dlq")
@@ -141,11 +129,6 @@ def _chosen(body) -> dict:
         raise BadRequest(f"message_ids must be a list of 1..{MAX_MESSAGE_IDS} non-empty strings "
                          "(or send all with expected)")
     return {"message_ids": ids}
-
-
-@bp.errorhandler(MoreThanExpected)
-def more_than_expected(exc):
-    return _error(409, exc.error_code, str(exc))
 
 
 @bp.post("/dlq/<queue>/requeue")
