@@ -7,17 +7,18 @@ Dramatiq's own retries (the ``Retries`` middleware, bounded by
 ``ATTACHE_BROKER_RETRIES``; the worker's middleware is set up in
 :mod:`app.services`) are used only when a step could not record its
 outcome at all, i.e. PostgreSQL was unreachable; after that the message is
-dead-lettered to ``<queue>.XQ``. Poison messages and missing effects are
-listed in ``throws`` and go to ``.XQ`` at once, unprocessed.
+dead-lettered to ``<queue>.XQ``. Errors whose class is not retryable
+(poison messages, missing effects) are the actors' ``throws`` and go to
+``.XQ`` at once, unprocessed.
 """
 
 from __future__ import annotations
 
 import dramatiq
 
-from app.core.messages import ROUTES
-from app.core.policies import NEVER_RETRY
+from app.core.steps import Step
 from app.core.workflow import Workflow
+from app.errors import NOT_RETRYABLE
 from app.observability import logs
 from app.services import Services, settings_or_exit
 
@@ -30,16 +31,14 @@ dramatiq.set_broker(broker)
 workflow = Workflow(services)
 
 
-def _actor(step: str):
-    actor_name, queue_name = ROUTES[step]
-
+def _actor(step: Step):
     def run(payload):
         workflow.handle(payload, step=step)
 
-    run.__name__ = actor_name
-    return dramatiq.actor(run, actor_name=actor_name, queue_name=queue_name, throws=NEVER_RETRY)
+    run.__name__ = step.actor
+    return dramatiq.actor(run, actor_name=step.actor, queue_name=step.queue, throws=NOT_RETRYABLE)
 
 
-inspect = _actor("inspect")
-render = _actor("render")
-publish = _actor("publish")
+inspect = _actor(Step.INSPECT)
+render = _actor(Step.RENDER)
+publish = _actor(Step.PUBLISH)

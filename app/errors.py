@@ -10,9 +10,14 @@ from :class:`AttacheError` and carries a stable, machine-readable
   down, a timeout). A step that raises one moves its job back to
   ``queued`` with a backoff, until its attempts are spent.
 
+Each class says whether it is worth retrying (:attr:`AttacheError.retryable`);
+the workflow and the Dramatiq actors decide by that attribute alone.
+
 Vendor exceptions (botocore/minio, psycopg2, pika, Pillow) are translated
 into this tree at the edge of the module that talks to the vendor, so the
-rest of the code never imports a vendor exception type.
+rest of the code never imports a vendor exception type. Every error class
+of attache is defined here, whichever layer raises it
+(``tests/test_errors.py`` checks it).
 """
 
 from __future__ import annotations
@@ -22,6 +27,11 @@ class AttacheError(Exception):
     """Base of every attache error."""
 
     error_code = "internal_error"
+    #: may the same work succeed if it is tried again later? A step whose error is retryable
+    #: runs again after a backoff while its job has attempts left; any other ends the job
+    #: ``failed``, or, raised past the workflow, is dead-lettered at once. An error we did not
+    #: foresee (this base class, any other exception) is assumed to heal.
+    retryable = True
 
     def __init__(self, message: str = "", *, error_code: str | None = None):
         super().__init__(message or self.__class__.__doc__ or self.error_code)
@@ -38,6 +48,7 @@ class ConfigError(AttacheError):
     """A setting is missing or invalid; the message names the variable."""
 
     error_code = "config_error"
+    retryable = False
 
 
 # --- permanent: the input is the problem ---------------------------------
@@ -47,6 +58,7 @@ class PermanentError(AttacheError):
     """Retrying cannot help; the job ends ``failed``."""
 
     error_code = "permanent_error"
+    retryable = False
 
 
 class UnsupportedFormat(PermanentError):
@@ -79,6 +91,13 @@ class StagingMissing(PermanentError):
     error_code = "staging_missing"
 
 
+class PipelineChanged(AttacheError):
+    """A registered pipeline version was edited in place."""
+
+    error_code = "pipeline_changed"
+    retryable = False
+
+
 # --- transient: the world is the problem ---------------------------------
 
 
@@ -86,6 +105,7 @@ class TransientError(AttacheError):
     """A dependency failed in a way that may heal; retry later."""
 
     error_code = "transient_error"
+    retryable = True
 
 
 class StorageError(AttacheError):
@@ -125,6 +145,7 @@ class PoisonMessage(AttacheError):
     """A message that must never be processed: it is dead-lettered at once."""
 
     error_code = "poison_message"
+    retryable = False
 
 
 class InvalidMessage(PoisonMessage):
@@ -143,6 +164,7 @@ class EffectMissing(AttacheError):
     """A ``ready`` job's published effect is not all there (reported, never hidden)."""
 
     error_code = "effect_missing"
+    retryable = False
 
 
 # --- operators' queries ---------------------------------------------------
@@ -164,87 +186,176 @@ class SearchTooBroad(QueryTimeout):
 
 
 class UploadRejected(AttacheError):
-    """An upload was refused; ``status`` is the HTTP answer, ``retry_after`` (seconds) says a retry may work."""
+    """An upload was refused (the HTTP status of each refusal: ``app/web/responses.py``)."""
 
-    status = 400
     error_code = "bad_request"
-    retry_after: int | None = None
-
-    def __init__(self, message: str = "", *, error_code: str | None = None, status: int | None = None):
-        super().__init__(message, error_code=error_code)
-        if status is not None:
-            self.status = status
+    retryable = False
 
 
 class SpoolUnavailable(UploadRejected):
     """The web's temporary directory cannot take the upload (full, out of files): retry later."""
 
-    status = 503
     error_code = "spool_unavailable"
-    retry_after = 5
+    retryable = True
 
 
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 
-    status = 413
     error_code = "too_large"
 
 
 class IncompleteBody(UploadRejected):
     """The request body ended before its declared length (the client went away mid-body)."""
 
-    status = 400
     error_code = "incomplete_body"
 
 
 class DigestMismatch(UploadRejected):
     """A digest header does not match the bytes received."""
 
-    status = 422
     error_code = "digest_mismatch"
+
+
+class IdempotencyKeyReused(UploadRejected):
+    """The Idempotency-Key was used for different content."""
+
+    error_code = "idempotency_key_reused"
+
+
+# --- operator actions (``/v1/ops``, the console, the ``attache`` command) ---------
+
+
+class JobNotFound(AttacheError):
+    """No such job."""
+
+    error_code = "not_found"
+    retryable = False
+
+
+class AttachmentNotFound(AttacheError):
+    """No such attachment."""
+
+    error_code = "not_found"
+    retryable = False
+
+
+class AmbiguousId(AttacheError):
+    """An id prefix starts more than one id; nothing was done."""
+
+    error_code = "ambiguous_id"
+    retryable = False
+
+    def __init__(self, typed: str, what: str, candidates: list[str], more: bool):
+        named = "".join(f"\n  {candidate}" for candidate in candidates) + ("\n  …" if more else "")
+        super().__init__(f"{typed!r} starts {'more than ' if more else ''}{len(candidates)} {what} ids; "
+                         f"type more of it:{named}")
+        self.candidates = candidates
+
+
+class JobConflict(AttacheError):
+    """The job is not in a state that allows this."""
+
+    error_code = "conflict"
+    retryable = False
+
+
+class MissingReason(AttacheError):
+    """An audited action needs a reason."""
+
+    error_code = "reason_required"
+    retryable = False
+
+
+class UnknownQueue(AttacheError, ValueError):
+    """A queue name that is not one of attache's dead-letter queues."""
+
+    error_code = "not_found"
+    retryable = False
+
+
+class BadSelection(AttacheError, ValueError):
+    """Requeue or purge without a valid choice: message ids, or all with the expected count."""
+
+    error_code = "bad_selection"
+    retryable = False
+
+
+class MoreThanExpected(AttacheError):
+    """The queue holds more dead letters than the operator confirmed; nothing was done."""
+
+    error_code = "more_than_expected"
+    retryable = False
+
+    def __init__(self, xq: str, depth: int, expected: int):
+        super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
+                         "Look at the queue again and confirm what it holds now, or name the message ids.")
+        self.xq, self.depth, self.expected = xq, depth, expected
 
 
 # --- resumable uploads (tus, app.core.resumable) -------------------------------------
 
 
+class UnsupportedMediaType(UploadRejected):
+    """The request body's ``Content-Type`` is not what the route reads."""
+
+    error_code = "bad_content_type"
+
+
 class UploadNotFound(UploadRejected):
     """No resumable upload with this id belongs to the caller (or it was terminated or forgotten)."""
 
-    status = 404
     error_code = "not_found"
 
 
 class UploadExpired(UploadRejected):
     """The resumable upload expired: its partial bytes are gone or about to go."""
 
-    status = 410
     error_code = "upload_expired"
 
 
 class OffsetMismatch(UploadRejected):
     """A PATCH's ``Upload-Offset`` is not where the upload stands (a lost answer, or a concurrent PATCH)."""
 
-    status = 409
     error_code = "offset_mismatch"
 
 
 class ChecksumMismatch(UploadRejected):
     """The PATCH body does not match its ``Upload-Checksum`` (tus's 460); nothing of it was kept."""
 
-    status = 460
     error_code = "checksum_mismatch"
 
 
 class PartsMissing(UploadRejected):
     """The partial bytes of an upload are not all in storage: it cannot finish, and is terminated."""
 
-    status = 410
     error_code = "upload_lost"
 
 
 def error_code(error: BaseException) -> str:
     return error.error_code if isinstance(error, AttacheError) else "internal_error"
+
+
+def retryable(error: BaseException) -> bool:
+    """What the error's class says (:attr:`AttacheError.retryable`); any other exception: yes."""
+    return error.retryable if isinstance(error, AttacheError) else True
+
+
+class _NotRetryable:
+    """``isinstance(error, NOT_RETRYABLE)`` is true when ``retryable(error)`` is false.
+
+    For an API that takes exception types and checks them with ``isinstance``,
+    such as a Dramatiq actor's ``throws``. It is not a class: ``except`` refuses it.
+    """
+
+    def __instancecheck__(self, error: object) -> bool:
+        return isinstance(error, BaseException) and not retryable(error)
+
+    def __repr__(self) -> str:
+        return "NOT_RETRYABLE"
+
+
+NOT_RETRYABLE = _NotRetryable()
 
 
 def sanitized_reason(error: BaseException) -> str:

@@ -60,7 +60,12 @@ class Services:
                              middleware=self._consumer_middleware() if self._consumer else [])
 
     def _consumer_middleware(self) -> list:
-        from dramatiq.middleware import CurrentMessage, Retries, ShutdownNotifications, TimeLimit
+        from dramatiq.middleware import (
+            CurrentMessage,
+            Retries,
+            ShutdownNotifications,
+            TimeLimit,
+        )
 
         from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
 
@@ -90,8 +95,10 @@ class Services:
     @cached_property
     def dead_letters(self):
         from app.adapters.broker.dead_letter_tools import DeadLetters
+        from app.core.steps import Step
 
-        return DeadLetters(self.settings.broker_url, self.engine, socket_timeout=self.settings.publish_timeout_seconds)
+        return DeadLetters(self.settings.broker_url, self.engine, queues=[step.queue for step in Step],
+                           socket_timeout=self.settings.publish_timeout_seconds)
 
     @cached_property
     def limits(self):

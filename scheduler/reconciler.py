@@ -29,8 +29,9 @@ import logging
 from dataclasses import dataclass
 
 from app.adapters.broker.rabbitmq import AttacheBroker
-from app.core import messages, states
+from app.core import states
 from app.core.identity import identity
+from app.core.steps import Step
 from app.core.unit_of_work import UnitOfWork
 from app.errors import BrokerUnavailable
 
@@ -88,4 +89,4 @@ class Reconciler:
 
     def _backlog(self) -> int:
         """Messages ready in the step queues (not yet delivered to any worker)."""
-        return sum(self.broker.queue_depth(queue) or 0 for _, queue in messages.ROUTES.values())
+        return sum(self.broker.queue_depth(step.queue) or 0 for step in Step)

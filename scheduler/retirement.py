@@ -20,7 +20,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import jobs, variants
+from app.adapters.postgres.models import JobState, jobs, variants
 from app.adapters.storage import Storage
 from scheduler.locking import exclusive
 
@@ -46,7 +46,7 @@ def candidates_query(grace_seconds: float, batch: int, oldest_live_version: int)
     return (select(variants.c.id)
             .join(newer, and_(newer.c.attachment_id == variants.c.attachment_id,
                               newer.c.pipeline_version > variants.c.pipeline_version))
-            .where(newer.c.state == "ready", newer.c.pipeline_version > oldest_live_version,
+            .where(newer.c.state == JobState.READY, newer.c.pipeline_version > oldest_live_version,
                    newer.c.ready_at <= func.now() - text(f"interval '{float(grace_seconds):.3f} seconds'"),
                    variants.c.published_at.is_not(None), variants.c.retired_at.is_(None))
             .limit(batch).with_for_update(of=variants, skip_locked=True))

@@ -29,7 +29,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, jobs
+from app.adapters.postgres.models import JobState, attachments, jobs
 from app.adapters.storage import Storage
 from app.core import resumable
 from scheduler.locking import sweep_storage
@@ -111,7 +111,7 @@ class StagingCleanup:
             states = conn.execute(select(jobs.c.state, jobs.c.updated_at).where(jobs.c.attachment_id == owner)).all()
         if not states:
             return False
-        if all(state == "ready" for state, _ in states):
+        if all(state == JobState.READY for state, _ in states):
             return True
         retention = timedelta(seconds=self.config.failed_retention_seconds)
-        return all(state == "failed" and now - updated >= retention for state, updated in states)
+        return all(state == JobState.FAILED and now - updated >= retention for state, updated in states)

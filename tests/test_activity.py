@@ -16,11 +16,24 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert, text
 
-from app.adapters.postgres.models import attachments, dead_letters, job_history, jobs, outbox
+from app.adapters.postgres.models import (
+    attachments,
+    dead_letters,
+    job_history,
+    jobs,
+    outbox,
+)
 from app.config import Settings
 from app.core import activity
 from app.web import create_app
-from app.web.charts import PALETTE, Series, axis_top, bar_chart, line_chart, nice_ceiling
+from app.web.charts import (
+    PALETTE,
+    Series,
+    axis_top,
+    bar_chart,
+    line_chart,
+    nice_ceiling,
+)
 from tests.conftest import OPERATOR_TOKEN
 from tests.test_console import CSP, signed_in
 

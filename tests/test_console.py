@@ -11,6 +11,7 @@ from sqlalchemy import select
 from app.adapters.postgres.models import audit_log, jobs, outbox
 from app.config import Settings
 from app.core import states
+from app.core.steps import Step
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, UPLOADER_TOKEN, authed
 from tests.test_states import seed
@@ -385,7 +386,7 @@ def test_operator_purges_only_the_ticked_dead_letters_in_a_real_browser(env, ser
 
     from app.adapters.broker.dead_letter_tools import DeadLetters
 
-    left = DeadLetters(broker_url, engine).messages(XQ)
+    left = DeadLetters(broker_url, engine, queues=[step.queue for step in Step]).messages(XQ)
     assert [m["message_id"] for m in left] == [ids[0], ids[2], late], "only the ticked one was purged"
     with engine.connect() as conn:
         [row] = conn.execute(select(audit_log)).all()

@@ -24,15 +24,13 @@ from dramatiq.message import Message
 from sqlalchemy import insert, select
 
 from app import faults
-from app.adapters.broker.dead_letter_tools import (
-    BadSelection,
-    DeadLetters,
-    MoreThanExpected,
-)
+from app.adapters.broker.dead_letter_tools import DeadLetters
 from app.adapters.postgres.models import audit_log, dead_letters
-from app.errors import BrokerUnavailable
+from app.core.steps import Step
+from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected
 
 XQ = "attache.inspect.XQ"
+STEP_QUEUES = [step.queue for step in Step]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +74,7 @@ def audit_rows(engine):
 
 @pytest.fixture
 def dlq(broker_url, engine):
-    return DeadLetters(broker_url, engine, socket_timeout=5.0)
+    return DeadLetters(broker_url, engine, queues=STEP_QUEUES, socket_timeout=5.0)
 
 
 @pytest.fixture
@@ -272,8 +270,18 @@ def test_unknown_queue_is_refused(dlq, name):
         dlq.purge(name, actor="ops", expected=1)
 
 
+def test_only_the_queues_it_is_given_are_its_own(broker_url, engine, dead):
+    dlq = DeadLetters(broker_url, engine, queues=["attache.render"], socket_timeout=5.0)
+    assert [q["queue"] for q in dlq.queues()] == ["attache.render"]
+    with pytest.raises(ValueError):
+        dlq.messages(XQ)
+    with pytest.raises(ValueError):
+        dlq.purge(XQ, actor="ops", expected=3)
+    assert depth(broker_url, XQ) == 3 and audit_rows(engine) == []
+
+
 def test_unreachable_broker_is_broker_unavailable(engine):
-    dlq = DeadLetters("amqp://guest:guest@127.0.0.1:1/%2F", engine, socket_timeout=1.0)
+    dlq = DeadLetters("amqp://guest:guest@127.0.0.1:1/%2F", engine, queues=STEP_QUEUES, socket_timeout=1.0)
     with pytest.raises(BrokerUnavailable):
         dlq.queues()
     with pytest.raises(BrokerUnavailable):

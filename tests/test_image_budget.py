@@ -27,7 +27,14 @@ import pytest
 from PIL import Image
 from sqlalchemy import func, select
 
-from app.adapters.imaging import PIPELINE_V1_SPECS, Limits, budget, geometry, probe, render
+from app.adapters.imaging import (
+    PIPELINE_V1_SPECS,
+    Limits,
+    budget,
+    geometry,
+    probe,
+    render,
+)
 from app.adapters.postgres.models import attachments, jobs, outbox
 from app.config import Settings
 from app.core import pipeline

@@ -36,11 +36,11 @@ from app.adapters.imaging import (
     Limits,
     Rendered,
     VariantSpec,
+    bmff,
     probe,
     render,
     sniff,
 )
-from app.adapters.imaging import bmff
 from app.adapters.imaging._translate import translate_decode_error
 from app.errors import (
     CorruptImage,

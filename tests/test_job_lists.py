@@ -17,8 +17,7 @@ from app.cli import main
 from app.config import Settings
 from app.core import operations, states
 from app.core.operations import JobFilter
-from app.web import console
-from app.web import create_app
+from app.web import console, create_app
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.test_console import signed_in
 from tests.test_search import T0, make_attachment
@@ -172,7 +171,7 @@ def test_the_console_lists_filters_and_pages(app, seeded, monkeypatch):
     page = client.get("/ops/jobs?state=failed")
     assert page.status_code == 200
     assert re.findall(r'href="/ops/jobs/([0-9a-f-]{36})"', page.text) == [seeded[5], seeded[2]]
-    assert f'href="/ops/attachments/' in page.text
+    assert 'href="/ops/attachments/' in page.text
     assert '<option value="failed" selected>' in page.text, "the form shows the filter in force"
     following = unescape(re.search(r'<a href="([^"]+)" id="next-page"', page.text).group(1))
     assert "state=failed" in following and "cursor=" in following

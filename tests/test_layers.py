@@ -70,9 +70,6 @@ def test_every_module_has_a_layer():
 
 #: known exceptions, removed by the rest of issue 10 (steps named once, one wiring module)
 PENDING = {
-    ("app.adapters.broker.dead_letter_tools", "app.core.messages"),
-    ("app.adapters.broker.dead_letter_tools", "app.core.messages.ROUTES"),
-    ("app.core.policies", "app.config"),
 }
 
 

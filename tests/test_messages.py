@@ -1,11 +1,13 @@
 """The message contract: jobs.schema.json, enforced on both sides."""
 
+import json
 import uuid
 
 import pytest
 
 from app.adapters.broker.rabbitmq import amqp_headers
 from app.core import messages
+from app.core.steps import Step
 from app.errors import InvalidMessage
 from app.observability.tracing import new_traceparent
 
@@ -61,3 +63,16 @@ def test_amqp_headers_mirror_trace_carrier():
     assert headers["x-attache-job-id"] == payload["job_id"]
     assert headers["x-attache-attempt"] == 1
     assert headers["x-attache-variant"] == "crop"
+
+
+def test_the_schema_names_the_steps_of_the_step_enum():
+    schema = json.loads(messages.SCHEMA_PATH.read_text())
+    assert schema["properties"]["step"]["enum"] == [step.value for step in Step]
+    [variant_rule] = schema["allOf"]
+    assert variant_rule["if"]["properties"]["step"]["const"] in set(Step)
+
+
+def test_a_built_message_carries_the_steps_plain_name():
+    payload = messages.build(job_id=uuid.uuid4(), attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,
+                             step=Step.PUBLISH, traceparent=new_traceparent())
+    assert type(payload["step"]) is str and payload["step"] == "publish"

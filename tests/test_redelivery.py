@@ -18,6 +18,7 @@ from sqlalchemy import func, select
 
 from app.adapters.postgres.models import job_history, jobs, outbox, variants
 from app.core import messages
+from app.core.steps import Step
 from tests.conftest import authed
 from tests.processes import Deployment, wait_for
 
@@ -94,8 +95,8 @@ def test_redelivered_and_stale_messages_change_nothing_on_a_ready_job(deployment
         sent = [row.payload for row in conn.execute(select(outbox).where(outbox.c.job_id == job_id))]
     assert {p["step"] for p in sent} == {"inspect", "render", "publish"}
     for payload in sent:  # every message of the job, delivered again
-        actor, queue = messages.ROUTES[payload["step"]]
-        publish_raw(services, payload, actor=actor, queue=queue)
+        step = Step(payload["step"])
+        publish_raw(services, payload, actor=step.actor, queue=step.queue)
     stale = dict(sent[0], attempt=7)  # an attempt that never existed
     publish_raw(services, stale)
     wait_for(lambda: services.broker.queue_depth("attache.inspect") == 0
@@ -125,8 +126,8 @@ def test_redelivery_to_a_ready_job_whose_version_was_retired_is_acked(deployment
     with engine.connect() as conn:
         sent = [row.payload for row in conn.execute(select(outbox).where(outbox.c.job_id == v1_job))]
     for payload in sent:  # v1's messages again, long after its objects were retired
-        actor, queue = messages.ROUTES[payload["step"]]
-        publish_raw(services, payload, actor=actor, queue=queue)
+        step = Step(payload["step"])
+        publish_raw(services, payload, actor=step.actor, queue=step.queue)
 
     def settled():
         with engine.connect() as conn:

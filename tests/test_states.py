@@ -1,5 +1,6 @@
 """The state machine, driven directly against a real PostgreSQL."""
 
+import re
 import uuid
 
 import pytest
@@ -7,6 +8,7 @@ from sqlalchemy import func, insert, select, text, update
 from sqlalchemy.exc import DBAPIError
 
 from app.adapters.postgres.models import (
+    JobState,
     attachments,
     job_history,
     jobs,
@@ -40,6 +42,15 @@ def record(conn, attachment_id, job_id, name, attempt=1):
 def history(conn, job_id):
     return [(r.from_state, r.to_state, r.attempt) for r in
             conn.execute(select(job_history).where(job_history.c.job_id == job_id).order_by(job_history.c.id))]
+
+
+def test_the_database_allows_exactly_the_job_states_of_the_enum(engine):
+    """The migrations' CHECK constraint and :class:`JobState` name the same states."""
+    with engine.connect() as conn:
+        definition = conn.execute(text(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'jobs_state_check'")).scalar_one()
+    allowed = set(re.findall(r"'(\w+)'::text", definition))
+    assert allowed == {state.value for state in JobState}
 
 
 def test_create_job_writes_job_history_and_outbox_in_one_go(engine):

@@ -15,7 +15,13 @@ import uuid
 import pytest
 from sqlalchemy import func, select, text, update
 
-from app.adapters.postgres.models import attachments, idempotency_keys, jobs, outbox, uploads
+from app.adapters.postgres.models import (
+    attachments,
+    idempotency_keys,
+    jobs,
+    outbox,
+    uploads,
+)
 from app.core import resumable
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed

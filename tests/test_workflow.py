@@ -14,9 +14,25 @@ from sqlalchemy import func, select, text, update
 from app.adapters.postgres.models import jobs, variants
 from app.config import Settings
 from app.core import states
+from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.services import Services
 from tests.driver import job, run, take_messages, upload
+
+
+class _NoJitter:
+    def uniform(self, low: float, high: float) -> float:
+        return 0.0
+
+
+def test_each_step_backs_off_as_docs_retries_md_says():
+    def waits(step, attempts):
+        policy = step.retry_policy(2.0, 300.0)  # the default ATTACHE_RETRY_INITIAL_SECONDS and _MAX_SECONDS
+        return [policy.delay(n, rng=_NoJitter()) for n in attempts]
+
+    assert waits(Step.RENDER, range(1, 6)) == [4, 12, 36, 108, 300]
+    assert waits(Step.INSPECT, range(1, 4)) == waits(Step.PUBLISH, range(1, 4)) == [2, 4, 8]
+    assert (Step.INSPECT.retry_policy(2.0, 300.0).jitter, Step.RENDER.retry_policy(2.0, 300.0).jitter) == (0.2, 0.3)
 
 
 def test_a_job_runs_to_ready_through_every_step(quiet_services, engine, data_file):

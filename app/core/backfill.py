@@ -20,7 +20,7 @@ from sqlalchemy import and_, exists, func, select, text
 from sqlalchemy.orm import aliased
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, jobs
+from app.adapters.postgres.models import JobState, attachments, jobs
 from app.core import pipeline, states
 from app.core.needs import Database, Producer
 from app.observability.tracing import new_traceparent
@@ -46,7 +46,7 @@ def _candidates(to_version: int):
     older = aliased(jobs)
     target = aliased(jobs)
     return select(attachments.c.id).where(
-        exists().where(and_(older.c.attachment_id == attachments.c.id, older.c.state == "ready",
+        exists().where(and_(older.c.attachment_id == attachments.c.id, older.c.state == JobState.READY,
                             older.c.pipeline_version < to_version)),
         ~exists().where(and_(target.c.attachment_id == attachments.c.id, target.c.pipeline_version == to_version)),
     )
@@ -59,8 +59,8 @@ def estimate(services: Database, to_version: int) -> Estimate:
         count = conn.execute(select(func.count()).select_from(_candidates(to_version).subquery())).scalar()
         average = conn.execute(text(
             "SELECT avg(extract(epoch FROM ready_at - created_at)) FROM "
-            "(SELECT ready_at, created_at FROM jobs WHERE state = 'ready' ORDER BY ready_at DESC LIMIT 200) recent"
-        )).scalar()
+            "(SELECT ready_at, created_at FROM jobs WHERE state = :ready ORDER BY ready_at DESC LIMIT 200) recent"
+        ), {"ready": JobState.READY.value}).scalar()
     return Estimate(to_version, count, count * len(definition.variants),
                     None if average is None else round(float(average), 3))
 

@@ -2,7 +2,7 @@
 
 A prefix names at most one thing or it names nothing: it must be at least
 :data:`MIN_PREFIX` hex digits, and one that starts several ids is refused
-(:class:`AmbiguousId`, naming them) rather than guessed. A UUID prefix is
+(:class:`~app.errors.AmbiguousId`, naming them) rather than guessed. A UUID prefix is
 looked up as a range of the column's own index (``id BETWEEN lo AND hi``),
 never by casting every id to text.
 """
@@ -14,7 +14,7 @@ import uuid
 
 from sqlalchemy import select
 
-from app.errors import AttacheError
+from app.errors import AmbiguousId
 
 #: the fewest hex digits a prefix may have
 MIN_PREFIX = 4
@@ -23,18 +23,6 @@ SHOWN_CANDIDATES = 10
 
 _UUID_SHAPE = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"
 _HEX = set(string.hexdigits.lower())
-
-
-class AmbiguousId(AttacheError):
-    """An id prefix starts more than one id; nothing was done."""
-
-    error_code = "ambiguous_id"
-
-    def __init__(self, typed: str, what: str, candidates: list[str], more: bool):
-        named = "".join(f"\n  {candidate}" for candidate in candidates) + ("\n  …" if more else "")
-        super().__init__(f"{typed!r} starts {'more than ' if more else ''}{len(candidates)} {what} ids; "
-                         f"type more of it:{named}")
-        self.candidates = candidates
 
 
 def uuid_bounds(typed: str) -> tuple[uuid.UUID, uuid.UUID]:

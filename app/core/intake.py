@@ -38,7 +38,11 @@ from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.core import pipeline, states
 from app.core.needs import Database, ImageProducer, Producer
-from app.errors import AttacheError, DatabaseUnavailable, UploadRejected
+from app.errors import (
+    AttacheError,
+    DatabaseUnavailable,
+    IdempotencyKeyReused,
+)
 
 log = logging.getLogger("attache.intake")
 
@@ -64,13 +68,6 @@ class Accepted:
     pipeline_version: int
     published: bool
     replayed: bool = False
-
-
-class IdempotencyKeyReused(UploadRejected):
-    """The Idempotency-Key was used for different content."""
-
-    status = 422
-    error_code = "idempotency_key_reused"
 
 
 class _LostRace(Exception):

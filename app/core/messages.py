@@ -22,14 +22,6 @@ from app.errors import InvalidMessage
 SCHEMA_PATH = Path(__file__).with_name("schemas") / "jobs.schema.json"
 SCHEMA_VERSION = 1
 
-#: step -> (Dramatiq actor name, RabbitMQ queue)
-ROUTES = {
-    "inspect": ("inspect", "attache.inspect"),
-    "render": ("render", "attache.render"),
-    "publish": ("publish", "attache.publish"),
-}
-
-
 @lru_cache(maxsize=1)
 def _validator() -> jsonschema.protocols.Validator:
     schema = json.loads(SCHEMA_PATH.read_text())
@@ -55,7 +47,7 @@ def build(*, job_id: uuid.UUID, attachment_id: uuid.UUID, pipeline_version: int,
         "attachment_id": str(attachment_id),
         "pipeline_version": pipeline_version,
         "attempt": attempt,
-        "step": step,
+        "step": str(step),  # a Step's plain value
         "traceparent": traceparent,
         "created_at": datetime.now(timezone.utc).isoformat().replace("+00:00", "Z"),
     }

@@ -13,28 +13,10 @@ from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, job_history, jobs
+from app.adapters.postgres.models import JobState, attachments, job_history, jobs
 from app.core import id_prefixes, outbox, states
 from app.core.needs import Database, Producer
-from app.errors import AttacheError
-
-
-class NotFound(AttacheError):
-    """No such job."""
-
-    error_code = "not_found"
-
-
-class Conflict(AttacheError):
-    """The job is not in a state that allows this."""
-
-    error_code = "conflict"
-
-
-class MissingReason(AttacheError):
-    """An audited action needs a reason."""
-
-    error_code = "reason_required"
+from app.errors import JobConflict, JobNotFound, MissingReason
 
 
 def _iso(value):
@@ -72,8 +54,8 @@ class JobFilter:
         for name, value in text.items():
             if value is not None and not value.isprintable():
                 raise ValueError(f"{name} must be printable text, without control characters")
-        if text["state"] is not None and text["state"] not in states.STATES:
-            raise ValueError(f"state must be one of {', '.join(states.STATES)}")
+        if text["state"] is not None and text["state"] not in set(JobState):
+            raise ValueError(f"state must be one of {', '.join(JobState)}")
         version = None
         if text["pipeline_version"] is not None:
             try:
@@ -159,22 +141,22 @@ def find_jobs(engine: Engine, filters: JobFilter = JobFilter(), *, cursor: str |
 def list_jobs(services: Database, *, state: str | None = None, pipeline_version: int | None = None,
               limit: int = 100) -> list[dict]:
     """The first page of :func:`find_jobs` for a state and a version, as a list."""
-    if state is not None and state not in states.STATES:
-        raise ValueError(f"state must be one of {', '.join(states.STATES)}")
+    if state is not None and state not in set(JobState):
+        raise ValueError(f"state must be one of {', '.join(JobState)}")
     return find_jobs(services.engine, JobFilter(state=state, pipeline_version=pipeline_version), limit=limit)["jobs"]
 
 
 def resolve_job_id(services: Database, typed: str) -> uuid.UUID:
-    """The job whose id is ``typed`` or starts with it (:mod:`app.core.id_prefixes`); NotFound if none.
+    """The job whose id is ``typed`` or starts with it (:mod:`app.core.id_prefixes`); JobNotFound if none.
 
-    Raises :class:`~app.core.id_prefixes.AmbiguousId` if ``typed`` starts
+    Raises :class:`~app.errors.AmbiguousId` if ``typed`` starts
     several job ids, ValueError if it is no id prefix.
     """
     with transaction(services.engine) as conn:
         found = id_prefixes.unique_uuid(conn, jobs.c.id, typed, what="job")
     if found is None:
         low, high = id_prefixes.uuid_bounds(typed)
-        raise NotFound(f"no job {low}" if low == high else f"no job id starts with {typed}")
+        raise JobNotFound(f"no job {low}" if low == high else f"no job id starts with {typed}")
     return found
 
 
@@ -182,7 +164,7 @@ def show_job(services: Database, job_id: uuid.UUID) -> dict:
     with transaction(services.engine) as conn:
         row = states.get(conn, job_id)
         if row is None:
-            raise NotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         history = conn.execute(select(job_history).where(job_history.c.job_id == job_id)
                                .order_by(job_history.c.id)).all()
         audits = audit.for_target(conn, f"job:{job_id}")
@@ -204,11 +186,11 @@ def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str 
         conn = work.conn
         current = states.get(conn, job_id, lock=True)
         if current is None:
-            raise NotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         row = states.replay(conn, job_id, actor=f"operator:{operator}", reason=reason[:1000],
                             budget=services.settings.max_attempts)
         if row is None:
-            raise Conflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
+            raise JobConflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
         audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                      reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                     "attempt": current.attempt})
@@ -226,7 +208,7 @@ def lease_status(services: Database) -> dict:
             func.count().label("processing"),
             func.count().filter(states.expired()).label("expired"),
             func.min(jobs.c.lease_expires_at).filter(jobs.c.lease_owner.is_not(None)).label("next_expiry"),
-        ).where(jobs.c.state == "processing")).one()
+        ).where(jobs.c.state == JobState.PROCESSING)).one()
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 
 

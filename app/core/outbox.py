@@ -28,6 +28,7 @@ from sqlalchemy.engine import Connection, Engine
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import outbox
 from app.core import messages
+from app.core.steps import Step
 from app.errors import BrokerUnavailable
 from app.observability import telemetry
 from app.observability.tracing import child_of
@@ -52,9 +53,9 @@ def collecting(conn: Connection) -> Iterator[list[int]]:
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
     """Write one message to the outbox in the current transaction; returns its row id."""
     messages.validate(payload)
-    actor_name, queue_name = messages.ROUTES[payload["step"]]
-    values = dict(job_id=uuid.UUID(payload["job_id"]), message_id=uuid.uuid4(), queue_name=queue_name,
-                  actor_name=actor_name, payload=payload)
+    step = Step(payload["step"])
+    values = dict(job_id=uuid.UUID(payload["job_id"]), message_id=uuid.uuid4(), queue_name=step.queue,
+                  actor_name=step.actor, payload=payload)
     if available_at is not None:
         values["available_at"] = available_at
     row_id = conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
@@ -64,7 +65,7 @@ def add(conn: Connection, payload: dict, *, available_at: datetime | None = None
     return row_id
 
 
-def announce(conn: Connection, job: Any, attempt: int, step: str, *, variant: str | None = None,
+def announce(conn: Connection, job: Any, attempt: int, step: Step, *, variant: str | None = None,
              available_at: datetime | None = None) -> int:
     """The one message builder: ``job``'s message for ``step`` of ``attempt``, written to the outbox.
 

@@ -32,15 +32,9 @@ from app.adapters.imaging.render import (
     WEBP_METHOD,
     WEBP_QUALITY,
 )
-from app.errors import AttacheError
+from app.errors import PipelineChanged
 
 ORIGINAL = "original"
-
-
-class PipelineChanged(AttacheError):
-    """A registered pipeline version was edited in place."""
-
-    error_code = "pipeline_changed"
 
 
 @dataclass(frozen=True)

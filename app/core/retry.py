@@ -1,31 +1,35 @@
-"""Retry policies: validated value objects, in the manner of Temporal's ``RetryPolicy``.
+"""Retry policies: when a step runs again, in the manner of Temporal's ``RetryPolicy``.
 
-A policy answers two questions for a step that failed in attempt *n*:
-may it run again (attempts left and the error is retryable), and when
-(exponential backoff with a cap and jitter). The policies in force are
-listed in ``docs/retries.md``.
+A policy answers one question for a step that failed in attempt *n*: how
+long to wait before attempt *n + 1* (exponential backoff with a cap and
+jitter). Whether it runs again at all is decided elsewhere, each fact in
+one place:
+
+* the error's class says whether it is retryable
+  (:attr:`app.errors.AttacheError.retryable`, :func:`app.errors.retryable`);
+* the job row says how many attempts it has: ``jobs.max_attempts``, set
+  from ``ATTACHE_MAX_ATTEMPTS`` when the job is created and raised by an
+  operator's replay, enforced by :func:`app.core.states.retry_later` and
+  lease recovery. Attempts are counted per job, not per step.
+
+Each step's policy is built by :meth:`app.core.steps.Step.retry_policy`;
+the policies in force are listed in ``docs/retries.md``.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
-
-from app.errors import PermanentError
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    max_attempts: int = 5
     initial_interval: float = 2.0
     backoff_coefficient: float = 2.0
     max_interval: float = 300.0
     jitter: float = 0.2
-    non_retryable: tuple[type[BaseException], ...] = field(default=(PermanentError,))
 
     def __post_init__(self) -> None:
-        if self.max_attempts < 1:
-            raise ValueError("max_attempts must be >= 1")
         if self.initial_interval < 0:
             raise ValueError("initial_interval must be >= 0")
         if self.backoff_coefficient < 1:
@@ -34,18 +38,6 @@ class RetryPolicy:
             raise ValueError("max_interval must be >= initial_interval")
         if not 0 <= self.jitter <= 1:
             raise ValueError("jitter must be between 0 and 1")
-        for cls in self.non_retryable:
-            if not (isinstance(cls, type) and issubclass(cls, BaseException)):
-                raise ValueError(f"non_retryable entries must be exception types, not {cls!r}")
-
-    def retryable(self, error: BaseException) -> bool:
-        return not isinstance(error, self.non_retryable)
-
-    def attempts_left(self, attempt: int) -> bool:
-        return attempt < self.max_attempts
-
-    def should_retry(self, attempt: int, error: BaseException) -> bool:
-        return self.retryable(error) and self.attempts_left(attempt)
 
     def delay(self, attempt: int, *, rng: random.Random | None = None) -> float:
         """Seconds to wait before attempt ``attempt + 1``."""

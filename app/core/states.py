@@ -8,6 +8,9 @@ told so (``None``/``False``), never an exception. A database trigger
 
 States (the contract's table, ``seed/contract.en.md``)
 ------------------------------------------------------
+The values are :class:`~app.adapters.postgres.models.JobState` (named
+with the ``jobs`` table, so every layer that reads the column can use them).
+
 ``queued``
     Durable intent to process. In: the upload's transaction
     (:func:`create_job`, web), a transient failure with attempts left
@@ -45,11 +48,9 @@ from sqlalchemy import and_, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
-from app.adapters.postgres.models import job_history, jobs, variants
+from app.adapters.postgres.models import JobState, job_history, jobs, variants
 from app.core import outbox
-
-QUEUED, PROCESSING, READY, FAILED = "queued", "processing", "ready", "failed"
-STATES = (QUEUED, PROCESSING, READY, FAILED)
+from app.core.steps import Step
 
 WORKER_LOST = "worker_lost"
 #: the reason of the self-loop history rows (``queued -> queued``, ``processing -> processing``)
@@ -86,13 +87,13 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
     ensure_recorded(conn, pipeline_version)
     job_id = uuid.uuid4()
     row = conn.execute(pg_insert(jobs).values(
-        id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=QUEUED,
+        id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=JobState.QUEUED,
         attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
     ).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)).one_or_none()
     if row is None:
         return None
-    _history(conn, job_id, None, QUEUED, 0, actor, reason=reason)
-    return job_id, outbox.announce(conn, row, 1, "inspect")
+    _history(conn, job_id, None, JobState.QUEUED, 0, actor, reason=reason)
+    return job_id, outbox.announce(conn, row, 1, Step.INSPECT)
 
 
 def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
@@ -110,15 +111,15 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     """
     row = conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == QUEUED, jobs.c.attempt == attempt - 1,
+        .where(jobs.c.id == job_id, jobs.c.state == JobState.QUEUED, jobs.c.attempt == attempt - 1,
                (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
-        .values(state=PROCESSING, attempt=attempt, lease_owner=lease.owner,
+        .values(state=JobState.PROCESSING, attempt=attempt, lease_owner=lease.owner,
                 lease_expires_at=func.now() + _interval(lease.seconds), next_attempt_at=None,
                 error_code=None, error_reason=None, updated_at=func.now())
         .returning(jobs)
     ).one_or_none()
     if row is not None:
-        _history(conn, job_id, QUEUED, PROCESSING, attempt, lease.owner)
+        _history(conn, job_id, JobState.QUEUED, JobState.PROCESSING, attempt, lease.owner)
     return row
 
 
@@ -149,7 +150,7 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     ``take=False`` (a step about to commit its outcome and hand off)
     checks and locks without taking the lease from a sibling still running.
     """
-    conditions = (jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt, held())
+    conditions = (jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt, held())
     if not take:
         return conn.execute(select(jobs).where(*conditions).with_for_update()).one_or_none()
     return conn.execute(
@@ -170,7 +171,7 @@ def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
     """
     return conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+        .where(jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt,
                jobs.c.lease_owner.is_not(None), jobs.c.lease_expires_at > func.now())
         .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
                 updated_at=func.now())
@@ -195,7 +196,7 @@ def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
     """
     return conn.execute(
         update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt,
+        .where(jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt,
                (jobs.c.lease_owner == owner) | jobs.c.lease_owner.is_(None))
         .values(lease_owner=None, updated_at=func.now())
         .returning(jobs.c.id)
@@ -203,7 +204,7 @@ def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
 
 
 def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
-    conditions = [jobs.c.id == job_id, jobs.c.state == PROCESSING, jobs.c.attempt == attempt]
+    conditions = [jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt]
     if require_live_lease:
         conditions.append(held())
     return conn.execute(
@@ -222,23 +223,23 @@ def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, .
     recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job_id)).scalars())
     if not set(required) <= recorded:
         return False
-    row = _leave_processing(conn, job_id, attempt, READY, {"ready_at": func.now(), "error_code": None,
+    row = _leave_processing(conn, job_id, attempt, JobState.READY, {"ready_at": func.now(), "error_code": None,
                                                            "error_reason": None}, require_live_lease=True)
     if row is None:
         return False
     conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
                  .values(published_at=func.now()))
-    _history(conn, job_id, PROCESSING, READY, attempt, actor)
+    _history(conn, job_id, JobState.PROCESSING, JobState.READY, attempt, actor)
     return True
 
 
 def fail(conn: Connection, job_id, attempt: int, error_code: str, reason: str, actor: str) -> bool:
     """processing -> failed with an error code an operator can act on."""
-    row = _leave_processing(conn, job_id, attempt, FAILED, {"error_code": error_code, "error_reason": reason},
+    row = _leave_processing(conn, job_id, attempt, JobState.FAILED, {"error_code": error_code, "error_reason": reason},
                             require_live_lease=False)
     if row is None:
         return False
-    _history(conn, job_id, PROCESSING, FAILED, attempt, actor, error_code, reason)
+    _history(conn, job_id, JobState.PROCESSING, JobState.FAILED, attempt, actor, error_code, reason)
     return True
 
 
@@ -250,18 +251,20 @@ def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason:
     the future; the scheduler publishes it when due (no broker-side delay).
     """
     job = get(conn, job_id, lock=True)
-    if job is None or job.state != PROCESSING or job.attempt != attempt:
+    if job is None or job.state != JobState.PROCESSING or job.attempt != attempt:
         return None
     if attempt >= job.max_attempts:
-        return FAILED if fail(conn, job_id, attempt, error_code, f"attempts exhausted: {reason}", actor) else None
+        spent = fail(conn, job_id, attempt, error_code, f"attempts exhausted: {reason}", actor)
+        return JobState.FAILED if spent else None
     due = datetime.now(timezone.utc) + timedelta(seconds=delay_seconds)
-    row = _leave_processing(conn, job_id, attempt, QUEUED, {"error_code": error_code, "error_reason": reason,
-                                                            "next_attempt_at": due}, require_live_lease=False)
+    row = _leave_processing(conn, job_id, attempt, JobState.QUEUED,
+                            {"error_code": error_code, "error_reason": reason, "next_attempt_at": due},
+                            require_live_lease=False)
     if row is None:
         return None
-    _history(conn, job_id, PROCESSING, QUEUED, attempt, actor, error_code, reason)
-    outbox.announce(conn, row, attempt + 1, "inspect", available_at=due)
-    return QUEUED
+    _history(conn, job_id, JobState.PROCESSING, JobState.QUEUED, attempt, actor, error_code, reason)
+    outbox.announce(conn, row, attempt + 1, Step.INSPECT, available_at=due)
+    return JobState.QUEUED
 
 
 def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
@@ -270,24 +273,24 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
     ``SKIP LOCKED`` keeps two schedulers from taking the same row.
     """
     lost = conn.execute(
-        select(jobs).where(jobs.c.state == PROCESSING, expired())
+        select(jobs).where(jobs.c.state == JobState.PROCESSING, expired())
         .order_by(jobs.c.lease_expires_at).limit(batch).with_for_update(skip_locked=True)
     ).all()
     counts = {"requeued": 0, "failed": 0}
     for job in lost:
         if job.attempt >= job.max_attempts:
             reason = f"lease expired in attempt {job.attempt} of {job.max_attempts}; attempts spent"
-            _leave_processing(conn, job.id, job.attempt, FAILED, {"error_code": WORKER_LOST, "error_reason": reason},
-                              require_live_lease=False)
-            _history(conn, job.id, PROCESSING, FAILED, job.attempt, actor, WORKER_LOST, reason)
+            _leave_processing(conn, job.id, job.attempt, JobState.FAILED,
+                              {"error_code": WORKER_LOST, "error_reason": reason}, require_live_lease=False)
+            _history(conn, job.id, JobState.PROCESSING, JobState.FAILED, job.attempt, actor, WORKER_LOST, reason)
             counts["failed"] += 1
         else:
             reason = f"lease of {job.lease_owner} expired"
-            row = _leave_processing(conn, job.id, job.attempt, QUEUED,
+            row = _leave_processing(conn, job.id, job.attempt, JobState.QUEUED,
                                     {"error_code": WORKER_LOST, "error_reason": reason},
                                     require_live_lease=False)
-            _history(conn, job.id, PROCESSING, QUEUED, job.attempt, actor, WORKER_LOST, reason)
-            outbox.announce(conn, row, job.attempt + 1, "inspect")
+            _history(conn, job.id, JobState.PROCESSING, JobState.QUEUED, job.attempt, actor, WORKER_LOST, reason)
+            outbox.announce(conn, row, job.attempt + 1, Step.INSPECT)
             counts["requeued"] += 1
     return counts
 
@@ -315,14 +318,14 @@ def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings
     schedulers never take the same job. No attempt is counted.
     """
     stranded = conn.execute(text("""
-        SELECT j.*, j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END AS next_attempt FROM jobs j
+        SELECT j.*, j.attempt + CASE WHEN j.state = :queued THEN 1 ELSE 0 END AS next_attempt FROM jobs j
         CROSS JOIN LATERAL (
             SELECT max(greatest(o.created_at, o.available_at, o.published_at)) AS last_announced,
-                   count(*) FILTER (WHERE o.payload->>'step' = 'inspect' AND (o.payload->>'attempt')::int
-                                    = j.attempt + CASE WHEN j.state = 'queued' THEN 1 ELSE 0 END) AS announced
+                   count(*) FILTER (WHERE o.payload->>'step' = :inspect AND (o.payload->>'attempt')::int
+                                    = j.attempt + CASE WHEN j.state = :queued THEN 1 ELSE 0 END) AS announced
             FROM outbox o WHERE o.job_id = j.id) a
-        WHERE ((j.state = 'queued' AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now()))
-               OR (j.state = 'processing' AND j.lease_owner IS NULL))
+        WHERE ((j.state = :queued AND (j.next_attempt_at IS NULL OR j.next_attempt_at <= now()))
+               OR (j.state = :processing AND j.lease_owner IS NULL))
           AND j.updated_at < now() - make_interval(secs => :after)
           AND NOT EXISTS (SELECT 1 FROM outbox p WHERE p.job_id = j.id AND p.published_at IS NULL)
           AND greatest(a.last_announced, j.updated_at)
@@ -330,13 +333,15 @@ def reannounce_stranded(conn: Connection, *, after_seconds: float, max_doublings
         ORDER BY j.updated_at
         LIMIT :batch
         FOR UPDATE OF j SKIP LOCKED
-    """), {"after": float(after_seconds), "doublings": int(max_doublings), "batch": int(batch)}).all()
+    """), {"after": float(after_seconds), "doublings": int(max_doublings), "batch": int(batch),
+           "queued": JobState.QUEUED.value, "processing": JobState.PROCESSING.value,
+           "inspect": Step.INSPECT.value}).all()
     ids = []
     for job in stranded:
         conn.execute(update(jobs).where(jobs.c.id == job.id).values(updated_at=func.now()))
         _history(conn, job.id, job.state, job.state, job.attempt, actor, None,
                  f"{REANNOUNCED}: attempt {job.next_attempt} had no live message")
-        ids.append(outbox.announce(conn, job, job.next_attempt, "inspect"))
+        ids.append(outbox.announce(conn, job, job.next_attempt, Step.INSPECT))
     return ids
 
 
@@ -347,13 +352,13 @@ def replay(conn: Connection, job_id, *, actor: str, reason: str, budget: int) ->
     the replayed job resumes at its first unfinished step.
     """
     row = conn.execute(
-        update(jobs).where(jobs.c.id == job_id, jobs.c.state == FAILED)
-        .values(state=QUEUED, max_attempts=jobs.c.attempt + budget, next_attempt_at=None, error_code=None,
+        update(jobs).where(jobs.c.id == job_id, jobs.c.state == JobState.FAILED)
+        .values(state=JobState.QUEUED, max_attempts=jobs.c.attempt + budget, next_attempt_at=None, error_code=None,
                 error_reason=None, updated_at=func.now())
         .returning(jobs)
     ).one_or_none()
     if row is None:
         return None
-    _history(conn, job_id, FAILED, QUEUED, row.attempt, actor, None, reason)
-    outbox.announce(conn, row, row.attempt + 1, "inspect")
+    _history(conn, job_id, JobState.FAILED, JobState.QUEUED, row.attempt, actor, None, reason)
+    outbox.announce(conn, row, row.attempt + 1, Step.INSPECT)
     return row

@@ -27,9 +27,18 @@ from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, job_history, jobs, outbox, step_runs, variants
+from app.adapters.postgres.models import (
+    JobState,
+    attachments,
+    job_history,
+    jobs,
+    outbox,
+    step_runs,
+    variants,
+)
 from app.core import states
-from app.core.operations import NotFound, job_summary
+from app.core.operations import job_summary
+from app.errors import AttachmentNotFound, JobNotFound
 from app.observability.tracing import trace_id
 
 
@@ -48,7 +57,7 @@ def attachment_overview(engine: Engine, attachment_id: uuid.UUID) -> dict:
     with transaction(engine) as conn:
         row = conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one_or_none()
         if row is None:
-            raise NotFound(f"no attachment {attachment_id}")
+            raise AttachmentNotFound(f"no attachment {attachment_id}")
         now = conn.execute(select(func.now())).scalar_one()
         versions = conn.execute(select(jobs).where(jobs.c.attachment_id == attachment_id)
                                 .order_by(jobs.c.pipeline_version)).all()
@@ -60,7 +69,7 @@ def job_detail(engine: Engine, job_id: uuid.UUID) -> dict:
     with transaction(engine) as conn:
         job = states.get(conn, job_id)
         if job is None:
-            raise NotFound(f"no job {job_id}")
+            raise JobNotFound(f"no job {job_id}")
         return _detail(conn, job, conn.execute(select(func.now())).scalar_one())
 
 
@@ -94,24 +103,24 @@ def _clock(value) -> str:
 
 def _now(job, now) -> dict:
     """What the job waits for at this moment, in words an operator reads at a glance."""
-    if job.state == states.QUEUED and job.next_attempt_at is not None and job.next_attempt_at > now:
+    if job.state == JobState.QUEUED and job.next_attempt_at is not None and job.next_attempt_at > now:
         return {"kind": "retry_waiting", "until": _iso(job.next_attempt_at),
                 "text": f"waiting to retry: attempt {job.attempt + 1} is due at {_clock(job.next_attempt_at)} "
                         f"after {job.error_code}: {job.error_reason}"}
-    if job.state == states.QUEUED:
+    if job.state == JobState.QUEUED:
         return {"kind": "queued", "until": None, "text": f"queued: attempt {job.attempt + 1} waits for a worker"}
-    if job.state == states.PROCESSING and job.lease_owner is None:
+    if job.state == JobState.PROCESSING and job.lease_owner is None:
         return {"kind": "between_steps", "until": None,
                 "text": f"processing attempt {job.attempt}: between steps, waiting for its next message"}
-    if job.state == states.PROCESSING and job.lease_expires_at <= now:
+    if job.state == JobState.PROCESSING and job.lease_expires_at <= now:
         return {"kind": "lease_expired", "until": _iso(job.lease_expires_at),
                 "text": f"the lease of {job.lease_owner} expired at {_clock(job.lease_expires_at)}: "
                         "lease recovery will take the attempt back"}
-    if job.state == states.PROCESSING:
+    if job.state == JobState.PROCESSING:
         return {"kind": "running", "until": _iso(job.lease_expires_at),
                 "text": f"running attempt {job.attempt}: {job.lease_owner} holds the lease until "
                         f"{_clock(job.lease_expires_at)}"}
-    if job.state == states.READY:
+    if job.state == JobState.READY:
         return {"kind": "ready", "until": None, "text": f"ready since {_clock(job.ready_at)}"}
     return {"kind": "failed", "until": None, "text": f"failed: {job.error_code}: {job.error_reason}"}
 
@@ -121,13 +130,13 @@ def _kind(row) -> str:
         return "created"
     if row.from_state == row.to_state:
         return "reannounced"
-    if row.error_code == states.WORKER_LOST and row.from_state == states.PROCESSING:
+    if row.error_code == states.WORKER_LOST and row.from_state == JobState.PROCESSING:
         return "lease_expired"
-    if (row.from_state, row.to_state) == (states.QUEUED, states.PROCESSING):
+    if (row.from_state, row.to_state) == (JobState.QUEUED, JobState.PROCESSING):
         return "claimed"
-    if (row.from_state, row.to_state) == (states.PROCESSING, states.QUEUED):
+    if (row.from_state, row.to_state) == (JobState.PROCESSING, JobState.QUEUED):
         return "retry_scheduled"
-    if (row.from_state, row.to_state) == (states.FAILED, states.QUEUED):
+    if (row.from_state, row.to_state) == (JobState.FAILED, JobState.QUEUED):
         return "replayed"
     return row.to_state  # ready, failed
 

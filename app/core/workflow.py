@@ -45,12 +45,12 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, step_runs, variants
+from app.adapters.postgres.models import JobState, attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
-from app.core.policies import step_policies
 from app.core.retry import RetryPolicy
+from app.core.steps import Step
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -61,6 +61,7 @@ from app.errors import (
     StagingMissing,
     UnknownJob,
     error_code,
+    retryable,
     sanitized_reason,
 )
 from app.observability import telemetry
@@ -79,14 +80,17 @@ class Outcome:
 
 
 class Workflow:
-    def __init__(self, services: ImageProducer, policies: dict[str, RetryPolicy] | None = None):
+    def __init__(self, services: ImageProducer, policies: dict[Step, RetryPolicy] | None = None):
         self.services = services
-        self.policies = policies or step_policies(services.settings)
+        settings = services.settings
+        self.policies = policies or {step: step.retry_policy(settings.retry_initial_seconds, settings.retry_max_seconds)
+                                     for step in Step}
 
     # --- entry point --------------------------------------------------------
 
-    def handle(self, payload: object, *, step: str) -> Outcome:
+    def handle(self, payload: object, *, step: Step | str) -> Outcome:
         """Run the step a message asks for; ``step`` is the actor that received it."""
+        step = Step(step)
         try:
             body = messages.validate(payload)
             if body["step"] != step:
@@ -94,10 +98,9 @@ class Workflow:
         except InvalidMessage as error:
             log.error("poison message: %s", error, extra={"actor": step})
             raise
-        _, queue = messages.ROUTES[step]
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
                    trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
-                telemetry.consuming(body, queue):
+                telemetry.consuming(body, step.queue):
             began = time.monotonic()
             outcome = self._handle(body)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
@@ -122,18 +125,20 @@ class Workflow:
             raise UnknownJob(f"no job {job_id}")
         if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
             raise InvalidMessage("message does not match the job it names")
-        if job.state == states.READY:
+        if job.state == JobState.READY:
             return self.verify_ready(job)
-        if job.state == states.FAILED:
+        if job.state == JobState.FAILED:
             return Outcome("ignored", "job is failed")
         attempt = body["attempt"]
         lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
         try:
-            if body["step"] == "inspect":
-                return self.inspect(job, attempt, lease)
-            if body["step"] == "render":
-                return self.render(job, attempt, body["variant"], lease)
-            return self.publish(job, attempt, lease)
+            match Step(body["step"]):
+                case Step.INSPECT:
+                    return self.inspect(job, attempt, lease)
+                case Step.RENDER:
+                    return self.render(job, attempt, body["variant"], lease)
+                case Step.PUBLISH:
+                    return self.publish(job, attempt, lease)
         except (PoisonMessage, DatabaseUnavailable):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
@@ -189,7 +194,7 @@ class Workflow:
         version = pipeline.get(job.pipeline_version)
         with transaction(self.services.engine) as conn:
             current = states.get(conn, job.id, lock=True)
-            if current.state == states.READY:
+            if current.state == JobState.READY:
                 published = False
             else:
                 published = states.publish_ready(conn, job.id, attempt, version.variants, lease.owner)
@@ -200,7 +205,7 @@ class Workflow:
             return self.verify_ready(job)
         faults.point("after_result_commit")
         self.services.storage.delete(attachment.staging_key)
-        return Outcome("ready", f"{len(version.variants)} variants published")
+        return Outcome(JobState.READY, f"{len(version.variants)} variants published")
 
     # --- ready: verify, never redo -------------------------------------------
 
@@ -227,7 +232,7 @@ class Workflow:
     # --- failures ------------------------------------------------------------
 
     def record_failure(self, job, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
-        """Permanent -> ``failed``; otherwise ``queued`` with a backoff (or ``failed`` once spent).
+        """Not retryable -> ``failed``; otherwise ``queued`` with the step's backoff (or ``failed`` once spent).
 
         The next attempt's message waits in the outbox until it is due; the
         scheduler publishes it then.
@@ -235,12 +240,12 @@ class Workflow:
         code, reason = error_code(error), sanitized_reason(error)
         if not isinstance(error, AttacheError):
             log.error("unexpected %s in step", type(error).__name__, exc_info=error)
-        policy = self.policies[step]
+        delay = self.policies[Step(step)].delay(attempt)
         with transaction(self.services.engine) as conn:
-            if policy.retryable(error):
-                new_state = states.retry_later(conn, job.id, attempt, code, reason, policy.delay(attempt), actor)
+            if retryable(error):  # and attempts left: the job row's max_attempts decides (states.retry_later)
+                new_state = states.retry_later(conn, job.id, attempt, code, reason, delay, actor)
             else:
-                new_state = states.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
+                new_state = JobState.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
         return Outcome(new_state or "stale", f"{code}: {reason}")
 
     # --- helpers ---------------------------------------------------------------
@@ -293,8 +298,8 @@ class Workflow:
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         todo = [name for name in version.variants if name not in recorded]
         if not todo:
-            return [outbox.announce(conn, job, attempt, "publish")]
-        return [outbox.announce(conn, job, attempt, "render", variant=name) for name in todo]
+            return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
+        return [outbox.announce(conn, job, attempt, Step.RENDER, variant=name) for name in todo]
 
     def _announce_publish_if_complete(self, conn, job, attempt: int, version) -> list[int]:
         # fence() locked the job row, so concurrent renders of one job
@@ -302,7 +307,7 @@ class Workflow:
         # (redeliveries may announce again: harmless duplicates).
         recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
         if set(version.variants) <= recorded:
-            return [outbox.announce(conn, job, attempt, "publish")]
+            return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
         return []
 
     def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:

@@ -49,7 +49,7 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
-from app.adapters.postgres.models import SWEEPER_OUTCOMES
+from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.metrics")
@@ -57,8 +57,12 @@ log = logging.getLogger("attache.metrics")
 BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, float("inf"))
 
 
+#: the bound parameters of the queries: the job states by name (``:queued``, ``:processing`` ...)
+STATES = {state.value: state.value for state in JobState}
+
+
 def _histogram(name: str, doc: str, conn, sql: str, labels: list[str] | None = None):
-    rows = conn.execute(text(sql)).all()
+    rows = conn.execute(text(sql), STATES).all()
     family = HistogramMetricFamily(name, doc, labels=labels or [])
     groups: dict[tuple, list[float]] = {}
     for row in rows:
@@ -88,10 +92,10 @@ class DatabaseCollector:
             yield transitions
 
             retries, expiries = conn.execute(text(
-                "SELECT count(*) FILTER (WHERE from_state = 'processing' AND to_state = 'queued' "
+                "SELECT count(*) FILTER (WHERE from_state = :processing AND to_state = :queued "
                 "AND coalesce(error_code, '') <> 'worker_lost'), "
-                "count(*) FILTER (WHERE from_state = 'processing' AND error_code = 'worker_lost') "
-                "FROM job_history")).one()
+                "count(*) FILTER (WHERE from_state = :processing AND error_code = 'worker_lost') "
+                "FROM job_history"), STATES).one()
             yield CounterMetricFamily("attache_retries", "Managed retries after transient errors.", value=retries)
             yield CounterMetricFamily("attache_lease_expiries", "Expired leases recovered by the scheduler.",
                                       value=expiries)
@@ -120,19 +124,19 @@ class DatabaseCollector:
             yield GaugeMetricFamily("attache_outbox_oldest_due_age_seconds",
                                     "How long the oldest unpublished outbox row has been due.", value=float(due_age))
             expired = conn.execute(text(
-                "SELECT count(*) FROM jobs WHERE state = 'processing' AND lease_owner IS NOT NULL "
-                "AND lease_expires_at <= now()")).scalar()
+                "SELECT count(*) FROM jobs WHERE state = :processing AND lease_owner IS NOT NULL "
+                "AND lease_expires_at <= now()"), STATES).scalar()
             yield GaugeMetricFamily("attache_leases_expired", "Processing jobs whose lease ran out.", value=expired)
 
             yield _histogram(
                 "attache_job_duration_seconds", "Upload to ready.", conn,
-                "SELECT extract(epoch FROM ready_at - created_at) FROM jobs WHERE state = 'ready' "
+                "SELECT extract(epoch FROM ready_at - created_at) FROM jobs WHERE state = :ready "
                 "ORDER BY ready_at DESC LIMIT 10000")
             yield _histogram(
                 "attache_attempt_duration_seconds", "Claim to outcome of each attempt.", conn,
                 "SELECT extract(epoch FROM done.at - claim.at) FROM job_history claim "
                 "JOIN LATERAL (SELECT at FROM job_history h WHERE h.job_id = claim.job_id AND h.id > claim.id "
-                "ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = 'processing' "
+                "ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = :processing "
                 "ORDER BY claim.id DESC LIMIT 10000")
             yield _histogram(
                 "attache_step_duration_seconds", "Worker time per pipeline step.", conn,

@@ -61,8 +61,8 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(OperationalError)
-    def database_unavailable(exc):
-        return error(503, "database_unavailable", "the database is unavailable; retry later", **{"Retry-After": "5"})
+    def database_unavailable(exc):  # psycopg2's text never reaches a client
+        return refusal(DatabaseUnavailable(), "the database is unavailable; retry later")
 
     @app.errorhandler(UploadRejected)
     def upload_rejected(exc: UploadRejected):  # a body refused outside the upload view's own handling

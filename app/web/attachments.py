@@ -13,11 +13,12 @@ from sqlalchemy import select
 from werkzeug.http import parse_options_header
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import attachments, jobs, variants
+from app.adapters.postgres.models import JobState, attachments, jobs, variants
 from app.core import filenames, intake
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
+    EffectMissing,
     IncompleteBody,
     ObjectNotFound,
     PermanentError,
@@ -27,7 +28,16 @@ from app.errors import (
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
-from app.web.contract import Header, in_header, in_path, in_query, ok, operation, raw, refused
+from app.web.contract import (
+    Header,
+    in_header,
+    in_path,
+    in_query,
+    ok,
+    operation,
+    raw,
+    refused,
+)
 from app.web.responses import answer, refusal
 from app.web.responses import error as _error
 from app.web.schemas import AttachmentStatus, UploadAccepted, Variant, VersionState
@@ -39,10 +49,6 @@ bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 PINNED_CACHE_CONTROL = "private, max-age=31536000, immutable"
 #: a download URL without ``?version``: it follows the newest ready version, so caches revalidate (ETag)
 UNPINNED_CACHE_CONTROL = "private, no-cache"
-
-#: HTTP status for each refusal a probe can raise
-REFUSAL_STATUS = {"unsupported_format": 415, "corrupt_image": 415, "decompression_bomb": 413,
-                  "image_too_large": 413}
 
 
 def _services():
@@ -135,13 +141,10 @@ def upload():
                                      traceparent=traceparent,
                                      tracestate=accept_tracestate(request.headers.get("tracestate")),
                                      idempotency_key=_idempotency_key())
-    except UploadRejected as exc:
+    except (UploadRejected, PermanentError) as exc:
         return refusal(exc)
-    except PermanentError as exc:
-        return _error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
     except (DatabaseUnavailable, StorageUnavailable) as exc:
-        return _error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
-                      **{"Retry-After": "5"})
+        return refusal(exc, "the service cannot accept uploads right now; retry later")
     headers = {"Location": url_for("attachments.status", attachment_id=accepted.attachment_id)}
     if accepted.replayed:
         headers["Idempotent-Replayed"] = "true"
@@ -195,7 +198,7 @@ def _receive_body() -> HashingSpool:
     spool_stream(request.stream, spool)
     _refuse_incomplete_body()
     if spool.size == 0:
-        raise UploadRejected("the upload is empty", error_code="empty_body", status=400)
+        raise UploadRejected("the upload is empty", error_code="empty_body")
     return spool
 
 
@@ -223,7 +226,7 @@ def _load(attachment_id: uuid.UUID, version: int | None):
         else:
             # the newest version with a ready job, else the newest job
             candidates = conn.execute(query.order_by(jobs.c.pipeline_version.desc())).all()
-            job = next((j for j in candidates if j.state == "ready"), candidates[0] if candidates else None)
+            job = next((j for j in candidates if j.state == JobState.READY), candidates[0] if candidates else None)
         published = [] if job is None else conn.execute(select(variants).where(
             variants.c.job_id == job.id, variants.c.published_at.is_not(None), variants.c.retired_at.is_(None),
         ).order_by(variants.c.id)).all()
@@ -334,7 +337,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         return _error(404, "not_found", "no such attachment")
     row = next((r for r in published if r.variant == name), None)
     if row is None:
-        if job.state != "ready":
+        if job.state != JobState.READY:
             return _error(409, "not_ready", f"the attachment is {job.state}, not ready")
         return _error(404, "not_found", f"no variant {name!r}")
     etag = f'"{row.sha256}"'
@@ -366,10 +369,10 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     try:
         stream = storage.open_stream(row.storage_key, start=start, length=length)
         first = next(stream, b"")
-    except ObjectNotFound:
-        return _error(500, "effect_missing", "the published object is missing; operators have been told")
+    except ObjectNotFound:  # a published object is gone: the effect is incomplete
+        return refusal(EffectMissing("the published object is missing; operators have been told"))
     except AttacheError:
-        return _error(503, "storage_unavailable", "storage is unavailable; retry later", **{"Retry-After": "5"})
+        return refusal(StorageUnavailable("storage is unavailable; retry later"))
 
     def body():
         yield first

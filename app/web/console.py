@@ -51,16 +51,22 @@ from flask import (
     url_for,
 )
 
-from app.adapters.broker.dead_letter_tools import (
-    BadSelection,
-    MoreThanExpected,
-    UnknownQueue,
-)
-from app.core import activity, operations, states, timeline
+from app.adapters.postgres.models import JobState
+from app.core import activity, operations, timeline
 from app.core import search as finder
 from app.core.auth import Identity, authenticate
-from app.errors import AttacheError, QueryTimeout
-from app.web.activity_charts import dashboard_charts
+from app.errors import (
+    AttacheError,
+    AttachmentNotFound,
+    BadSelection,
+    BrokerUnavailable,
+    JobConflict,
+    JobNotFound,
+    MissingReason,
+    MoreThanExpected,
+    QueryTimeout,
+    UnknownQueue,
+)
 from app.web.access import (
     csrf_token,
     form_csrf_ok,
@@ -68,6 +74,8 @@ from app.web.access import (
     session_identity,
     start_session,
 )
+from app.web.activity_charts import dashboard_charts
+from app.web.responses import status_of
 
 log = logging.getLogger(__name__)
 
@@ -301,7 +309,7 @@ def dashboard():
         charts_error = f"The charts took too long to compute ({exc})."
     return _page("dashboard.html", counts=operations.counts_by_state(services),
                  outbox=operations.outbox_status(services), leases=operations.lease_status(services),
-                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state="failed"),
+                 queues=queues, dlq_error=dlq_error, failed=operations.list_jobs(services, state=JobState.FAILED),
                  window=window, windows=list(activity.WINDOWS), charts=charts, charts_error=charts_error)
 
 
@@ -329,8 +337,8 @@ def search():
 def attachment(attachment_id: uuid.UUID):
     try:
         overview = timeline.attachment_overview(_services().engine, attachment_id)
-    except operations.NotFound:
-        return _message(404, "No such attachment", f"There is no attachment {attachment_id}.")
+    except AttachmentNotFound as exc:
+        return _message(status_of(exc), "No such attachment", f"There is no attachment {attachment_id}.")
     return _page("attachment.html", attachment=overview["attachment"], jobs=overview["jobs"])
 
 
@@ -341,20 +349,20 @@ def jobs():
         filters = operations.JobFilter.parse(args)
         page = operations.find_jobs(_services().engine, filters, cursor=args.get("cursor") or None, limit=JOBS_PAGE)
     except ValueError as exc:
-        return _page("jobs.html", 400, args=args, page=None, error=str(exc), states=states.STATES)
+        return _page("jobs.html", 400, args=args, page=None, error=str(exc), states=list(JobState))
     next_url = url_for("console.jobs", **filters.as_params(), cursor=page["next_cursor"]) \
         if page["next_cursor"] else None
     first_url = url_for("console.jobs", **filters.as_params()) if args.get("cursor") else None
     return _page("jobs.html", args=args, page=page, next_url=next_url, first_url=first_url,
-                 states=states.STATES)
+                 states=list(JobState))
 
 
 def _job_page(job_id: uuid.UUID, status: int = 200, **context):
     try:
         job = operations.show_job(_services(), job_id)
         detail = timeline.job_detail(_services().engine, job_id)
-    except operations.NotFound:
-        return _message(404, "No such job", f"There is no job {job_id}.")
+    except JobNotFound as exc:
+        return _message(status_of(exc), "No such job", f"There is no job {job_id}.")
     return _page("job.html", status, job=job, detail=detail, **context)
 
 
@@ -368,13 +376,13 @@ def replay(job_id: uuid.UUID):
     reason = request.form.get("reason", "")
     try:
         operations.replay(_services(), job_id, operator=principal(), reason=reason)
-    except operations.MissingReason:
-        return _job_page(job_id, 400, error="A replay needs a reason: say why it should work this time.",
+    except MissingReason as exc:
+        return _job_page(job_id, status_of(exc), error="A replay needs a reason: say why it should work this time.",
                          reason=reason)
-    except operations.NotFound:
-        return _message(404, "No such job", f"There is no job {job_id}.")
-    except operations.Conflict as exc:
-        return _message(409, "Cannot replay", str(exc))
+    except JobNotFound as exc:
+        return _message(status_of(exc), "No such job", f"There is no job {job_id}.")
+    except JobConflict as exc:
+        return _message(status_of(exc), "Cannot replay", str(exc))
     log.info("console: %s replayed job %s", principal(), job_id)
     flash(f"Job {job_id} replayed: it is queued again.")
     return redirect(url_for("console.job", job_id=job_id), code=303)
@@ -384,7 +392,7 @@ def replay(job_id: uuid.UUID):
 
 
 def _unknown_queue(queue: str):
-    return _message(404, "No such queue", f"{queue} is not an attache dead-letter queue.")
+    return _message(status_of(UnknownQueue), "No such queue", f"{queue} is not an attache dead-letter queue.")
 
 
 @bp.get("/dlq")
@@ -392,7 +400,7 @@ def dlq():
     try:
         queues = _dead_letters().queues()
     except (AttacheError, OSError) as exc:
-        return _page("dlq.html", 503, queues=None, dlq_error=_broker_down(exc))
+        return _page("dlq.html", status_of(BrokerUnavailable), queues=None, dlq_error=_broker_down(exc))
     return _page("dlq.html", queues=queues)
 
 
@@ -403,7 +411,8 @@ def dlq_queue(queue: str):
     except UnknownQueue:
         return _unknown_queue(queue)
     except (AttacheError, OSError) as exc:
-        return _page("dlq.html", 503, queue=queue, messages=None, dlq_error=_broker_down(exc))
+        return _page("dlq.html", status_of(BrokerUnavailable), queue=queue, messages=None,
+                     dlq_error=_broker_down(exc))
     messages = listing["messages"]
     for message in messages:
         body = message.get("body")
@@ -450,14 +459,14 @@ def _act(verb: str, queue: str):
     except UnknownQueue:
         return _unknown_queue(queue)
     except BadSelection as exc:
-        return _message(400, "Nothing chosen", str(exc))
+        return _message(status_of(exc), "Nothing chosen", str(exc))
     except MoreThanExpected as exc:
-        return _message(409, "The queue has changed",
+        return _message(status_of(exc), "The queue has changed",
                         f"{exc.xq} now holds {exc.depth} message(s), more than the {exc.expected} this page showed: "
                         f"nothing was {verb}d. Look at the queue again.")
     except (AttacheError, OSError) as exc:
-        return _message(503, "RabbitMQ unavailable", f"{_broker_down(exc)}; nothing more was {verb}d. "
-                                                     "What was already done is in the audit log.")
+        return _message(status_of(BrokerUnavailable), "RabbitMQ unavailable",
+                        f"{_broker_down(exc)}; nothing more was {verb}d. What was already done is in the audit log.")
     text = f"{verb.capitalize()}d {result[verb + 'd']} message(s) from {queue}."
     if result["not_found"]:
         text += f" Not found (already gone or held by another operator): {', '.join(result['not_found'])}."

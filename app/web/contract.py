@@ -310,7 +310,9 @@ def document(app: Flask) -> dict:
         paths.setdefault(openapi_path(rule), {})[method] = walk.operation(rule, op, guard)
     # tus is a protocol of headers with no JSON shape of its own: its paths are written by
     # app/web/tus_openapi.py from the constants of app/web/tus.py, and refer to the shared components by name
-    from app.web import tus_openapi  # it reads app/web/tus.py, which imports this module
+    from app.web import (
+        tus_openapi,  # it reads app/web/tus.py, which imports this module
+    )
 
     paths.update(tus_openapi.paths())
     paths = dict(sorted(paths.items()))

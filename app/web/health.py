@@ -17,9 +17,9 @@ from flask import Blueprint, current_app
 from sqlalchemy import text
 
 from app.errors import AttacheError
+from app.web import schemas
 from app.web.contract import ok, operation
 from app.web.responses import answer
-from app.web import schemas
 
 bp = Blueprint("health", __name__)
 

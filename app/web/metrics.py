@@ -17,4 +17,5 @@ protect(bp, role="operator")
 @operation("metrics", "Prometheus metrics (operator token)", tag="meta",
            answers={200: raw("The Prometheus text exposition format.", {"text/plain": {"schema": {"type": "string"}}})})
 def scrape():
-    return Response(metrics.render(current_app.extensions["attache"]), mimetype=CONTENT_TYPE_LATEST)
+    return Response(metrics.render(current_app.extensions["attache"]),
+                    mimetype=CONTENT_TYPE_LATEST)

@@ -9,18 +9,22 @@ from typing import Literal
 from flask import Blueprint, current_app, request
 from werkzeug.exceptions import BadRequest
 
-from app.adapters.broker.dead_letter_tools import (
-    MAX_EXPECTED,
-    MAX_MESSAGE_IDS,
+from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS
+from app.core import id_prefixes, operations
+from app.core import search as finder
+from app.core.steps import Step
+from app.errors import (
+    BrokerUnavailable,
+    JobConflict,
+    JobNotFound,
+    MissingReason,
     MoreThanExpected,
+    SearchTooBroad,
     UnknownQueue,
 )
-from app.core import id_prefixes, messages, operations, states
-from app.core import search as finder
-from app.errors import BrokerUnavailable, SearchTooBroad
 from app.web.access import identity, protect
 from app.web.contract import in_path, in_query, ok, operation, refused
-from app.web.responses import answer
+from app.web.responses import answer, refusal
 from app.web.responses import error as _error
 from app.web.schemas import (
     DEFAULT_BACKFILL_BATCH,
@@ -39,6 +43,7 @@ from app.web.schemas import (
     ReplayRequest,
     RequeueResult,
     SearchResult,
+    StateName,
 )
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
@@ -49,24 +54,23 @@ def _services():
     return current_app.extensions["attache"]
 
 
-@bp.errorhandler(operations.NotFound)
-def not_found(exc):
-    return _error(404, exc.error_code, str(exc))
+@bp.errorhandler(JobNotFound)
+@bp.errorhandler(JobConflict)
+@bp.errorhandler(MissingReason)
+@bp.errorhandler(UnknownQueue)
+@bp.errorhandler(MoreThanExpected)
+def refuse(exc):
+    return refusal(exc)
 
 
-@bp.errorhandler(operations.Conflict)
-def conflict(exc):
-    return _error(409, exc.error_code, str(exc))
+@bp.errorhandler(BrokerUnavailable)
+def broker_down(exc):
+    return refusal(exc, "RabbitMQ is unavailable; retry later")
 
 
 @bp.errorhandler(BadRequest)
 def bad_request(exc):
     return _error(400, "bad_request", exc.description)
-
-
-@bp.errorhandler(operations.MissingReason)
-def missing_reason(exc):
-    return _error(400, exc.error_code, str(exc))
 
 
 NO_SUCH_JOB = refused("No such job.", "not_found")
@@ -78,7 +82,7 @@ NO_SUCH_JOB = refused("No such job.", "not_found")
     description="Filters combine (and). Keyset-paginated: each page ends where the last job's "
                 "`(created_at, id)` is, so jobs that change state or arrive meanwhile neither repeat nor skip a page.",
     parameters=[
-        in_query("state", "Only jobs in this state (empty: any).", Literal[states.STATES]),
+        in_query("state", "Only jobs in this state (empty: any).", StateName),
         in_query("pipeline_version", "Only jobs of this version.", int),
         in_query("uploader", "Only the jobs of this uploader's attachments.", str),
         in_query("error_code", "Only jobs with this error code (failed, or waiting to retry).", str),
@@ -174,11 +178,6 @@ def _dead_letters():
     return _services().dead_letters
 
 
-@bp.errorhandler(UnknownQueue)
-def unknown_queue(exc):
-    return _error(404, "not_found", str(exc))
-
-
 def _reason(body) -> str | None:
     """The optional ``reason`` of an audited action: a string, or absent."""
     reason = body.get("reason") if isinstance(body, dict) else None
@@ -187,18 +186,11 @@ def _reason(body) -> str | None:
     return reason
 
 
-@bp.errorhandler(BrokerUnavailable)
-def broker_down(exc):
-    response = _error(503, exc.error_code, "RabbitMQ is unavailable; retry later")
-    response.headers["Retry-After"] = "5"
-    return response
-
-
 BROKER_DOWN = refused("RabbitMQ is unavailable; retry later.", "broker_unavailable", retry_after=True)
 BROKER_OR_DATABASE_DOWN = refused("RabbitMQ or PostgreSQL is unavailable; retry later.",
                                   "broker_unavailable", "database_unavailable", retry_after=True)
 NO_SUCH_QUEUE = refused("Not an attache step queue or dead-letter queue.", "not_found")
-_STEP_QUEUES = tuple(queue for _, queue in messages.ROUTES.values())
+_STEP_QUEUES = tuple(step.queue for step in Step)
 QUEUE = in_path("queue", "A step queue or its dead-letter queue (both name the same `.XQ`); any other name "
                          "answers 404.", Literal[_STEP_QUEUES + tuple(f"{name}.XQ" for name in _STEP_QUEUES)])
 
@@ -248,11 +240,6 @@ def _chosen(body) -> dict:
     if not all(i.isprintable() for i in ids):  # the audit log (JSONB) cannot hold a NUL or a lone surrogate
         raise BadRequest("message ids are printable text: no control characters")
     return {"message_ids": ids}
-
-
-@bp.errorhandler(MoreThanExpected)
-def more_than_expected(exc):
-    return _error(409, exc.error_code, str(exc))
 
 
 DEAD_LETTER_ACTION_ANSWERS = {

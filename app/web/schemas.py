@@ -19,16 +19,30 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, PlainSerializer, RootModel, TypeAdapter, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    RootModel,
+    TypeAdapter,
+    WithJsonSchema,
+)
 
-from app.adapters.broker.dead_letter_tools import MAX_EXPECTED, MAX_MESSAGE_IDS, TRACEBACK_CHARS
-from app.core import search, states
+from app.adapters.broker.dead_letter_tools import (
+    MAX_EXPECTED,
+    MAX_MESSAGE_IDS,
+    TRACEBACK_CHARS,
+)
+from app.adapters.postgres.models import JobState
+from app.core import search
 
 #: the largest ``batch`` of a backfill request
 MAX_BACKFILL_BATCH = 10_000
 DEFAULT_BACKFILL_BATCH = 100
 
-JobState = Literal[states.STATES]
+#: a job's state as the API writes it (the values of :class:`~app.adapters.postgres.models.JobState`)
+StateName = Literal[tuple(state.value for state in JobState)]
 Timestamp = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str),
                       WithJsonSchema({"type": "string", "format": "date-time"})]
 Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$", description="SHA-256 of the bytes, lowercase hex.")]
@@ -72,7 +86,7 @@ class UploadAccepted(Body):
 
     id: UUID = Field(description="The attachment id.")
     job_id: UUID
-    state: JobState = Field(description="`queued` for a new upload; for an idempotent replay "
+    state: StateName = Field(description="`queued` for a new upload; for an idempotent replay "
                                         "(`Idempotent-Replayed: true`) the job's current state.")
     pipeline_version: int
     size: int = Field(ge=1, description="Bytes received.")
@@ -94,7 +108,7 @@ class Variant(Body):
 
 class VersionState(Body):
     pipeline_version: int
-    state: JobState
+    state: StateName
 
 
 class AttachmentStatus(Body):
@@ -102,7 +116,7 @@ class AttachmentStatus(Body):
 
     id: UUID
     job_id: UUID = Field(description="The job shown: the asked version's, else the newest ready one, else the newest.")
-    state: JobState
+    state: StateName
     filename: str = Field(description="The sanitized display name (`upload` when none).")
     content_type: str = Field(description="Sniffed from the bytes, not taken from the client.")
     size: int
@@ -130,7 +144,7 @@ class JobSummary(Body):
     job_id: UUID
     attachment_id: UUID
     pipeline_version: int
-    state: JobState
+    state: StateName
     attempt: Count = Field(description="Managed attempts used so far.")
     max_attempts: int
     error_code: str | None
@@ -156,7 +170,7 @@ class FoundJob(Body):
 
     job_id: UUID
     pipeline_version: int
-    state: JobState
+    state: StateName
     error_code: str | None
 
 

@@ -49,14 +49,14 @@ from app.errors import (
     OffsetMismatch,
     PermanentError,
     StorageUnavailable,
+    UnsupportedMediaType,
     UploadRejected,
     UploadTooLarge,
 )
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
-from app.web.attachments import REFUSAL_STATUS
-from app.web.responses import error
+from app.web.responses import error, refusal
 from app.web.spool import spool_stream
 
 bp = Blueprint("tus", __name__, url_prefix="/v1/uploads")
@@ -119,13 +119,12 @@ def _tus_headers(response):
 @bp.errorhandler(PermanentError)
 def _refused(exc: PermanentError):
     """The last byte arrived, and the handoff refused the image (the upload is terminated)."""
-    return error(REFUSAL_STATUS.get(exc.error_code, 415), exc.error_code, str(exc))
+    return refusal(exc)
 
 
 @bp.errorhandler(StorageUnavailable)
 def _storage_down(exc: StorageUnavailable):
-    return error(503, exc.error_code, "the service cannot accept uploads right now; retry later",
-                 **{"Retry-After": "5"})
+    return refusal(exc, "the service cannot accept uploads right now; retry later")
 
 
 @discovery.route("", methods=["OPTIONS"])
@@ -147,8 +146,7 @@ def create():
     metadata, filename = _metadata(request.headers.get("Upload-Metadata"))
     with_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
     if with_body and request.mimetype != PART_TYPE:
-        raise UploadRejected(f"a body sent with the creation needs Content-Type: {PART_TYPE}",
-                             error_code="bad_content_type", status=415)
+        raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
     upload = resumable.create(_services(), owner=identity().principal, length=length, filename=filename,
                               metadata=metadata)
     headers = {"Location": url_for("tus.head", upload_id=upload.id)}
@@ -171,7 +169,7 @@ def head(upload_id):
 def patch(upload_id):
     offset = _number("Upload-Offset", minimum=0)
     if request.mimetype != PART_TYPE:
-        raise UploadRejected(f"a PATCH needs Content-Type: {PART_TYPE}", error_code="bad_content_type", status=415)
+        raise UnsupportedMediaType(f"a PATCH needs Content-Type: {PART_TYPE}")
     upload = resumable.find(_services(), upload_id, identity().principal)
     if offset != upload.offset:
         raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")  # before reading the body

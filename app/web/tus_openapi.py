@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.web.tus import ATTACHMENT_ID, CHECKSUM_ALGORITHMS, EXTENSIONS, PART_TYPE, TUS_VERSION
+from app.web.tus import (
+    ATTACHMENT_ID,
+    CHECKSUM_ALGORITHMS,
+    EXTENSIONS,
+    PART_TYPE,
+    TUS_VERSION,
+)
 
 TAG = {"name": "uploads", "description": "Resumable uploads over tus 1.0 (https://tus.io): a photo sent in "
                                          "pieces, resumed after a dropped connection, ends as an attachment."}

@@ -35,7 +35,7 @@ import contextlib
 import json
 import logging
 from datetime import datetime, timezone
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import pika
 import pika.exceptions
@@ -46,8 +46,7 @@ from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import dead_letters
-from app.core.messages import ROUTES
-from app.errors import AttacheError, BrokerUnavailable
+from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected, UnknownQueue
 
 TRACEBACK_CHARS = 2000
 REQUEUED_BY_HEADER = "x-attache-requeued-by"
@@ -106,39 +105,20 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
     }
 
 
-class UnknownQueue(ValueError):
-    """A queue name that is not one of attache's dead-letter queues."""
-
-
-class BadSelection(ValueError):
-    """Requeue or purge without a valid choice: message ids, or all with the expected count."""
-
-
-class MoreThanExpected(AttacheError):
-    """The queue holds more dead letters than the operator confirmed; nothing was done."""
-
-    error_code = "more_than_expected"
-
-    def __init__(self, xq: str, depth: int, expected: int):
-        super().__init__(f"{xq} holds {depth} message(s), more than the {expected} confirmed; nothing was done. "
-                         "Look at the queue again and confirm what it holds now, or name the message ids.")
-        self.xq, self.depth, self.expected = xq, depth, expected
-
-
 class DeadLetters:
-    """Dead-letter queues of the step queues in :data:`app.core.messages.ROUTES`."""
+    """The dead-letter queues of ``queues``, the step queues (``[step.queue for step in Step]``)."""
 
-    def __init__(self, broker_url: str, engine, *, socket_timeout: float = 5.0):
+    def __init__(self, broker_url: str, engine, *, queues: Iterable[str], socket_timeout: float = 5.0):
         self.parameters = connection_parameters(broker_url, socket_timeout=socket_timeout)
         self.engine = engine
+        self.step_queues = tuple(queues)
 
     # --- helpers ------------------------------------------------------------
 
-    @staticmethod
-    def _resolve(queue: str) -> tuple[str, str]:
+    def _resolve(self, queue: str) -> tuple[str, str]:
         """``(xq, original)`` for ``attache.inspect`` or ``attache.inspect.XQ``; ValueError for anything else."""
         original = queue[:-3] if isinstance(queue, str) and queue.endswith(".XQ") else queue
-        if original not in {name for _, name in ROUTES.values()}:
+        if original not in self.step_queues:
             raise UnknownQueue(f"not an attache dead-letter queue: {queue!r}")
         return xq_name(original), original
 
@@ -190,7 +170,7 @@ class DeadLetters:
         """Depth of every step queue's XQ (a missing XQ counts 0)."""
         with self._connection("queues") as connection:
             return [{"name": xq_name(queue), "queue": queue, "messages": self._depth(connection, xq_name(queue)) or 0}
-                    for _, queue in ROUTES.values()]
+                    for queue in self.step_queues]
 
     def messages(self, queue: str, limit: int = 50) -> list[dict]:
         """Up to ``limit`` dead letters, decoded, left in the queue in their order."""
@@ -383,4 +363,4 @@ class DeadLetters:
                 raise
 
 
-__all__ = ["BadSelection", "DeadLetters", "MoreThanExpected", "UnknownQueue"]
+__all__ = ["DeadLetters"]

@@ -44,8 +44,11 @@ from PIL import ExifTags, Image, ImageFile, PngImagePlugin
 
 from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
 
-from . import bmff, budget
-from . import plugins  # noqa: F401  (registers pillow-heif's HEIF opener)
+from . import (
+    bmff,
+    budget,
+    plugins,  # noqa: F401  (registers pillow-heif's HEIF opener)
+)
 from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
 from .geometry import VariantSpec
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff

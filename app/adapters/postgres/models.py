@@ -40,6 +40,8 @@ test compares the two so they cannot drift.
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from sqlalchemy import (
     BigInteger,
     CheckConstraint,
@@ -60,7 +62,16 @@ from sqlalchemy.dialects.postgresql import JSONB, UUID
 
 metadata = MetaData()
 
-JOB_STATES = ("queued", "processing", "ready", "failed")
+
+
+class JobState(StrEnum):
+    """The values of ``jobs.state``; what each means and who moves a job in and out: :mod:`app.core.states`."""
+
+    QUEUED = "queued"
+    PROCESSING = "processing"
+    READY = "ready"
+    FAILED = "failed"
+
 
 attachments = Table(
     "attachments",
@@ -105,12 +116,13 @@ jobs = Table(
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ready_at", DateTime(timezone=True)),
     UniqueConstraint("attachment_id", "pipeline_version", name="jobs_attachment_version_key"),
-    CheckConstraint("state IN ('queued', 'processing', 'ready', 'failed')", name="jobs_state_check"),
-    CheckConstraint("state <> 'failed' OR error_code IS NOT NULL", name="jobs_failed_has_code"),
-    CheckConstraint("state <> 'processing' OR lease_expires_at IS NOT NULL", name="jobs_processing_has_lease"),
+    CheckConstraint(f"state IN ({', '.join(repr(state.value) for state in JobState)})", name="jobs_state_check"),
+    CheckConstraint(f"state <> '{JobState.FAILED}' OR error_code IS NOT NULL", name="jobs_failed_has_code"),
+    CheckConstraint(f"state <> '{JobState.PROCESSING}' OR lease_expires_at IS NOT NULL",
+                    name="jobs_processing_has_lease"),
     CheckConstraint("attempt >= 0", name="jobs_attempt_check"),
 )
-Index("jobs_lease_expiry_idx", jobs.c.lease_expires_at, postgresql_where=text("state = 'processing'"))
+Index("jobs_lease_expiry_idx", jobs.c.lease_expires_at, postgresql_where=text(f"state = '{JobState.PROCESSING}'"))
 Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
 # job lists, newest first, keyset-paginated on (created_at, id): unfiltered, by state, by error code
 Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
