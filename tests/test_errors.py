@@ -77,10 +77,10 @@ def test_not_retryable_is_no_exception_class():
 def test_each_class_maps_to_its_http_status_in_one_place(error, status):
     from flask import Flask
 
-    from app.web.responses import answer
+    from app.web.responses import refusal
 
     with Flask(__name__).app_context():
-        response = answer(error)
+        response = refusal(error)
     assert response.status_code == status
     assert response.json["error"] == error.error_code
     assert response.headers.get("Retry-After") == ("5" if status == 503 else None)

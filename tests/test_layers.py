@@ -68,13 +68,8 @@ def test_every_module_has_a_layer():
     assert unplaced == []
 
 
-#: known exceptions, removed by the rest of issue 10 (steps named once, one wiring module)
-PENDING = {
-}
-
-
 def test_no_module_imports_a_layer_above_its_own():
-    assert sorted(violations() - PENDING) == []
+    assert sorted(violations()) == []
 
 
 def test_the_map_in_app_init_names_every_layer():
