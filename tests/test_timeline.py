@@ -18,6 +18,7 @@ from app.adapters.postgres.models import jobs, step_runs
 from app.config import Settings
 from app.core import operations, states, timeline
 from app.core.workflow import Workflow
+from app.errors import AttachmentNotFound, JobNotFound
 from app.services import Services
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, authed
@@ -126,9 +127,9 @@ def test_a_replay_shows_who_did_it_and_why(quiet_services, engine, data_file):
     assert (replayed["kind"], replayed["who"], replayed["reason"]) == ("replayed", "operator:olga", "decoder upgraded")
     assert [(a["actor"], a["action"]) for a in detail["audit"]] == [("operator:olga", "job.replay")]
     assert detail["now"]["kind"] == "queued"
-    with pytest.raises(operations.NotFound):
+    with pytest.raises(JobNotFound):
         timeline.job_detail(quiet_services.engine, uuid.uuid4())
-    with pytest.raises(operations.NotFound):
+    with pytest.raises(AttachmentNotFound):
         timeline.attachment_overview(quiet_services.engine, uuid.uuid4())
 
 

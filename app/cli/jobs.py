@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from app.adapters.postgres.models import JobState
 from app.cli.ids import UUID_PREFIX
 from app.cli.output import console, emit, json_option, say
 from app.cli.runtime import fail_on_attache_errors, operator, services
@@ -16,7 +17,7 @@ def jobs() -> None:
 
 
 @jobs.command("list")
-@click.option("--state", type=click.Choice(["queued", "processing", "ready", "failed"]))
+@click.option("--state", type=click.Choice([state.value for state in JobState]))
 @click.option("--pipeline-version", type=int)
 @click.option("--uploader", help="Only the jobs of this uploader's attachments.")
 @click.option("--error-code", help="Only jobs with this error code (failed, or waiting to retry).")

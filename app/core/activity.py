@@ -32,6 +32,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import time_limit, transaction
+from app.adapters.postgres.models import JobState
 
 #: how long the window's queries may take together
 TIME_LIMIT_SECONDS = 10.0
@@ -78,7 +79,8 @@ def activity(engine: Engine, window_name: str = "hour") -> dict:
             end = conn.execute(text("SELECT date_bin(:step, now(), :origin) + :step"),
                                {"step": window.bucket, "origin": _ORIGIN}).scalar_one()
             start = end - window.span
-            params = {"step": window.bucket, "origin": _ORIGIN, "start": start}
+            params = {"step": window.bucket, "origin": _ORIGIN, "start": start, "failed": JobState.FAILED.value,
+                      "processing": JobState.PROCESSING.value, "queued": JobState.QUEUED.value}
             uploads = _bucketed(conn, "SELECT date_bin(:step, created_at, :origin), count(*) FROM attachments "
                                       "WHERE created_at >= :start GROUP BY 1", params)
             ready = _bucketed(conn, """
@@ -87,11 +89,11 @@ def activity(engine: Engine, window_name: str = "hour") -> dict:
                        percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM ready_at - created_at))
                 FROM jobs WHERE ready_at >= :start GROUP BY 1""", params)
             failed = _bucketed(conn, "SELECT date_bin(:step, at, :origin), count(*) FROM job_history "
-                                     "WHERE error_code IS NOT NULL AND to_state = 'failed' AND at >= :start "
+                                     "WHERE error_code IS NOT NULL AND to_state = :failed AND at >= :start "
                                      "GROUP BY 1", params)
             by_code = conn.execute(text("""
-                SELECT error_code, count(*) FILTER (WHERE to_state = 'failed') AS failed,
-                       count(*) FILTER (WHERE from_state = 'processing' AND to_state = 'queued') AS retried
+                SELECT error_code, count(*) FILTER (WHERE to_state = :failed) AS failed,
+                       count(*) FILTER (WHERE from_state = :processing AND to_state = :queued) AS retried
                 FROM job_history WHERE error_code IS NOT NULL AND at >= :start
                 GROUP BY 1 ORDER BY 2 DESC, 3 DESC, 1"""), params).all()
             pending = conn.execute(text("SELECT count(*) FROM outbox WHERE published_at IS NULL")).scalar_one()

@@ -108,7 +108,7 @@ def _now(job, now) -> dict:
                 "text": f"waiting to retry: attempt {job.attempt + 1} is due at {_clock(job.next_attempt_at)} "
                         f"after {job.error_code}: {job.error_reason}"}
     if job.state == JobState.QUEUED:
-        return {"kind": "queued", "until": None, "text": f"queued: attempt {job.attempt + 1} waits for a worker"}
+        return {"kind": JobState.QUEUED.value, "until": None, "text": f"queued: attempt {job.attempt + 1} waits for a worker"}
     if job.state == JobState.PROCESSING and job.lease_owner is None:
         return {"kind": "between_steps", "until": None,
                 "text": f"processing attempt {job.attempt}: between steps, waiting for its next message"}
@@ -121,8 +121,8 @@ def _now(job, now) -> dict:
                 "text": f"running attempt {job.attempt}: {job.lease_owner} holds the lease until "
                         f"{_clock(job.lease_expires_at)}"}
     if job.state == JobState.READY:
-        return {"kind": "ready", "until": None, "text": f"ready since {_clock(job.ready_at)}"}
-    return {"kind": "failed", "until": None, "text": f"failed: {job.error_code}: {job.error_reason}"}
+        return {"kind": JobState.READY.value, "until": None, "text": f"ready since {_clock(job.ready_at)}"}
+    return {"kind": JobState.FAILED.value, "until": None, "text": f"failed: {job.error_code}: {job.error_reason}"}
 
 
 def _kind(row) -> str:

@@ -149,7 +149,7 @@ def upload():
     if accepted.replayed:
         headers["Idempotent-Replayed"] = "true"
     return answer(UploadAccepted(id=accepted.attachment_id, job_id=accepted.job_id,
-                                 state=_state_of(accepted.job_id) if accepted.replayed else "queued",
+                                 state=_state_of(accepted.job_id) if accepted.replayed else JobState.QUEUED,
                                  pipeline_version=accepted.pipeline_version, size=received.size,
                                  sha256=received.sha256), 202, **headers)
 

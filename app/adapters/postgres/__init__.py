@@ -1,0 +1,1 @@
+"""PostgreSQL: the engine and transactions, the tables, the migrations and the audit rows."""
