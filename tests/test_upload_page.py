@@ -277,7 +277,7 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
         refused = wait.until(settled(vector))
         assert refused.get_attribute("data-state") == "refused", refused.text
         assert refused.find_element(By.CSS_SELECTOR, ".message").text == (
-            "Not an image we process (JPEG, PNG, WebP, GIF, TIFF or BMP)")
+            "Not an image we process (JPEG, PNG, WebP, GIF, TIFF, BMP, HEIC or AVIF)")
         assert len(driver.find_elements(By.CSS_SELECTOR, "li.upload")) == 3
         driver.save_screenshot(str(tmp_path / "upload-page.png"))  # for a human to look at
         print(f"screenshot: {tmp_path / 'upload-page.png'}")

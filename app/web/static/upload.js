@@ -29,7 +29,7 @@
   // after a failed request, wait this long (ms) before each next try; progress starts the list again
   var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
   var RESUMING = "Connection lost; resuming where it stopped…";
-  var FORMATS = "JPEG, PNG, WebP, GIF, TIFF or BMP";
+  var FORMATS = "JPEG, PNG, WebP, GIF, TIFF, BMP, HEIC or AVIF";
 
   var STATE_WORDS = {
     waiting: "Waiting", uploading: "Uploading", queued: "Queued", processing: "Processing",
