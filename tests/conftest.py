@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import uuid
 from pathlib import Path
 
@@ -72,17 +71,20 @@ def database_url(pg_template):
     admin.dispose()
 
 
-def _rabbitmqctl(*args: str) -> None:
-    subprocess.run(["rabbitmqctl", "-q", *args], check=True, capture_output=True, timeout=60)
+@pytest.fixture(scope="session")
+def vhost_pool():
+    from tests.vhosts import VhostPool
+
+    pool = VhostPool()
+    yield pool
+    pool.close()
 
 
 @pytest.fixture
-def broker_url():
-    vhost = f"attache_test_{uuid.uuid4().hex[:10]}"
-    _rabbitmqctl("add_vhost", vhost)
-    _rabbitmqctl("set_permissions", "-p", vhost, "guest", ".*", ".*", ".*")
+def broker_url(vhost_pool):
+    vhost = vhost_pool.take()
     yield f"amqp://{AMQP_HOST}/{vhost}"
-    _rabbitmqctl("delete_vhost", vhost)
+    vhost_pool.give_back(vhost)
 
 
 @pytest.fixture

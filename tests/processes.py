@@ -144,8 +144,17 @@ class Deployment:
         return requests.get(self.url + "/healthz", timeout=2).status_code == 200
 
     def stop_all(self) -> None:
+        """End every process with SIGKILL, all at once.
+
+        A test's teardown needs no graceful stop (the system must recover from
+        ``kill -9`` anyway, and tests of SIGTERM call ``Process.stop``), and the
+        worker's graceful stop alone took a second of every test.
+        """
         for process in self.processes.values():
-            process.stop()
+            process.signal(signal.SIGKILL)
+        for process in self.processes.values():
+            if process.popen is not None:
+                process.popen.wait(timeout=30)
 
     def logs(self) -> str:
         return "\n".join(f"===== {name} =====\n{p.output()[-4000:]}" for name, p in self.processes.items())
