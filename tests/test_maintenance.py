@@ -7,10 +7,12 @@ import threading
 import time
 import uuid
 
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import event, func, insert, select, text, update
 
 from app.adapters.postgres.models import attachments, jobs, outbox, variants
+from app.core import outbox as outbox_rows
 from app.core import pipeline, states
+from app.core.steps import Step
 from app.observability.tracing import new_traceparent
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.locking import exclusive
@@ -76,6 +78,37 @@ def test_outbox_relay_publishes_only_abandoned_and_due_rows(services, engine):
     # a delayed row is published as soon as it is due, without waiting for the threshold
     assert relay.run_once()["published"] == 1
     assert relay.run_once()["published"] == 0, "a marked row is never published again by the relay"
+
+
+def test_a_fan_out_is_marked_in_one_commit_that_does_not_wait_for_the_wal(services, engine):
+    """Five confirmed messages of one transaction: one read, one mark, not one commit per message."""
+    _, job_id, _ = seed(engine, services.storage)
+    with engine.begin() as conn:
+        ids = list(conn.execute(select(outbox.c.id).where(outbox.c.job_id == job_id)).scalars())
+        job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+        ids += [outbox_rows.announce(conn, job, 1, Step.RENDER, variant=name) for name in ("a", "b", "c", "d")]
+    statements, commits = [], []
+
+    def executed(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    def committed(conn):
+        commits.append(len(statements))
+
+    event.listen(engine, "before_cursor_execute", executed)
+    event.listen(engine, "commit", committed)
+    try:
+        assert services.publisher.publish(ids) == 5
+    finally:
+        event.remove(engine, "before_cursor_execute", executed)
+        event.remove(engine, "commit", committed)
+    assert len(commits) == 2, f"one read and one mark, not {len(commits)} commits"
+    assert any("synchronous_commit = off" in sql for sql in statements), statements
+    with engine.connect() as conn:
+        marked = conn.execute(select(outbox.c.published_at, outbox.c.publish_attempts)
+                              .where(outbox.c.id.in_(ids))).all()
+    assert all(row.published_at is not None and row.publish_attempts == 1 for row in marked)
+    assert services.broker.queue_depth("attache.render") == 4
 
 
 def test_outbox_relay_leaves_rows_unmarked_while_the_broker_is_down(settings, engine):

@@ -108,9 +108,15 @@ class Workflow:
             return outcome
 
     def _record_run(self, body: dict, outcome: Outcome, seconds: float) -> None:
-        """Best effort: a lost timing must never fail a step whose outcome is recorded."""
+        """Best effort: a lost timing must never fail a step whose outcome is recorded.
+
+        Its commit does not wait for the WAL flush (``synchronous_commit =
+        off``): the step's outcome was already committed durably, and a timing
+        lost to a PostgreSQL crash costs the record of one attempt, not work.
+        """
         try:
             with transaction(self.services.engine) as conn:
+                conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
                 conn.execute(insert(step_runs).values(
                     job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
                     attempt=body["attempt"], outcome=outcome.status, seconds=seconds, worker=identity("worker")))
