@@ -364,7 +364,6 @@ webhook_deliveries = Table(
     Column("sequence", BigInteger, nullable=False),
     Column("state", Text, nullable=False, server_default=text("'pending'")),
     Column("attempts", Integer, nullable=False, server_default=text("0")),
-    Column("max_attempts", Integer, nullable=False),
     Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("claimed_until", DateTime(timezone=True)),
     Column("last_status", Integer),

@@ -71,7 +71,6 @@ def upgrade() -> None:
         sa.Column("sequence", sa.BigInteger, nullable=False),
         sa.Column("state", sa.Text, nullable=False, server_default=sa.text("'pending'")),
         sa.Column("attempts", sa.Integer, nullable=False, server_default=sa.text("0")),
-        sa.Column("max_attempts", sa.Integer, nullable=False),
         sa.Column("next_attempt_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.text("now()")),
         sa.Column("claimed_until", sa.DateTime(timezone=True)),
         sa.Column("last_status", sa.Integer),
