@@ -126,7 +126,7 @@ def fan_out(conn: Connection, event_sequence: int, kind: str, owner: str) -> int
     """One pending delivery per live subscription that wants ``kind`` (and ``owner``'s uploads)."""
     numbered = conn.execute(
         update(webhook_subscriptions)
-        .where(webhook_subscriptions.c.disabled_at.is_(None), webhook_subscriptions.c.events.any(kind),
+        .where(webhook_subscriptions.c.disabled_at.is_(None), webhook_subscriptions.c.events.contains([kind]),
                webhook_subscriptions.c.uploader.is_(None) | (webhook_subscriptions.c.uploader == owner))
         .values(last_sequence=webhook_subscriptions.c.last_sequence + 1)
         .returning(webhook_subscriptions.c.id, webhook_subscriptions.c.last_sequence)).all()
