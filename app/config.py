@@ -184,6 +184,27 @@ class Settings:
         "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1),
         "how long a publish waits for each RabbitMQ answer (a confirm; connecting: twice this), "
         "then leaves its outbox row to the relay")
+    webhook_allow_private: bool = setting(
+        "ATTACHE_WEBHOOK_ALLOW_PRIVATE", False, _bool,
+        "allow webhook URLs that resolve to loopback, private or link-local addresses (SSRF: keep off in "
+        "production; checked at registration and before every delivery)")
+    webhook_timeout_seconds: float = setting(
+        "ATTACHE_WEBHOOK_TIMEOUT_SECONDS", 5.0, _float(0.1),
+        "a webhook endpoint must connect and answer within this many seconds per socket operation, "
+        "else the attempt failed")
+    webhook_concurrency: int = setting(
+        "ATTACHE_WEBHOOK_CONCURRENCY", 4, _int(1, 64),
+        "webhook deliveries in flight at once in the scheduler (one per subscription at a time)")
+    webhook_max_attempts: int = setting(
+        "ATTACHE_WEBHOOK_MAX_ATTEMPTS", 10, _int(1, 100), "attempts per webhook delivery before it is failed")
+    webhook_retry_initial_seconds: float = setting(
+        "ATTACHE_WEBHOOK_RETRY_INITIAL_SECONDS", 5.0, _float(0),
+        "first delay before a failed webhook delivery is tried again (doubling, with jitter)")
+    webhook_retry_max_seconds: float = setting(
+        "ATTACHE_WEBHOOK_RETRY_MAX_SECONDS", 3600.0, _float(0), "longest delay between webhook delivery attempts")
+    webhook_interval_seconds: float = setting(
+        "ATTACHE_WEBHOOK_INTERVAL_SECONDS", 1.0, _float(0.1),
+        "how often the scheduler looks for webhook deliveries that are due")
     api_tokens: tuple = setting(
         "ATTACHE_API_TOKENS", (), parse_tokens,
         "who may do what: TOKEN=PRINCIPAL:ROLE, comma-separated; roles uploader, operator")

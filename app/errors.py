@@ -332,6 +332,30 @@ class PartsMissing(UploadRejected):
     error_code = "upload_lost"
 
 
+# --- webhooks (app.core.webhooks) ------------------------------------------------------
+
+
+class InvalidWebhook(AttacheError, ValueError):
+    """A webhook subscription that cannot be registered as sent: no http(s) URL, or unknown events."""
+
+    error_code = "bad_request"
+    retryable = False
+
+
+class WebhookTargetRefused(AttacheError):
+    """The webhook URL resolves to a loopback, private, link-local or otherwise internal address (SSRF)."""
+
+    error_code = "webhook_target_refused"
+    retryable = False
+
+
+class WebhookNotFound(AttacheError):
+    """No such webhook subscription or delivery."""
+
+    error_code = "not_found"
+    retryable = False
+
+
 def error_code(error: BaseException) -> str:
     return error.error_code if isinstance(error, AttacheError) else "internal_error"
 

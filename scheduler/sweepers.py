@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.core.retry import RetryPolicy
+from app.core.webhooks import Deliverer, DelivererConfig
 from app.services import Services
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
@@ -47,7 +49,17 @@ def sweepers(services: Services) -> list[Sweeper]:
                 settings.cleanup_interval_seconds),
         Sweeper(Retirement(engine, storage, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
                 settings.cleanup_interval_seconds),
+        Sweeper(Deliverer(engine, webhook_config(settings)), settings.webhook_interval_seconds),
     ]
+
+
+def webhook_config(settings) -> DelivererConfig:
+    """How the ``webhooks`` service delivers (``ATTACHE_WEBHOOK_*``)."""
+    return DelivererConfig(
+        timeout_seconds=settings.webhook_timeout_seconds, concurrency=settings.webhook_concurrency,
+        max_attempts=settings.webhook_max_attempts, allow_private=settings.webhook_allow_private,
+        policy=RetryPolicy(initial_interval=settings.webhook_retry_initial_seconds,
+                           max_interval=max(settings.webhook_retry_max_seconds, settings.webhook_retry_initial_seconds)))
 
 
 def cleanups(services: Services) -> list:

@@ -40,6 +40,12 @@ JOB = {
                  "who": "web:olga", "error_code": None, "reason": None}],
     "audit": [{"at": "2026-12-01T10:00:02+00:00", "actor": "operator:olga", "action": "job.replay", "reason": "x",
                "details": {"attempt": 2, "previous_error_code": "corrupt_image"}}],
+    "variants": [{"variant": "original", "published": False, "content_type": "image/jpeg", "width": 4, "height": 3,
+                  "size": 120, "sha256": "a" * 64, "provenance": {
+                      "source": {"sha256": "a" * 64, "content_type": "image/jpeg", "size": 120},
+                      "pipeline": {"version": 1, "fingerprint": "f" * 64}, "spec": None,
+                      "copy": "the uploaded bytes, unchanged", "renderer": None, "libraries": None, "encoder": None,
+                      "stripped": None}}],
 }
 
 

@@ -73,6 +73,7 @@ def test_not_retryable_is_no_exception_class():
     (errors.BrokerUnavailable(), 503), (errors.EffectMissing(), 500), (errors.JobNotFound(), 404),
     (errors.UnknownQueue(), 404), (errors.JobConflict(), 409), (errors.MoreThanExpected("q.XQ", 3, 2), 409),
     (errors.MissingReason(), 400), (errors.BadSelection(), 400), (errors.AttacheError(), 500),
+    (errors.InvalidWebhook(), 400), (errors.WebhookTargetRefused(), 422), (errors.WebhookNotFound(), 404),
 ])
 def test_each_class_maps_to_its_http_status_in_one_place(error, status):
     from flask import Flask

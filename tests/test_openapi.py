@@ -100,7 +100,8 @@ def test_security_is_declared_where_the_code_enforces_it(app):
             key = (method.upper(), path)
             concrete = (path.replace("{attachment_id}", str(uuid.uuid4())).replace("{job_id}", str(uuid.uuid4()))
                         .replace("{name}", "thumbnail").replace("{queue}", "attache.inspect")
-                        .replace("{version}", "1").replace("{upload_id}", str(uuid.uuid4())))
+                        .replace("{version}", "1").replace("{upload_id}", str(uuid.uuid4()))
+                            .replace("{subscription_id}", str(uuid.uuid4())).replace("{delivery_id}", "1"))
             if key in PUBLIC_OPERATIONS:
                 assert operation["security"] == [], key
                 continue

@@ -26,7 +26,7 @@ from tests.conftest import OPERATOR_TOKEN, authed
 from tests.processes import Deployment, wait_for
 from tests.test_maintenance import seed
 
-SERVICES = {"outbox_relay", "lease_recovery", "reconciler", "staging_cleanup", "object_gc", "retirement"}
+SERVICES = {"outbox_relay", "lease_recovery", "reconciler", "staging_cleanup", "object_gc", "retirement", "webhooks"}
 
 
 def sweeper_samples(app) -> dict[str, dict]:

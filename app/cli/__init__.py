@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import click
 
-from app.cli import db, dev, dlq, find, gc, jobs, outbox, pipeline
+from app.cli import db, dev, dlq, find, gc, jobs, outbox, pipeline, webhooks
 
 
 @click.group()
@@ -19,5 +19,6 @@ def main() -> None:
     """attache: a durable attachment pipeline."""
 
 
-for command in (db.db, dev.dev_token, find.find, jobs.jobs, dlq.dlq, outbox.outbox, gc.gc, pipeline.pipeline):
+for command in (db.db, dev.dev_token, find.find, jobs.jobs, dlq.dlq, outbox.outbox, gc.gc, pipeline.pipeline,
+                webhooks.webhooks):
     main.add_command(command)

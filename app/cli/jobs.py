@@ -55,7 +55,7 @@ def jobs_list(state, pipeline_version, uploader, error_code, since, until, curso
 @json_option
 @fail_on_attache_errors
 def jobs_show(job_id: str, as_json: bool) -> None:
-    """A job with its full history and trace context. JOB_ID may be a unique prefix."""
+    """A job with its full history, trace context and its variants' provenance. JOB_ID may be a unique prefix."""
     from app.core import operations
 
     svc = services()
@@ -71,8 +71,33 @@ def jobs_show(job_id: str, as_json: bool) -> None:
                          Column("error"), Column("reason")],
              [[h["at"], h["from"], h["to"], h["attempt"], h["who"], h["error_code"], h["reason"]]
               for h in job["history"]])
+        if job["variants"]:
+            console().print()
+            show("variants and their provenance",
+                 [Column("variant"), Column("published"), Column("sha256"), Column("source sha256"),
+                  Column("pipeline"), Column("spec"), Column("encoder"), Column("libraries"), Column("stripped")],
+                 [_provenance_row(v) for v in job["variants"]])
 
     emit(job, as_json, render)
+
+
+def _compact(value) -> str:
+    if not value:
+        return "-"
+    return ", ".join(f"{k}={v}" for k, v in value.items() if v not in (None, [], False)) or "-"
+
+
+def _provenance_row(variant: dict) -> list:
+    made = variant["provenance"] or {}
+    pipeline = made.get("pipeline") or {}
+    stripped = dict(made.get("stripped") or {})
+    if stripped.get("exif_tags"):
+        stripped["exif_tags"] = " ".join(stripped["exif_tags"])
+    return [variant["variant"], "yes" if variant["published"] else "no", variant["sha256"][:16],
+            (made.get("source") or {}).get("sha256", "-")[:16],
+            f"v{pipeline.get('version')} {str(pipeline.get('fingerprint'))[:12]}" if pipeline else "-",
+            _compact(made.get("spec")) if made.get("spec") else (made.get("copy") or "-"),
+            _compact(made.get("encoder")), _compact(made.get("libraries")), _compact(stripped)]
 
 
 @jobs.command("replay")

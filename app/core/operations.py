@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, attachments, job_history, jobs
+from app.adapters.postgres.models import JobState, attachments, job_history, jobs, variants
 from app.core import id_prefixes, outbox, states
 from app.core.needs import Database, Producer
 from app.errors import JobConflict, JobNotFound, MissingReason
@@ -168,12 +168,16 @@ def show_job(services: Database, job_id: uuid.UUID) -> dict:
         history = conn.execute(select(job_history).where(job_history.c.job_id == job_id)
                                .order_by(job_history.c.id)).all()
         audits = audit.for_target(conn, f"job:{job_id}")
+        recorded = conn.execute(select(variants).where(variants.c.job_id == job_id).order_by(variants.c.id)).all()
     return {
         **job_summary(row),
         "trace": {"traceparent": row.traceparent, "tracestate": row.tracestate},
         "history": [{"at": _iso(h.at), "from": h.from_state, "to": h.to_state, "attempt": h.attempt,
                      "who": h.actor, "error_code": h.error_code, "reason": h.reason} for h in history],
         "audit": audits,
+        "variants": [{"variant": v.variant, "published": v.published_at is not None, "content_type": v.content_type,
+                      "width": v.width, "height": v.height, "size": v.size, "sha256": v.sha256,
+                      "provenance": v.provenance} for v in recorded],
     }
 
 

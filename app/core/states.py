@@ -3,7 +3,9 @@
 Every transition is ONE conditional ``UPDATE ... WHERE state = <from> ...``
 in the caller's transaction plus an append to ``job_history``; if the
 ``WHERE`` matches nothing the transition did not happen and the caller is
-told so (``None``/``False``), never an exception. A database trigger
+told so (``None``/``False``), never an exception. Each move to ``ready`` or
+``failed`` also writes its completion event and webhook deliveries in the
+same transaction (:func:`app.core.events.emit`). A database trigger
 (migration 0001) refuses any UPDATE that moves a job out of ``ready``.
 
 States (the contract's table, ``seed/contract.en.md``)
@@ -49,7 +51,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.adapters.postgres.models import JobState, job_history, jobs, variants
-from app.core import outbox
+from app.core import events, outbox
 from app.core.steps import Step
 
 WORKER_LOST = "worker_lost"
@@ -230,6 +232,7 @@ def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, .
     conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
                  .values(published_at=func.now()))
     _history(conn, job_id, JobState.PROCESSING, JobState.READY, attempt, actor)
+    events.emit(conn, row, events.ready_type(conn, row))
     return True
 
 
@@ -240,6 +243,7 @@ def fail(conn: Connection, job_id, attempt: int, error_code: str, reason: str, a
     if row is None:
         return False
     _history(conn, job_id, JobState.PROCESSING, JobState.FAILED, attempt, actor, error_code, reason)
+    events.emit(conn, row, events.ATTACHMENT_FAILED)
     return True
 
 
@@ -280,9 +284,10 @@ def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, in
     for job in lost:
         if job.attempt >= job.max_attempts:
             reason = f"lease expired in attempt {job.attempt} of {job.max_attempts}; attempts spent"
-            _leave_processing(conn, job.id, job.attempt, JobState.FAILED,
-                              {"error_code": WORKER_LOST, "error_reason": reason}, require_live_lease=False)
+            row = _leave_processing(conn, job.id, job.attempt, JobState.FAILED,
+                                    {"error_code": WORKER_LOST, "error_reason": reason}, require_live_lease=False)
             _history(conn, job.id, JobState.PROCESSING, JobState.FAILED, job.attempt, actor, WORKER_LOST, reason)
+            events.emit(conn, row, events.ATTACHMENT_FAILED)
             counts["failed"] += 1
         else:
             reason = f"lease of {job.lease_owner} expired"

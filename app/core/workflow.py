@@ -46,7 +46,7 @@ from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
-from app.core import messages, outbox, pipeline, states
+from app.core import messages, outbox, pipeline, provenance, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
@@ -290,14 +290,17 @@ class Workflow:
                 except ObjectNotFound:
                     raise StagingMissing("the staged original is missing") from None
             return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
-                        sha256=attachment.sha256, width=attachment.width, height=attachment.height)
+                        sha256=attachment.sha256, width=attachment.width, height=attachment.height,
+                        provenance=provenance.of_original(attachment, version))
         with self._staged(attachment) as path:
             rendered = imaging.render(path, version.specs[variant], self.services.limits)
+            stripped = imaging.stripped_metadata(path)
         digest = hashlib.sha256(rendered.data).hexdigest()
         key = pipeline.variant_key(attachment.id, version.version, variant, digest, rendered.extension)
         storage.put_bytes(key, rendered.data, content_type=rendered.content_type)
         return dict(storage_key=key, content_type=rendered.content_type, size=len(rendered.data), sha256=digest,
-                    width=rendered.width, height=rendered.height)
+                    width=rendered.width, height=rendered.height,
+                    provenance=provenance.of_render(attachment, version, variant, rendered, stripped))
 
     def _announce_next(self, conn, job, attempt: int) -> list[int]:
         version = pipeline.get(job.pipeline_version)

@@ -40,7 +40,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.config.update(SESSION_COOKIE_HTTPONLY=True, SESSION_COOKIE_SAMESITE="Lax")
     app.session_interface = SessionInterface()  # Secure over HTTPS
 
-    from app.web import attachments, health, metrics, openapi, ops, tus
+    from app.web import attachments, events, health, metrics, openapi, ops, tus
 
     app.register_blueprint(openapi.bp)
     app.register_blueprint(attachments.bp)
@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.wsgi_app = tus.MethodOverride(app.wsgi_app)
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
+    app.register_blueprint(events.bp)  # the replay cursor of completion events
     app.register_blueprint(metrics.bp)
     from app.web import console  # the /ops operator console (HTML, login session)
 

@@ -239,18 +239,22 @@ def _load(attachment_id: uuid.UUID, version: int | None):
 ATTACHMENT_ID = in_path("attachment_id")
 VERSION = in_query("version", "A pipeline version. Without it: the newest version with a `ready` job, else the newest "
                            "job. A value that is not an integer is ignored.", int)
+PROVENANCE = in_query("provenance", "`1`: each variant carries its provenance record (source sha256, pipeline "
+                                    "fingerprint, spec, library versions, encoder settings, stripped metadata).",
+                      Literal["0", "1"])
 
 
 @bp.get("/<uuid:attachment_id>")
 @operation(
     "getAttachment", "An attachment's state, variants and versions", tag="attachments",
     description="An uploader sees only its own attachments (others answer 404); an operator sees all.",
-    parameters=[ATTACHMENT_ID, VERSION],
+    parameters=[ATTACHMENT_ID, VERSION, PROVENANCE],
     answers={200: ok("The status document.", AttachmentStatus),
              404: refused("No such attachment (or not yours), or no job at the asked version.", "not_found")},
 )
 def status(attachment_id: uuid.UUID):
     version = request.args.get("version", type=int)
+    with_provenance = request.args.get("provenance") == "1"
     attachment, job, published = _load(attachment_id, version)
     if attachment is None or job is None:
         return _error(404, "not_found", "no such attachment" + (f" at version {version}" if version else ""))
@@ -263,6 +267,7 @@ def status(attachment_id: uuid.UUID):
             url=url_for("attachments.download_variant", attachment_id=attachment.id, name=row.variant,
                         **({"version": job.pipeline_version} if version else {})),
             content_type=row.content_type, width=row.width, height=row.height, size=row.size, sha256=row.sha256,
+            provenance=row.provenance if with_provenance else None,
         ) for row in published},
         created_at=attachment.created_at, ready_at=job.ready_at, versions=g.attache_versions,
     ))

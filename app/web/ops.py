@@ -19,8 +19,11 @@ from app.errors import (
     JobNotFound,
     MissingReason,
     MoreThanExpected,
+    InvalidWebhook,
     SearchTooBroad,
     UnknownQueue,
+    WebhookNotFound,
+    WebhookTargetRefused,
 )
 from app.web.access import identity, protect
 from app.web.contract import in_path, in_query, ok, operation, refused
@@ -44,6 +47,14 @@ from app.web.schemas import (
     RequeueResult,
     SearchResult,
     StateName,
+    DisableRequest,
+    RedeliverRequest,
+    WebhookCreated,
+    WebhookDeliveries,
+    WebhookDelivery,
+    WebhookList,
+    WebhookRequest,
+    WebhookSubscription,
 )
 
 bp = Blueprint("ops", __name__, url_prefix="/v1/ops")
@@ -59,6 +70,9 @@ def _services():
 @bp.errorhandler(MissingReason)
 @bp.errorhandler(UnknownQueue)
 @bp.errorhandler(MoreThanExpected)
+@bp.errorhandler(InvalidWebhook)
+@bp.errorhandler(WebhookTargetRefused)
+@bp.errorhandler(WebhookNotFound)
 def refuse(exc):
     return refusal(exc)
 
@@ -319,3 +333,120 @@ def backfill(version: int):
         return answer(BackfillEstimate(dry_run=True, **estimate))
     result = backfill_module.run(_services(), version, batch=batch, actor=f"backfill:operator:{identity().principal}")
     return answer(BackfillResult(dry_run=False, to_version=version, **result))
+
+
+# --- webhooks -------------------------------------------------------------------------
+
+
+def _webhook_conn():
+    from app.adapters.postgres.db import transaction
+
+    return transaction(_services().engine)
+
+
+NO_SUCH_WEBHOOK = refused("No such webhook subscription.", "not_found")
+
+
+@bp.post("/webhooks")
+@operation(
+    "registerWebhook", "Register a webhook endpoint", tag="webhooks",
+    description="Deliveries are signed per the Standard Webhooks specification with the `secret` answered here, "
+                "shown this once. The URL's host is resolved and every address must be public (not loopback, "
+                "private, link-local, ...) unless `ATTACHE_WEBHOOK_ALLOW_PRIVATE=1`; it is checked again before "
+                "each delivery. Audited (`webhook.register`).",
+    body=WebhookRequest,
+    answers={201: ok("Registered.", WebhookCreated),
+             400: refused("The body is not an object with an http(s) `url` and a non-empty list of known "
+                          "`events` (or `uploader` is not a name).", "bad_request"),
+             422: refused("The URL's host resolves to an internal address, or does not resolve.",
+                          "webhook_target_refused")},
+)
+def register_webhook():
+    from app.core import webhooks
+
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise InvalidWebhook("send a JSON object with url and events")
+    unknown = sorted(set(body) - {"url", "events", "uploader"})
+    if unknown:
+        raise InvalidWebhook(f"unknown field(s): {', '.join(unknown)}")
+    with _webhook_conn() as conn:
+        created = webhooks.register(conn, url=body.get("url"), kinds=body.get("events"),
+                                    uploader=body.get("uploader"), actor=f"operator:{identity().principal}",
+                                    allow_private=_services().settings.webhook_allow_private)
+    return answer(WebhookCreated.model_validate(created), 201)
+
+
+@bp.get("/webhooks")
+@operation("listWebhooks", "Webhook subscriptions with their delivery counts", tag="webhooks",
+           answers={200: ok("OK.", WebhookList)})
+def list_webhooks():
+    from app.core import webhooks
+
+    with _webhook_conn() as conn:
+        return answer(WebhookList(webhooks=webhooks.subscriptions(conn)))
+
+
+@bp.post("/webhooks/<uuid:subscription_id>/disable")
+@operation("disableWebhook", "Stop delivering to a webhook endpoint", tag="webhooks",
+           description="No new deliveries are made for it and pending ones are no longer sent. Audited "
+                       "(`webhook.disable`).",
+           body=DisableRequest,
+           answers={200: ok("The subscription, disabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
+                    400: refused("`reason` is not a string.", "bad_request")})
+def disable_webhook(subscription_id: uuid.UUID):
+    from app.core import webhooks
+
+    reason = _reason(request.get_json(silent=True))
+    with _webhook_conn() as conn:
+        return answer(WebhookSubscription.model_validate(webhooks.disable(
+            conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
+
+
+@bp.get("/webhooks/<uuid:subscription_id>/deliveries")
+@operation("listWebhookDeliveries", "A subscription's deliveries, newest first", tag="webhooks",
+           parameters=[in_query("state", "Only deliveries in this state.", Literal["pending", "delivered", "failed"]),
+                       in_query("limit", "At most this many, clamped to 1..1000 (default 100).", int, default=100)],
+           answers={200: ok("OK.", WebhookDeliveries), 404: NO_SUCH_WEBHOOK,
+                    400: refused("`state` is not a delivery state.", "bad_request")})
+def webhook_deliveries(subscription_id: uuid.UUID):
+    from app.core import webhooks
+
+    state = request.args.get("state") or None
+    if state not in (None, "pending", "delivered", "failed"):
+        return _error(400, "bad_request", "state must be pending, delivered or failed")
+    with _webhook_conn() as conn:
+        return answer(WebhookDeliveries(deliveries=webhooks.deliveries(
+            conn, subscription_id, state=state, limit=request.args.get("limit", 100, type=int))))
+
+
+@bp.get("/webhooks/failing")
+@operation("listFailingDeliveries", "Deliveries that failed for good or keep failing", tag="webhooks",
+           description="`failed` deliveries, and `pending` ones whose last attempt did not succeed, most recently "
+                       "tried first.",
+           answers={200: ok("OK.", WebhookDeliveries)})
+def failing_deliveries():
+    from app.core import webhooks
+
+    with _webhook_conn() as conn:
+        return answer(WebhookDeliveries(deliveries=webhooks.failing(conn)))
+
+
+@bp.post("/webhooks/deliveries/<int:delivery_id>/redeliver")
+@operation("redeliverWebhook", "Send a delivery again", tag="webhooks",
+           description="`pending` again with a fresh attempt budget: same event id, body and sequence, so a "
+                       "receiver that already has it deduplicates it. Audited (`webhook.redeliver`).",
+           body=RedeliverRequest,
+           answers={200: ok("The delivery, pending.", WebhookDelivery),
+                    400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
+                    404: refused("No such delivery.", "not_found")})
+def redeliver_webhook(delivery_id: int):
+    from app.core import webhooks
+
+    body = request.get_json(silent=True)
+    reason = body.get("reason") if isinstance(body, dict) else None
+    if not isinstance(reason, (str, type(None))):
+        return _error(400, "bad_request", "reason must be a string")
+    with _webhook_conn() as conn:
+        return answer(WebhookDelivery.model_validate(webhooks.redeliver(
+            conn, delivery_id, actor=f"operator:{identity().principal}", reason=reason)))

@@ -23,6 +23,7 @@ from app.errors import (
     EffectMissing,
     IdempotencyKeyReused,
     ImageTooLarge,
+    InvalidWebhook,
     JobConflict,
     JobNotFound,
     MissingReason,
@@ -39,6 +40,8 @@ from app.errors import (
     UploadNotFound,
     UploadRejected,
     UploadTooLarge,
+    WebhookNotFound,
+    WebhookTargetRefused,
 )
 from app.web.schemas import Error
 
@@ -75,6 +78,10 @@ STATUS: dict[type[AttacheError], int] = {
     PartsMissing: 410,
     OffsetMismatch: 409,
     ChecksumMismatch: 460,
+    # webhooks
+    InvalidWebhook: 400,
+    WebhookTargetRefused: 422,
+    WebhookNotFound: 404,
 }
 #: how long a ``503`` asks the client to wait before it tries again
 RETRY_AFTER_SECONDS = 5

@@ -93,6 +93,44 @@ class UploadAccepted(Body):
     sha256: Sha256
 
 
+class Source(Body):
+    sha256: Sha256
+    content_type: str
+    size: int
+
+
+class PipelineRef(Body):
+    version: int
+    fingerprint: str = Field(description="SHA-256 of the version's definition (`app/core/pipeline.py`).")
+
+
+class Stripped(Body):
+    """What the source carried that the derivative does not keep (null: the header could not be read again)."""
+
+    exif_tags: list[str] | None = Field(description="The EXIF tags of the source, by name.")
+    gps: bool | None = Field(description="The source carried a GPS position.")
+    xmp: bool | None
+    comment: bool | None
+    icc_profile: bool | None = Field(description="The source carried an ICC profile.")
+    icc_converted: bool | None = Field(description="The pixels were converted from it to sRGB.")
+
+
+class Provenance(Body):
+    """What made a variant; written with it and never changed once published."""
+
+    source: Source
+    pipeline: PipelineRef
+    spec: dict[str, Any] | None = Field(description="The variant's definition; null for `original`.")
+    copy_: str | None = Field(alias="copy", description="For `original`: the uploaded bytes, unchanged.")
+    renderer: str | None
+    libraries: dict[str, str | None] | None = Field(description="Pillow and the codec libraries (libjpeg, "
+                                                                "libwebp, libavif, libheif, ...) by name.")
+    encoder: dict[str, Any] | None = Field(description="The encoder and the settings it was called with.")
+    stripped: Stripped | None
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
 class Variant(Body):
     """A published variant."""
 
@@ -104,6 +142,8 @@ class Variant(Body):
     height: int
     size: int
     sha256: Sha256
+    provenance: Provenance | None = Field(description="With `?provenance=1`: what made it (null without, and for "
+                                                      "variants published before provenance was recorded).")
 
 
 class VersionState(Body):
@@ -226,12 +266,26 @@ class AuditEntry(Body):
     details: Any = Field(description="Action-specific JSON (an object for the actions attache records).")
 
 
+class JobVariant(Body):
+    """A variant the job recorded (published or waiting for the publish step), with its provenance."""
+
+    variant: str
+    published: bool
+    content_type: str
+    width: int
+    height: int
+    size: int
+    sha256: Sha256
+    provenance: Provenance | None
+
+
 class Job(JobSummary):
-    """A job with its transitions, trace context and audit trail."""
+    """A job with its transitions, trace context, audit trail and recorded variants."""
 
     trace: Trace
     history: list[Transition]
     audit: list[AuditEntry]
+    variants: list[JobVariant]
 
 
 class ReplayRequest(BaseModel):
@@ -408,3 +462,108 @@ class ApiDocument(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     openapi: str
+
+
+# --- webhooks and events ------------------------------------------------------------------
+
+EventType = Literal["attachment.ready", "attachment.failed", "version.ready"]
+DeliveryState = Literal["pending", "delivered", "failed"]
+
+
+class WebhookRequest(BaseModel):
+    """A webhook endpoint to register."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str = Field(min_length=1, max_length=2000, json_schema_extra={"format": "uri"},
+                     description="http(s); every address its host resolves to must be public unless "
+                                 "`ATTACHE_WEBHOOK_ALLOW_PRIVATE=1` (else 422).")
+    events: list[EventType] = Field(min_length=1)
+    uploader: str | None = Field(default=None, description="Only this uploader's attachments (default: all).")
+
+
+class DeliveryCounts(Body):
+    pending: Count
+    delivered: Count
+    failed: Count
+
+
+class WebhookSubscription(Body):
+    """A registered endpoint (its secret is shown only when it is registered)."""
+
+    id: UUID
+    url: str
+    events: list[EventType]
+    uploader: str | None
+    created_by: str
+    created_at: Timestamp
+    disabled_at: Timestamp | None
+    last_sequence: Count = Field(description="The `webhook-sequence` of its latest delivery (gapless from 1).")
+    deliveries: DeliveryCounts
+
+
+class WebhookCreated(WebhookSubscription):
+    secret: str = Field(pattern="^whsec_", description="The signing secret (Standard Webhooks `whsec_` form); "
+                                                       "shown this once.")
+
+
+class WebhookList(Body):
+    webhooks: list[WebhookSubscription]
+
+
+class WebhookDelivery(Body):
+    """One event for one subscription, and how its delivery goes."""
+
+    id: int
+    subscription_id: UUID
+    sequence: int = Field(description="Per subscription, gapless; sent as `webhook-sequence`.")
+    event_id: str = Field(description="Sent as `webhook-id`; the same on every attempt.")
+    event_type: EventType
+    event_sequence: int = Field(description="The event's place in `GET /v1/events`.")
+    state: DeliveryState
+    attempts: Count
+    next_attempt_at: Timestamp | None = Field(description="When a pending delivery is tried next.")
+    last_status: int | None = Field(description="The HTTP status of the last attempt (null: no answer).")
+    last_error: str | None
+    created_at: Timestamp
+    delivered_at: Timestamp | None
+
+
+class WebhookDeliveries(Body):
+    deliveries: list[WebhookDelivery]
+
+
+class RedeliverRequest(BaseModel):
+    """Why the delivery is sent again."""
+
+    reason: str = Field(min_length=1, pattern=r"\S", description="Why; required, kept in the audit log.")
+
+
+class DisableRequest(BaseModel):
+    reason: AuditReason = None
+
+
+class EventData(Body):
+    attachment_id: UUID
+    job_id: UUID
+    pipeline_version: int
+    state: StateName
+    error_code: str | None
+    uploader: str
+    attachment_url: str = Field(json_schema_extra={"format": "uri-reference"})
+
+
+class Event(Body):
+    """A completion event: exactly the body a webhook delivers (the Standard Webhooks payload form)."""
+
+    id: str = Field(description="Stable; the `webhook-id` of its deliveries.")
+    sequence: int = Field(description="Global, gapless, in commit order: the replay cursor.")
+    type: EventType
+    timestamp: str = Field(description="When the transition committed (ISO 8601, UTC).")
+    data: EventData
+
+
+class EventPage(Body):
+    events: list[Event]
+    next_after: int = Field(description="Pass as `after` for the next page (the last event's sequence, or `after`).")
+    more: bool = Field(description="The page is full: ask again with `next_after`.")

@@ -7,6 +7,8 @@
   priced from the header.
 * :func:`render` - one derivative (thumbnail / crop / optimized), decoded
   at the smallest scale that works, oriented, in sRGB, without metadata.
+* :func:`libraries`, :func:`stripped_metadata` - what a derivative's
+  provenance record names: the library versions, and what was stripped.
 
 Every failure is an :mod:`app.errors` ``PermanentError``
 (``UnsupportedFormat``, ``CorruptImage``, ``DecompressionBomb``,
@@ -14,6 +16,7 @@ Every failure is an :mod:`app.errors` ``PermanentError``
 """
 
 from .probe import ImageInfo, Limits, probe
+from .provenance import libraries, stripped_metadata
 from .render import PIPELINE_V1_SPECS, Rendered, VariantSpec, render
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, sniff
 
@@ -25,7 +28,9 @@ __all__ = [
     "Limits",
     "Rendered",
     "VariantSpec",
+    "libraries",
     "probe",
     "render",
     "sniff",
+    "stripped_metadata",
 ]

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import io
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PIL import Image, ImageFile
 
@@ -126,6 +126,8 @@ class Rendered:
     extension: str
     width: int
     height: int
+    #: the encoder and its settings, as passed to Pillow (for the variant's provenance)
+    encoder: dict = field(default_factory=dict)
 
 
 def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> Rendered:
@@ -202,35 +204,33 @@ def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
     if spec.output == "webp":
         if img.mode not in ("RGB", "RGBA"):
             img = img.convert("RGB")
-        img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
+        settings = {"format": "WEBP", "quality": WEBP_QUALITY, "method": WEBP_METHOD}
         content_type, extension = "image/webp", "webp"
     elif spec.output == "avif":
         if img.mode not in ("L", "RGB", "RGBA"):
             img = img.convert("RGB")
-        img.save(buf, "AVIF", quality=AVIF_QUALITY, speed=AVIF_SPEED, max_threads=AVIF_THREADS)
+        settings = {"format": "AVIF", "quality": AVIF_QUALITY, "speed": AVIF_SPEED, "max_threads": AVIF_THREADS}
         content_type, extension = "image/avif", "avif"
     elif img.mode == "RGBA":
         if spec.kind == "bounded":
-            img.save(buf, "WEBP", quality=WEBP_QUALITY, method=WEBP_METHOD)
+            settings = {"format": "WEBP", "quality": WEBP_QUALITY, "method": WEBP_METHOD}
             content_type, extension = "image/webp", "webp"
         else:
-            img.save(buf, "PNG", optimize=True)
+            settings = {"format": "PNG", "optimize": True}
             content_type, extension = "image/png", "png"
     else:
         if img.mode not in ("L", "RGB"):
             img = img.convert("RGB")
-        img.save(
-            buf,
-            "JPEG",
-            quality=JPEG_QUALITY,
-            optimize=True,
-            progressive=spec.kind == "bounded",
-        )
+        settings = {"format": "JPEG", "quality": JPEG_QUALITY, "optimize": True,
+                    "progressive": spec.kind == "bounded"}
         content_type, extension = "image/jpeg", "jpg"
+    options = {key: value for key, value in settings.items() if key != "format"}
+    img.save(buf, settings["format"], **options)
     return Rendered(
         data=buf.getvalue(),
         content_type=content_type,
         extension=extension,
         width=img.width,
         height=img.height,
+        encoder={**settings, "mode": img.mode},
     )

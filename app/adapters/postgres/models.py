@@ -34,6 +34,14 @@ test compares the two so they cannot drift.
 * ``sweeper_runs`` - one row per maintenance service of the scheduler: its
   interval, how many rounds ended ok, skipped or failed, its first run and
   last success (for ``attache_sweeper_*``); upserted after every round.
+* ``events`` - the completion events (``attachment.ready``, ``attachment.failed``,
+  ``version.ready``), each written in the transaction of the transition it
+  tells of; ``sequence`` is gapless and in commit order, assigned from the
+  one row of ``event_counter`` (see :mod:`app.core.events`).
+* ``webhook_subscriptions`` - the endpoints operators registered; ``last_sequence``
+  is the per-subscription counter its deliveries are numbered from.
+* ``webhook_deliveries`` - one event for one subscription, born with the event:
+  pending, delivered or failed, with its attempts (see :mod:`app.core.webhooks`).
 * ``sweeper_items`` - what each maintenance service did, added up over its
   rounds: one row per ``(service, action)``, e.g. ``(outbox_relay, published)``.
 """
@@ -58,7 +66,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.dialects.postgresql import JSONB, UUID
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB, UUID
 
 metadata = MetaData()
 
@@ -166,6 +174,9 @@ variants = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
     Column("retired_at", DateTime(timezone=True)),
+    #: what made it (source, pipeline, renderer, encoder, stripped metadata); a trigger refuses changing it once
+    #: published (migration 0013); null for variants recorded before
+    Column("provenance", JSONB),
     UniqueConstraint("attachment_id", "pipeline_version", "variant", name="variants_effect_key"),
 )
 Index("variants_storage_key_idx", variants.c.storage_key)  # object GC, retirement: who references this key?
@@ -301,3 +312,71 @@ uploads = Table(
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
 )
 Index("uploads_expires_idx", uploads.c.expires_at)  # the staging cleanup: which uploads have expired?
+
+#: the one row whose ``last_sequence`` numbers the events, gapless and in commit order
+event_counter = Table(
+    "event_counter",
+    metadata,
+    Column("id", Integer, primary_key=True, autoincrement=False),
+    Column("last_sequence", BigInteger, nullable=False, server_default=text("0")),
+    CheckConstraint("id = 1", name="event_counter_one_row"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("sequence", BigInteger, primary_key=True, autoincrement=False),
+    Column("id", UUID(as_uuid=True), nullable=False, unique=True),
+    Column("type", Text, nullable=False),
+    Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id"), nullable=False),
+    Column("owner", Text, nullable=False),
+    #: the event exactly as webhooks deliver it and ``GET /v1/events`` returns it
+    Column("document", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("events_owner_idx", events.c.owner, events.c.sequence)  # an uploader's replay cursor
+
+webhook_subscriptions = Table(
+    "webhook_subscriptions",
+    metadata,
+    Column("id", UUID(as_uuid=True), primary_key=True),
+    Column("url", Text, nullable=False),
+    Column("events", ARRAY(Text), nullable=False),
+    Column("uploader", Text),
+    Column("secret", Text, nullable=False),
+    Column("created_by", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("disabled_at", DateTime(timezone=True)),
+    Column("last_sequence", BigInteger, nullable=False, server_default=text("0")),
+)
+
+#: the states of ``webhook_deliveries.state``
+WEBHOOK_DELIVERY_STATES = ("pending", "delivered", "failed")
+
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("subscription_id", UUID(as_uuid=True), ForeignKey("webhook_subscriptions.id"), nullable=False),
+    Column("event_sequence", BigInteger, ForeignKey("events.sequence"), nullable=False),
+    #: gapless per subscription, assigned in the transaction that wrote the event
+    Column("sequence", BigInteger, nullable=False),
+    Column("state", Text, nullable=False, server_default=text("'pending'")),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    Column("next_attempt_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("claimed_until", DateTime(timezone=True)),
+    Column("last_status", Integer),
+    Column("last_error", Text),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("delivered_at", DateTime(timezone=True)),
+    UniqueConstraint("subscription_id", "sequence", name="webhook_deliveries_sequence_key"),
+    UniqueConstraint("subscription_id", "event_sequence", name="webhook_deliveries_event_key"),
+    CheckConstraint(f"state IN ({', '.join(repr(s) for s in WEBHOOK_DELIVERY_STATES)})",
+                    name="webhook_deliveries_state_check"),
+)
+Index("webhook_deliveries_due_idx", webhook_deliveries.c.next_attempt_at,
+      postgresql_where=text("state = 'pending'"))
+Index("webhook_deliveries_state_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.state,
+      webhook_deliveries.c.id)

@@ -1,0 +1,71 @@
+"""What a derivative was made with, for its provenance record: libraries, and the metadata it left behind.
+
+* :func:`libraries` - the renderer and the versions of the codec libraries
+  Pillow was built with (``PIL.features``), and pillow-heif's libheif;
+* :func:`stripped_metadata` - what the source carried that no derivative
+  keeps: its EXIF tags by name, whether it had GPS, XMP or a comment, and
+  whether its ICC profile was converted to sRGB. Read from the header only
+  (no pixel is decoded).
+
+The encoder settings of a render are in :attr:`~app.adapters.imaging.render.Rendered.encoder`.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import os
+
+import PIL
+from PIL import ExifTags, Image, ImageCms
+from PIL import features as pil_features
+
+RENDERER = "attache.imaging (Pillow)"
+#: the codecs whose versions a record names (PIL.features' names)
+CODECS = ("jpg", "jpg_2000", "webp", "avif", "libtiff", "zlib", "littlecms2", "freetype2")
+GPS_IFD = 0x8825
+
+
+@functools.cache
+def libraries() -> dict:
+    """The renderer and library versions in this process (fixed for its life)."""
+    versions: dict[str, str | None] = {"Pillow": PIL.__version__}
+    for codec in CODECS:
+        try:
+            versions[codec] = pil_features.version(codec)
+        except ValueError:  # a codec this Pillow does not know
+            versions[codec] = None
+    try:
+        import pillow_heif
+
+        versions["pillow_heif"] = pillow_heif.__version__
+        versions["libheif"] = pillow_heif.libheif_version()
+    except Exception:  # pragma: no cover - pillow-heif is a dependency, but a record never fails on it
+        versions["pillow_heif"] = None
+    return {"renderer": RENDERER, "libraries": versions}
+
+
+def stripped_metadata(path: str | os.PathLike[str]) -> dict:
+    """What the source carried that the derivatives do not (they keep no metadata at all)."""
+    try:
+        with Image.open(path) as img:
+            exif = img.getexif()
+            tags = sorted({ExifTags.TAGS.get(tag, f"0x{tag:04x}") for tag in exif})
+            gps = GPS_IFD in exif and bool(exif.get_ifd(GPS_IFD) or exif.get(GPS_IFD))
+            icc = img.info.get("icc_profile")
+            xmp = bool(img.info.get("xmp") or img.info.get("XML:com.adobe.xmp"))
+            comment = bool(img.info.get("comment"))
+    except Exception:  # the render decoded it; a header we cannot read again here is reported as unknown
+        return {"exif_tags": None, "gps": None, "xmp": None, "comment": None, "icc_profile": None,
+                "icc_converted": None}
+    return {"exif_tags": tags, "gps": gps, "xmp": xmp, "comment": comment, "icc_profile": bool(icc),
+            "icc_converted": bool(icc) and _parses(icc)}
+
+
+def _parses(icc: bytes) -> bool:
+    """A profile LittleCMS can read is converted to sRGB (``colour.to_srgb``); one it cannot is dropped."""
+    try:
+        ImageCms.ImageCmsProfile(io.BytesIO(icc))
+        return True
+    except (ImageCms.PyCMSError, OSError, ValueError, TypeError):
+        return False

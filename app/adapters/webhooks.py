@@ -1,0 +1,152 @@
+"""Webhook endpoints on the network: where a URL points (SSRF), signing, and one POST.
+
+* :func:`check_target` resolves a URL's host and refuses it unless EVERY
+  address is a public one (not loopback, private, link-local, CGNAT,
+  multicast, reserved, unspecified; an IPv4-mapped IPv6 address is judged
+  as its IPv4), unless private targets are allowed. It runs at
+  registration and again before every delivery, and the delivery connects
+  to the address it checked (so a DNS answer that changes in between, DNS
+  rebinding, cannot point the POST elsewhere).
+* :func:`sign` - the Standard Webhooks headers (``webhook-id``,
+  ``webhook-timestamp``, ``webhook-signature: v1,<base64>``), made by the
+  ``standardwebhooks`` package from a ``whsec_`` secret.
+* :func:`post` - one POST with a short timeout; a redirect is an answer
+  like any other (never followed).
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import ipaddress
+import secrets
+import socket
+import ssl
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
+
+from standardwebhooks.webhooks import Webhook
+
+from app.errors import InvalidWebhook, WebhookTargetRefused
+
+SECRET_PREFIX = "whsec_"
+MAX_URL_LENGTH = 2000
+USER_AGENT = "attache-webhooks/1"
+
+
+def new_secret() -> str:
+    """A fresh signing secret: ``whsec_`` and 32 random bytes in base64 (the Standard Webhooks form)."""
+    return SECRET_PREFIX + base64.b64encode(secrets.token_bytes(32)).decode()
+
+
+@dataclass(frozen=True)
+class Target:
+    scheme: str
+    host: str
+    port: int
+    path: str  # with the query
+
+
+def parse(url: str) -> Target:
+    """An http(s) URL with a host and no credentials, or :class:`InvalidWebhook`."""
+    if not isinstance(url, str) or not url or len(url) > MAX_URL_LENGTH or not url.isprintable() or " " in url:
+        raise InvalidWebhook(f"url must be an http(s) URL of at most {MAX_URL_LENGTH} characters")
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError:
+        raise InvalidWebhook("url is not a valid URL") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InvalidWebhook("url must be an http:// or https:// URL with a host")
+    if parts.username is not None or parts.password is not None:
+        raise InvalidWebhook("url must not carry credentials; the signature authenticates attache")
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
+
+
+def is_public(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_global and not (ip.is_multicast or ip.is_private or ip.is_loopback or ip.is_link_local
+                                 or ip.is_reserved or ip.is_unspecified)
+
+
+def check_target(url: str, *, allow_private: bool) -> tuple[Target, list[str]]:
+    """The parsed URL and the addresses its host resolves to, every one of them allowed."""
+    target = parse(url)
+    try:
+        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise WebhookTargetRefused(f"{target.host} does not resolve: {exc}") from None
+    addresses = list(dict.fromkeys(info[4][0] for info in infos))
+    if not addresses:
+        raise WebhookTargetRefused(f"{target.host} does not resolve")
+    if not allow_private:
+        internal = [address for address in addresses if not is_public(address)]
+        if internal:
+            raise WebhookTargetRefused(
+                f"{target.host} resolves to {', '.join(internal)}: loopback, private, link-local and other "
+                "internal addresses are refused (ATTACHE_WEBHOOK_ALLOW_PRIVATE=1 allows them)")
+    return target, addresses
+
+
+def sign(secret: str, message_id: str, at: datetime, body: str) -> dict[str, str]:
+    """The Standard Webhooks headers of one delivery attempt."""
+    at = at.astimezone(timezone.utc)
+    return {"webhook-id": message_id, "webhook-timestamp": str(int(at.timestamp())),
+            "webhook-signature": Webhook(secret).sign(message_id, at, body)}
+
+
+class _PinnedHTTP(http.client.HTTPConnection):
+    """Connects to the address that was checked, while ``Host`` names the URL's host."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self._address = address
+
+    def connect(self):
+        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+
+
+class _PinnedHTTPS(http.client.HTTPSConnection):
+    def __init__(self, host: str, port: int, address: str, timeout: float):
+        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
+        self._address = address
+
+    def connect(self):
+        sock = socket.create_connection((self._address, self.port), self.timeout)
+        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int | None
+    error: str | None
+
+    @property
+    def ok(self) -> bool:
+        return self.status is not None and 200 <= self.status < 300
+
+
+def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_private: bool) -> Answer:
+    """POST ``body`` to ``url`` (checked again now) with ``timeout`` per socket operation."""
+    try:
+        target, addresses = check_target(url, allow_private=allow_private)
+    except (WebhookTargetRefused, InvalidWebhook) as exc:
+        return Answer(None, str(exc))
+    kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
+    connection = kind(target.host, target.port, addresses[0], timeout)
+    try:
+        connection.request("POST", target.path, body=body.encode(), headers={
+            **headers, "content-type": "application/json", "user-agent": USER_AGENT})
+        response = connection.getresponse()
+        response.read(64 * 1024)  # a little of the answer, so the connection ends cleanly; the rest is dropped
+        if 300 <= response.status < 400:
+            return Answer(response.status, f"redirect to {response.getheader('location', '?')[:200]} not followed")
+        return Answer(response.status, None if 200 <= response.status < 300 else f"HTTP {response.status}")
+    except (OSError, http.client.HTTPException) as exc:
+        return Answer(None, f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__)
+    finally:
+        connection.close()

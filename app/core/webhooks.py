@@ -1,0 +1,320 @@
+"""Webhook subscriptions and their deliveries: durable, at least once, signed, numbered per subscription.
+
+* :func:`register` - an operator's endpoint (URL checked against SSRF,
+  events, an optional uploader), with a fresh ``whsec_`` secret shown
+  once; audited. :func:`disable` stops it, audited.
+* :func:`fan_out` - called by :func:`app.core.events.emit` in the
+  transaction of the transition: one ``pending`` delivery per matching
+  subscription, numbered from the subscription's own counter
+  (``UPDATE ... RETURNING``), so the numbers are gapless per subscription.
+* :class:`Deliverer` - the scheduler's ``webhooks`` service: claims due
+  deliveries, at most one in flight per subscription, posts them from its
+  own bounded thread pool with a short timeout (a dead endpoint holds one
+  thread, never the pipeline and never another subscription), and records
+  each outcome: ``delivered`` on a 2xx; otherwise the next attempt after
+  the retry policy's backoff, or ``failed`` once the attempts are spent.
+* :func:`redeliver` - an operator sends a delivery again (``failed`` or
+  ``delivered`` -> ``pending`` with a fresh budget), audited.
+
+Every attempt of a delivery carries the same ``webhook-id`` (the event's id)
+and body; ``webhook-timestamp`` is the attempt's time (receivers refuse old
+timestamps); ``webhook-sequence`` is the per-subscription number.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from sqlalchemy import and_, func, select, text, update
+from sqlalchemy.engine import Connection, Engine
+
+from app.adapters import webhooks as endpoints
+from app.adapters.postgres import audit
+from app.adapters.postgres.db import transaction
+from app.adapters.postgres.models import events, webhook_deliveries, webhook_subscriptions
+from app.core.events import TYPES, body
+from app.core.retry import RetryPolicy
+from app.errors import InvalidWebhook, MissingReason, WebhookNotFound
+
+log = logging.getLogger("attache.webhooks")
+
+PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
+AUDIT_TARGET = "webhook:{}"
+
+
+# --- subscriptions ----------------------------------------------------------------------
+
+
+def _events(kinds) -> list[str]:
+    if not isinstance(kinds, list) or not kinds or not all(isinstance(k, str) for k in kinds):
+        raise InvalidWebhook(f"events must be a non-empty list of: {', '.join(TYPES)}")
+    unknown = sorted(set(kinds) - set(TYPES))
+    if unknown:
+        raise InvalidWebhook(f"unknown event(s) {', '.join(unknown)}; known: {', '.join(TYPES)}")
+    return sorted(set(kinds))
+
+
+def register(conn: Connection, *, url, kinds, uploader, actor: str, allow_private: bool) -> dict:
+    """A new subscription; the answer holds its secret, which is never shown again."""
+    if uploader is not None and (not isinstance(uploader, str) or not uploader.strip()
+                                 or not uploader.isprintable() or len(uploader) > 200):
+        raise InvalidWebhook("uploader must be a principal's name")
+    kinds = _events(kinds)
+    endpoints.check_target(url, allow_private=allow_private)
+    subscription_id, secret = uuid.uuid4(), endpoints.new_secret()
+    conn.execute(webhook_subscriptions.insert().values(id=subscription_id, url=url, events=kinds, uploader=uploader,
+                                                       secret=secret, created_by=actor))
+    audit.record(conn, actor=actor, action="webhook.register", target=AUDIT_TARGET.format(subscription_id),
+                 details={"url": url, "events": kinds, "uploader": uploader})
+    return {**subscription(conn, subscription_id), "secret": secret}
+
+
+def _counts():
+    return (select(webhook_deliveries.c.subscription_id,
+                   *[func.count().filter(webhook_deliveries.c.state == state).label(state)
+                     for state in (PENDING, DELIVERED, FAILED)])
+            .group_by(webhook_deliveries.c.subscription_id).subquery())
+
+
+def _subscription_view(row) -> dict:
+    return {"id": str(row.id), "url": row.url, "events": list(row.events), "uploader": row.uploader,
+            "created_by": row.created_by, "created_at": row.created_at.isoformat(),
+            "disabled_at": row.disabled_at.isoformat() if row.disabled_at else None,
+            "last_sequence": row.last_sequence,
+            "deliveries": {state: int(getattr(row, state) or 0) for state in (PENDING, DELIVERED, FAILED)}}
+
+
+def _subscriptions_query():
+    counts = _counts()
+    return (select(webhook_subscriptions, counts.c.pending, counts.c.delivered, counts.c.failed)
+            .select_from(webhook_subscriptions.outerjoin(counts, counts.c.subscription_id == webhook_subscriptions.c.id)))
+
+
+def subscriptions(conn: Connection) -> list[dict]:
+    rows = conn.execute(_subscriptions_query().order_by(webhook_subscriptions.c.created_at)).all()
+    return [_subscription_view(row) for row in rows]
+
+
+def subscription(conn: Connection, subscription_id) -> dict:
+    row = conn.execute(_subscriptions_query().where(webhook_subscriptions.c.id == subscription_id)).one_or_none()
+    if row is None:
+        raise WebhookNotFound(f"no webhook subscription {subscription_id}")
+    return _subscription_view(row)
+
+
+def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
+    """No new deliveries, and pending ones are no longer sent; audited. Disabling twice is harmless."""
+    found = conn.execute(update(webhook_subscriptions).where(webhook_subscriptions.c.id == subscription_id)
+                         .values(disabled_at=func.coalesce(webhook_subscriptions.c.disabled_at, func.now()))
+                         .returning(webhook_subscriptions.c.id)).first()
+    if found is None:
+        raise WebhookNotFound(f"no webhook subscription {subscription_id}")
+    audit.record(conn, actor=actor, action="webhook.disable", target=AUDIT_TARGET.format(subscription_id),
+                 reason=reason)
+    return subscription(conn, subscription_id)
+
+
+# --- deliveries: born with the event ------------------------------------------------------
+
+
+def fan_out(conn: Connection, event_sequence: int, kind: str, owner: str) -> int:
+    """One pending delivery per live subscription that wants ``kind`` (and ``owner``'s uploads)."""
+    numbered = conn.execute(
+        update(webhook_subscriptions)
+        .where(webhook_subscriptions.c.disabled_at.is_(None), webhook_subscriptions.c.events.contains([kind]),
+               webhook_subscriptions.c.uploader.is_(None) | (webhook_subscriptions.c.uploader == owner))
+        .values(last_sequence=webhook_subscriptions.c.last_sequence + 1)
+        .returning(webhook_subscriptions.c.id, webhook_subscriptions.c.last_sequence)).all()
+    if numbered:
+        conn.execute(webhook_deliveries.insert(), [
+            {"subscription_id": row.id, "event_sequence": event_sequence, "sequence": row.last_sequence}
+            for row in numbered])
+    return len(numbered)
+
+
+def _delivery_view(row) -> dict:
+    return {"id": row.id, "subscription_id": str(row.subscription_id), "sequence": row.sequence,
+            "event_id": row.event_id, "event_type": row.event_type, "event_sequence": row.event_sequence,
+            "state": row.state, "attempts": row.attempts,
+            "next_attempt_at": row.next_attempt_at.isoformat() if row.state == PENDING else None,
+            "last_status": row.last_status, "last_error": row.last_error,
+            "created_at": row.created_at.isoformat(),
+            "delivered_at": row.delivered_at.isoformat() if row.delivered_at else None}
+
+
+def _deliveries_query():
+    return (select(webhook_deliveries, events.c.document["id"].astext.label("event_id"),
+                   events.c.type.label("event_type"))
+            .select_from(webhook_deliveries.join(events, events.c.sequence == webhook_deliveries.c.event_sequence)))
+
+
+def deliveries(conn: Connection, subscription_id, *, state: str | None = None, limit: int = 100) -> list[dict]:
+    subscription(conn, subscription_id)  # WebhookNotFound
+    query = _deliveries_query().where(webhook_deliveries.c.subscription_id == subscription_id)
+    if state is not None:
+        query = query.where(webhook_deliveries.c.state == state)
+    rows = conn.execute(query.order_by(webhook_deliveries.c.sequence.desc()).limit(max(1, min(limit, 1000)))).all()
+    return [_delivery_view(row) for row in rows]
+
+
+def failing(conn: Connection, *, limit: int = 50) -> list[dict]:
+    """Deliveries that failed for good, or keep failing (pending after an unsuccessful attempt), newest first."""
+    rows = conn.execute(_deliveries_query().where(
+        (webhook_deliveries.c.state == FAILED)
+        | ((webhook_deliveries.c.state == PENDING) & (webhook_deliveries.c.attempts > 0)))
+        .order_by(webhook_deliveries.c.updated_at.desc()).limit(limit)).all()
+    return [_delivery_view(row) for row in rows]
+
+
+def delivery(conn: Connection, delivery_id: int) -> dict:
+    row = conn.execute(_deliveries_query().where(webhook_deliveries.c.id == delivery_id)).one_or_none()
+    if row is None:
+        raise WebhookNotFound(f"no webhook delivery {delivery_id}")
+    return _delivery_view(row)
+
+
+def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | None) -> dict:
+    """Send a delivery again with a fresh attempt budget (same event id, body and sequence); audited."""
+    if reason is None or not str(reason).strip():
+        raise MissingReason("a redelivery needs a reason")
+    row = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id)
+                       .values(state=PENDING, attempts=0, next_attempt_at=func.now(), claimed_until=None,
+                               updated_at=func.now())
+                       .returning(webhook_deliveries.c.subscription_id, webhook_deliveries.c.sequence)).first()
+    if row is None:
+        raise WebhookNotFound(f"no webhook delivery {delivery_id}")
+    audit.record(conn, actor=actor, action="webhook.redeliver", target=AUDIT_TARGET.format(row.subscription_id),
+                 reason=reason, details={"delivery_id": delivery_id, "sequence": row.sequence})
+    return delivery(conn, delivery_id)
+
+
+# --- the deliverer ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DelivererConfig:
+    timeout_seconds: float = 5.0
+    concurrency: int = 4
+    max_attempts: int = 10
+    policy: RetryPolicy = RetryPolicy(initial_interval=5.0, max_interval=3600.0)
+    allow_private: bool = False
+
+    @property
+    def claim_seconds(self) -> float:
+        """A claim outlives any attempt (connect and answer, each within the timeout), so nobody sends it twice."""
+        return 3 * self.timeout_seconds + 30.0
+
+
+_CLAIM = text("""
+    UPDATE webhook_deliveries d SET claimed_until = now() + make_interval(secs => :claim), updated_at = now()
+    FROM (
+        SELECT DISTINCT ON (w.subscription_id) w.id
+        FROM webhook_deliveries w JOIN webhook_subscriptions s ON s.id = w.subscription_id
+        WHERE w.state = 'pending' AND w.next_attempt_at <= now() AND s.disabled_at IS NULL
+          AND (CAST(:subscription AS uuid) IS NULL OR w.subscription_id = CAST(:subscription AS uuid))
+          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries c WHERE c.subscription_id = w.subscription_id
+                          AND c.state = 'pending' AND c.claimed_until > now())
+        ORDER BY w.subscription_id, w.sequence
+        LIMIT :n
+    ) due
+    WHERE d.id = due.id AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until <= now())
+    RETURNING d.id, d.subscription_id, d.sequence, d.attempts, d.event_sequence
+""")
+
+
+class Deliverer:
+    """The ``webhooks`` service of the scheduler (``scheduler/sweepers.py``)."""
+
+    name = "webhooks"
+
+    def __init__(self, engine: Engine, config: DelivererConfig):
+        self.engine = engine
+        self.config = config
+        self._pool = ThreadPoolExecutor(config.concurrency, thread_name_prefix="webhook")
+        self._lock = threading.Lock()
+        self._busy = 0
+        self._done = {DELIVERED: 0, "retrying": 0, FAILED: 0}
+
+    def run_once(self, *, wait: bool = False) -> dict[str, int]:
+        """Start the due deliveries the free threads can take; ``wait``: until they (and their followers) end.
+
+        Returns what ended since the last round (``delivered``, ``retrying``,
+        ``failed``) and how many were ``started`` now.
+        """
+        with self._lock:
+            free = self.config.concurrency - self._busy
+        claimed = self._claim(free, None) if free > 0 else []
+        with self._lock:
+            self._busy += len(claimed)
+        futures = [self._pool.submit(self._run, row) for row in claimed]
+        if wait:
+            for future in futures:
+                future.result()
+        with self._lock:
+            done, self._done = self._done, {DELIVERED: 0, "retrying": 0, FAILED: 0}
+        return {"started": len(claimed), **done}
+
+    def _claim(self, n: int, subscription_id) -> list:
+        with transaction(self.engine) as conn:
+            return conn.execute(_CLAIM, {"claim": self.config.claim_seconds, "n": n,
+                                         "subscription": str(subscription_id) if subscription_id else None}).all()
+
+    def _run(self, row) -> None:
+        """Deliver ``row``, then the subscription's next due deliveries while its endpoint answers 2xx."""
+        try:
+            while row is not None:
+                outcome = self.attempt(row)
+                with self._lock:
+                    self._done[outcome] += 1
+                following = self._claim(1, row.subscription_id) if outcome == DELIVERED else []
+                row = following[0] if following else None
+        except Exception:
+            log.exception("webhook delivery failed to record")
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def attempt(self, row) -> str:
+        """One POST of one claimed delivery and its recorded outcome: ``delivered``, ``retrying`` or ``failed``."""
+        with transaction(self.engine) as conn:
+            target = conn.execute(select(webhook_subscriptions.c.url, webhook_subscriptions.c.secret,
+                                         events.c.document)
+                                  .select_from(webhook_deliveries
+                                               .join(webhook_subscriptions,
+                                                     webhook_subscriptions.c.id == webhook_deliveries.c.subscription_id)
+                                               .join(events, events.c.sequence == webhook_deliveries.c.event_sequence))
+                                  .where(webhook_deliveries.c.id == row.id)).one()
+        payload = body(target.document)
+        headers = endpoints.sign(target.secret, target.document["id"], datetime.now(timezone.utc), payload)
+        headers["webhook-sequence"] = str(row.sequence)
+        answer = endpoints.post(target.url, payload, headers, timeout=self.config.timeout_seconds,
+                                allow_private=self.config.allow_private)
+        return self._record(row, answer)
+
+    def _record(self, row, answer: endpoints.Answer) -> str:
+        attempts = row.attempts + 1
+        values = {"attempts": attempts, "claimed_until": None, "last_status": answer.status,
+                  "last_error": answer.error, "updated_at": func.now()}
+        if answer.ok:
+            outcome, values = DELIVERED, {**values, "state": DELIVERED, "delivered_at": func.now()}
+        elif attempts >= self.config.max_attempts:
+            outcome, values = FAILED, {**values, "state": FAILED}
+            log.warning("webhook delivery %s failed for good after %d attempts: %s", row.id, attempts, answer.error)
+        else:
+            delay = self.config.policy.delay(attempts)
+            outcome = "retrying"
+            values["next_attempt_at"] = func.now() + text(f"interval '{delay:.3f} seconds'")
+        with transaction(self.engine) as conn:
+            conn.execute(update(webhook_deliveries)
+                         .where(and_(webhook_deliveries.c.id == row.id, webhook_deliveries.c.state == PENDING,
+                                     webhook_deliveries.c.attempts == row.attempts))
+                         .values(**values))
+        return outcome
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,216 @@
+"""Completion events, signed webhook deliveries, the replay cursor and provenance, in-process.
+
+The pipeline's steps are driven by hand (tests/driver.py); receivers are
+http.server threads (tests/webhook_receivers.py) and every delivery is
+verified with the ``standardwebhooks`` reference library, as a receiver would.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.exc import IntegrityError, InternalError
+
+from app.adapters.postgres.models import audit_log, variants, webhook_deliveries
+from app.config import Settings
+from app.core import pipeline
+from app.core.retry import RetryPolicy
+from app.core.webhooks import Deliverer, DelivererConfig
+from app.core.workflow import Workflow
+from app.web import create_app
+from tests.conftest import OPERATOR_TOKEN, OTHER_UPLOADER_TOKEN, authed
+from tests.driver import run
+from tests.webhook_receivers import Receiver
+
+NOW = RetryPolicy(initial_interval=0, max_interval=0, jitter=0)
+
+
+def make_app(env, **extra):
+    return create_app(Settings.from_env({**env, "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                         "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                         "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5", **extra}))
+
+
+@pytest.fixture
+def app(env):
+    app = make_app(env, ATTACHE_WEBHOOK_ALLOW_PRIVATE="1")
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+@pytest.fixture
+def receivers():
+    made = []
+
+    def make(**kwargs):
+        made.append(Receiver(**kwargs))
+        return made[-1]
+
+    yield make
+    for receiver in made:
+        receiver.close()
+
+
+def register(app, url, events=("attachment.ready", "attachment.failed"), **extra):
+    response = authed(app, OPERATOR_TOKEN).post("/v1/ops/webhooks", json={"url": url, "events": list(events), **extra})
+    assert response.status_code == 201, response.json
+    return response.json
+
+
+def upload_and_process(app, engine, path, token=None):
+    with open(path, "rb") as fh:
+        response = authed(app, *([token] if token else [])).post(
+            "/v1/attachments", data={"file": (fh, path.name)}, content_type="multipart/form-data")
+    assert response.status_code == 202, response.json
+    run(Workflow(app.extensions["attache"]), engine, response.json["job_id"])
+    return response.json["id"]
+
+
+def deliver_all(engine, config: DelivererConfig, rounds: int = 20) -> Deliverer:
+    deliverer = Deliverer(engine, config)
+    for _ in range(rounds):
+        deliverer.run_once(wait=True)
+        with engine.connect() as conn:
+            if not conn.execute(text("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'")).scalar():
+                break
+    deliverer.close()
+    return deliverer
+
+
+def test_private_and_link_local_targets_are_refused_unless_allowed(env):
+    app = make_app(env)
+    ops = authed(app, OPERATOR_TOKEN)
+    try:
+        for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://169.254.169.254/latest",
+                    "http://[::1]/hook", "http://[::ffff:127.0.0.1]/hook", "http://localhost/hook",
+                    "http://192.168.0.1/", "http://100.64.0.1/"):
+            response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
+            assert response.status_code == 422, (url, response.json)
+            assert response.json["error"] == "webhook_target_refused"
+        for body in ({"url": "ftp://example.com/", "events": ["attachment.ready"]},
+                     {"url": "http://example.com/", "events": ["attachment.exploded"]},
+                     {"url": "http://example.com/", "events": []}, []):
+            assert ops.post("/v1/ops/webhooks", json=body).status_code == 400, body
+        assert authed(app).post("/v1/ops/webhooks", json={"url": "http://8.8.8.8/",
+                                                          "events": ["attachment.ready"]}).status_code == 403
+        assert ops.get("/v1/ops/webhooks").json["webhooks"] == []
+    finally:
+        app.extensions["attache"].engine.dispose()
+
+
+def test_the_delivery_checks_the_target_again(app, engine, receivers, data_file):
+    """Registered while private targets were allowed; a deliverer that does not allow them sends nothing."""
+    receiver = receivers()
+    register(app, receiver.url)
+    upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    deliver_all(engine, DelivererConfig(policy=NOW, max_attempts=1, allow_private=False))
+    assert receiver.calls == []
+    with engine.connect() as conn:
+        row = conn.execute(select(webhook_deliveries)).one()
+    assert row.state == "failed" and "internal addresses are refused" in row.last_error
+
+
+def test_every_outcome_is_delivered_signed_gapless_and_matches_the_replay_cursor(app, engine, receivers, data_file):
+    flaky, steady, bobs = receivers(fail_first=2), receivers(), receivers()
+    flaky_hook, steady_hook = register(app, flaky.url), register(app, steady.url)
+    register(app, bobs.url, uploader="bob")
+    assert flaky_hook["secret"].startswith("whsec_")
+    ready = [upload_and_process(app, engine, data_file(p)) for p in ("photos/chelsea.jpg", "photos/coffee.png")]
+    failed = upload_and_process(app, engine, data_file("pillow/truncated_jpeg.jpg"))
+
+    deliver_all(engine, DelivererConfig(policy=NOW, max_attempts=5, timeout_seconds=2, allow_private=True))
+
+    ops = authed(app, OPERATOR_TOKEN)
+    replayed = ops.get("/v1/events?after=0").json["events"]
+    assert [e["sequence"] for e in replayed] == [1, 2, 3]
+    assert {e["data"]["attachment_id"]: e["type"] for e in replayed} == {
+        ready[0]: "attachment.ready", ready[1]: "attachment.ready", failed: "attachment.failed"}
+    assert bobs.calls == []  # alice's uploads only
+    for receiver, hook in ((flaky, flaky_hook), (steady, steady_hook)):
+        calls = receiver.verified(hook["secret"])
+        delivered = {headers["webhook-id"]: (int(headers["webhook-sequence"]), payload)
+                     for headers, payload in calls}
+        assert sorted(seq for seq, _ in delivered.values()) == [1, 2, 3]  # gapless, each event once at least
+        assert [payload for _, payload in sorted(delivered.values(), key=lambda d: d[0])] == replayed
+        assert all(headers["webhook-signature"].startswith("v1,") for headers, _ in calls)
+    # the flaky endpoint saw its first event three times, always with the same id and body
+    first_id = flaky.calls[0][0]["webhook-id"]
+    assert [h["webhook-id"] for h, _ in flaky.calls[:3]] == [first_id] * 3
+    assert len({body for h, body in flaky.calls if h["webhook-id"] == first_id}) == 1
+    listed = {w["url"]: w for w in ops.get("/v1/ops/webhooks").json["webhooks"]}
+    assert listed[flaky.url]["deliveries"] == {"pending": 0, "delivered": 3, "failed": 0}
+    assert listed[flaky.url]["last_sequence"] == 3
+    history = ops.get(f"/v1/ops/webhooks/{flaky_hook['id']}/deliveries").json["deliveries"]
+    assert sorted(d["attempts"] for d in history) == [1, 1, 3]
+
+    # the cursor pages, and an uploader sees only its own events
+    first = ops.get("/v1/events?after=0&limit=2").json
+    assert [e["sequence"] for e in first["events"]] == [1, 2] and first["more"]
+    rest = ops.get(f"/v1/events?after={first['next_after']}&limit=2").json
+    assert [e["sequence"] for e in rest["events"]] == [3] and not rest["more"]
+    assert authed(app).get("/v1/events").json["events"] == replayed
+    assert authed(app, OTHER_UPLOADER_TOKEN).get("/v1/events").json["events"] == []
+    assert ops.get("/v1/events?after=-1").status_code == 400
+
+
+def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelivered(app, engine, receivers,
+                                                                                     data_file):
+    hanging, slow, steady = receivers(delay=5), receivers(delay=0.3), receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (hanging, slow, steady)]
+    upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    config = DelivererConfig(policy=NOW, max_attempts=2, timeout_seconds=0.8, concurrency=3, allow_private=True)
+    began = time.monotonic()
+    deliver_all(engine, config)
+    assert time.monotonic() - began < 4, "two attempts on the hanging endpoint, each cut at the timeout"
+    assert len(slow.calls) == 1 and len(steady.calls) == 1  # delivered once, not held up by the hanging one
+    ops = authed(app, OPERATOR_TOKEN)
+    failing = ops.get("/v1/ops/webhooks/failing").json["deliveries"]
+    assert [(d["subscription_id"], d["state"], d["attempts"]) for d in failing] == [(hooks[0]["id"], "failed", 2)]
+    assert "timed out" in failing[0]["last_error"]
+
+    delivery_id = failing[0]["id"]
+    assert ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver", json={}).status_code == 400
+    again = ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver", json={"reason": "endpoint fixed"})
+    assert again.status_code == 200 and again.json["state"] == "pending" and again.json["attempts"] == 0
+    assert again.json["sequence"] == 1
+    with engine.connect() as conn:
+        actions = conn.execute(select(audit_log.c.action, audit_log.c.reason)
+                               .order_by(audit_log.c.id)).all()
+    assert actions[-1] == ("webhook.redeliver", "endpoint fixed")
+    assert [a for a, _ in actions].count("webhook.register") == 3
+    hanging.delay = 0
+    deliver_all(engine, config)
+    assert ops.get(f"/v1/ops/webhooks/{hooks[0]['id']}/deliveries").json["deliveries"][0]["state"] == "delivered"
+    assert len({h["webhook-id"] for h, _ in hanging.calls}) == 1  # the same event every time
+
+
+def test_each_variant_records_its_provenance_and_it_never_changes(app, engine, data_file):
+    attachment_id = upload_and_process(app, engine, data_file("synthetic/exif_gps_orientation6.jpg"))
+    client = authed(app)
+    plain = client.get(f"/v1/attachments/{attachment_id}").json
+    assert all(v["provenance"] is None for v in plain["variants"].values())
+    status = client.get(f"/v1/attachments/{attachment_id}?provenance=1").json
+    version = pipeline.get(1)
+    for name, variant in status["variants"].items():
+        made = variant["provenance"]
+        assert made["source"]["sha256"] == status["sha256"]
+        assert made["pipeline"] == {"version": 1, "fingerprint": version.fingerprint}
+        if name == "original":
+            assert made["copy"] and made["encoder"] is None
+            continue
+        assert made["spec"]["name"] == name and made["libraries"]["Pillow"]
+        assert made["libraries"]["jpg"] and made["libraries"]["webp"]
+        assert made["encoder"]["format"] == "JPEG" and made["encoder"]["quality"] == 85
+        assert made["stripped"]["gps"] is True and "GPSInfo" in made["stripped"]["exif_tags"]
+    job = authed(app, OPERATOR_TOKEN).get(f"/v1/ops/jobs/{status['job_id']}").json
+    assert {v["variant"]: v["provenance"] for v in job["variants"]} == {
+        name: v["provenance"] for name, v in status["variants"].items()}
+    with pytest.raises((IntegrityError, InternalError), match="provenance never changes"):
+        with engine.begin() as conn:
+            conn.execute(variants.update().values(provenance={"forged": True}))
+    with engine.begin() as conn:  # other columns of a published variant may still change (retirement)
+        conn.execute(variants.update().where(variants.c.variant == "thumbnail").values(retired_at=None))
+    assert json.dumps(client.get(f"/v1/attachments/{attachment_id}?provenance=1").json) == json.dumps(status)

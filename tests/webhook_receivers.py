@@ -1,0 +1,58 @@
+"""Small webhook receivers for the tests: http.server threads that record what they got.
+
+``fail_first``: answer 500 to the first N calls; ``delay``: wait this long
+before answering (longer than the deliverer's timeout: a hanging endpoint).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from standardwebhooks.webhooks import Webhook
+
+
+class Receiver:
+    def __init__(self, *, fail_first: int = 0, delay: float = 0.0):
+        self.fail_first, self.delay = fail_first, delay
+        self.calls: list[tuple[dict[str, str], str]] = []  # every request, answered or not
+        self.lock = threading.Lock()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
+                with receiver.lock:
+                    receiver.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                    failing = len(receiver.calls) <= receiver.fail_first
+                if receiver.delay:
+                    time.sleep(receiver.delay)
+                try:
+                    self.send_response(500 if failing else 204)
+                    self.end_headers()
+                except OSError:  # the deliverer gave up waiting
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+
+    def verified(self, secret: str) -> list[tuple[dict[str, str], dict]]:
+        """Every call, verified with the Standard Webhooks reference library as a receiver would."""
+        hook = Webhook(secret)
+        with self.lock:
+            calls = list(self.calls)
+        return [(headers, hook.verify(body, headers)) for headers, body in calls]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
