@@ -35,8 +35,10 @@ not enqueue in the job's transaction).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+from typing import Iterator
 from textwrap import dedent
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
@@ -109,6 +111,17 @@ ENQUEUE = dedent(f"""\
     """)
 
 
+@contextlib.contextmanager
+def cursor(pool: ConnectionPool) -> Iterator:
+    """A cursor in one transaction on a pooled connection, waiting at most the pool's timeout for it.
+
+    Not ``dramatiq_postgres.utils.transaction``: that retries a lost
+    connection for minutes, where a publish must fail within its timeout.
+    """
+    with pool.connection() as connection, connection.transaction(), connection.cursor() as curs:
+        yield curs
+
+
 def libpq_url(database_url: str) -> str:
     """A ``postgresql://`` URL psycopg 3 accepts: no SQLAlchemy driver suffix."""
     scheme, rest = database_url.split("://", 1)
@@ -151,7 +164,7 @@ class PostgresBroker(LibraryBroker):
             return
         with self._schema_lock:
             if not self._schema_ready:
-                with transaction(self.pool) as curs:
+                with cursor(self.pool) as curs:
                     curs.execute("SET LOCAL lock_timeout = '30s'")
                     init_schema(curs, SCHEMA, "")
                 self._schema_ready = True
@@ -171,7 +184,7 @@ class PostgresBroker(LibraryBroker):
             if delay:
                 message = message.copy(queue_name=dq_name(message.queue_name),
                                        options={"eta": current_millis() + delay})
-            with transaction(self.pool) as curs:
+            with cursor(self.pool) as curs:
                 curs.execute(f"SET LOCAL statement_timeout = {int(self.answer_timeout * 1000)}")
                 curs.execute(ENQUEUE, (message.queue_name, message.message_id, Json(tidy4json(message)),
                                        delay or 0))
@@ -192,7 +205,7 @@ class PostgresBroker(LibraryBroker):
             where, args = """"state" = 'queued' AND queue_name = %s""", (queue_name,)
         try:
             self.ensure_schema()
-            with transaction(self.pool) as curs:
+            with cursor(self.pool) as curs:
                 curs.execute(f"SELECT count(*) FROM {TABLE} WHERE {where}", args)
                 return curs.fetchone()[0]
         except PUBLISH_ERRORS as exc:
@@ -201,7 +214,7 @@ class PostgresBroker(LibraryBroker):
     def ping(self) -> None:
         """One round trip on a pooled connection."""
         try:
-            with transaction(self.pool) as curs:
+            with cursor(self.pool) as curs:
                 curs.execute("SELECT 1")
         except PUBLISH_ERRORS as exc:
             raise BrokerUnavailable(f"PostgreSQL broker unreachable: {type(exc).__name__}") from exc
