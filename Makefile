@@ -20,7 +20,9 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
+# with DATABASE_URL and BROKER_URL unset: an embedded PostgreSQL under var/ and the PostgreSQL broker in it
 release: install
+	@ATTACHE_DEV=1 attache db where
 	ATTACHE_DEV=1 honcho start -f Procfile release
 	ATTACHE_DEV=1 attache dev-token
 
@@ -39,4 +41,5 @@ soak: install
 	$(PY) -m pytest -q -s -p no:cacheprovider soak/
 
 clean:
+	-test -x $(VENV)/bin/attache && $(VENV)/bin/attache db stop
 	rm -rf $(VENV) var .pytest_cache

@@ -17,8 +17,9 @@ from app.adapters.imaging.sniff import PROCESSED_FORMATS
 from app.core.auth import parse_tokens
 from app.errors import ConfigError
 
-DEFAULT_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/attache"
-DEFAULT_BROKER_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+#: the ``BROKER_URL`` schemes of each broker kind (unset: the PostgreSQL broker in the database)
+BROKER_SCHEMES = {"rabbitmq": ("amqp", "amqps"), "postgres": ("postgresql",)}
+DEFAULT_DATA_DIR = "var"
 DEFAULT_STORAGE_URL = "file://./var/storage"
 
 
@@ -55,9 +56,11 @@ def _str(name: str, raw: str) -> str:
     return raw.strip()
 
 
-def _url(*schemes: str) -> Callable[[str, str], str]:
+def _url(*schemes: str, optional: bool = False) -> Callable[[str, str], str]:
     def parse(name: str, raw: str) -> str:
         raw = raw.strip()
+        if optional and not raw:
+            return ""
         if not any(raw.startswith(s + "://") for s in schemes):
             raise ConfigError(f"{name}={raw!r} must start with one of: " + ", ".join(s + "://" for s in schemes))
         return raw
@@ -92,10 +95,16 @@ def setting(env: str, default: Any, parse: Callable[[str, str], Any], doc: str) 
 @dataclass(frozen=True)
 class Settings:
     database_url: str = setting(
-        "DATABASE_URL", DEFAULT_DATABASE_URL, _url("postgresql", "postgresql+psycopg2"),
-        "PostgreSQL, the only source of truth")
+        "DATABASE_URL", "", _url("postgresql", "postgresql+psycopg2", optional=True),
+        "PostgreSQL, the only source of truth; unset: an embedded PostgreSQL under `ATTACHE_DATA_DIR/pgdata`, "
+        "started by the first process that needs it (single-node mode, `docs/deploy.md`)")
     broker_url: str = setting(
-        "BROKER_URL", DEFAULT_BROKER_URL, _url("amqp", "amqps"), "RabbitMQ")
+        "BROKER_URL", "", _url(*BROKER_SCHEMES["rabbitmq"], *BROKER_SCHEMES["postgres"], optional=True),
+        "the broker: `amqp://` RabbitMQ (quorum queues), `postgresql://` the PostgreSQL broker in that database; "
+        "unset: the PostgreSQL broker in the database of `DATABASE_URL`")
+    data_dir: str = setting(
+        "ATTACHE_DATA_DIR", DEFAULT_DATA_DIR, _str,
+        "where the embedded PostgreSQL keeps its data (`pgdata/` below it) when `DATABASE_URL` is unset")
     storage_url: str = setting(
         "STORAGE_URL", DEFAULT_STORAGE_URL, _url("file", "s3"),
         "object storage: file://PATH or s3://BUCKET?endpoint=URL")
@@ -179,7 +188,8 @@ class Settings:
         "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
     broker_delivery_limit: int = setting(
         "ATTACHE_BROKER_DELIVERY_LIMIT", 20, _int(1),
-        "quorum-queue x-delivery-limit: redeliveries before RabbitMQ dead-letters a message")
+        "deliveries of one message before the broker dead-letters it to `<queue>.XQ` (RabbitMQ: the "
+        "quorum queue's x-delivery-limit; PostgreSQL broker: counted at each claim)")
     publish_timeout_seconds: float = setting(
         "ATTACHE_PUBLISH_TIMEOUT_SECONDS", 5.0, _float(0.1),
         "how long a publish waits for each RabbitMQ answer (a confirm; connecting: twice this), "
@@ -247,6 +257,18 @@ class Settings:
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
 
+    @property
+    def broker_kind(self) -> str:
+        """``rabbitmq`` or ``postgres``: which broker ``BROKER_URL`` names (unset: ``postgres``)."""
+        if self.broker_url.startswith(tuple(s + "://" for s in BROKER_SCHEMES["rabbitmq"])):
+            return "rabbitmq"
+        return "postgres"
+
+    @property
+    def embedded_database(self) -> bool:
+        """True when ``DATABASE_URL`` is unset: attache runs its own PostgreSQL under ``data_dir``."""
+        return not self.database_url
+
     @classmethod
     def documented(cls) -> list[tuple[str, Any, str]]:
         """(variable, default, meaning) for every setting: used by docs and tests."""
@@ -255,6 +277,8 @@ class Settings:
 
 DEFAULT_NOTES = {
     "ATTACHE_ACCEPTED_FORMATS": f"`{','.join(PROCESSED_FORMATS)}`",
+    "DATABASE_URL": "(unset: embedded PostgreSQL)",
+    "BROKER_URL": "(unset: PostgreSQL broker)",
     "ATTACHE_API_TOKENS": "(none; in development mode a token is created under `var/dev-token`)",
     "ATTACHE_PIPELINE_VERSION": "the newest registered",
     "ATTACHE_MAX_DECODE_BYTES": f"`{DEFAULT_MAX_DECODE_BYTES}` ({DEFAULT_MAX_DECODE_BYTES // 2**20} MiB)",

@@ -29,6 +29,33 @@ def settings_or_exit(process: str, environ: Mapping[str, str] | None = None) -> 
         raise SystemExit(2) from None
 
 
+def database_url(settings: Settings) -> str:
+    """The database of ``settings``: ``DATABASE_URL``, or the embedded server's (started if need be)."""
+    if settings.database_url:
+        return settings.database_url
+    from app.adapters.postgres import embedded
+
+    return embedded.start(settings.data_dir)
+
+
+def mode(settings: Settings) -> str:
+    """One line saying where the data and the messages live (``make up`` prints it)."""
+    from app.adapters.postgres import embedded
+
+    if settings.embedded_database:
+        database = f"embedded PostgreSQL, data in {embedded.pgdata(settings.data_dir)}"
+    else:
+        database = "PostgreSQL at DATABASE_URL"
+    if settings.broker_kind == "rabbitmq":
+        broker = "RabbitMQ at BROKER_URL"
+    elif settings.broker_url:
+        broker = "PostgreSQL broker at BROKER_URL"
+    else:
+        broker = "PostgreSQL broker in the same database"
+    name = "single node" if settings.embedded_database and not settings.broker_url else "services"
+    return f"mode: {name} ({database}; {broker}; storage {settings.storage_url})"
+
+
 class Services:
     """One process's adapters. ``consumer``: the process runs Dramatiq actors (the worker)."""
 
@@ -38,10 +65,20 @@ class Services:
         self._consumer = consumer
 
     @cached_property
+    def database_url(self) -> str:
+        """``DATABASE_URL``, or (unset) the embedded PostgreSQL's, started if it is not running."""
+        return database_url(self.settings)
+
+    @cached_property
+    def broker_url(self) -> str:
+        """``BROKER_URL``, or (unset) the database's: the PostgreSQL broker lives in it."""
+        return self.settings.broker_url or self.database_url
+
+    @cached_property
     def engine(self):
         from app.adapters.postgres.db import make_engine
 
-        return make_engine(self.settings.database_url, pool_size=self._pool_size)
+        return make_engine(self.database_url, pool_size=self._pool_size)
 
     @cached_property
     def storage(self):
@@ -53,11 +90,10 @@ class Services:
     @cached_property
     def broker(self):
         """The one broker of the process: the worker consumes through it and publishes follow-ups on it."""
-        from app.adapters.broker.rabbitmq import AttacheBroker
+        from app.adapters.broker import broker_from_settings
 
-        return AttacheBroker(url=self.settings.broker_url, delivery_limit=self.settings.broker_delivery_limit,
-                             socket_timeout=self.settings.publish_timeout_seconds,
-                             middleware=self._consumer_middleware() if self._consumer else [])
+        return broker_from_settings(self.settings, self.broker_url,
+                                    middleware=self._consumer_middleware() if self._consumer else [])
 
     def _consumer_middleware(self) -> list:
         from dramatiq.middleware import (
@@ -94,11 +130,11 @@ class Services:
 
     @cached_property
     def dead_letters(self):
-        from app.adapters.broker.dead_letter_tools import DeadLetters
+        from app.adapters.broker import dead_letters_from_settings
         from app.core.steps import Step
 
-        return DeadLetters(self.settings.broker_url, self.engine, queues=[step.queue for step in Step],
-                           socket_timeout=self.settings.publish_timeout_seconds)
+        return dead_letters_from_settings(self.settings, self.broker_url, self.engine,
+                                          queues=[step.queue for step in Step])
 
     @cached_property
     def limits(self):

@@ -5,7 +5,10 @@
 * worker peak RSS on the 24 MP photo (:mod:`bench.render`);
 * end to end at saturation with 1, 2 and 4 worker processes against a raw
   render loop, idle small-photo latency, ingest against raw streaming and
-  the 1 MB ``202`` latency, through the real processes (:mod:`bench.system`).
+  the 1 MB ``202`` latency, through the real processes (:mod:`bench.system`);
+* single-node mode (embedded PostgreSQL, PostgreSQL broker): end to end
+  images/s with one worker process and idle small-photo latency, beside
+  the RabbitMQ mode's (:mod:`bench.single_node`).
 
 One table at the end gives every figure, its reference, the ratio, the
 target of issue 11 and whether it is met; ``docs/performance.md`` records
@@ -24,7 +27,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench import render, system
+from bench import render, single_node, system
 from bench.figures import table
 
 
@@ -49,7 +52,9 @@ def main() -> int:
     figures = render.throughput()
     print(table(figures), flush=True)
     figures.append(render.worker_peak())
-    figures += system.main()
+    rabbitmq = system.main()
+    figures += rabbitmq
+    figures += single_node.main(rabbitmq)
     print()
     print(table(figures))
     print(f"\nmet {sum(f.met is True for f in figures)} of {len(figures)} targets in "

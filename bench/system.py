@@ -280,12 +280,12 @@ def _send_all(post, files: list[Path], clients: int) -> list:
         return list(pool.map(post, files))
 
 
-def saturation(made: Stack, root: Path) -> list[Figure]:
+def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORKER_PROCESSES) -> list[Figure]:
     photos = sorted(PHOTOS.glob("*_12mp_*.jpg"))
     figures = []
     reference = None
     web = made.deployment.processes["web"].popen.pid
-    for processes in WORKER_PROCESSES:
+    for processes in worker_processes:
         folder = root / f"saturation-{processes}"
         folder.mkdir()
         files = [unique_jpeg(photos[i % len(photos)], folder / f"{i}.jpg", processes * 10_000 + i)

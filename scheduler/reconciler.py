@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from app.adapters.broker.rabbitmq import AttacheBroker
 from app.core import states
 from app.core.identity import identity
 from app.core.steps import Step
@@ -57,7 +56,7 @@ class ReconcilerConfig:
 class Reconciler:
     name = "reconciler"
 
-    def __init__(self, unit_of_work: UnitOfWork, broker: AttacheBroker, config: ReconcilerConfig):
+    def __init__(self, unit_of_work: UnitOfWork, broker, config: ReconcilerConfig):
         self.unit_of_work = unit_of_work
         self.broker = broker
         self.config = config

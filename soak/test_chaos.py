@@ -19,6 +19,11 @@ downloads with the sha256 its status names; one effect per
 202; ``ready`` never regresses; no job ever hit ``staging_missing``; after
 GC and staging cleanup with zero grace no unreferenced object is left.
 It prints its figures. The run is bounded by ``SOAK_SECONDS`` (900).
+
+``SOAK_BROKER=postgres make soak`` runs the same chaos against the
+PostgreSQL broker (single-node mode's), in the private cluster's database;
+the RabbitMQ restart turn is then left out (there is no RabbitMQ), and the
+PostgreSQL stop stops the broker with the database.
 """
 
 from __future__ import annotations
@@ -57,6 +62,9 @@ UPLOADS = int(os.environ.get("SOAK_UPLOADS", "1000"))
 BOUND = float(os.environ.get("SOAK_SECONDS", "900"))
 CLIENTS = int(os.environ.get("SOAK_CLIENTS", "8"))
 RATE = float(os.environ.get("SOAK_RATE", "8"))  # uploads started per second, like users arriving
+#: ``rabbitmq`` (a private RabbitMQ node, restarted mid-run) or ``postgres`` (the PostgreSQL broker in the
+#: private cluster's database: stopping PostgreSQL stops the broker too, and no RabbitMQ node is started)
+BROKER = os.environ.get("SOAK_BROKER", "rabbitmq")
 LEASE = 5.0
 TOKEN = "soak-uploader"
 OPERATOR = "soak-operator"
@@ -108,16 +116,19 @@ class Storage:
 
 @pytest.fixture
 def world(tmp_path):
-    postgres, rabbit, storage = PrivateCluster(), PrivateRabbit(), Storage()
+    postgres, storage = PrivateCluster(), Storage()
+    rabbit = PrivateRabbit() if BROKER == "rabbitmq" else None
     deployment = None
     try:
         postgres.start()
-        rabbit.start()
+        if rabbit is not None:
+            rabbit.start()
         database_url = postgres.url("attache")
         db.ensure_database(database_url)
         db.upgrade(database_url)
         env = {
-            "DATABASE_URL": database_url, "BROKER_URL": rabbit.url, "STORAGE_URL": f"file://{storage.path}",
+            "DATABASE_URL": database_url, "BROKER_URL": rabbit.url if rabbit is not None else database_url,
+            "STORAGE_URL": f"file://{storage.path}",
             "ATTACHE_API_TOKENS": f"{TOKEN}=soak:uploader,{OPERATOR}=ops:operator",
             "ATTACHE_PIPELINE_VERSION": "1",
             "ATTACHE_LEASE_SECONDS": str(LEASE), "ATTACHE_LEASE_INTERVAL_SECONDS": "0.5",
@@ -133,7 +144,8 @@ def world(tmp_path):
     finally:
         if deployment is not None:
             deployment.stop_all()
-        rabbit.destroy()
+        if rabbit is not None:
+            rabbit.destroy()
         postgres.destroy()
         storage.destroy()  # unmounting drops a read-only mount too
 
@@ -190,6 +202,8 @@ class Chaos(threading.Thread):
         self.errors: list[BaseException] = []
         #: each fires once, every fourth turn, while kills go on in between
         self.once = [self.pause_worker, self.restart_rabbit, self.stop_postgres, self.refuse_storage]
+        if rabbit is None:  # SOAK_BROKER=postgres
+            self.once.remove(self.restart_rabbit)
 
     def note(self, what: str) -> None:
         self.log.append(f"{time.strftime('%H:%M:%S')} {what}")

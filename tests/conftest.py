@@ -94,12 +94,26 @@ def storage_dir(tmp_path):
     return path
 
 
+#: the two brokers a test parametrized over ``broker_kind`` runs against (``BROKER_KINDS`` below)
+BROKER_KINDS = ("rabbitmq", "postgres")
+
+
 @pytest.fixture
-def env(database_url, broker_url, storage_dir) -> dict[str, str]:
-    """The environment of a test deployment, with short leases and sweeps."""
+def broker_kind() -> str:
+    """Which broker ``env`` uses; a test proves both with ``@pytest.mark.parametrize("broker_kind", BROKER_KINDS)``."""
+    return "rabbitmq"
+
+
+@pytest.fixture
+def env(request, database_url, broker_kind, storage_dir) -> dict[str, str]:
+    """The environment of a test deployment, with short leases and sweeps.
+
+    ``broker_kind`` ``postgres``: the PostgreSQL broker in the test's own database (no vhost is made).
+    """
+    broker = request.getfixturevalue("broker_url") if broker_kind == "rabbitmq" else database_url
     return {
         "DATABASE_URL": database_url,
-        "BROKER_URL": broker_url,
+        "BROKER_URL": broker,
         "STORAGE_URL": f"file://{storage_dir}",
         "ATTACHE_LEASE_SECONDS": "6",
         "ATTACHE_LEASE_INTERVAL_SECONDS": "0.5",

@@ -12,11 +12,18 @@ from tests.processes import REPO
 
 def test_defaults_match_the_design():
     settings = Settings.from_env({})
-    assert settings.database_url == "postgresql://postgres@127.0.0.1:5432/attache"
-    assert settings.broker_url == "amqp://guest:guest@127.0.0.1:5672/%2F"
+    assert settings.database_url == "" and settings.embedded_database, "unset: the embedded PostgreSQL"
+    assert settings.broker_url == "" and settings.broker_kind == "postgres", "unset: the PostgreSQL broker"
+    assert settings.data_dir == "var"
     assert settings.storage_url == "file://./var/storage"
     assert settings.port == 8000
     assert settings.max_upload_bytes == 50 * 1024 * 1024
+
+
+@pytest.mark.parametrize("url,kind", [("amqp://guest:guest@127.0.0.1:5672/%2F", "rabbitmq"),
+                                      ("amqps://h/v", "rabbitmq"), ("postgresql://h/db", "postgres")])
+def test_the_broker_url_chooses_the_broker(url, kind):
+    assert Settings.from_env({"BROKER_URL": url}).broker_kind == kind
 
 
 @pytest.mark.parametrize("variable,value", [

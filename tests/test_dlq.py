@@ -4,6 +4,9 @@ Messages are dead-lettered without a worker: published to ``attache.inspect``
 like the outbox does, then rejected (``requeue=False``) so RabbitMQ itself
 moves them to ``attache.inspect.XQ`` with an ``x-death`` header.
 
+With the PostgreSQL broker (the tests parametrized over ``broker_kind``) a
+consumer takes them and nacks them, which marks their rows ``rejected``.
+
 Requeue and purge act only on what the operator chose (message ids, or all
 with a confirmed count) and are audited before the broker is touched.
 """
@@ -28,13 +31,28 @@ from app.adapters.broker.dead_letter_tools import DeadLetters
 from app.adapters.postgres.models import audit_log, dead_letters
 from app.core.steps import Step
 from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected
+from tests.conftest import BROKER_KINDS
 
 XQ = "attache.inspect.XQ"
 STEP_QUEUES = [step.queue for step in Step]
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.fixture
+def broker_url(broker_url, broker_kind, database_url):
+    """The URL of the broker in use (the parametrized tests run against the PostgreSQL broker as well)."""
+    return broker_url if broker_kind == "rabbitmq" else database_url
+
+
 def depth(broker_url, queue):
+    if broker_url.startswith("postgresql"):
+        from app.adapters.broker.postgres import PostgresBroker
+
+        broker = PostgresBroker(url=broker_url)
+        try:
+            return broker.queue_depth(queue)
+        finally:
+            broker.close()
     connection = pika.BlockingConnection(pika.URLParameters(broker_url))
     try:
         return connection.channel().queue_declare(queue=queue, passive=True).method.message_count
@@ -51,6 +69,17 @@ def dead_letter_three(services, broker_url, count: int = 3) -> list[str]:
                           options={"retries": n})
         services.broker.enqueue(message)
         ids.append(message.message_id)
+    if broker_url.startswith("postgresql"):  # the PostgreSQL broker: a consumer takes them and nacks them
+        consumer, ours = services.broker.consume("attache.inspect", prefetch=len(ids) + 10), set(ids)
+        try:
+            while ours:
+                message = next(consumer)
+                if message is not None and message.message_id in ours:
+                    ours.discard(message.message_id)
+                    consumer.nack(message)
+        finally:
+            consumer.close()
+        return ids
     before = depth(broker_url, "attache.inspect") - len(ids)
     connection = pika.BlockingConnection(pika.URLParameters(broker_url))
     try:
@@ -73,8 +102,8 @@ def audit_rows(engine):
 
 
 @pytest.fixture
-def dlq(broker_url, engine):
-    return DeadLetters(broker_url, engine, queues=STEP_QUEUES, socket_timeout=5.0)
+def dlq(services):
+    return services.dead_letters
 
 
 @pytest.fixture
@@ -91,6 +120,7 @@ def by_queue(dlq):
     return {q["queue"]: q for q in dlq.queues()}
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_queues_lists_every_step_xq_with_missing_ones_at_zero(dlq, dead):
     queues = dlq.queues()
     assert [q["name"] for q in queues] == ["attache.inspect.XQ", "attache.render.XQ", "attache.publish.XQ"]
@@ -98,6 +128,7 @@ def test_queues_lists_every_step_xq_with_missing_ones_at_zero(dlq, dead):
         "attache.inspect": 3, "attache.render": 0, "attache.publish": 0}
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_messages_are_decoded_and_left_in_place(dlq, dead, broker_url):
     first = dlq.messages("attache.inspect")
     assert [m["message_id"] for m in first] == dead
@@ -159,6 +190,7 @@ def test_requeue_moves_the_chosen_ids_then_all_of_a_confirmed_count(dlq, dead, b
                                                                        "not_found": [dead[0]]}
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_purge_of_the_listed_ids_spares_a_message_that_arrived_later(dlq, dead, services, broker_url, engine):
     listed = dlq.listing("attache.inspect")
     assert listed["depth"] == 3
@@ -185,6 +217,7 @@ def test_purge_of_some_ids_hands_the_others_back_in_place_and_unchanged(dlq, dea
     assert depth(broker_url, XQ) == 2
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_purge_all_removes_nothing_when_the_queue_holds_more_than_confirmed(dlq, dead, broker_url, engine):
     with pytest.raises(MoreThanExpected) as refused:
         dlq.purge(XQ, actor="ops:carol", expected=2, reason="junk")

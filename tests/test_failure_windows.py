@@ -27,9 +27,11 @@ from app.adapters.postgres.models import (
     variants,
 )
 from app.core import pipeline
+from tests.conftest import BROKER_KINDS
 from tests.processes import Deployment, wait_for
 
-pytestmark = pytest.mark.processes
+#: every window, against both brokers
+pytestmark = [pytest.mark.processes, pytest.mark.parametrize("broker_kind", BROKER_KINDS)]
 
 PHOTO = "photos/chelsea.jpg"
 

@@ -15,6 +15,7 @@ from sqlalchemy import func, insert, select, text, update
 from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.core import states
 from app.observability.tracing import new_traceparent
+from tests.conftest import BROKER_KINDS
 from tests.processes import Deployment, wait_for
 from tests.test_failure_windows import assert_invariants
 
@@ -34,6 +35,7 @@ def history(engine, job_id):
                             .where(job_history.c.job_id == job_id).order_by(job_history.c.id)).all()
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_worker_killed_mid_render_is_recovered_through_its_lease(deployment, engine, storage_dir, data_file):
     deployment.start("web")
     deployment.start("scheduler")

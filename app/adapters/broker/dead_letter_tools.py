@@ -106,12 +106,21 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
 
 
 class DeadLetters:
-    """The dead-letter queues of ``queues``, the step queues (``[step.queue for step in Step]``)."""
+    """The dead-letter queues of ``queues``, the step queues (``[step.queue for step in Step]``), in RabbitMQ.
+
+    :class:`~app.adapters.broker.postgres_dead_letters.PostgresDeadLetters`
+    is the same toolkit over the PostgreSQL broker: it replaces the broker
+    side (``_connection``, ``_depth``, ``_take``, ``listing``) and keeps the
+    choosing, refusing and auditing of :meth:`_act`.
+    """
 
     def __init__(self, broker_url: str, engine, *, queues: Iterable[str], socket_timeout: float = 5.0):
         self.parameters = connection_parameters(broker_url, socket_timeout=socket_timeout)
         self.engine = engine
         self.step_queues = tuple(queues)
+
+    def close(self) -> None:
+        """Nothing held between calls (each opens and closes its own connection)."""
 
     # --- helpers ------------------------------------------------------------
 
@@ -363,4 +372,7 @@ class DeadLetters:
                 raise
 
 
-__all__ = ["DeadLetters"]
+#: the RabbitMQ toolkit by the name that says so (the PostgreSQL broker's: ``postgres_dead_letters``)
+RabbitDeadLetters = DeadLetters
+
+__all__ = ["DeadLetters", "RabbitDeadLetters"]

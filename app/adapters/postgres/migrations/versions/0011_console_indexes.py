@@ -15,6 +15,10 @@ upload", has the figures).
 * ``step_runs.worker``: which worker ran a step (null for runs recorded
   before this migration).
 
+Where the server does not ship ``pg_trgm`` (the embedded PostgreSQL of
+single-node mode does not), the extension and its index are left out:
+the search runs the same ``ILIKE``, as a scan.
+
 Plain CREATE INDEX, inside the release's migration transaction: writes to
 each table wait while its index builds (about 30 s for the trigram index
 of a million attachments, 1–3 s for the others). An index that exists
@@ -35,16 +39,25 @@ branch_labels = None
 depends_on = None
 
 
+def trigram_available() -> bool:
+    """Whether this server ships pg_trgm (a contrib extension; the embedded server does not)."""
+    return bool(op.get_bind().execute(sa.text(
+        "SELECT 1 FROM pg_available_extensions WHERE name = 'pg_trgm'")).scalar())
+
+
 def upgrade() -> None:
-    op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+    trigram = trigram_available()
+    if trigram:
+        op.execute("CREATE EXTENSION IF NOT EXISTS pg_trgm")
     op.add_column("step_runs", sa.Column("worker", sa.Text))
     op.create_index("step_runs_job_idx", "step_runs", ["job_id", "id"], if_not_exists=True)
     op.create_index("attachments_created_idx", "attachments", ["created_at"], if_not_exists=True)
     op.create_index("attachments_owner_idx", "attachments", ["owner", "created_at"], if_not_exists=True)
     op.create_index("attachments_sha256_idx", "attachments", ["sha256"],
                     postgresql_ops={"sha256": "text_pattern_ops"}, if_not_exists=True)
-    op.create_index("attachments_filename_trgm_idx", "attachments", ["filename"], postgresql_using="gin",
-                    postgresql_ops={"filename": "gin_trgm_ops"}, if_not_exists=True)
+    if trigram:
+        op.create_index("attachments_filename_trgm_idx", "attachments", ["filename"], postgresql_using="gin",
+                        postgresql_ops={"filename": "gin_trgm_ops"}, if_not_exists=True)
     op.create_index("jobs_created_idx", "jobs", ["created_at", "id"], if_not_exists=True)
     op.create_index("jobs_state_created_idx", "jobs", ["state", "created_at", "id"], if_not_exists=True)
     op.create_index("jobs_error_code_idx", "jobs", ["error_code", "created_at", "id"],
@@ -64,5 +77,5 @@ def downgrade() -> None:
                         ("jobs_created_idx", "jobs"), ("attachments_filename_trgm_idx", "attachments"),
                         ("attachments_sha256_idx", "attachments"), ("attachments_owner_idx", "attachments"),
                         ("attachments_created_idx", "attachments"), ("step_runs_job_idx", "step_runs")):
-        op.drop_index(name, table_name=table)
+        op.drop_index(name, table_name=table, if_exists=True)
     op.drop_column("step_runs", "worker")

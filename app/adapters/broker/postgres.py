@@ -1,0 +1,246 @@
+"""The PostgreSQL broker: Dramatiq over ``dramatiq-postgres``, with RabbitMQ mode's guarantees.
+
+``dramatiq-postgres`` keeps every message as a row of ``dramatiq.queue``
+(its own schema, created here on first use): a worker claims due rows with
+``SELECT … FOR UPDATE SKIP LOCKED``, ``LISTEN/NOTIFY`` wakes it when one is
+enqueued, an ack deletes the row, a nack marks it ``rejected``. A worker
+writes a heartbeat row; the messages it held are queued again once it has
+been silent for :data:`HEARTBEAT_TTL_SECONDS` (a SIGKILLed worker's
+messages come back, as RabbitMQ's do when the connection drops).
+
+What :class:`PostgresBroker` adds, so this mode keeps RabbitMQ mode's contract:
+
+1. **A delivery limit.** Each claim counts a delivery in the message
+   (``options.x_delivery_count``, the quorum queue's ``x-delivery-count``);
+   a message already delivered more than ``delivery_limit`` times is not
+   handed out again but dead-lettered (``rejected``, with
+   ``options.dead_lettered = "delivery_limit"``): a message that kills
+   every worker that takes it stops looping.
+2. **Dead letters kept until an operator acts.** ``<queue>.XQ`` is the
+   ``rejected`` rows of the queue (and of its delay queue); the library's
+   age-based purge is off, as RabbitMQ keeps ``.XQ`` until it is purged
+   (:class:`~app.adapters.broker.dead_letter_tools.PostgresDeadLetters`).
+3. **Publishing like the RabbitMQ broker.** One ``INSERT`` committed before
+   :meth:`enqueue` returns (the commit is the confirm), bounded by the
+   publish timeout and raising :class:`BrokerUnavailable` (no retry loop:
+   the outbox relay retries); every publish is a fresh delivery count; the
+   window-3 fault point dies after the commit.
+4. :meth:`queue_depth` and :meth:`ping`, as the reconciler and ``/readyz`` use them.
+
+The broker shares the database only by URL: it has its own psycopg 3
+connection pool, and its rows are written in their own transactions (see
+``docs/architecture.md``, "The PostgreSQL broker", for why the outbox does
+not enqueue in the job's transaction).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from typing import Iterator
+from textwrap import dedent
+from urllib.parse import parse_qsl, urlsplit, urlunsplit
+
+from dramatiq.common import current_millis, dq_name, q_name, xq_name
+from dramatiq.message import Message
+from dramatiq_postgres import PostgresBroker as LibraryBroker
+from dramatiq_postgres import init as init_schema
+from dramatiq_postgres.broker import PostgresConsumer
+from dramatiq_postgres.utils import raise_connection_error, tidy4json, transaction
+from psycopg import Error as PsycopgError
+from psycopg.types.json import Json
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from app import faults
+from app.errors import BrokerUnavailable
+
+log = logging.getLogger("attache.broker")
+
+SCHEMA = "dramatiq"
+TABLE = f"{SCHEMA}.queue"
+#: the option a claim counts deliveries in (RabbitMQ's quorum queues: the x-delivery-count header)
+DELIVERY_COUNT = "x_delivery_count"
+#: the option that says why a message was dead-lettered by the broker itself
+DEAD_LETTERED = "dead_lettered"
+#: a worker heartbeats this often while it consumes
+HEARTBEAT_SECONDS = 2.0
+#: a worker silent this long is dead: the messages it held are queued again
+HEARTBEAT_TTL_SECONDS = 10.0
+#: how often (about) one worker of the deployment requeues dead workers' messages
+MAINTENANCE_SECONDS = 3.0
+#: a consumer with nothing to do looks again after this long even without a NOTIFY
+POLL_SECONDS = 1.0
+
+#: everything a publish or an inspection can raise when PostgreSQL is away
+PUBLISH_ERRORS = (PsycopgError, PoolTimeout, OSError)
+
+CLAIM = dedent(f"""\
+    WITH next AS (
+        SELECT message_id, COALESCE((message->'options'->>'{DELIVERY_COUNT}')::int, 0) AS deliveries
+        FROM {TABLE}
+        WHERE queue_name = %(queue)s AND "state" = 'queued' AND available_at <= NOW()
+        ORDER BY available_at, position
+        LIMIT %(limit)s
+        FOR UPDATE SKIP LOCKED
+    )
+    UPDATE {TABLE} AS q SET
+        "state" = CASE WHEN next.deliveries > %(delivery_limit)s THEN 'rejected'::{SCHEMA}.state
+                       ELSE 'consumed'::{SCHEMA}.state END,
+        worker_id = CASE WHEN next.deliveries > %(delivery_limit)s THEN NULL ELSE %(worker)s::uuid END,
+        consumed_at = CASE WHEN next.deliveries > %(delivery_limit)s THEN NULL ELSE NOW() END,
+        mtime = NOW(),
+        message = CASE WHEN next.deliveries > %(delivery_limit)s
+                       THEN jsonb_set(q.message, '{{options,{DEAD_LETTERED}}}', '"delivery_limit"')
+                       ELSE jsonb_set(q.message, '{{options,{DELIVERY_COUNT}}}', to_jsonb(next.deliveries + 1)) END
+    FROM next
+    WHERE q.message_id = next.message_id
+    RETURNING q."state"::text, q.message::text
+    """)
+
+ENQUEUE = dedent(f"""\
+    WITH enqueued AS (
+        INSERT INTO {TABLE} (queue_name, message_id, "state", message, available_at)
+        VALUES (%s, %s, 'queued', %s, NOW() + make_interval(secs => %s / 1000.0))
+        ON CONFLICT (message_id) DO UPDATE SET
+            "state" = 'queued', message = EXCLUDED.message, queue_name = EXCLUDED.queue_name,
+            available_at = EXCLUDED.available_at, worker_id = NULL, consumed_at = NULL, mtime = NOW()
+        RETURNING queue_name
+    )
+    SELECT pg_notify('dramatiq.' || queue_name || '.enqueue', '') FROM enqueued
+    """)
+
+
+@contextlib.contextmanager
+def cursor(pool: ConnectionPool) -> Iterator:
+    """A cursor in one transaction on a pooled connection, waiting at most the pool's timeout for it.
+
+    Not ``dramatiq_postgres.utils.transaction``: that retries a lost
+    connection for minutes, where a publish must fail within its timeout.
+    """
+    with pool.connection() as connection, connection.transaction(), connection.cursor() as curs:
+        yield curs
+
+
+def libpq_url(database_url: str) -> str:
+    """A ``postgresql://`` URL psycopg 3 accepts: no SQLAlchemy driver suffix."""
+    scheme, rest = database_url.split("://", 1)
+    return "postgresql://" + rest if scheme.startswith("postgresql") else database_url
+
+
+def make_pool(url: str, *, timeout: float, max_size: int = 16) -> ConnectionPool:
+    """Connections opened on demand; a checkout (or a connect) waits at most ``timeout`` seconds."""
+    parts = urlsplit(libpq_url(url))
+    kwargs = dict(parse_qsl(parts.query))
+    kwargs.setdefault("connect_timeout", str(max(1, int(timeout * 2))))
+    kwargs.setdefault("application_name", "attache-broker")
+    return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
+                          open=True, timeout=timeout, check=ConnectionPool.check_connection)
+
+
+def fresh(message: Message) -> Message:
+    """``message`` as a new publish: no delivery count, not dead-lettered."""
+    options = {k: v for k, v in message.options.items() if k not in (DELIVERY_COUNT, DEAD_LETTERED)}
+    return Message(**{**message.asdict(), "options": options})
+
+
+class PostgresBroker(LibraryBroker):
+    def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
+                 middleware: list | None = None):
+        self.own_pool = make_pool(url, timeout=socket_timeout)
+        super().__init__(pool=self.own_pool, results=False, listen=True, notify=True, poll_interval=POLL_SECONDS,
+                         heartbeat_interval=HEARTBEAT_SECONDS, heartbeat_ttl=HEARTBEAT_TTL_SECONDS,
+                         maintenance_interval=MAINTENANCE_SECONDS, purge_maxage=None, middleware=middleware)
+        self.delivery_limit = delivery_limit
+        self.answer_timeout = socket_timeout
+        self._schema_ready = False
+        self._schema_lock = threading.Lock()
+
+    # --- the schema ---------------------------------------------------------
+
+    def ensure_schema(self) -> None:
+        """Create ``dramatiq.queue`` and its tables if missing (idempotent, serialized on an advisory lock)."""
+        if self._schema_ready:
+            return
+        with self._schema_lock:
+            if not self._schema_ready:
+                with cursor(self.pool) as curs:
+                    curs.execute("SET LOCAL lock_timeout = '30s'")
+                    init_schema(curs, SCHEMA, "")
+                self._schema_ready = True
+
+    def consume(self, queue_name, prefetch=1, timeout=30000):
+        self.ensure_schema()
+        return LimitedConsumer(broker=self, queue_name=queue_name, prefetch=prefetch, timeout=timeout)
+
+    # --- publishing -----------------------------------------------------------
+
+    def enqueue(self, message: Message, *, delay: int | None = None) -> Message:
+        """One committed INSERT (the commit is the confirm); :class:`BrokerUnavailable` if PostgreSQL is away."""
+        message = fresh(message)
+        try:
+            self.ensure_schema()
+            self.emit_before("enqueue", message, delay)
+            if delay:
+                message = message.copy(queue_name=dq_name(message.queue_name),
+                                       options={"eta": current_millis() + delay})
+            with cursor(self.pool) as curs:
+                curs.execute(f"SET LOCAL statement_timeout = {int(self.answer_timeout * 1000)}")
+                curs.execute(ENQUEUE, (message.queue_name, message.message_id, Json(tidy4json(message)),
+                                       delay or 0))
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"publish to {message.queue_name} not committed: {type(exc).__name__}") from exc
+        faults.point("after_publish")  # window 3: committed, the producer dies before it marks its outbox row
+        self.emit_after("enqueue", message, delay)
+        return message
+
+    # --- inspection -----------------------------------------------------------
+
+    def queue_depth(self, queue_name: str) -> int | None:
+        """Messages ready in a queue; for ``<queue>.XQ`` its dead letters (the rejected rows of the queue)."""
+        if queue_name.endswith(".XQ"):
+            original = q_name(queue_name[:-3])
+            where, args = """"state" = 'rejected' AND queue_name IN (%s, %s)""", (original, dq_name(original))
+        else:
+            where, args = """"state" = 'queued' AND queue_name = %s""", (queue_name,)
+        try:
+            self.ensure_schema()
+            with cursor(self.pool) as curs:
+                curs.execute(f"SELECT count(*) FROM {TABLE} WHERE {where}", args)
+                return curs.fetchone()[0]
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
+
+    def ping(self) -> None:
+        """One round trip on a pooled connection."""
+        try:
+            with cursor(self.pool) as curs:
+                curs.execute("SELECT 1")
+        except PUBLISH_ERRORS as exc:
+            raise BrokerUnavailable(f"PostgreSQL broker unreachable: {type(exc).__name__}") from exc
+
+    def close(self):
+        super().close()
+        self.own_pool.close()
+
+
+class LimitedConsumer(PostgresConsumer):
+    """Claims like the library's consumer, counting deliveries and dead-lettering past the limit."""
+
+    @raise_connection_error
+    def claim(self, limit):
+        with transaction(self.get_consume_conn()) as curs:
+            curs.execute(CLAIM, {"queue": self.queue_name, "limit": limit, "worker": self.broker.worker_id,
+                                 "delivery_limit": self.broker.delivery_limit})
+            rows = curs.fetchall()
+        for state, payload in rows:
+            message = Message.decode(payload.encode("utf-8"))
+            if state == "rejected":
+                log.warning("message dead-lettered after %s deliveries", self.broker.delivery_limit + 1,
+                            extra={"message_id": message.message_id, "queue": self.queue_name})
+                continue
+            self.buffer.append(message)
+
+
+__all__ = ["DEAD_LETTERED", "DELIVERY_COUNT", "PostgresBroker", "TABLE", "fresh", "libpq_url", "make_pool",
+           "xq_name"]

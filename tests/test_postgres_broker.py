@@ -1,0 +1,90 @@
+"""The PostgreSQL broker's own share of the contract: a delivery limit, then a dead letter an operator requeues.
+
+RabbitMQ enforces its delivery limit itself (the quorum queue's
+``x-delivery-limit``); with the PostgreSQL broker attache counts each claim.
+In process: a consumer claims the message and "dies" (its message queued
+again, as the broker's reaper does for a worker whose heartbeat stopped),
+until the limit is spent.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from dramatiq.message import Message
+from sqlalchemy import text
+
+from app.adapters.broker.postgres import DELIVERY_COUNT
+from tests.processes import wait_for
+
+LIMIT = 2
+
+
+@pytest.fixture
+def broker_kind():
+    return "postgres"
+
+
+@pytest.fixture
+def env(env):
+    return {**env, "ATTACHE_BROKER_DELIVERY_LIMIT": str(LIMIT)}
+
+
+def claim(consumer):
+    return wait_for(lambda: next(consumer), timeout=10, message="a claimed message")
+
+
+def worker_dies(engine, consumer, message_id):
+    """What the broker's reaper does to the messages of a worker whose heartbeat stopped."""
+    with engine.begin() as conn:
+        conn.execute(text("""UPDATE dramatiq.queue SET "state" = 'queued', worker_id = NULL, consumed_at = NULL
+                             WHERE message_id = :id AND "state" = 'consumed'"""), {"id": message_id})
+    consumer.in_processing.clear()
+
+
+def test_a_message_past_its_delivery_limit_is_dead_lettered_and_requeued_with_a_fresh_count(services, engine):
+    broker = services.broker
+    payload = {"job_id": str(uuid.uuid4()), "step": "inspect", "attempt": 1}
+    message = broker.enqueue(Message(queue_name="attache.inspect", actor_name="inspect", args=(payload,),
+                                     kwargs={}, options={}))
+    consumer = broker.consume("attache.inspect")
+    try:
+        for delivery in range(1, LIMIT + 2):  # delivered once, then redelivered LIMIT times, like x-delivery-limit
+            got = claim(consumer)
+            assert (got.message_id, got.options[DELIVERY_COUNT]) == (message.message_id, delivery)
+            worker_dies(engine, consumer, message.message_id)
+        assert next(consumer) is None, "past the limit the message is not handed out again"
+        assert broker.queue_depth("attache.inspect") == 0 and broker.queue_depth("attache.inspect.XQ") == 1
+
+        dead_letters = services.dead_letters
+        [dead] = dead_letters.messages("attache.inspect.XQ")
+        assert dead["message_id"] == message.message_id and dead["body"] == payload
+        assert dead["death"][0]["reason"] == "delivery_limit" and dead["death"][0]["count"] == LIMIT + 1
+
+        assert dead_letters.requeue("attache.inspect", actor="ops:olga", message_ids=[message.message_id]) == {
+            "requeued": 1, "message_ids": [message.message_id], "not_found": []}
+        assert broker.queue_depth("attache.inspect.XQ") == 0
+        again = claim(consumer)
+        assert (again.message_id, again.options[DELIVERY_COUNT]) == (message.message_id, 1), "a fresh count"
+        assert again.options["x-attache-requeued-by"] == "ops:olga"
+        dead_letters.close()
+    finally:
+        consumer.close()
+
+
+def test_a_publish_to_an_unreachable_database_is_broker_unavailable_within_the_timeout():
+    import time
+
+    from app.adapters.broker.postgres import PostgresBroker
+    from app.errors import BrokerUnavailable
+
+    broker = PostgresBroker(url="postgresql://postgres@127.0.0.1:1/nowhere", socket_timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(BrokerUnavailable):
+        broker.enqueue(Message(queue_name="attache.inspect", actor_name="inspect", args=({},), kwargs={},
+                               options={}))
+    assert time.monotonic() - started < 5, "no retry loop: the outbox relay retries"
+    with pytest.raises(BrokerUnavailable):
+        broker.ping()
+    broker.close()
