@@ -52,6 +52,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(events.bp)  # the replay cursor of completion events
     app.register_blueprint(metrics.bp)
     from app.web import console  # the /ops operator console (HTML, login session)
+    from app.web import console_webhooks  # noqa: F401  its webhooks page, on the same blueprint
 
     app.register_blueprint(console.bp)
     from app.web import (
