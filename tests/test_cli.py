@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import uuid
 
@@ -232,3 +233,77 @@ def test_dlq_requeue_and_purge_take_message_id_prefixes(cli, services, broker_ur
     with engine.connect() as conn:
         chosen = [r.details["message_ids"] for r in conn.execute(select(audit_log).order_by(audit_log.c.id))]
     assert chosen == [[ids[0]], [ids[1], ids[2], "ffff-not-there"]], "the audit names whole ids"
+
+
+# --- attache webhooks ---------------------------------------------------------------
+
+
+def test_webhooks_add_prints_the_secret_once_and_list_never(cli, engine):
+    from app.adapters.postgres.models import webhook_subscriptions
+
+    assert cli("webhooks", "add", "http://10.0.0.7/hook", "--event", "attachment.ready").exit_code == 1, "SSRF"
+    added = cli("webhooks", "add", "http://8.8.8.8/hook", "--event", "attachment.ready", "--event",
+                "attachment.failed", "--uploader", "alice")
+    assert added.exit_code == 0
+    [secret] = re.findall(r"whsec_\S+", added.output)
+    assert "shown once" in added.output
+    with engine.connect() as conn:
+        row = conn.execute(select(webhook_subscriptions)).one()
+    assert row.secret == secret and str(row.id) in added.output
+    for listed in (cli("webhooks", "list", columns=200), cli("webhooks", "list", "--json")):
+        assert listed.exit_code == 0 and "http://8.8.8.8/hook" in listed.output
+        assert "whsec_" not in listed.output and "secret" not in listed.output
+    [entry] = json.loads(cli("webhooks", "list", "--json").output)
+    assert (entry["id"], entry["uploader"], entry["events"]) == (str(row.id), "alice",
+                                                                  ["attachment.failed", "attachment.ready"])
+    with engine.connect() as conn:
+        audited = conn.execute(select(audit_log)).one()
+    assert audited.action == "webhook.register" and audited.actor.startswith("operator:cli:")
+
+
+def test_webhooks_deliveries_redeliver_and_disable_are_audited(cli, engine):
+    from tests.test_console_webhooks import failed_delivery
+
+    delivery_id = failed_delivery(engine)
+    failing = cli("webhooks", "deliveries", columns=200)
+    assert failing.exit_code == 0 and "1 deliveries" in failing.output and "internal addresses" in failing.output
+    [shown] = json.loads(cli("webhooks", "deliveries", "--json").output)
+    assert (shown["id"], shown["state"], shown["attempts"]) == (delivery_id, "failed", 1)
+    subscription_id = shown["subscription_id"]
+
+    assert cli("webhooks", "redeliver", str(delivery_id)).exit_code != 0, "--reason is required"
+    assert cli("webhooks", "redeliver", "999999", "--reason", "x").exit_code == 1
+    again = cli("webhooks", "redeliver", str(delivery_id), "--reason", "endpoint fixed")
+    assert again.exit_code == 0 and "is pending" in again.output
+    [pending] = json.loads(cli("webhooks", "deliveries", subscription_id, "--json").output)
+    assert (pending["state"], pending["attempts"]) == ("pending", 0)
+    assert json.loads(cli("webhooks", "deliveries", "--json").output) == [], "no longer failing"
+
+    disabled = cli("webhooks", "disable", subscription_id, "--reason", "moved", "--json")
+    assert disabled.exit_code == 0 and json.loads(disabled.output)["disabled_at"]
+    with engine.connect() as conn:
+        rows = conn.execute(select(audit_log).order_by(audit_log.c.id)).all()
+    mine = [(r.action, r.reason) for r in rows if r.actor.startswith("operator:cli:")]
+    assert mine == [("webhook.redeliver", "endpoint fixed"), ("webhook.disable", "moved")]
+    assert rows[-2].details["delivery_id"] == delivery_id
+
+
+def test_jobs_show_prints_each_variants_provenance(cli, quiet_services, engine, data_file):
+    accepted = upload(quiet_services, data_file("synthetic/exif_gps_orientation6.jpg"))
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    shown = json.loads(cli("jobs", "show", str(accepted.job_id), "--json").output)
+    made = {v["variant"]: v["provenance"] for v in shown["variants"]}
+    assert set(made) == {"original", "thumbnail", "crop", "optimized"}
+    table = cli("jobs", "show", str(accepted.job_id), columns=80)
+    assert table.exit_code == 0 and "variants and their provenance" in table.output
+    records = {block.split()[1]: block for block in table.output.split("\n\n") if block.startswith("variant ")}
+    assert set(records) == set(made), "one record per variant"
+    for name, record in records.items():
+        assert on_one_line(record, "source sha256", made[name]["source"]["sha256"][:16])
+        assert on_one_line(record, "pipeline", f"v1 {made[name]['pipeline']['fingerprint'][:12]}")
+    thumbnail = records["thumbnail"]
+    assert on_one_line(thumbnail, "spec", "kind=fit", "width=256")
+    assert on_one_line(thumbnail, "encoder", "format=JPEG", "quality=85")
+    assert on_one_line(thumbnail, "libraries", f"Pillow={made['thumbnail']['libraries']['Pillow']}")
+    assert on_one_line(thumbnail, "stripped", "gps=True", "GPSInfo")
+    assert on_one_line(records["original"], "spec", "the uploaded bytes, unchanged")

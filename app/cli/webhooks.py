@@ -35,7 +35,7 @@ def webhooks_add(url: str, kinds: tuple[str, ...], uploader: str | None, as_json
     from app.core import webhooks as core
 
     with _conn() as conn:
-        created = core.register(conn, url=url, kinds=list(kinds), uploader=uploader, actor=operator(),
+        created = core.register(conn, url=url, kinds=list(kinds), uploader=uploader, actor=f"operator:{operator()}",
                                 allow_private=services().settings.webhook_allow_private)
     emit(created, as_json, lambda c: say(f"webhook {c['id']} registered for {', '.join(c['events'])}\n"
                                          f"secret (shown once): {c['secret']}"))
@@ -92,7 +92,7 @@ def webhooks_redeliver(delivery_id: int, reason: str, as_json: bool) -> None:
     from app.core import webhooks as core
 
     with _conn() as conn:
-        row = core.redeliver(conn, delivery_id, actor=operator(), reason=reason)
+        row = core.redeliver(conn, delivery_id, actor=f"operator:{operator()}", reason=reason)
     emit(row, as_json, lambda r: say(f"delivery {r['id']} is {r['state']}"))
 
 
@@ -106,5 +106,5 @@ def webhooks_disable(subscription_id: uuid.UUID, reason: str | None, as_json: bo
     from app.core import webhooks as core
 
     with _conn() as conn:
-        row = core.disable(conn, subscription_id, actor=operator(), reason=reason)
+        row = core.disable(conn, subscription_id, actor=f"operator:{operator()}", reason=reason)
     emit(row, as_json, lambda r: say(f"webhook {r['id']} disabled at {r['disabled_at']}"))
