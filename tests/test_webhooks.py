@@ -14,9 +14,9 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError, InternalError
 
-from app.adapters.postgres.models import audit_log, variants, webhook_deliveries
+from app.adapters.postgres.models import audit_log, jobs, variants, webhook_deliveries
 from app.config import Settings
-from app.core import pipeline
+from app.core import backfill, pipeline
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.core.workflow import Workflow
@@ -185,6 +185,27 @@ def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelive
     deliver_all(engine, config)
     assert ops.get(f"/v1/ops/webhooks/{hooks[0]['id']}/deliveries").json["deliveries"][0]["state"] == "delivered"
     assert len({h["webhook-id"] for h, _ in hanging.calls}) == 1  # the same event every time
+
+
+def test_a_backfilled_version_is_version_ready_and_only_its_subscribers_get_it(app, engine, data_file):
+    ready_only = register(app, "http://127.0.0.1:9/ready", events=["attachment.ready"])
+    versions = register(app, "http://127.0.0.1:9/versions", events=["version.ready"])
+    attachment_id = upload_and_process(app, engine, data_file("pillow/hopper.jpg"))
+    services = app.extensions["attache"]
+    assert backfill.run(services, 2)["created"] == 1
+    with engine.connect() as conn:
+        v2_job = conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).scalar_one()
+    run(Workflow(services), engine, v2_job)
+
+    events = authed(app, OPERATOR_TOKEN).get("/v1/events?after=0").json["events"]
+    assert [(e["type"], e["data"]["pipeline_version"], e["data"]["attachment_id"]) for e in events] == [
+        ("attachment.ready", 1, attachment_id), ("version.ready", 2, attachment_id)]
+    assert events[1]["data"]["job_id"] == str(v2_job) and events[1]["data"]["state"] == "ready"
+    with engine.connect() as conn:
+        made = conn.execute(select(webhook_deliveries.c.subscription_id, webhook_deliveries.c.event_sequence,
+                                   webhook_deliveries.c.sequence)).all()
+    assert sorted((str(d.subscription_id), d.event_sequence, d.sequence) for d in made) == sorted([
+        (ready_only["id"], events[0]["sequence"], 1), (versions["id"], events[1]["sequence"], 1)])
 
 
 def test_each_variant_records_its_provenance_and_it_never_changes(app, engine, data_file):
