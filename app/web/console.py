@@ -25,6 +25,10 @@ Finding an upload
     timeline and derivatives, :mod:`app.core.timeline`), else lists the
     matches. ``/ops/jobs`` lists jobs with filters, a page at a time
     (:func:`app.core.operations.find_jobs`).
+Webhooks
+    ``/ops/webhooks`` (:mod:`app.web.console_webhooks`, on this blueprint):
+    subscriptions, failing deliveries, register, disable and redeliver
+    through :mod:`app.core.webhooks`.
 Charts
     The dashboard draws the last hour or day (``?window=day``) from
     PostgreSQL as inline SVG (:mod:`app.web.activity_charts`), so the CSP
