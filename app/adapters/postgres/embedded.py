@@ -8,7 +8,9 @@ first starts the server, the others find it running and reuse it
 (pgserver keeps the pids of the processes using it in
 ``pgdata/.handle_pids.json``, under an inter-process lock). When the last
 of them exits normally the server stops; ``attache db stop`` stops it at
-once. A process killed with SIGKILL cannot remove its pid; :func:`start`
+once. ``pg_ctl`` starts the server in a session of its own, so a SIGKILL
+of the process (or process group) that started it leaves it running for
+the others. A process killed with SIGKILL cannot remove its pid; :func:`start`
 forgets the pids of processes that no longer exist, so the last live
 process still stops the server.
 
