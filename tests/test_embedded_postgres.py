@@ -11,6 +11,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+import uuid
 
 import sqlalchemy as sa
 
@@ -56,3 +58,35 @@ def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
         embedded.stop(data_dir)
         forget_this_process()
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_processes_that_start_together_on_a_fresh_server_all_get_the_database():
+    """``make up`` starts web, worker and scheduler at once: each ensures the ``attache`` database exists."""
+    from app.adapters.postgres.db import ensure_database
+    from tests.conftest import _admin, _db_url
+
+    name = f"attache_race_{uuid.uuid4().hex[:10]}"
+    starters = 4
+    barrier = threading.Barrier(starters)
+    created, errors = [], []
+
+    def start():
+        barrier.wait()
+        try:
+            created.append(ensure_database(_db_url(name)))
+        except Exception as exc:  # noqa: BLE001 - what a starting process would die of
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(starters)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        assert sorted(created) == [False] * (starters - 1) + [True]
+    finally:
+        admin = _admin()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
