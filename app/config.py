@@ -200,7 +200,7 @@ class Settings:
         "production; checked at registration and before every delivery)")
     webhook_timeout_seconds: float = setting(
         "ATTACHE_WEBHOOK_TIMEOUT_SECONDS", 5.0, _float(0.1),
-        "a webhook endpoint must connect and answer within this many seconds per socket operation, "
+        "a webhook endpoint must connect, take the request and answer within this many seconds in all, "
         "else the attempt failed")
     webhook_concurrency: int = setting(
         "ATTACHE_WEBHOOK_CONCURRENCY", 4, _int(1, 64),

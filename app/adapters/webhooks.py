@@ -10,18 +10,21 @@
 * :func:`sign` - the Standard Webhooks headers (``webhook-id``,
   ``webhook-timestamp``, ``webhook-signature: v1,<base64>``), made by the
   ``standardwebhooks`` package from a ``whsec_`` secret.
-* :func:`post` - one POST with a short timeout; a redirect is an answer
+* :func:`post` - one POST, connected, sent and answered within a short
+  timeout in all (a slow drip is cut like a hang); a redirect is an answer
   like any other (never followed).
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import http.client
 import ipaddress
 import secrets
 import socket
 import ssl
+import threading
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
@@ -130,23 +133,50 @@ class Answer:
         return self.status is not None and 200 <= self.status < 300
 
 
+def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
+    """Ends an attempt that outlived its deadline: a blocked read returns at once."""
+    expired.set()
+    sock = connection.sock
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_private: bool) -> Answer:
-    """POST ``body`` to ``url`` (checked again now) with ``timeout`` per socket operation."""
+    """POST ``body`` to ``url`` (checked again now): connected, sent and answered within ``timeout`` in all.
+
+    Each socket operation has the timeout, and a timer cuts the connection
+    when the whole attempt has taken it: an endpoint that drips its answer a
+    byte at a time (every read quick, the answer never done) is cut like
+    one that hangs.
+    """
     try:
         target, addresses = check_target(url, allow_private=allow_private)
     except (WebhookTargetRefused, InvalidWebhook) as exc:
         return Answer(None, str(exc))
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
     connection = kind(target.host, target.port, addresses[0], timeout)
+    expired = threading.Event()
+    deadline = threading.Timer(timeout, _cut, (connection, expired))
+    deadline.daemon = True
+    deadline.start()
+    status = None
     try:
         connection.request("POST", target.path, body=body.encode(), headers={
             **headers, "content-type": "application/json", "user-agent": USER_AGENT})
         response = connection.getresponse()
+        if expired.is_set():
+            raise TimeoutError("cut")
+        status = response.status
         response.read(64 * 1024)  # a little of the answer, so the connection ends cleanly; the rest is dropped
-        if 300 <= response.status < 400:
-            return Answer(response.status, f"redirect to {response.getheader('location', '?')[:200]} not followed")
-        return Answer(response.status, None if 200 <= response.status < 300 else f"HTTP {response.status}")
     except (OSError, http.client.HTTPException) as exc:
-        return Answer(None, f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__)
+        if status is None:  # no complete status line and headers: no answer
+            if expired.is_set():
+                return Answer(None, f"no answer within {timeout:g} s (timed out)")
+            return Answer(None, f"{type(exc).__name__}: {exc}"[:500] or type(exc).__name__)
     finally:
+        deadline.cancel()
         connection.close()
+    if 300 <= status < 400:
+        return Answer(status, f"redirect to {response.getheader('location', '?')[:200]} not followed")
+    return Answer(status, None if 200 <= status < 300 else f"HTTP {status}")

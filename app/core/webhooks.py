@@ -206,7 +206,7 @@ class DelivererConfig:
 
     @property
     def claim_seconds(self) -> float:
-        """A claim outlives any attempt (connect and answer, each within the timeout), so nobody sends it twice."""
+        """A claim outlives any attempt (connect, send and answer, within the timeout in all), so nobody sends it twice."""
         return 3 * self.timeout_seconds + 30.0
 
 

@@ -31,7 +31,8 @@ protect(bp)
 )
 def listing():
     after, limit = request.args.get("after", "0"), request.args.get("limit", "100")
-    if not (after.isdigit() and limit.isdigit()) or len(after) > 18 or len(limit) > 18:
+    # ASCII only: str.isdigit() also accepts superscripts and other scripts' digits, which int() refuses
+    if not all(value.isascii() and value.isdigit() and len(value) <= 18 for value in (after, limit)):
         return _error(400, "bad_request", "after and limit must be non-negative integers")
     who = identity()
     with transaction(current_app.extensions["attache"].engine) as conn:

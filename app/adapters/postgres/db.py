@@ -61,17 +61,28 @@ def time_limit(conn: Connection, seconds: float) -> Iterator[None]:
 
 
 def ensure_database(database_url: str) -> bool:
-    """Create the database named in the URL if it is missing. True if created."""
+    """Create the database named in the URL if it is missing. True if created.
+
+    Processes that start together (``make up``: web, worker and scheduler)
+    all call this; the check and the CREATE run under an advisory lock, so
+    exactly one creates the database and the others find it (unlocked, the
+    losers of the race die of a duplicate key in ``pg_database``).
+    """
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     name = url.database
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    lock = {"key": f"attache.ensure_database:{name}"}
     try:
         with admin.connect() as conn:
-            exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
-            if not exists:
-                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-                return True
-            return False
+            conn.execute(text("SELECT pg_advisory_lock(hashtext(:key))"), lock)
+            try:
+                exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
+                if not exists:
+                    conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+                    return True
+                return False
+            finally:
+                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:key))"), lock)
     finally:
         admin.dispose()
 

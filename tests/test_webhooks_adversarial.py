@@ -1,0 +1,85 @@
+"""Webhooks and the replay cursor against what the world sends: odd query strings, slow endpoints, races.
+
+Each test here once failed against the code it guards (found by an adversarial review).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+
+import pytest
+
+from app.adapters import webhooks as webhook_endpoints
+
+from tests.conftest import OPERATOR_TOKEN, authed
+from tests.test_webhooks import make_app
+
+
+@pytest.fixture
+def broker_kind() -> str:
+    return "postgres"  # no vhost needed: these tests never publish
+
+
+@pytest.fixture
+def app(env):
+    app = make_app(env, ATTACHE_WEBHOOK_ALLOW_PRIVATE="1")
+    yield app
+    app.extensions["attache"].engine.dispose()
+
+
+def test_a_cursor_that_is_not_an_ascii_integer_is_400_never_500(app):
+    ops = authed(app, OPERATOR_TOKEN)
+    # str.isdigit() is true for superscripts and other Unicode digits that int() refuses
+    for query in ("after=%C2%B2", "limit=%C2%B9", "after=%E2%91%A0", "after=%EF%BC%91", "after=%D9%A1",
+                  "after=1.5", "after=", "limit=0x10", "after=+1", "after=%201"):
+        response = ops.get(f"/v1/events?{query}")
+        assert response.status_code == 400, (query, response.status_code)
+        assert response.json["error"] == "bad_request"
+    assert ops.get("/v1/events?after=0&limit=5").status_code == 200
+
+
+class DrippingEndpoint:
+    """Answers ``200`` and then a header byte every ``every`` seconds, forever: each read is quick, the answer never ends."""
+
+    def __init__(self, every: float = 0.1):
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.stop = threading.Event()
+        self.every = every
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+
+    def _serve(self):
+        with contextlib.suppress(OSError):
+            client, _ = self.listener.accept()
+            with client:
+                client.recv(65536)
+                client.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                while not self.stop.wait(self.every):
+                    client.sendall(b"a")
+
+    def close(self):
+        self.stop.set()
+        self.listener.close()
+
+
+def test_an_endpoint_that_drips_its_answer_is_cut_at_the_timeout():
+    """A per-read timeout alone lets a slow-drip answer hold a delivery thread (and outlive its claim) forever."""
+    endpoint = DrippingEndpoint(every=0.1)
+    outcome = []
+    try:
+        began = time.monotonic()
+        worker = threading.Thread(target=lambda: outcome.append(webhook_endpoints.post(
+            endpoint.url, "{}", {}, timeout=0.5, allow_private=True)), daemon=True)
+        worker.start()
+        worker.join(3)
+        assert not worker.is_alive(), "the attempt is still reading a dripping answer after 3 s"
+        assert time.monotonic() - began < 1.5
+        assert not outcome[0].ok and "0.5" in outcome[0].error
+    finally:
+        endpoint.close()
