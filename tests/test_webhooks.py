@@ -86,7 +86,9 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
     try:
         for url in ("http://127.0.0.1:9/hook", "http://10.1.2.3/hook", "http://169.254.169.254/latest",
                     "http://[::1]/hook", "http://[::ffff:127.0.0.1]/hook", "http://localhost/hook",
-                    "http://192.168.0.1/", "http://100.64.0.1/"):
+                    "http://192.168.0.1/", "http://100.64.0.1/",
+                    "http://[2002:7f00:1::1]/hook",  # 6to4 of 127.0.0.1
+                    "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/hook"):  # Teredo, client 10.0.0.1
             response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
             assert response.status_code == 422, (url, response.json)
             assert response.json["error"] == "webhook_target_refused"
@@ -232,6 +234,10 @@ def test_each_variant_records_its_provenance_and_it_never_changes(app, engine, d
     with pytest.raises((IntegrityError, InternalError), match="provenance never changes"):
         with engine.begin() as conn:
             conn.execute(variants.update().values(provenance={"forged": True}))
+    # nor by the long way round: unpublish, change, publish again
+    with pytest.raises((IntegrityError, InternalError), match="provenance never changes"):
+        with engine.begin() as conn:
+            conn.execute(variants.update().values(published_at=None))
     with engine.begin() as conn:  # other columns of a published variant may still change (retirement)
         conn.execute(variants.update().where(variants.c.variant == "thumbnail").values(retired_at=None))
     assert json.dumps(client.get(f"/v1/attachments/{attachment_id}?provenance=1").json) == json.dumps(status)

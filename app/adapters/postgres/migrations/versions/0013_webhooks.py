@@ -16,7 +16,9 @@ depends_on = None
 PROVENANCE_IS_IMMUTABLE = """
 CREATE OR REPLACE FUNCTION attache_provenance_is_immutable() RETURNS trigger AS $$
 BEGIN
-    IF OLD.published_at IS NOT NULL AND NEW.provenance IS DISTINCT FROM OLD.provenance THEN
+    -- unpublishing is refused too: otherwise unpublish, change, publish again would rewrite it
+    IF OLD.published_at IS NOT NULL
+       AND (NEW.provenance IS DISTINCT FROM OLD.provenance OR NEW.published_at IS NULL) THEN
         RAISE EXCEPTION 'variant % is published; its provenance never changes', OLD.id
             USING ERRCODE = 'check_violation';
     END IF;
