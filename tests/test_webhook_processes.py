@@ -40,7 +40,8 @@ def test_a_worker_killed_after_publish_still_gets_its_event_delivered(env, tmp_p
         calls = receiver.verified(hook.json()["secret"])
         assert {headers["webhook-id"] for headers, _ in calls} == {calls[0][1]["id"]}
         assert {headers["webhook-sequence"] for headers, _ in calls} == {"1"}
-        event = calls[-1][1]
+        assert calls[-1][1]["delivery"] == {"subscription": hook.json()["id"], "sequence": 1}
+        event = {k: v for k, v in calls[-1][1].items() if k != "delivery"}
         assert (event["type"], event["data"]["attachment_id"]) == ("attachment.ready", attachment_id)
         replay = requests.get(deployment.url + "/v1/events?after=0", headers=ops, timeout=10).json()["events"]
         assert replay == [event]

@@ -133,10 +133,12 @@ def test_every_outcome_is_delivered_signed_gapless_and_matches_the_replay_cursor
     assert bobs.calls == []  # alice's uploads only
     for receiver, hook in ((flaky, flaky_hook), (steady, steady_hook)):
         calls = receiver.verified(hook["secret"])
-        delivered = {headers["webhook-id"]: (int(headers["webhook-sequence"]), payload)
-                     for headers, payload in calls}
+        for headers, payload in calls:  # the number is signed with the body; the header repeats it
+            assert payload["delivery"] == {"subscription": hook["id"], "sequence": int(headers["webhook-sequence"])}
+        delivered = {headers["webhook-id"]: (payload["delivery"]["sequence"], payload) for headers, payload in calls}
         assert sorted(seq for seq, _ in delivered.values()) == [1, 2, 3]  # gapless, each event once at least
-        assert [payload for _, payload in sorted(delivered.values(), key=lambda d: d[0])] == replayed
+        assert [{k: v for k, v in payload.items() if k != "delivery"}
+                for _, payload in sorted(delivered.values(), key=lambda d: d[0])] == replayed
         assert all(headers["webhook-signature"].startswith("v1,") for headers, _ in calls)
     # the flaky endpoint saw its first event three times, always with the same id and body
     first_id = flaky.calls[0][0]["webhook-id"]

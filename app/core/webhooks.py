@@ -18,7 +18,9 @@
 
 Every attempt of a delivery carries the same ``webhook-id`` (the event's id)
 and body; ``webhook-timestamp`` is the attempt's time (receivers refuse old
-timestamps); ``webhook-sequence`` is the per-subscription number.
+timestamps). The body is the event's document with ``delivery`` added: the
+subscription and its per-subscription number, signed with the rest; the
+``webhook-sequence`` header repeats that number.
 """
 
 from __future__ import annotations
@@ -45,6 +47,12 @@ log = logging.getLogger("attache.webhooks")
 
 PENDING, DELIVERED, FAILED = "pending", "delivered", "failed"
 AUDIT_TARGET = "webhook:{}"
+
+
+def delivered(document: dict, subscription_id, sequence: int) -> dict:
+    """What a delivery's body holds: the event's document (as ``/v1/events`` returns it) and, under
+    ``delivery``, the subscription and its gapless number, inside the signed bytes."""
+    return {**document, "delivery": {"subscription": str(subscription_id), "sequence": sequence}}
 
 
 # --- subscriptions ----------------------------------------------------------------------
@@ -289,7 +297,7 @@ class Deliverer:
                                                      webhook_subscriptions.c.id == webhook_deliveries.c.subscription_id)
                                                .join(events, events.c.sequence == webhook_deliveries.c.event_sequence))
                                   .where(webhook_deliveries.c.id == row.id)).one()
-        payload = body(target.document)
+        payload = body(delivered(target.document, row.subscription_id, row.sequence))
         headers = endpoints.sign(target.secret, target.document["id"], datetime.now(timezone.utc), payload)
         headers["webhook-sequence"] = str(row.sequence)
         answer = endpoints.post(target.url, payload, headers, timeout=self.config.timeout_seconds,
