@@ -43,6 +43,20 @@ def test_a_job_runs_to_ready_through_every_step(quiet_services, engine, data_fil
     assert job(engine, accepted.job_id).state == "ready"
 
 
+def test_inspect_announces_the_longest_renders_first(env, engine, data_file):
+    """The worker's threads start renders in message order: the WebP first, the original's copy last."""
+    services = Services(Settings.from_env({**env, "ATTACHE_PIPELINE_VERSION": "2",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        assert Workflow(services).handle(inspect, step=inspect["step"]).status == "inspected"
+        announced = [payload["variant"] for payload in take_messages(engine, accepted.job_id)]
+        assert announced == ["webp", "optimized", "thumbnail", "crop", "original"]
+    finally:
+        services.engine.dispose()
+
+
 def test_corrupt_pixels_end_failed_with_a_specific_code(quiet_services, engine, data_file):
     accepted = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
     run(Workflow(quiet_services), engine, accepted.job_id)

@@ -46,6 +46,23 @@ class PipelineVersion:
     def variants(self) -> tuple[str, ...]:
         return (ORIGINAL, *self.specs)
 
+    def costliest_first(self, names) -> list[str]:
+        """``names`` in the order their renders should start: the longest first, the ``original`` copy last.
+
+        The cost is estimated from the spec alone: the output's largest pixel
+        count, three times that for WebP and AVIF (their encoders are the
+        slowest part of a render). A job's renders run side by side on the
+        worker's threads; starting the longest first keeps it off the end of
+        the critical path. The order changes no output.
+        """
+        def cost(name: str) -> int:
+            if name == ORIGINAL:
+                return 0
+            spec = self.specs[name]
+            return spec.width * spec.height * (3 if spec.output in ("webp", "avif") else 1)
+
+        return sorted(names, key=cost, reverse=True)
+
     @property
     def fingerprint(self) -> str:
         encoders = {"jpeg_quality": JPEG_QUALITY, "webp_quality": WEBP_QUALITY, "webp_method": WEBP_METHOD}

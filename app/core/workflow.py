@@ -308,7 +308,8 @@ class Workflow:
         todo = [name for name in version.variants if name not in recorded]
         if not todo:
             return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
-        return [outbox.announce(conn, job, attempt, Step.RENDER, variant=name) for name in todo]
+        return [outbox.announce(conn, job, attempt, Step.RENDER, variant=name)
+                for name in version.costliest_first(todo)]
 
     def _announce_publish_if_complete(self, conn, job, attempt: int, version) -> list[int]:
         # fence() locked the job row, so concurrent renders of one job
