@@ -111,6 +111,24 @@ def test_digest_mismatch_is_422_and_leaves_nothing(client, engine, storage_dir, 
     assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
 
 
+def test_an_md5_is_computed_only_for_a_content_md5_to_check(client, data_file, monkeypatch):
+    """MD5 costs twice the SHA-256 here; an upload that sends no Content-MD5 does not pay for it."""
+    from app.core import intake
+
+    seen, accept = [], intake.accept
+
+    def spy(services, received, **kwargs):
+        seen.append(received.md5)
+        return accept(services, received, **kwargs)
+
+    monkeypatch.setattr(intake, "accept", spy)
+    path = data_file("photos/chelsea.jpg")
+    assert post_file(client, path).status_code == 202
+    md5 = hashlib.md5(path.read_bytes()).digest()
+    assert post_file(client, path, **{"Content-MD5": base64.b64encode(md5).decode()}).status_code == 202
+    assert seen == [None, md5]
+
+
 def test_malformed_requests_are_400(client, engine):
     assert client.post("/v1/attachments", data={"other": "x"}, content_type="multipart/form-data").status_code == 400
     assert client.post("/v1/attachments", data=b"", content_type="image/jpeg").status_code == 400

