@@ -2,7 +2,9 @@
 
 Order matters and each step is a failure window:
 
-1. the verified bytes are written to ``staging/{attachment_id}``
+1. the verified bytes are written to ``staging/{attachment_id}`` (the
+   filesystem store moves the fsynced spool file in: the bytes are not
+   written twice; :meth:`~app.adapters.storage.Storage.adopt_file`)
    (window 1 follows: a crash leaves only an unreferenced staging object,
    invisible, removed by the orphan cleanup);
 2. ONE transaction inserts the attachment, the ``queued`` job, its history
@@ -123,7 +125,7 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
     info = imaging.probe(received.path, services.limits)  # header only; refusals raise PermanentError
     attachment_id = uuid.uuid4()
     key = pipeline.staging_key(attachment_id)
-    services.storage.put_file(key, received.path, content_type=info.content_type)
+    services.storage.adopt_file(key, received.path, content_type=info.content_type)  # the spool was fsynced
     faults.point("after_staging")
     committing = False
 

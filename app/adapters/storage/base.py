@@ -180,6 +180,15 @@ class Storage(ABC):
     def put_file(self, key: str, path: str | os.PathLike, content_type: str | None = None) -> ObjectInfo:
         """Store the bytes of the local file ``path`` under ``key``, atomically."""
 
+    def adopt_file(self, key: str, path: str | os.PathLike, content_type: str | None = None) -> ObjectInfo:
+        """Store the local file ``path`` under ``key``, atomically; the caller gives the file up.
+
+        The caller has made the file's bytes durable (fsynced) and will not
+        use it again, so a store on the same filesystem may move it in
+        instead of writing the bytes a second time. By default: :meth:`put_file`.
+        """
+        return self.put_file(key, path, content_type=content_type)
+
     @abstractmethod
     def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> ObjectInfo:
         """Store ``data`` under ``key``, atomically."""
