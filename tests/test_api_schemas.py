@@ -76,7 +76,7 @@ def test_a_malformed_dead_letter_is_listed_as_it_came(app_context):
     """Fields copied from a message are documented, not enforced: a junk message must stay listable (and purgeable)."""
     junk = {"message_id": None, "actor_name": 5, "queue_name": ["q"], "body": "not json", "retries": "many",
             "death": [{"reason": 1, "queue": None, "count": "2", "time": 1700000000}], "recorded": None,
-            "traceback": None}
+            "job_state": None, "traceback": None}
     listing = {"queue": "attache.inspect", "depth": 1, "messages": [junk]}
     body = answer(schemas.DeadLetterMessages.model_validate(listing)).get_data()
     assert json.loads(body) == listing and body == jsonify(listing).get_data()

@@ -24,13 +24,15 @@ from unittest.mock import ANY
 import pika
 import pytest
 from dramatiq.message import Message
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, update
 
 from app import faults
 from app.adapters.broker.dead_letter_tools import DeadLetters
-from app.adapters.postgres.models import audit_log, dead_letters
+from app.adapters.postgres.models import attachments, audit_log, dead_letters, jobs
+from app.core import states
 from app.core.steps import Step
 from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected
+from app.observability.tracing import new_traceparent
 from tests.conftest import BROKER_KINDS
 
 XQ = "attache.inspect.XQ"
@@ -69,6 +71,11 @@ def dead_letter_three(services, broker_url, count: int = 3) -> list[str]:
                           options={"retries": n})
         services.broker.enqueue(message)
         ids.append(message.message_id)
+    return reject(services, broker_url, ids)
+
+
+def reject(services, broker_url, ids: list[str]) -> list[str]:
+    """Reject the messages ``ids`` waiting in attache.inspect into its XQ; their ids."""
     if broker_url.startswith("postgresql"):  # the PostgreSQL broker: a consumer takes them and nacks them
         consumer, ours = services.broker.consume("attache.inspect", prefetch=len(ids) + 10), set(ids)
         try:
@@ -151,6 +158,28 @@ def test_messages_are_decoded_and_left_in_place(dlq, dead, broker_url):
     assert [m["message_id"] for m in dlq.messages(XQ, limit=2)] == dead[:2]
     assert depth(broker_url, XQ) == 3
     assert dlq.messages("attache.render") == []  # no XQ yet
+
+
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+def test_each_dead_letter_says_where_its_job_is_now(dlq, services, broker_url, engine):
+    """After an outage the reconciler finishes the jobs whose first messages died: the listing says so."""
+    with engine.begin() as conn:
+        attachment_id = uuid.uuid4()
+        conn.execute(insert(attachments).values(
+            id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
+            sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
+        ready, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
+                                     traceparent=new_traceparent(), tracestate=None, actor="test")
+        conn.execute(update(jobs).where(jobs.c.id == ready).values(state="ready", attempt=1))
+    ids = []
+    for n, job_id in enumerate((ready, uuid.uuid4(), None)):
+        payload = {"step": "inspect", "attempt": 1, "n": n, **({"job_id": str(job_id)} if job_id else {})}
+        message = Message(queue_name="attache.inspect", actor_name="inspect", args=(payload,), kwargs={}, options={})
+        services.broker.enqueue(message)
+        ids.append(message.message_id)
+    reject(services, broker_url, ids)
+    listed = {m["body"]["n"]: m["job_state"] for m in dlq.messages("attache.inspect")}
+    assert listed == {0: "ready", 1: None, 2: None}
 
 
 def test_requeue_moves_the_chosen_ids_then_all_of_a_confirmed_count(dlq, dead, broker_url, engine):

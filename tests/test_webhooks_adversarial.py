@@ -13,7 +13,6 @@ import time
 import pytest
 
 from app.adapters import webhooks as webhook_endpoints
-
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.test_webhooks import make_app
 

@@ -48,10 +48,10 @@ def dlq_show(queue: str, limit: int, as_json: bool) -> None:
 
     def render(items):
         show(f"{len(items)} of {listing['depth']} dead letter(s) in {queue}",
-             [Column("message", whole=True), Column("job", whole=True), Column("death"),
+             [Column("message", whole=True), Column("job", whole=True), Column("job now"), Column("death"),
               Column("recorded error"), Column("reason")],
              [[m["message_id"], (m["body"] or {}).get("job_id") if isinstance(m["body"], dict) else None,
-               ", ".join(f"{d['reason']}×{d['count']}" for d in m["death"]),
+               m["job_state"], ", ".join(f"{d['reason']}×{d['count']}" for d in m["death"]),
                (m["recorded"] or {}).get("error_code"), (m["recorded"] or {}).get("reason")] for m in items])
 
     emit(listing["messages"], as_json, render)

@@ -350,6 +350,9 @@ class DeadLetter(Body):
     death: list[Death] = Field(description="RabbitMQ's `x-death` header.")
     recorded: RecordedDeath | None = Field(description="Why it died, as the worker recorded it; null if not "
                                                        "recorded.")
+    job_state: StateName | None = Field(description="The current state of the job the message names (null: it "
+                                                       "names none, or no such job). A dead letter whose job is "
+                                                       "`ready` or `failed` has nothing left to do.")
     traceback: Annotated[str, Field(max_length=TRACEBACK_CHARS)] | None
 
 

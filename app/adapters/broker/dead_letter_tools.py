@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
@@ -45,7 +46,7 @@ from app import faults
 from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, xq_name
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import dead_letters
+from app.adapters.postgres.models import dead_letters, jobs
 from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected, UnknownQueue
 
 TRACEBACK_CHARS = 2000
@@ -86,6 +87,14 @@ def _deaths(properties: pika.BasicProperties) -> list[dict]:
             for d in deaths if isinstance(d, dict)]
 
 
+def _job_id(body: Any) -> uuid.UUID | None:
+    """The job a dead letter's message names, if it names one."""
+    try:
+        return uuid.UUID(str(body["job_id"]))
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
 def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
     """A dead letter decoded from its Dramatiq envelope (``recorded`` is filled in later)."""
     decoded = _decode(body)
@@ -101,6 +110,7 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
         "retries": options.get("retries", 0),
         "death": _deaths(properties),
         "recorded": None,
+        "job_state": None,
         "traceback": traceback[:TRACEBACK_CHARS] if isinstance(traceback, str) else None,
     }
 
@@ -161,6 +171,28 @@ class DeadLetters:
             if channel.is_open:
                 channel.close()
 
+    def _annotate(self, items: list[dict]) -> list[dict]:
+        """Add to each listed dead letter why the worker recorded it died, and where its job is now.
+
+        ``job_state`` is the current state of the job the message names: a
+        dead letter whose job is ``ready`` or ``failed`` has nothing left to
+        do (after a PostgreSQL outage, for one, the reconciler announced such
+        jobs again and they finished while their first messages sat here).
+        """
+        recorded = self._recorded([i["message_id"] for i in items if i["message_id"]])
+        states = self._job_states([job_id for i in items if (job_id := _job_id(i["body"])) is not None])
+        for item in items:
+            item["recorded"] = recorded.get(item["message_id"])
+            job_id = _job_id(item["body"])
+            item["job_state"] = states.get(job_id) if job_id is not None else None
+        return items
+
+    def _job_states(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+        if not job_ids:
+            return {}
+        with transaction(self.engine) as conn:
+            return dict(conn.execute(select(jobs.c.id, jobs.c.state).where(jobs.c.id.in_(job_ids))).all())
+
     def _recorded(self, message_ids: list[str]) -> dict[str, dict]:
         """The latest ``dead_letters`` row of each message id."""
         if not message_ids:
@@ -209,10 +241,7 @@ class DeadLetters:
             if items:
                 channel.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             channel.close()
-        recorded = self._recorded([i["message_id"] for i in items if i["message_id"]])
-        for item in items:
-            item["recorded"] = recorded.get(item["message_id"])
-        return {"depth": depth, "messages": items}
+        return {"depth": depth, "messages": self._annotate(items)}
 
     def requeue(self, queue: str, *, actor: str, message_ids: list[str] | None = None,
                 expected: int | None = None, reason: str | None = None) -> dict:

@@ -38,8 +38,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from typing import Iterator
 from textwrap import dedent
+from typing import Iterator
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 from dramatiq.common import current_millis, dq_name, q_name, xq_name

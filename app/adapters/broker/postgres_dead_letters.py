@@ -58,6 +58,7 @@ def _describe(message_id: str, envelope: dict, mtime) -> dict:
         "death": [{"reason": options.get(DEAD_LETTERED, "rejected"), "queue": envelope.get("queue_name"),
                    "count": options.get(DELIVERY_COUNT), "time": mtime.isoformat() if mtime else None}],
         "recorded": None,
+        "job_state": None,
         "traceback": traceback[:TRACEBACK_CHARS] if isinstance(traceback, str) else None,
     }
 
@@ -109,10 +110,7 @@ class PostgresDeadLetters(DeadLetters):
                 "SELECT message_id::text, message, mtime " + REJECTED + " ORDER BY mtime, position LIMIT %s",
                 (*self._queues_of(xq), limit)).fetchall() if depth else []
         items = [_describe(message_id, envelope, mtime) for message_id, envelope, mtime in rows]
-        recorded = self._recorded([i["message_id"] for i in items])
-        for item in items:
-            item["recorded"] = recorded.get(item["message_id"])
-        return {"depth": depth, "messages": items}
+        return {"depth": depth, "messages": self._annotate(items)}
 
     def requeue(self, queue: str, *, actor: str, message_ids: list[str] | None = None,
                 expected: int | None = None, reason: str | None = None) -> dict:
