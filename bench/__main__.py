@@ -12,7 +12,7 @@
 
 One table at the end gives every figure, its reference, the ratio, the
 target of issue 11 and whether it is met; ``docs/performance.md`` records
-a run. It took 127 s on an idle 2-core machine (loaded ones: 6-8
+a run. It took 116-127 s on an idle 2-core machine (loaded ones: 6-8
 minutes). With
 ``ATTACHE_BENCH_EXTRA=1`` it also prints the memory budget on hostile files
 and the sweep benchmark over a million variant rows (:mod:`bench.sweeps`),
