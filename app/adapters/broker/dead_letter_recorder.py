@@ -23,7 +23,8 @@ from app.errors import error_code, sanitized_reason
 log = logging.getLogger("attache.dead_letters")
 
 
-def _job_id(body) -> uuid.UUID | None:
+def job_id_of(body) -> uuid.UUID | None:
+    """The job a message body names, if it names one."""
     try:
         return uuid.UUID(str(body["job_id"]))
     except (KeyError, TypeError, ValueError):
@@ -46,7 +47,7 @@ class DeadLetterRecorder(Middleware):
         body = message.args[0] if message.args else None
         record = dict(
             message_id=message.message_id, queue_name=message.queue_name, actor_name=message.actor_name,
-            job_id=_job_id(body), error_code=error_code(exception), reason=sanitized_reason(exception),
+            job_id=job_id_of(body), error_code=error_code(exception), reason=sanitized_reason(exception),
             retries=message.options.get("retries", 0),
             body=body if isinstance(body, (dict, list, str, int, float)) else None,
         )

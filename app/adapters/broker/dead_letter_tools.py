@@ -43,6 +43,7 @@ import pika.exceptions
 from sqlalchemy import select
 
 from app import faults
+from app.adapters.broker.dead_letter_recorder import job_id_of
 from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, xq_name
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
@@ -85,14 +86,6 @@ def _deaths(properties: pika.BasicProperties) -> list[dict]:
     return [{"reason": _text(d.get("reason")), "queue": _text(d.get("queue")), "count": d.get("count"),
              "time": d["time"].isoformat() if isinstance(d.get("time"), datetime) else _text(d.get("time"))}
             for d in deaths if isinstance(d, dict)]
-
-
-def _job_id(body: Any) -> uuid.UUID | None:
-    """The job a dead letter's message names, if it names one."""
-    try:
-        return uuid.UUID(str(body["job_id"]))
-    except (KeyError, TypeError, ValueError):
-        return None
 
 
 def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
@@ -180,11 +173,11 @@ class DeadLetters:
         jobs again and they finished while their first messages sat here).
         """
         recorded = self._recorded([i["message_id"] for i in items if i["message_id"]])
-        states = self._job_states([job_id for i in items if (job_id := _job_id(i["body"])) is not None])
-        for item in items:
+        job_ids = [job_id_of(item["body"]) for item in items]
+        states = self._job_states([job_id for job_id in job_ids if job_id is not None])
+        for item, job_id in zip(items, job_ids):
             item["recorded"] = recorded.get(item["message_id"])
-            job_id = _job_id(item["body"])
-            item["job_state"] = states.get(job_id) if job_id is not None else None
+            item["job_state"] = states.get(job_id)
         return items
 
     def _job_states(self, job_ids: list[uuid.UUID]) -> dict[uuid.UUID, str]:
