@@ -15,11 +15,6 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# the bench's own extra (pyvips and libvips 8.18, the reference of its render figures)
-$(VENV)/.bench-installed: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e '.[test,bench]'
-	touch $@
-
 # with DATABASE_URL and BROKER_URL unset: an embedded PostgreSQL under var/ and the PostgreSQL broker in it
 release: install
 	@ATTACHE_DEV=1 attache db where
@@ -33,7 +28,7 @@ test: install
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # every figure beside its reference, in one run (ATTACHE_BENCH_EXTRA=1: also hostile files and sweeps)
-bench: $(VENV)/.bench-installed
+bench: install
 	$(PY) -m bench
 
 # a bounded chaos run (SOAK_UPLOADS, SOAK_SECONDS) against servers of its own; prints its figures

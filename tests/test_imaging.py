@@ -41,6 +41,7 @@ from app.adapters.imaging import (
     render,
     sniff,
 )
+from app.adapters.imaging import libvips
 from app.adapters.imaging._translate import translate_decode_error
 from app.errors import (
     CorruptImage,
@@ -94,10 +95,11 @@ def path_of(rel: str) -> Path:
 
 
 class LoadSpy:
-    """Records every pixel decode Pillow starts: (format, size being decoded)."""
+    """Records every pixel decode started, Pillow's or libvips's: (format, size being decoded)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch):
         self.calls: list[tuple[str | None, tuple[int, int]]] = []
+        self.by_libvips: list[tuple[int, int]] = []  # the sizes libvips decoded at (some of self.calls)
         for cls in (ImageFile.ImageFile, TiffImagePlugin.TiffImageFile):
             original = cls.__dict__["load"]
 
@@ -107,6 +109,14 @@ class LoadSpy:
                 return _original(self_img)
 
             monkeypatch.setattr(cls, "load", load)
+        decode_resampled = libvips.decode_resampled
+
+        def by_libvips(fp, scale, mode, decoded, *args):
+            self.calls.append(("JPEG", decoded))
+            self.by_libvips.append(decoded)
+            return decode_resampled(fp, scale, mode, decoded, *args)
+
+        monkeypatch.setattr(libvips, "decode_resampled", by_libvips)
 
 
 def source_orientation(rel: str) -> int:
@@ -464,6 +474,24 @@ def test_cover_draft_keeps_the_short_side(monkeypatch) -> None:
     assert (out.width, out.height) == (512, 512)
     [(_fmt, size)] = spy.calls
     assert min(size) >= 512 and max(size) < 4247
+
+
+def test_a_large_copy_of_a_jpeg_is_decoded_and_resampled_by_libvips(monkeypatch) -> None:
+    """The 2048 px copy: libvips decodes at the draft's scale and resamples; Pillow decodes nothing."""
+    coffee, chelsea = path_of("photos/coffee_24mp_6000x4000.jpg"), path_of("photos/chelsea_12mp_4247x2825.jpg")
+    cases = [
+        (coffee, "optimized", (2048, 1365), (3000, 2000), True),
+        # an odd side at 1/2 is a fraction of a pixel more than Pillow's region: Pillow's own resampler
+        (chelsea, "optimized", (2048, 1362), (2124, 1413), False),
+        # a thumbnail: Pillow's, as fast there
+        (coffee, "thumbnail", (256, 171), (750, 500), False),
+    ]
+    for path, name, size, decoded, by_libvips in cases:
+        spy = LoadSpy(monkeypatch)
+        out = render(path, PIPELINE_V1_SPECS[name], LIMITS)
+        assert (out.width, out.height) == size
+        assert spy.calls == [("JPEG", decoded)]
+        assert spy.by_libvips == ([decoded] if by_libvips else []), (path.name, name)
 
 
 def test_12mp_jpeg_thumbnail_peak_memory() -> None:

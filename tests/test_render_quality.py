@@ -149,6 +149,9 @@ def sharp_files(tmp_path_factory) -> dict[str, os.PathLike]:
     for name, img in (("text", text), ("lines", lines), ("noise", noise)):
         files[name] = folder / f"{name}.png"
         img.save(files[name], compress_level=1)
+        # as JPEGs too, which take libvips's decode and resampler (app/adapters/imaging/libvips.py)
+        files[f"{name}-jpeg"] = folder / f"{name}.jpg"
+        img.save(files[f"{name}-jpeg"], quality=95, subsampling=0)
     return files
 
 
@@ -173,7 +176,7 @@ def test_each_variant_matches_the_reference_renderer(row: dict[str, str], spec: 
 
 
 @pytest.mark.parametrize("spec", [pytest.param(s, id=f"{s.name}-{s.kind}-{s.width}-{s.output}") for s in SPECS])
-@pytest.mark.parametrize("name", ["text", "lines", "noise"])
+@pytest.mark.parametrize("name", ["text", "lines", "noise", "text-jpeg", "lines-jpeg", "noise-jpeg"])
 def test_each_variant_of_sharp_content_matches_the_reference_renderer(sharp_files, name: str,
                                                                       spec: VariantSpec) -> None:
     ours, theirs = render(sharp_files[name], spec, LIMITS), reference_render(sharp_files[name], spec, LIMITS)

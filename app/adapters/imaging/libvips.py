@@ -1,0 +1,122 @@
+"""A JPEG's decode and LANCZOS resample by libvips, where that gives Pillow's pixels.
+
+Every variant of pipelines v1 and v2 is promised Pillow's LANCZOS (a = 3),
+with ``reducing_gap`` (an integer box ``reduce()`` while at least twice the
+final size remains), from the JPEG decoded at the draft scale (libjpeg's
+1/2, 1/4 or 1/8 IDCT). Pillow's resampler is scalar C and holds the whole
+decoded image; libvips decodes with the same libjpeg-turbo at the same
+scale and computes the same separable kernel with SIMD, streaming rows
+from the decoder through the two passes, so neither the decoded image nor
+a copy of it is ever held. A 3464 px square photo to 2048 px: 253 against
+142 ms of CPU, and some tens of MB less at the peak.
+
+It applies (:func:`applies`) when the result is the same, to
+``tests/test_render_quality.py``'s 35 dB and in practice to 44-60 dB:
+
+* the JPEG decodes to ``RGB`` or ``L`` (not CMYK, whose inversion differs);
+* the region to resample is the whole decoded image: a ``fit`` or
+  ``bounded`` variant, or a ``cover`` of a square, of a JPEG whose sides
+  divide by the draft scale. An odd side decoded at 1/2 is a fraction of a
+  pixel larger than the region Pillow resamples (4247 px is 2124 px for a
+  region of 2123.5), and libvips, which centres its grid on the whole
+  image, cannot express that: such a photo stays with Pillow. Cameras'
+  sizes (4032x3024, 6000x4000) divide by 8;
+* it is a reduction by less than ``2 * REDUCING_GAP`` on both axes, so
+  Pillow would not ``reduce()`` first (the draft leaves less than 2x);
+* the output is large (:data:`MIN_OUTPUT_PIXELS`): the 2048 px copies, not
+  the thumbnails, where Pillow is as fast.
+
+The passes run in Pillow's order, horizontal then vertical. libvips's own
+``resize`` runs vertical first, which differs from Pillow by 34.8 dB on a
+fine line grating; in Pillow's order the worst of the corpus and the sharp
+test images is above 44 dB.
+
+Decoding errors are Pillow's: a truncated file fails (``fail_on``
+``truncated``, as Pillow never loads truncated images), a warning does not.
+pyvips is imported on first use, so only the worker loads libvips, with the
+operation cache off: every image is decoded once.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import BinaryIO
+
+from PIL import Image
+
+from app.errors import CorruptImage
+
+from .geometry import REDUCING_GAP
+
+#: Pillow's filters and libvips's kernels computing the same function.
+KERNELS = {
+    Image.Resampling.LANCZOS: "lanczos3",
+    Image.Resampling.BICUBIC: "cubic",
+    Image.Resampling.BILINEAR: "linear",
+}
+#: Pillow's mode of a decoded JPEG -> libvips's bands, for the modes decoded here.
+BANDS = {"L": 1, "RGB": 3}
+#: Smaller outputs stay with Pillow: there libvips's setup costs what its resampler saves (one core, CPU
+#: time: 800x533 to 533 px 12.1 / 12.4 ms, 1024x682 to 682 px 19.2 / 16.7, 2896x1930 to 1930 px 173 / 101).
+MIN_OUTPUT_PIXELS = 512 * 1024
+
+_pyvips = None
+
+
+def applies(mode: str, decoded: tuple[int, int], box: tuple[float, ...], out_size: tuple[int, int],
+            resample: Image.Resampling) -> bool:
+    """Whether :func:`decode_resampled` gives the pixels Pillow would (see the module doc)."""
+    width, height = decoded
+    out_w, out_h = out_size
+    return (
+        resample in KERNELS
+        and mode in BANDS
+        and out_w * out_h >= MIN_OUTPUT_PIXELS
+        and tuple(box) == (0, 0, width, height)
+        and 1 <= width / out_w < 2 * REDUCING_GAP
+        and 1 <= height / out_h < 2 * REDUCING_GAP
+    )
+
+
+def decode_resampled(fp: BinaryIO, scale: int, mode: str, decoded: tuple[int, int], out_size: tuple[int, int],
+                     resample: Image.Resampling) -> Image.Image:
+    """The JPEG in *fp* decoded at 1/*scale* (to *decoded*, in *mode*) and resampled to *out_size*.
+
+    The bytes are read from *fp*'s descriptor at their offsets (``pread``), so its position, which
+    Pillow relies on, is left alone, and they are the bytes Pillow's header checks passed.
+
+    :raises CorruptImage: the pixel data is truncated or cannot be decoded.
+    """
+    vips = _vips()
+    kernel = KERNELS[resample]
+    fd = fp.fileno()
+    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    try:
+        image = vips.Image.jpegload_buffer(data, shrink=scale, access="sequential", fail_on="truncated")
+        del data
+        if (image.width, image.height, image.bands, image.format) != (*decoded, BANDS[mode], "uchar"):
+            raise AssertionError(f"libvips decoded {image.width}x{image.height}x{image.bands} {image.format},"
+                                 f" Pillow {decoded[0]}x{decoded[1]} {mode}")
+        if out_size[0] != decoded[0]:
+            image = image.reduceh(decoded[0] / out_size[0], kernel=kernel)
+        if out_size[1] != decoded[1]:
+            image = image.reducev(decoded[1] / out_size[1], kernel=kernel)
+        if (image.width, image.height) != out_size:
+            raise AssertionError(f"libvips made {image.width}x{image.height}, not {out_size[0]}x{out_size[1]}")
+        pixels = image.write_to_memory()
+    except vips.Error as exc:
+        message = str(exc).lower()
+        if "truncated" in message or "premature end" in message:
+            raise CorruptImage("image data is truncated") from None
+        raise CorruptImage("image data cannot be decoded") from None
+    return Image.frombytes(mode, out_size, pixels)
+
+
+def _vips():
+    global _pyvips
+    if _pyvips is None:
+        import pyvips
+
+        pyvips.cache_set_max(0)
+        _pyvips = pyvips
+    return _pyvips
