@@ -37,11 +37,11 @@ from app.adapters.imaging import (
     Rendered,
     VariantSpec,
     bmff,
+    libvips,
     probe,
     render,
     sniff,
 )
-from app.adapters.imaging import libvips
 from app.adapters.imaging._translate import translate_decode_error
 from app.errors import (
     CorruptImage,
