@@ -494,6 +494,19 @@ def test_a_large_copy_of_a_jpeg_is_decoded_and_resampled_by_libvips(monkeypatch)
         assert spy.by_libvips == ([decoded] if by_libvips else []), (path.name, name)
 
 
+@pytest.mark.parametrize("progressive", [False, True])
+@pytest.mark.parametrize("mode", ["RGB", "L"])
+def test_jpegs_encoded_by_libvips_are_the_bytes_pillow_writes(mode: str, progressive: bool) -> None:
+    """libvips encodes outside the GIL (Pillow's JPEG encoder holds it): the file must still be Pillow's."""
+    with Image.open(path_of("photos/chelsea.jpg")) as img:
+        img = img.convert(mode)
+    for size in ((451, 300), (256, 170), (37, 23)):
+        pixels = img.resize(size)
+        pillows = io.BytesIO()
+        pixels.save(pillows, "JPEG", quality=85, optimize=True, progressive=progressive)
+        assert libvips.encode_jpeg(pixels, quality=85, optimize=True, progressive=progressive) == pillows.getvalue()
+
+
 def test_12mp_jpeg_thumbnail_peak_memory() -> None:
     """The full 3464x3464 decode alone would be 36 MB; the draft needs ~0.5 MB."""
     path = str(path_of("photos/astronaut_12mp_3464x3464.jpg"))

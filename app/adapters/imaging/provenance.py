@@ -1,7 +1,8 @@
 """What a derivative was made with, for its provenance record: libraries, and the metadata it left behind.
 
 * :func:`libraries` - the renderer and the versions of the codec libraries
-  Pillow was built with (``PIL.features``), and pillow-heif's libheif;
+  Pillow was built with (``PIL.features``), pillow-heif's libheif, and
+  libvips (which encodes JPEGs and makes the large copies of most JPEGs);
 * :func:`stripped_metadata` - what the source carried that no derivative
   keeps: its EXIF tags by name, whether it had GPS, XMP or a comment, and
   whether its ICC profile was converted to sRGB. Read from the header only
@@ -20,7 +21,7 @@ import PIL
 from PIL import ExifTags, Image, ImageCms
 from PIL import features as pil_features
 
-RENDERER = "attache.imaging (Pillow)"
+RENDERER = "attache.imaging (Pillow, libvips)"
 #: the codecs whose versions a record names (PIL.features' names)
 CODECS = ("jpg", "jpg_2000", "webp", "avif", "libtiff", "zlib", "littlecms2", "freetype2")
 GPS_IFD = 0x8825
@@ -42,6 +43,12 @@ def libraries() -> dict:
         versions["libheif"] = pillow_heif.libheif_version()
     except Exception:  # pragma: no cover - pillow-heif is a dependency, but a record never fails on it
         versions["pillow_heif"] = None
+    try:
+        from . import libvips
+
+        versions["libvips"] = libvips.version().removeprefix("libvips ")
+    except Exception:  # pragma: no cover - as above
+        versions["libvips"] = None
     return {"renderer": RENDERER, "libraries": versions}
 
 

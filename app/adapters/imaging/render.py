@@ -129,7 +129,7 @@ class Rendered:
     extension: str
     width: int
     height: int
-    #: the encoder and its settings, as passed to Pillow (for the variant's provenance)
+    #: the encoder and its settings (for the variant's provenance); ``library`` when not Pillow
     encoder: dict = field(default_factory=dict)
 
 
@@ -240,9 +240,14 @@ def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
                     "progressive": spec.kind == "bounded"}
         content_type, extension = "image/jpeg", "jpg"
     options = {key: value for key, value in settings.items() if key != "format"}
-    img.save(buf, settings["format"], **options)
+    if settings["format"] == "JPEG":  # libjpeg-turbo through libvips, outside the GIL (libvips.encode_jpeg)
+        data = libvips.encode_jpeg(img, **options)
+        settings["library"] = libvips.version()
+    else:
+        img.save(buf, settings["format"], **options)
+        data = buf.getvalue()
     return Rendered(
-        data=buf.getvalue(),
+        data=data,
         content_type=content_type,
         extension=extension,
         width=img.width,
