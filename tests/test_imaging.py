@@ -9,7 +9,9 @@ database, broker or network.
 
 from __future__ import annotations
 
+import base64
 import io
+import math
 import subprocess
 import sys
 import textwrap
@@ -23,6 +25,7 @@ from PIL import (
     Image,
     ImageChops,
     ImageCms,
+    ImageDraw,
     ImageFile,
     ImageOps,
     ImageStat,
@@ -43,6 +46,7 @@ from app.adapters.imaging import (
     sniff,
 )
 from app.adapters.imaging._translate import translate_decode_error
+from app.adapters.imaging.shared import SHARED
 from app.errors import (
     CorruptImage,
     DecompressionBomb,
@@ -507,6 +511,163 @@ def test_jpegs_encoded_by_libvips_are_the_bytes_pillow_writes(mode: str, progres
         assert libvips.encode_jpeg(pixels, quality=85, optimize=True, progressive=progressive) == pillows.getvalue()
 
 
+# --- libvips's large copies: Pillow's verdict on every file --------------------------------------------------
+
+#: Pillow's JPEG (q75) of a 1024x512 grey image, all 128, through libjpeg-turbo 2.1.5's
+#: ``jpegtran -arithmetic -copy none``: arithmetic-coded (SOF9, a DAC segment), 125 bytes.
+ARITHMETIC_JPEG = base64.b64decode(
+    "/9j/4AAQSkZJRgABAQAAAQABAAD/2wBDAAgGBgcGBQgHBwcJCQgKDBQNDAsLDBkSEw8UHRofHh0aHBwgJC4nICIsIxwcKDcpLDAx"
+    "NDQ0Hyc5PTgyPC4zNDL/yQALCAIABAABAREA/8wABgAQEAX/2gAIAQEAAD8AHreA/9k="
+)
+
+
+def _large_copy_jpeg(**options) -> bytes:
+    """1024x512: its 2048 px copy is 512 Ki pixels, so libvips makes it (the same size: no resample)."""
+    img = Image.merge("RGB", [Image.linear_gradient("L").resize((1024, 512)).rotate(r, expand=False)
+                              for r in (0, 90, 180)])
+    draw = ImageDraw.Draw(img)
+    for x in range(-512, 1024, 5):
+        draw.line([(x, 0), (x + 512, 512)], fill=(20, 40, 60))
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", **{"quality": 90, "subsampling": 0, **options})
+    return buf.getvalue()
+
+
+def _scan_start(data: bytes) -> int:
+    """Offset of the first scan's entropy-coded data."""
+    pos = 2
+    while data[pos + 1] != 0xDA:
+        pos += 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+    return pos + 2 + int.from_bytes(data[pos + 2 : pos + 4], "big")
+
+
+def _scan_then_second_sos() -> bytes:
+    """A second scan after the only one a baseline frame has (its SOS header again, some data)."""
+    data = _large_copy_jpeg()
+    start = _scan_start(data)
+    return data[:-2] + data[data.rindex(b"\xff\xda", 0, start):start] + b"\x12" * 9 + data[-2:]
+
+
+def _restarts_cut_short() -> bytes:
+    """A restart marker every MCU (8192), every eighth interval's data cut to half: a libjpeg warning each."""
+    data = _large_copy_jpeg(restart_marker_blocks=1)
+    start = _scan_start(data)
+    pieces = data[start:-2].split(b"\xff\xd0")  # RST0 every 8th interval: cut those, keep the rest
+    return data[:start] + b"\xff\xd0".join(p[: max(1, len(p) // 2)] for p in pieces) + data[-2:]
+
+
+def _restart_interval_without_markers() -> bytes:
+    """A DRI segment but no restart marker in the data: libjpeg warns at every one of 8192 MCUs."""
+    data = _large_copy_jpeg()
+    sos = data.rindex(b"\xff\xda", 0, _scan_start(data))
+    return data[:sos] + b"\xff\xdd\x00\x04\x00\x01" + data[sos:]
+
+
+def _arithmetic_across_pillows_read() -> bytes:
+    """Arithmetic coding, the scan placed across Pillow's first 64 KiB read (its decoder cannot suspend there)."""
+    start = _scan_start(ARITHMETIC_JPEG)
+    com = 65536 - start - 1  # a COM segment of that many bytes after SOI
+    return ARITHMETIC_JPEG[:2] + b"\xff\xfe" + (com - 2).to_bytes(2, "big") + bytes(com - 4) + ARITHMETIC_JPEG[2:]
+
+
+def _corrupt_entropy() -> bytes:
+    """Bytes of the scan overwritten: libjpeg warns and renders (it never refuses such a file)."""
+    data = bytearray(_large_copy_jpeg())
+    start = _scan_start(data)
+    for i in range(start + 1000, len(data) - 1000, 9973):
+        data[i] = 0x5A
+    return bytes(data)
+
+
+#: Files Pillow and libvips's decode could judge apart, and what Pillow makes of them (see libvips.py).
+HOSTILE_JPEGS = {
+    # Pillow finishes the decompression: a marker after the scan that is not EOI fails it (a concatenation)
+    "scan-then-soi": (lambda: _large_copy_jpeg()[:-2] + b"\xff\xd8\xff\xd9", CorruptImage),
+    "scan-then-second-sos": (_scan_then_second_sos, CorruptImage),
+    # libvips fails on its thousandth libjpeg warning, Pillow renders
+    "restart-intervals-cut-short": (_restarts_cut_short, None),
+    "restart-interval-without-markers": (_restart_interval_without_markers, None),
+    # libvips's mozjpeg decodes arithmetic coding, Pillow's libjpeg-turbo could not here
+    "arithmetic-coding": (_arithmetic_across_pillows_read, CorruptImage),
+    # the same on both: warnings only, rendered; truncated, refused
+    "corrupt-entropy-data": (_corrupt_entropy, None),
+    "truncated-progressive": (lambda: _large_copy_jpeg(progressive=True)[:-20000], CorruptImage),
+    "truncated-baseline": (lambda: _large_copy_jpeg()[:-20000], CorruptImage),
+}
+
+
+def _psnr(a: Image.Image, b: Image.Image) -> float:
+    mse = sum(rms ** 2 for rms in ImageStat.Stat(ImageChops.difference(a, b)).rms) / len(a.getbands())
+    return math.inf if mse == 0 else 10 * math.log10(255 ** 2 / mse)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE_JPEGS))
+def test_a_large_copy_by_libvips_has_pillows_outcome_on_hostile_jpegs(name: str, tmp_path: Path,
+                                                                       monkeypatch) -> None:
+    """Refused with Pillow's error, or rendered to Pillow's pixels (35 dB, tests/test_render_quality.py)."""
+    make, pillows_error = HOSTILE_JPEGS[name]
+    path = tmp_path / f"{name}.jpg"
+    path.write_bytes(make())
+    spec = PIPELINE_V1_SPECS["optimized"]
+
+    def outcome() -> Rendered | PermanentError:
+        SHARED.clear()  # the pixels of this render, not the last one's
+        try:
+            return render(path, spec, LIMITS)
+        except PermanentError as exc:
+            return exc
+
+    spy = LoadSpy(monkeypatch)
+    ours = outcome()
+    with Image.open(path) as img:
+        width, height = img.size
+    assert spy.by_libvips == [(width, height)], "the file is one libvips's path is tried on"
+    monkeypatch.setattr(libvips, "BANDS", {})  # Pillow's own path
+    pillows = outcome()
+    assert spy.by_libvips == [(width, height)]
+    if pillows_error is not None:
+        assert isinstance(pillows, pillows_error), "Pillow's verdict is not what this test was written for"
+        assert (type(ours), str(ours)) == (type(pillows), str(pillows))
+        assert_short_message(ours, path.name)
+    else:
+        assert isinstance(pillows, Rendered), "Pillow's verdict is not what this test was written for"
+        assert isinstance(ours, Rendered), ours
+        assert (ours.width, ours.height, ours.content_type) == (pillows.width, pillows.height, pillows.content_type)
+        assert _psnr(decode(ours).convert("RGB"), decode(pillows).convert("RGB")) >= 35
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "40-mb-after-eoi",  # an MPO's frames, a gain map, garbage: libvips reads up to EOI, and copies nothing
+        "20-mb-of-app2",  # libjpeg would keep a copy of these for libvips (APP1, APP2, APP13, APP14): Pillow's only
+    ],
+)
+def test_a_large_copy_by_libvips_takes_no_more_memory_than_pillows(name: str, tmp_path: Path) -> None:
+    path, warm = tmp_path / f"{name}.jpg", tmp_path / "warm.jpg"
+    jpeg = _large_copy_jpeg()
+    if name == "40-mb-after-eoi":
+        path.write_bytes(jpeg + bytes(40 * 1024 * 1024))
+    else:
+        path.write_bytes(jpeg[:2] + (b"\xff\xe2\xff\xff" + bytes(65533)) * 320 + jpeg[2:])
+    warm.write_bytes(_large_copy_jpeg(quality=80))
+    warm_up = f"""
+        from app.adapters.imaging import libvips
+        render({str(warm)!r}, PIPELINE_V1_SPECS["optimized"], Limits())  # libvips is loaded
+        made, decode_resampled = [], libvips.decode_resampled
+        libvips.decode_resampled = lambda *args: made.append(decode_resampled(*args)) or made[-1]
+        """
+    body = f"""
+        out = render({str(path)!r}, PIPELINE_V1_SPECS["optimized"], Limits())
+        assert (out.width, out.height) == (1024, 512)
+        """
+    # the first by libvips, the second by Pillow (libvips declines over 1 MiB of metadata)
+    by_libvips = name == "40-mb-after-eoi"
+    ours = _peak_rss_delta_mb(body + f"assert [m is not None for m in made] == [{by_libvips}]\n", warm_up)
+    pillows = _peak_rss_delta_mb("libvips.BANDS = {}\n" + textwrap.dedent(body) + "assert made == []\n", warm_up)
+    assert ours < pillows + 5, (ours, pillows)
+
+
 def test_12mp_jpeg_thumbnail_peak_memory() -> None:
     """The full 3464x3464 decode alone would be 36 MB; the draft needs ~0.5 MB."""
     path = str(path_of("photos/astronaut_12mp_3464x3464.jpg"))
@@ -520,14 +681,14 @@ def test_12mp_jpeg_thumbnail_peak_memory() -> None:
     assert delta < 20
 
 
-def _peak_rss_delta_mb(body: str) -> float:
+def _peak_rss_delta_mb(body: str, warm_up: str = "") -> float:
     """Run *body* in a fresh interpreter; return its peak-RSS growth in MB.
 
     Pillow allocates pixels with malloc, which tracemalloc does not see, so
     the kernel's high-water mark of this process's memory (``VmHWM``) is
     used. (``ru_maxrss`` would not do: Linux carries the parent's RSS over
     fork+exec into it.) The warm-up renders load every plugin and library
-    first, so only the body's own allocations are measured.
+    first, so only the body's own allocations are measured; *warm_up* runs before them too.
     """
     status = Path("/proc/self/status")
     if not status.exists() or "VmHWM" not in status.read_text():
@@ -543,9 +704,8 @@ def _peak_rss_delta_mb(body: str) -> float:
 
         render({str(path_of("pillow/hopper.jpg"))!r}, PIPELINE_V1_SPECS["crop"], Limits())
         render({str(path_of("pillow/hopper.gif"))!r}, PIPELINE_V1_SPECS["crop"], Limits())
-        before = peak_kb()
         """
-    ) + textwrap.dedent(body) + textwrap.dedent(
+    ) + textwrap.dedent(warm_up) + "\nbefore = peak_kb()\n" + textwrap.dedent(body) + textwrap.dedent(
         """
         print((peak_kb() - before) / 1024)
         """

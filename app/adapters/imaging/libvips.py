@@ -5,8 +5,9 @@ Every variant of pipelines v1 and v2 is promised Pillow's LANCZOS (a = 3),
 with ``reducing_gap`` (an integer box ``reduce()`` while at least twice the
 final size remains), from the JPEG decoded at the draft scale (libjpeg's
 1/2, 1/4 or 1/8 IDCT). Pillow's resampler is scalar C and holds the whole
-decoded image; libvips decodes with the same libjpeg-turbo at the same
-scale and computes the same separable kernel with SIMD, streaming rows
+decoded image; libvips decodes with libjpeg-turbo's decoder (its wheel's
+mozjpeg 5, a fork of it) at the same scale and computes the same
+separable kernel with SIMD, streaming rows
 from the decoder through the two passes, so neither the decoded image nor
 a copy of it is ever held. A 3464 px square photo to 2048 px: 253 against
 142 ms of CPU, and some tens of MB less at the peak.
@@ -32,8 +33,33 @@ The passes run in Pillow's order, horizontal then vertical. libvips's own
 fine line grating; in Pillow's order the worst of the corpus and the sharp
 test images is above 44 dB.
 
-Decoding errors are Pillow's: a truncated file fails (``fail_on``
-``truncated``, as Pillow never loads truncated images), a warning does not.
+The file must also be one the two libjpegs judge alike (:func:`_layout`),
+or Pillow decodes it and its verdict stands:
+
+* Huffman-coded baseline, extended or progressive DCT (SOF0-SOF2). Pillow's
+  libjpeg-turbo refuses arithmetic coding (SOF9-SOF15), which libvips's
+  mozjpeg decodes; lossless and hierarchical frames are not taken either;
+* a header (the bytes before the first scan) of segments only (APPn, COM,
+  DQT, DHT, DRI), under :data:`MAX_HEADER_BYTES`: libjpeg keeps a copy of
+  libvips's APP1, APP2, APP13 and APP14 segments, and Pillow its own;
+* a single-scan file's scan ends with EOI. Pillow finishes the
+  decompression and so refuses a file whose scan is followed by a bad
+  marker (a second SOF or SOS, an unknown marker, a bad table: a
+  concatenation, a broken writer); libvips stops at the last row and would
+  render it. A progressive file is read to its EOI by both before a row
+  comes out.
+
+A decoding error of libvips's (``fail_on`` ``truncated``: a truncated
+file, as Pillow never loads truncated images; libjpeg errors; more than
+libvips's limit of libjpeg warnings, which Pillow ignores, as in a file
+of broken restart intervals) is not translated: :func:`decode_resampled`
+returns ``None``, and Pillow decodes the file and refuses or renders it
+itself. A corrupt file is then decoded twice; a good one never is.
+
+The file is streamed to libvips from its descriptor (``pread``), up to
+where libjpeg stops: trailing data (an MPO's second frame, a gain map,
+garbage) is not read, and no copy of the file is made (pyvips would copy a
+``bytes`` buffer once more).
 pyvips is imported on first use, so only the worker loads libvips, with the
 operation cache off: every image is decoded once.
 """
@@ -41,11 +67,10 @@ operation cache off: every image is decoded once.
 from __future__ import annotations
 
 import os
+import re
 from typing import BinaryIO
 
 from PIL import Image
-
-from app.errors import CorruptImage
 
 from .geometry import REDUCING_GAP
 
@@ -60,6 +85,16 @@ BANDS = {"L": 1, "RGB": 3}
 #: Smaller outputs stay with Pillow: there libvips's setup costs what its resampler saves (one core, CPU
 #: time: 800x533 to 533 px 12.1 / 12.4 ms, 1024x682 to 682 px 19.2 / 16.7, 2896x1930 to 1930 px 173 / 101).
 MIN_OUTPUT_PIXELS = 512 * 1024
+#: The frames libvips decodes here, by SOF marker: Huffman-coded baseline and extended sequential, progressive.
+SOF_MARKERS = {0xC0: False, 0xC1: False, 0xC2: True}  # -> progressive
+#: Segments a header may have besides its SOF: APPn, COM, DQT, DHT, DRI.
+HEADER_MARKERS = frozenset(range(0xE0, 0xF0)) | {0xFE, 0xDB, 0xC4, 0xDD}
+#: Longer headers (metadata beyond a camera's: EXIF, ICC and XMP are some 100 KB) stay with Pillow.
+MAX_HEADER_BYTES = 1024 * 1024
+_EOI = 0xD9
+#: A marker libjpeg stops at in entropy-coded data: 0xFF, then neither a stuffed 0 nor RST0-7 (nor a fill 0xFF).
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+_CHUNK = 1024 * 1024
 
 #: The APP0 segment Pillow writes for an image without a resolution: JFIF 1.1, no units, 1:1, no thumbnail.
 PILLOW_JFIF = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
@@ -83,24 +118,27 @@ def applies(mode: str, decoded: tuple[int, int], box: tuple[float, ...], out_siz
 
 
 def decode_resampled(fp: BinaryIO, scale: int, mode: str, decoded: tuple[int, int], out_size: tuple[int, int],
-                     resample: Image.Resampling) -> Image.Image:
+                     resample: Image.Resampling) -> Image.Image | None:
     """The JPEG in *fp* decoded at 1/*scale* (to *decoded*, in *mode*) and resampled to *out_size*.
+
+    ``None`` when libvips might judge the file otherwise than Pillow (see the module doc): a frame or a
+    header it does not take, or any error of libvips's. Pillow then decodes it, and refuses or renders it.
 
     The bytes are read from *fp*'s descriptor at their offsets (``pread``), so its position, which
     Pillow relies on, is left alone, and they are the bytes Pillow's header checks passed.
-
-    :raises CorruptImage: the pixel data is truncated or cannot be decoded.
     """
+    fd = fp.fileno()
+    if not _layout(fd):
+        return None
     vips = _vips()
     kernel = KERNELS[resample]
-    fd = fp.fileno()
-    data = os.pread(fd, os.fstat(fd).st_size, 0)
+    # the source's callbacks live as long as this Python object: it must outlive every image made from it
+    source = _source(vips, fd)
+    image = None
     try:
-        image = vips.Image.jpegload_buffer(data, shrink=scale, access="sequential", fail_on="truncated")
-        del data
+        image = vips.Image.jpegload_source(source, shrink=scale, access="sequential", fail_on="truncated")
         if (image.width, image.height, image.bands, image.format) != (*decoded, BANDS[mode], "uchar"):
-            raise AssertionError(f"libvips decoded {image.width}x{image.height}x{image.bands} {image.format},"
-                                 f" Pillow {decoded[0]}x{decoded[1]} {mode}")
+            return None  # not the frame Pillow read
         if out_size[0] != decoded[0]:
             image = image.reduceh(decoded[0] / out_size[0], kernel=kernel)
         if out_size[1] != decoded[1]:
@@ -108,12 +146,78 @@ def decode_resampled(fp: BinaryIO, scale: int, mode: str, decoded: tuple[int, in
         if (image.width, image.height) != out_size:
             raise AssertionError(f"libvips made {image.width}x{image.height}, not {out_size[0]}x{out_size[1]}")
         pixels = image.write_to_memory()
-    except vips.Error as exc:
-        message = str(exc).lower()
-        if "truncated" in message or "premature end" in message:
-            raise CorruptImage("image data is truncated") from None
-        raise CorruptImage("image data cannot be decoded") from None
+    except vips.Error:
+        return None
+    finally:
+        image = None  # the decoder may read while it closes: while the source is alive
+    del source
     return Image.frombytes(mode, out_size, pixels)
+
+
+def _layout(fd: int) -> bool:
+    """Whether the JPEG's frame and structure are ones libvips and Pillow judge alike (see the module doc)."""
+    if os.pread(fd, 2, 0) != b"\xff\xd8":
+        return False
+    pos, progressive, components = 2, None, 0
+    while pos < MAX_HEADER_BYTES:
+        head = os.pread(fd, 4, pos)
+        if len(head) < 4 or head[0] != 0xFF:
+            return False  # cut short, or bytes between segments
+        marker, length = head[1], int.from_bytes(head[2:], "big")
+        if marker == 0xFF:  # a fill byte
+            pos += 1
+            continue
+        if length < 2:
+            return False
+        if marker == 0xDA:
+            if progressive is None:
+                return False
+            scan_components = os.pread(fd, 1, pos + 4)
+            if progressive or not scan_components or scan_components[0] < components:
+                return True  # several scans: libjpeg reads them all, to EOI, before the first row
+            return _marker_after(fd, pos + 2 + length) == _EOI
+        if marker in SOF_MARKERS and progressive is None:
+            frame = os.pread(fd, 6, pos + 4)
+            if len(frame) < 6:
+                return False
+            progressive, components = SOF_MARKERS[marker], frame[5]
+        elif marker not in HEADER_MARKERS:
+            return False  # another frame type, a second SOF, a marker Pillow and libjpeg may read apart
+        pos += 2 + length
+    return False
+
+
+def _marker_after(fd: int, pos: int) -> int | None:
+    """The first marker libjpeg meets in the entropy-coded data from *pos* (``None``: the file ends first)."""
+    carry = b""
+    while chunk := os.pread(fd, _CHUNK, pos):
+        pos += len(chunk)
+        data = carry + chunk
+        if match := _MARKER.search(data):
+            return data[match.end() - 1]
+        carry = b"\xff" if data.endswith(b"\xff") else b""
+    return None
+
+
+def _source(vips, fd: int):
+    """A libvips source reading *fd* at offsets of its own."""
+    source = vips.SourceCustom()
+    position = 0
+
+    def read(size: int) -> bytes:
+        nonlocal position
+        chunk = os.pread(fd, size, position)
+        position += len(chunk)
+        return chunk
+
+    def seek(offset: int, whence: int) -> int:
+        nonlocal position
+        position = offset + (0, position, os.fstat(fd).st_size)[whence]
+        return position
+
+    source.on_read(read)
+    source.on_seek(seek)
+    return source
 
 
 def encode_jpeg(img: Image.Image, quality: int, optimize: bool, progressive: bool) -> bytes:
@@ -131,7 +235,7 @@ def encode_jpeg(img: Image.Image, quality: int, optimize: bool, progressive: boo
     after the SOI marker, and the file is then Pillow's, byte for byte
     (``tests/test_imaging.py``). No metadata is written.
     """
-    image = _vips().Image.new_from_memory(img.tobytes(), img.width, img.height, BANDS[img.mode], "uchar")
+    image = _vips().Image.new_from_memory(img.tobytes(), img.width, img.height, len(img.getbands()), "uchar")
     data = image.jpegsave_buffer(Q=quality, optimize_coding=optimize, interlace=progressive, keep="none")
     if data[:4] != b"\xff\xd8\xff\xdb":  # SOI, then the tables: no JFIF, nor anything else, before them
         raise AssertionError(f"libvips's JPEG begins {data[:4].hex()}, not SOI and DQT")

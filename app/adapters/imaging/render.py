@@ -28,7 +28,9 @@ Pipeline, and why it is in this order:
    cropping and scaling are a single resample. The large copies of most
    JPEGs are decoded (step 2) and resampled here by libvips instead, with
    the same kernel in the same order (:mod:`app.adapters.imaging.libvips`
-   says when: the pixels must be Pillow's to 35 dB, in practice 43-50).
+   says when: the pixels must be Pillow's to 35 dB, in practice 43-50, and
+   the file one the two decoders judge alike; a file libvips declines or
+   fails on is decoded by Pillow, whose verdict stands).
    :data:`RESAMPLE` is part of what a pipeline version promises: BICUBIC would take 20-65 % less time
    on the large copies and is within 50 dB of LANCZOS on photos, but only
    26-36 dB on text, fine lines and noise, beyond what an existing version
@@ -172,7 +174,9 @@ def _upright(img: ImageFile.ImageFile, family: str, spec: VariantSpec) -> Image.
         if libvips.applies(img.mode, img.size, box, geometry.out_size, RESAMPLE):
             work = libvips.decode_resampled(img.fp, round(1 / scale_back), img.mode, img.size, geometry.out_size,
                                             RESAMPLE)
-            return _finish(work, img.info.get("icc_profile"), orientation)
+            if work is not None:
+                return _finish(work, img.info.get("icc_profile"), orientation)
+            # libvips declined the file, or failed on it: Pillow decodes it and judges it
         _load(img)
     else:
         _load(img)
