@@ -5,6 +5,9 @@ from __future__ import annotations
 import io
 import random
 
+import pytest
+from werkzeug.exceptions import RequestEntityTooLarge
+
 from app.web.body import READ_BLOCK_BYTES, BodyStream
 
 
@@ -33,8 +36,9 @@ def test_small_reads_are_served_from_large_reads_of_the_server_stream() -> None:
         got += chunk
     assert bytes(got) == body
     assert not stream.incomplete and stream.received == len(body)
-    assert len(server.asked) <= len(body) // READ_BLOCK_BYTES + 2
-    assert all(size >= READ_BLOCK_BYTES for size in server.asked)
+    assert len(server.asked) == len(body) // READ_BLOCK_BYTES + 1
+    assert all(size == READ_BLOCK_BYTES for size in server.asked[:-1])
+    assert sum(server.asked) == len(body), "never asked past the declared length"
 
 
 def test_a_read_larger_than_a_block_is_passed_on_whole() -> None:
@@ -52,3 +56,27 @@ def test_a_body_cut_short_or_broken_is_incomplete_after_the_bytes_that_came() ->
     received = b"".join(iter(lambda: broken.read(64 * 1024), b""))
     assert received == body[:READ_BLOCK_BYTES]
     assert broken.incomplete and isinstance(broken.error, OSError)
+
+
+def test_a_body_of_exactly_the_limit_is_whole_and_one_byte_more_is_413() -> None:
+    """With or without a Content-Length; a longer body is refused one byte past the limit, not a block past it."""
+    limit = READ_BLOCK_BYTES + 7
+    for declared in (limit, None):
+        server = ServerStream(bytes(limit))
+        whole = BodyStream(server, declared_length=declared, max_length=limit)
+        assert len(whole.read()) == limit and not whole.incomplete
+        assert max(server.asked) <= READ_BLOCK_BYTES
+    server = ServerStream(bytes(5 * READ_BLOCK_BYTES))
+    over = BodyStream(server, declared_length=None, max_length=limit)
+    with pytest.raises(RequestEntityTooLarge):
+        over.read()
+    assert server.tell() == limit + 1
+
+
+def test_without_blocks_the_server_stream_is_asked_what_the_reader_asks() -> None:
+    """The raw-body routes of resumable uploads keep the bytes of a body cut short (app.web.request)."""
+    body = bytes(3 * 64 * 1024 + 5)
+    server = ServerStream(body)
+    stream = BodyStream(server, declared_length=len(body), block_bytes=0)
+    assert b"".join(iter(lambda: stream.read(64 * 1024), b"")) == body
+    assert server.asked == [64 * 1024] * 3 + [5]

@@ -383,6 +383,107 @@ def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
     assert status["sha256"] == hashlib.sha256(photo).hexdigest()
 
 
+def _answers(sock, count: int) -> list[tuple[int, dict[str, str]]]:
+    """``count`` HTTP/1.1 answers read off one connection: (status, headers) each; every body is JSON or empty."""
+    answers, data = [], b""
+    while len(answers) < count:
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            assert chunk, f"the connection closed after {len(answers)} answers"
+            data += chunk
+        head, _, data = data.partition(b"\r\n\r\n")
+        lines = head.decode().split("\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
+        length = int(headers.get("content-length", 0))
+        while len(data) < length:
+            data += sock.recv(65536)
+        data = data[length:]
+        answers.append((int(lines[0].split()[1]), headers))
+    return answers
+
+
+def _created_over_http(web, length: int) -> str:
+    import requests
+
+    created = requests.post(web.url + "/v1/uploads", timeout=10,
+                            headers={**TUS, "Authorization": f"Bearer {web.token}", "Upload-Length": str(length)})
+    assert created.status_code == 201, created.text
+    return created.headers["Location"]
+
+
+@pytest.mark.processes
+def test_a_body_of_exactly_the_upload_limit_is_taken_and_the_next_request_on_its_connection_too(env, tmp_path,
+                                                                                                  photo):
+    """The limit itself is allowed (Tus-Max-Size): werkzeug's max-length stream refused a body that reached it
+    exactly, when its reader asked for more to see it end. Two requests and a third sent back to back on one
+    connection: reading the first body in blocks takes nothing of the next request."""
+    import random
+    import socket
+
+    from tests.processes import Deployment
+
+    limit = 1024 * 1024 + 4321  # past one 1 MiB read block (app.web.body)
+    web = Deployment(env, tmp_path)
+    web.start("web", ATTACHE_MAX_UPLOAD_BYTES=str(limit))
+    try:
+        files = [photo + random.Random(seed).randbytes(limit - len(photo)) for seed in (1, 2)]
+        auth = f"Authorization: Bearer {web.token}\r\nTus-Resumable: 1.0.0\r\nContent-Type: {PART}\r\n"
+        location = _created_over_http(web, limit)
+        patch_whole = (f"PATCH {location} HTTP/1.1\r\nHost: x\r\n{auth}Upload-Offset: 0\r\n"
+                       f"Content-Length: {limit}\r\n\r\n").encode() + files[0]
+        chunks = b"".join(b"%x\r\n%s\r\n" % (len(files[1][i:i + 300_000]), files[1][i:i + 300_000])
+                          for i in range(0, limit, 300_000))
+        create_whole = (f"POST /v1/uploads HTTP/1.1\r\nHost: x\r\n{auth}Upload-Length: {limit}\r\n"
+                        "Transfer-Encoding: chunked\r\n\r\n").encode() + chunks + b"0\r\n\r\n"
+        health = b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+            sock.sendall(patch_whole + create_whole + health)
+            (patched, patched_headers), (created, created_headers), (healthy, _) = _answers(sock, 3)
+        assert (patched, patched_headers.get("upload-offset")) == (204, str(limit)), patched_headers
+        assert (created, created_headers.get("upload-offset")) == (201, str(limit)), created_headers
+        assert healthy == 200
+        for headers, data in ((patched_headers, files[0]), (created_headers, files[1])):
+            assert web.status(headers["attachment-id"])["sha256"] == hashlib.sha256(data).hexdigest()
+    finally:
+        web.stop_all()
+
+
+@pytest.mark.processes
+def test_a_patch_from_a_client_gone_silent_keeps_what_arrived(env, tmp_path, photo):
+    """Cut off after ATTACHE_BODY_IDLE_SECONDS, a PATCH keeps its bytes but those of the spool's last read
+    (64 KiB, app.web.spool.CHUNK): gunicorn drops what it holds of a read that fails, so reading the body
+    in 1 MiB blocks lost up to 1 MiB of every interrupted PATCH."""
+    import random
+    import socket
+
+    import requests
+
+    from app.web.spool import CHUNK
+    from tests.processes import Deployment
+
+    web = Deployment(env, tmp_path)
+    web.start("web", ATTACHE_BODY_IDLE_SECONDS="1")
+    try:
+        data = photo + random.Random(3).randbytes(3 * 1024 * 1024 - len(photo))
+        location = _created_over_http(web, len(data))
+        sent = 1024 * 1024 + 600 * 1024
+        with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+            sock.sendall((f"PATCH {location} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {web.token}\r\n"
+                          f"Tus-Resumable: 1.0.0\r\nUpload-Offset: 0\r\nContent-Type: {PART}\r\n"
+                          f"Content-Length: {len(data)}\r\n\r\n").encode() + data[:sent])
+            [(status, _)] = _answers(sock, 1)  # then silence
+        assert status == 400
+        headers = {**TUS, "Authorization": f"Bearer {web.token}"}
+        kept = int(requests.head(web.url + location, headers=headers, timeout=10).headers["Upload-Offset"])
+        assert sent - CHUNK < kept <= sent
+        rest = requests.patch(web.url + location, data=data[kept:], timeout=30,
+                              headers={**headers, "Upload-Offset": str(kept), "Content-Type": PART})
+        assert rest.status_code == 204, rest.text
+        assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(data).hexdigest()
+    finally:
+        web.stop_all()
+
+
 def test_the_api_document_names_the_headers_of_every_answer(client, photo):
     """Schemathesis rarely reaches a live upload; here each success answer meets its documented headers."""
     from app.web.contract import document

@@ -14,7 +14,18 @@ whatever its readers ask for, and hands those out. gunicorn reads ahead
 up to 1 MiB and, asked for less than it holds, copies what it holds again
 for every read: a multipart parser reading 64 KiB at a time made it copy
 each byte of a 5 MB upload some 30 times, under the GIL (half the web's
-GIL time while uploads came in).
+GIL time while uploads came in). The price: a read that fails (a client
+silent for ``ATTACHE_BODY_IDLE_SECONDS``, a connection reset, chunked
+framing cut off) loses what gunicorn held of it, up to a block. Where a
+body cut short is refused whole that costs nothing; where its bytes are
+kept (tus PATCH, ``block_bytes=0``) the stream asks what its reader asks.
+
+It enforces the route's body limit itself (``max_length``): a body of
+exactly the limit is whole, one byte more is ``413``. werkzeug's
+max-length stream refused a body that reached the limit exactly, when a
+reader asked once more to see it end; this stream never asks past a
+declared ``Content-Length``, and asks a chunked body at the limit for one
+byte to tell its end from a byte too many.
 """
 
 from __future__ import annotations
@@ -29,10 +40,13 @@ READ_BLOCK_BYTES = 1024 * 1024
 
 
 class BodyStream(io.RawIOBase):
-    def __init__(self, stream: IO[bytes], declared_length: int | None):
+    def __init__(self, stream: IO[bytes], declared_length: int | None, *, max_length: int | None = None,
+                 block_bytes: int = READ_BLOCK_BYTES):
         super().__init__()
         self._stream = stream
         self.declared_length = declared_length
+        self.max_length = max_length
+        self.block_bytes = block_bytes
         self.received = 0
         self.ended = False
         self.error: BaseException | None = None
@@ -47,10 +61,16 @@ class BodyStream(io.RawIOBase):
         if not self._block:
             if self.ended:
                 return 0
+            size = max(len(buffer), self.block_bytes)
+            if self.declared_length is not None:  # never past the declared end: the body is whole there
+                size = min(size, self.declared_length - self.received)
+            if self.max_length is not None:  # one byte past the limit tells a longer body from one ending there
+                size = min(size, self.max_length + 1 - self.received)
+            if size <= 0:
+                self.ended = True
+                return 0
             try:
-                data = self._stream.read(max(len(buffer), READ_BLOCK_BYTES))
-            except RequestEntityTooLarge:  # the body is too long, not too short: the 413 stands
-                raise
+                data = self._stream.read(size)
             except Exception as exc:  # the server's reader: the client went away, or broke the chunked framing
                 self.error = exc
                 data = b""
@@ -58,6 +78,8 @@ class BodyStream(io.RawIOBase):
                 self.ended = True
                 return 0
             self.received += len(data)
+            if self.max_length is not None and self.received > self.max_length:
+                raise RequestEntityTooLarge()  # the body is too long, not too short: the 413 stands
             self._block = memoryview(data)
         size = min(len(buffer), len(self._block))
         buffer[:size] = self._block[:size]

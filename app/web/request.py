@@ -7,7 +7,8 @@
 * The body limit is per route: the upload limit plus 1 MiB of multipart
   framing on the upload route, the upload limit on the raw-body routes of
   resumable uploads, :data:`FORM_MAX_BYTES` everywhere else
-  (sign-in and console forms, the JSON of ``/v1/ops``). More is ``413``.
+  (sign-in and console forms, the JSON of ``/v1/ops``). More is ``413``;
+  a body of exactly the limit is taken.
 * Nothing outlives the request: every spool is removed when the request
   closes (Flask closes it when the request ends, whatever happened). A
   process killed mid-upload cannot do that; its spool, untouched for ten
@@ -25,10 +26,11 @@ import threading
 import time
 
 from flask import Request, current_app
+from werkzeug.exceptions import RequestEntityTooLarge
 from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
-from app.web.body import BodyStream
+from app.web.body import READ_BLOCK_BYTES, BodyStream
 from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files
@@ -86,9 +88,15 @@ class UploadRequest(Request):
 
     @cached_property
     def stream(self) -> BodyStream:
+        """The body, limited to :attr:`max_content_length` by the :class:`BodyStream` (a body of exactly the
+        limit is whole); read in blocks but on the raw-body routes of resumable uploads, which keep the bytes
+        of a body cut short (see :mod:`app.web.body`)."""
         self._bound_body_reads()
-        return BodyStream(get_input_stream(self.environ, max_content_length=self.max_content_length),
-                          self.content_length)
+        limit = self.max_content_length
+        if limit is not None and self.content_length is not None and self.content_length > limit:
+            raise RequestEntityTooLarge()  # before reading a byte
+        block = 0 if self.endpoint in RAW_UPLOAD_ENDPOINTS else READ_BLOCK_BYTES
+        return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block)
 
     def _bound_body_reads(self) -> None:
         """A client that stops sending mid-body must not hold a thread for ever.
