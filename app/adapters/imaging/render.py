@@ -48,8 +48,11 @@ Pipeline, and why it is in this order:
    saves bytes); translucent -> PNG for the small variants (lossless alpha,
    small at these sizes) and WebP q85 for the large one (a PNG of a
    2048 px photo would be several MB). A spec may ask for WebP or AVIF
-   instead (``VariantSpec.output``). No EXIF/GPS, XMP, comments or ICC
-   profile is written (pixels are already sRGB). The encoders are
+   instead (``VariantSpec.output``). JPEGs are written by libvips with
+   Pillow's settings, byte for byte Pillow's file, because Pillow's JPEG
+   encoder holds the GIL for the whole image
+   (:func:`app.adapters.imaging.libvips.encode_jpeg`). No EXIF/GPS, XMP,
+   comments or ICC profile is written (pixels are already sRGB). The encoders are
    deterministic, so the same input bytes give the same output bytes (the
    AVIF encoder runs on one thread for that: libaom's output depends on
    its thread count).
