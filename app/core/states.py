@@ -46,7 +46,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import and_, func, insert, select, text, update
+from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
@@ -66,14 +66,28 @@ class Lease:
     seconds: float
 
 
+# The statements a step runs are built once, here, with their values bound at execution: built and
+# keyed anew on every call, a fence cost SQLAlchemy 740 us of CPU where it now costs 210 (docs/performance.md).
+# A bound value named like a column the statement SETs would clash with SQLAlchemy's own: those start with b_.
+
+def _lease_until():
+    """``now()`` plus the lease, bound as ``b_lease`` (see :func:`_lease`)."""
+    return func.now() + bindparam("b_lease", type_=Interval())
+
+
+def _lease(lease: Lease) -> dict:
+    return {"b_owner": lease.owner, "b_lease": timedelta(seconds=lease.seconds)}
+
+
+_HISTORY = insert(job_history)
+_GET = select(jobs).where(jobs.c.id == bindparam("b_job_id"))
+_GET_LOCKED = _GET.with_for_update()
+_RECORDED = select(variants.c.variant).where(variants.c.job_id == bindparam("b_job_id"))
+
+
 def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, error_code=None, reason=None) -> None:
-    conn.execute(insert(job_history).values(
-        job_id=job_id, from_state=from_state, to_state=to_state, attempt=attempt,
-        actor=actor, error_code=error_code, reason=reason))
-
-
-def _interval(seconds: float):
-    return text(f"interval '{float(seconds):.3f} seconds'")
+    conn.execute(_HISTORY, dict(job_id=job_id, from_state=from_state, to_state=to_state, attempt=attempt,
+                                actor=actor, error_code=error_code, reason=reason))
 
 
 def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
@@ -99,10 +113,23 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
 
 
 def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
-    query = select(jobs).where(jobs.c.id == job_id)
-    if lock:
-        query = query.with_for_update()
-    return conn.execute(query).one_or_none()
+    return conn.execute(_GET_LOCKED if lock else _GET, {"b_job_id": job_id}).one_or_none()
+
+
+def recorded(conn: Connection, job_id) -> set[str]:
+    """The variants a job's render steps have recorded so far."""
+    return set(conn.execute(_RECORDED, {"b_job_id": job_id}).scalars())
+
+
+_CLAIM = (
+    update(jobs)
+    .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.QUEUED, jobs.c.attempt == bindparam("b_previous"),
+           (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
+    .values(state=JobState.PROCESSING, attempt=bindparam("b_attempt"), lease_owner=bindparam("b_owner"),
+            lease_expires_at=_lease_until(), next_attempt_at=None, error_code=None, error_reason=None,
+            updated_at=func.now())
+    .returning(jobs)
+)
 
 
 def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
@@ -111,15 +138,8 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     A message for any other attempt is stale and claims nothing. A job
     whose ``next_attempt_at`` lies in the future is not claimable yet.
     """
-    row = conn.execute(
-        update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == JobState.QUEUED, jobs.c.attempt == attempt - 1,
-               (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
-        .values(state=JobState.PROCESSING, attempt=attempt, lease_owner=lease.owner,
-                lease_expires_at=func.now() + _interval(lease.seconds), next_attempt_at=None,
-                error_code=None, error_reason=None, updated_at=func.now())
-        .returning(jobs)
-    ).one_or_none()
+    row = conn.execute(_CLAIM, {"b_job_id": job_id, "b_previous": attempt - 1, "b_attempt": attempt,
+                                **_lease(lease)}).one_or_none()
     if row is not None:
         _history(conn, job_id, JobState.QUEUED, JobState.PROCESSING, attempt, lease.owner)
     return row
@@ -140,6 +160,14 @@ def expired():
     return jobs.c.lease_owner.is_not(None) & (jobs.c.lease_expires_at <= func.now())
 
 
+_FENCED = (jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
+           jobs.c.attempt == bindparam("b_attempt"), held())
+_FENCE_CHECK = select(jobs).where(*_FENCED).with_for_update()
+_FENCE_TAKE = (update(jobs).where(*_FENCED)
+               .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
+               .returning(jobs))
+
+
 def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
     """A step's fence: ``(job_id, attempt)`` is still ``processing`` and held, locked for this transaction.
 
@@ -152,16 +180,17 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     ``take=False`` (a step about to commit its outcome and hand off)
     checks and locks without taking the lease from a sibling still running.
     """
-    conditions = (jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt, held())
     if not take:
-        return conn.execute(select(jobs).where(*conditions).with_for_update()).one_or_none()
-    return conn.execute(
-        update(jobs)
-        .where(*conditions)
-        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
-                updated_at=func.now())
-        .returning(jobs)
-    ).one_or_none()
+        return conn.execute(_FENCE_CHECK, {"b_job_id": job_id, "b_attempt": attempt}).one_or_none()
+    return conn.execute(_FENCE_TAKE, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).one_or_none()
+
+
+_RENEW = (update(jobs)
+          .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
+                 jobs.c.attempt == bindparam("b_attempt"), jobs.c.lease_owner.is_not(None),
+                 jobs.c.lease_expires_at > func.now())
+          .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
+          .returning(jobs.c.id))
 
 
 def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
@@ -171,14 +200,15 @@ def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
     lands after its own step (or the last running sibling) handed off must
     not leave a short lease that nobody renews.
     """
-    return conn.execute(
-        update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt,
-               jobs.c.lease_owner.is_not(None), jobs.c.lease_expires_at > func.now())
-        .values(lease_owner=lease.owner, lease_expires_at=func.now() + _interval(lease.seconds),
-                updated_at=func.now())
-        .returning(jobs.c.id)
-    ).first() is not None
+    return conn.execute(_RENEW, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).first() is not None
+
+
+_HAND_OFF = (update(jobs)
+             .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
+                    jobs.c.attempt == bindparam("b_attempt"),
+                    (jobs.c.lease_owner == bindparam("b_owner")) | jobs.c.lease_owner.is_(None))
+             .values(lease_owner=None, updated_at=func.now())
+             .returning(jobs.c.id))
 
 
 def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
@@ -196,13 +226,7 @@ def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
     the lease (or none holds it) hands off, so a sibling that fenced after
     it keeps its short lease.
     """
-    return conn.execute(
-        update(jobs)
-        .where(jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt,
-               (jobs.c.lease_owner == owner) | jobs.c.lease_owner.is_(None))
-        .values(lease_owner=None, updated_at=func.now())
-        .returning(jobs.c.id)
-    ).first() is not None
+    return conn.execute(_HAND_OFF, {"b_job_id": job_id, "b_attempt": attempt, "b_owner": owner}).first() is not None
 
 
 def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
@@ -222,8 +246,7 @@ def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, .
     Runs only if ``(job_id, attempt)`` still holds a live lease and every
     required variant has been recorded by a render step.
     """
-    recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job_id)).scalars())
-    if not set(required) <= recorded:
+    if not set(required) <= recorded(conn, job_id):
         return False
     row = _leave_processing(conn, job_id, attempt, JobState.READY, {"ready_at": func.now(), "error_code": None,
                                                            "error_reason": None}, require_live_lease=True)

@@ -39,7 +39,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Iterator
 
-from sqlalchemy import insert, select
+from sqlalchemy import bindparam, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 
 from app import faults
@@ -69,6 +69,20 @@ from app.observability.logs import bound
 from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
+
+
+#: built once (see app.core.states): the statements every step runs
+_ATTACHMENT = select(attachments).where(attachments.c.id == bindparam("b_id"))
+_VARIANT_RECORDED = select(variants.c.id).where(
+    variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.pipeline_version == bindparam("b_version"),
+    variants.c.variant == bindparam("b_variant"))
+_KEPT_ORIGINAL = select(variants.c.storage_key).where(
+    variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.variant == pipeline.ORIGINAL,
+    variants.c.published_at.is_not(None)).limit(1)
+_RECORD_VARIANT = pg_insert(variants).on_conflict_do_nothing(constraint="variants_effect_key")
+_PUBLISHED_VARIANTS = select(variants).where(variants.c.job_id == bindparam("b_job_id"),
+                                             variants.c.published_at.is_not(None))
+_RECORD_RUN = insert(step_runs)
 
 
 @dataclass(frozen=True)
@@ -117,7 +131,7 @@ class Workflow:
         try:
             with transaction(self.services.engine) as conn:
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                conn.execute(insert(step_runs).values(
+                conn.execute(_RECORD_RUN, dict(
                     job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
                     attempt=body["attempt"], outcome=outcome.status, seconds=seconds, worker=identity("worker")))
         except Exception:
@@ -158,7 +172,8 @@ class Workflow:
             if claimed is None:
                 return Outcome("stale", f"attempt {attempt} does not hold the job")
             attachment = self._attachment(conn, job.attachment_id)
-        with self._lease_kept(job.id, attempt, lease), self._staged(attachment) as path:
+            source = self._source_key(conn, attachment)
+        with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
@@ -175,23 +190,23 @@ class Workflow:
             if states.fence(conn, job.id, attempt, lease) is None:
                 return Outcome("stale", f"attempt {attempt} does not hold the job")
             attachment = self._attachment(conn, job.attachment_id)
-            done = conn.execute(select(variants.c.id).where(
-                variants.c.attachment_id == job.attachment_id, variants.c.pipeline_version == job.pipeline_version,
-                variants.c.variant == variant)).first() is not None
+            done = conn.execute(_VARIANT_RECORDED, {"b_attachment_id": job.attachment_id,
+                                                    "b_version": job.pipeline_version,
+                                                    "b_variant": variant}).first() is not None
+            source = None if done or variant == pipeline.ORIGINAL else self._source_key(conn, attachment)
         if not done:
             faults.point("during_render")
             with self._lease_kept(job.id, attempt, lease):
-                effect = self._make_object(attachment, version, variant)
+                effect = self._make_object(attachment, version, variant, source)
             faults.point("after_object_write")
         with self.services.unit_of_work.begin() as work:
             conn = work.conn
             if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during render; the object stays unreferenced")
             if not done:
-                conn.execute(pg_insert(variants).values(
+                conn.execute(_RECORD_VARIANT, dict(
                     job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
-                    variant=variant, attempt=attempt, **effect,
-                ).on_conflict_do_nothing(constraint="variants_effect_key"))
+                    variant=variant, attempt=attempt, **effect))
             self._announce_publish_if_complete(conn, job, attempt, version)
             self._hand_off(conn, job.id, attempt, lease)
         return Outcome("rendered" if not done else "already_rendered", variant)
@@ -218,8 +233,7 @@ class Workflow:
     def verify_ready(self, job) -> Outcome:
         version = pipeline.get(job.pipeline_version)
         with transaction(self.services.engine) as conn:
-            rows = conn.execute(select(variants).where(
-                variants.c.job_id == job.id, variants.c.published_at.is_not(None))).all()
+            rows = conn.execute(_PUBLISHED_VARIANTS, {"b_job_id": job.id}).all()
             attachment = self._attachment(conn, job.attachment_id)
         found = {row.variant: row for row in rows}
         missing = [name for name in version.variants if name not in found]
@@ -257,29 +271,28 @@ class Workflow:
     # --- helpers ---------------------------------------------------------------
 
     def _attachment(self, conn, attachment_id):
-        return conn.execute(select(attachments).where(attachments.c.id == attachment_id)).one()
+        return conn.execute(_ATTACHMENT, {"b_id": attachment_id}).one()
 
-    def _source_key(self, attachment) -> str:
+    def _source_key(self, conn, attachment) -> str:
         """Where the original's bytes are: staging until the first publish, then the kept original.
 
         A backfill into a new pipeline version runs long after staging was
         removed; it reads the published original (shared by all versions).
+        Read in the step's opening transaction, with its fence.
         """
-        with transaction(self.services.engine) as conn:
-            kept = conn.execute(select(variants.c.storage_key).where(
-                variants.c.attachment_id == attachment.id, variants.c.variant == pipeline.ORIGINAL,
-                variants.c.published_at.is_not(None)).limit(1)).scalar()
+        kept = conn.execute(_KEPT_ORIGINAL, {"b_attachment_id": attachment.id}).scalar()
         return kept or attachment.staging_key
 
     @contextlib.contextmanager
-    def _staged(self, attachment) -> Iterator:
+    def _staged(self, source_key: str) -> Iterator:
         try:
-            with self.services.storage.fetch_to_path(self._source_key(attachment)) as path:
+            with self.services.storage.fetch_to_path(source_key) as path:
                 yield path
         except ObjectNotFound:
             raise StagingMissing("the staged original is missing") from None
 
-    def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str) -> dict:
+    def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str,
+                     source_key: str | None) -> dict:
         storage = self.services.storage
         if variant == pipeline.ORIGINAL:
             key = pipeline.original_key(attachment.id, attachment.sha256)
@@ -292,7 +305,7 @@ class Workflow:
             return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
                         sha256=attachment.sha256, width=attachment.width, height=attachment.height,
                         provenance=provenance.of_original(attachment, version))
-        with self._staged(attachment) as path:
+        with self._staged(source_key) as path:
             rendered = imaging.render(path, version.specs[variant], self.services.limits)
             stripped = imaging.stripped_metadata(path)
         digest = hashlib.sha256(rendered.data).hexdigest()
@@ -304,7 +317,7 @@ class Workflow:
 
     def _announce_next(self, conn, job, attempt: int) -> list[int]:
         version = pipeline.get(job.pipeline_version)
-        recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
+        recorded = states.recorded(conn, job.id)
         todo = [name for name in version.variants if name not in recorded]
         if not todo:
             return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
@@ -315,8 +328,7 @@ class Workflow:
         # fence() locked the job row, so concurrent renders of one job
         # serialize here and exactly one of them sees the set complete
         # (redeliveries may announce again: harmless duplicates).
-        recorded = set(conn.execute(select(variants.c.variant).where(variants.c.job_id == job.id)).scalars())
-        if set(version.variants) <= recorded:
+        if set(version.variants) <= states.recorded(conn, job.id):
             return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
         return []
 
