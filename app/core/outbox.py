@@ -22,14 +22,13 @@ from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
-from sqlalchemy import func, insert, or_, select, text, update
+from sqlalchemy import bindparam, func, insert, or_, select, text, update
 from sqlalchemy.engine import Connection, Engine
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import outbox
 from app.core import messages
 from app.core.steps import Step
-from app.errors import BrokerUnavailable
 from app.observability import telemetry
 from app.observability.tracing import child_of
 
@@ -50,6 +49,17 @@ def collecting(conn: Connection) -> Iterator[list[int]]:
         _written.reset(token)
 
 
+#: built once (see app.core.states): the statements every step runs
+_INSERT = insert(outbox).returning(outbox.c.id)
+_UNSENT = select(outbox).where(outbox.c.id.in_(bindparam("b_ids", expanding=True)), outbox.c.published_at.is_(None),
+                               outbox.c.available_at <= func.now()).order_by(outbox.c.id)
+_MARKED = outbox.c.id.in_(bindparam("b_ids", expanding=True))
+_MARK_PUBLISHED = update(outbox).where(_MARKED).values(
+    publish_attempts=outbox.c.publish_attempts + 1, claimed_until=None, published_at=func.now(), last_error=None)
+_MARK_FAILED = update(outbox).where(_MARKED).values(
+    publish_attempts=outbox.c.publish_attempts + 1, claimed_until=None, last_error=bindparam("b_error"))
+
+
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
     """Write one message to the outbox in the current transaction; returns its row id."""
     messages.validate(payload)
@@ -58,7 +68,7 @@ def add(conn: Connection, payload: dict, *, available_at: datetime | None = None
                   actor_name=step.actor, payload=payload)
     if available_at is not None:
         values["available_at"] = available_at
-    row_id = conn.execute(insert(outbox).values(**values).returning(outbox.c.id)).scalar_one()
+    row_id = conn.execute(_INSERT, values).scalar_one()
     collector = _written.get()
     if collector is not None and collector[0] is conn:
         collector[1].append(row_id)
@@ -100,9 +110,7 @@ class OutboxPublisher:
         if not ids:
             return 0
         with transaction(self.engine) as conn:
-            rows = conn.execute(select(outbox).where(
-                outbox.c.id.in_(ids), outbox.c.published_at.is_(None), outbox.c.available_at <= func.now(),
-            ).order_by(outbox.c.id)).all()
+            rows = conn.execute(_UNSENT, {"b_ids": ids}).all()
         return self._send(rows)
 
     def publish_due(self, *, older_than_seconds: float, batch: int = 100,
@@ -131,27 +139,27 @@ class OutboxPublisher:
         return {"published": published, "pending": len(rows) - published}
 
     def _send(self, rows) -> int:
-        """Publish ``rows`` in order, each waiting for its confirm; stop at the first broker failure.
+        """Publish ``rows`` together and wait for their confirms together; the rows after a failure are not sent.
 
-        The confirmed rows are marked together in one transaction after the
-        last confirm (:meth:`_mark`): one commit for a step's whole fan-out,
-        not one per message.
+        The broker confirms the batch in order up to its first failure
+        (``enqueue_many``). The confirmed rows are marked together in one
+        transaction (:meth:`_mark`): one commit for a step's whole fan-out,
+        not one per message. The first row not confirmed gets the error; the
+        claims of the rows after it are released.
         """
-        confirmed: list[int] = []
-        try:
-            for sent, row in enumerate(rows):
-                try:
-                    with telemetry.producing(row.payload, row.queue_name, str(row.message_id)):
-                        self.broker.enqueue(to_message(row))
-                except BrokerUnavailable as exc:
-                    log.warning("outbox row %s not published: %s", row.id, exc, extra={"outbox_id": row.id})
-                    self._mark([row.id], error=str(exc))
-                    self._release([later.id for later in rows[sent + 1:] if later.claimed_until is not None])
-                    return sent
-                confirmed.append(row.id)
-        finally:
-            self._mark(confirmed)
-        return len(rows)
+        if not rows:
+            return 0
+        with contextlib.ExitStack() as spans:
+            for row in rows:
+                spans.enter_context(telemetry.producing(row.payload, row.queue_name, str(row.message_id)))
+            sent, error = self.broker.enqueue_many([to_message(row) for row in rows])
+        self._mark([row.id for row in rows[:sent]])
+        if error is not None:
+            failed = rows[sent]
+            log.warning("outbox row %s not published: %s", failed.id, error, extra={"outbox_id": failed.id})
+            self._mark([failed.id], error=str(error))
+            self._release([later.id for later in rows[sent + 1:] if later.claimed_until is not None])
+        return sent
 
     def _mark(self, row_ids: list[int], *, error: str | None = None) -> None:
         """One publish attempt of each row: published (confirmed) or its error; either way its claim ends.
@@ -163,15 +171,12 @@ class OutboxPublisher:
         """
         if not row_ids:
             return
-        values = {"publish_attempts": outbox.c.publish_attempts + 1, "claimed_until": None}
-        if error is None:
-            values["published_at"] = func.now()
-            values["last_error"] = None
-        else:
-            values["last_error"] = error[:500]
         with transaction(self.engine) as conn:
             conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-            conn.execute(update(outbox).where(outbox.c.id.in_(row_ids)).values(**values))
+            if error is None:
+                conn.execute(_MARK_PUBLISHED, {"b_ids": row_ids})
+            else:
+                conn.execute(_MARK_FAILED, {"b_ids": row_ids, "b_error": error[:500]})
 
     def _release(self, row_ids: list[int]) -> None:
         """Claimed rows not sent: due again at the relay's next round."""

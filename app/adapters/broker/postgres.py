@@ -194,6 +194,15 @@ class PostgresBroker(LibraryBroker):
         self.emit_after("enqueue", message, delay)
         return message
 
+    def enqueue_many(self, messages: list[Message]) -> tuple[int, BrokerUnavailable | None]:
+        """Each message committed in turn (as :meth:`AttacheBroker.enqueue_many`: how many, and what stopped the rest)."""
+        for sent, message in enumerate(messages):
+            try:
+                self.enqueue(message)
+            except BrokerUnavailable as exc:
+                return sent, exc
+        return len(messages), None
+
     # --- inspection -----------------------------------------------------------
 
     def queue_depth(self, queue_name: str) -> int | None:

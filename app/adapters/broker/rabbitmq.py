@@ -9,7 +9,10 @@
    (the field mapping is in ``docs/contract.md``).
 2. **Publisher confirms with ``mandatory``** on every publish: ``enqueue``
    returns only after RabbitMQ confirmed the message was routed to a queue
-   and persisted, and raises :class:`BrokerUnavailable` otherwise. The wait
+   and persisted, and raises :class:`BrokerUnavailable` otherwise.
+   ``enqueue_many`` sends a batch at once and waits for its confirms
+   together (:class:`Confirms`): a step's fan-out costs one round trip to
+   RabbitMQ, not one per message. The wait
    is bounded (:func:`answered_within`): connecting takes at most twice the
    publish timeout (pika's ``stack_timeout``), and every answer after that
    (the queue declare, the confirm) must come within the publish timeout,
@@ -28,7 +31,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pika
 import pika.exceptions
@@ -104,6 +107,59 @@ def amqp_headers(payload: object) -> dict[str, Any] | None:
     return headers or None
 
 
+class Confirms:
+    """The publisher confirms of one channel, kept by delivery tag.
+
+    pika's ``BlockingChannel`` in confirm mode waits for each publish's
+    confirm before it returns, so N messages cost N round trips to RabbitMQ
+    and N waits for its disk. This channel's confirms are collected as they
+    arrive instead, so a batch is sent at once and waited for together.
+    RabbitMQ numbers a channel's publishes from 1; an ack or nack settles one
+    tag, or with ``multiple`` every pending tag up to it. A ``mandatory``
+    message nobody could take is returned before its ack: it counts as not
+    confirmed.
+    """
+
+    def __init__(self, channel: pika.adapters.blocking_connection.BlockingChannel):
+        self.channel = channel
+        self.sent = 0
+        self.pending: set[int] = set()
+        self.settled: dict[int, bool] = {}  # delivery tag -> acked (and not returned)
+        self.returned: set[str] = set()  # message ids
+        self.selected = False
+        impl = channel._impl  # noqa: SLF001 - BlockingChannel waits for each confirm; its channel does not
+        impl.add_on_return_callback(lambda _channel, _method, properties, _body:
+                                    self.returned.add(properties.message_id))
+        impl.confirm_delivery(ack_nack_callback=self._on_confirm, callback=self._on_select_ok)
+
+    def _on_select_ok(self, _frame) -> None:
+        self.selected = True
+
+    def _on_confirm(self, frame) -> None:
+        method = frame.method
+        acked = isinstance(method, pika.spec.Basic.Ack)
+        tags = [tag for tag in self.pending if tag <= method.delivery_tag] if method.multiple else [method.delivery_tag]
+        for tag in tags:
+            self.pending.discard(tag)
+            self.settled[tag] = acked
+
+    def publish(self, routing_key: str, body: bytes, properties: pika.BasicProperties) -> int:
+        self.channel._impl.basic_publish(exchange="", routing_key=routing_key, body=body,  # noqa: SLF001
+                                         properties=properties, mandatory=True)
+        self.sent += 1
+        self.pending.add(self.sent)
+        return self.sent
+
+    def wait(self, until: Callable[[], bool]) -> None:
+        """Process the connection's I/O until ``until()``; raises if the channel or its connection closes.
+
+        (``BlockingConnection.process_data_events`` would wait for an event of
+        its own, which these callbacks are not.)
+        """
+        while not until():
+            self.channel._flush_output(until)  # noqa: SLF001
+
+
 class AttacheBroker(RabbitmqBroker):
     def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
                  middleware: list | None = None):
@@ -129,38 +185,79 @@ class AttacheBroker(RabbitmqBroker):
         does not confirm; the caller (the outbox) then leaves its row
         unmarked for the scheduler to publish later.
         """
-        canonical = message.queue_name
-        routing_key = canonical
         if delay is not None:
-            routing_key = dq_name(canonical)
-            message = message.copy(queue_name=routing_key, options={"eta": current_millis() + delay})
+            message = message.copy(queue_name=dq_name(message.queue_name),
+                                   options={"eta": current_millis() + delay})
+        confirmed, error = self._publish([message], delay)
+        if error is not None:
+            raise error
+        return message
 
-        payload = message.args[0] if message.args else None
-        properties = pika.BasicProperties(
+    def enqueue_many(self, messages: list[Message]) -> tuple[int, BrokerUnavailable | None]:
+        """Publish ``messages`` at once and wait for their confirms together.
+
+        Returns how many of them, from the first, RabbitMQ confirmed, and the
+        error that stopped the rest (``None`` when all were confirmed). A
+        message confirmed after one that was not is counted as not
+        confirmed: its outbox row is published again, a duplicate that
+        consumers take as one.
+        """
+        return self._publish(messages, None)
+
+    def _publish(self, messages: list[Message], delay: int | None) -> tuple[int, BrokerUnavailable | None]:
+        tags: list[int] = []
+        failure: BaseException | None = None
+        try:
+            with answered_within(self.connection, self.answer_timeout):
+                confirms = self._confirms()
+                for message in messages:
+                    self.declare_queue(q_name(message.queue_name), ensure=True)
+                    self.emit_before("enqueue", message, delay)
+                    body, properties = message.encode(), self._properties(message)
+                    if faults.armed("after_publish"):
+                        self._publish_then_die(message.queue_name, body, properties)
+                    tags.append(confirms.publish(message.queue_name, body, properties))
+                confirms.wait(lambda: not confirms.pending.intersection(tags))
+        except PUBLISH_ERRORS as exc:
+            del self.connection
+            failure = exc
+        confirmed = 0
+        for message, tag in zip(messages, tags):
+            acked = confirms.settled.pop(tag, False)
+            if message.message_id in confirms.returned:  # mandatory: no queue took it
+                confirms.returned.discard(message.message_id)
+                self.queues_pending.add(q_name(message.queue_name))
+                failure = failure or pika.exceptions.UnroutableError([])
+            if failure is not None or not acked:
+                break
+            self.emit_after("enqueue", message, delay)
+            confirmed += 1
+        if confirmed == len(messages):
+            return confirmed, None
+        reason = type(failure).__name__ if failure is not None else "nacked"
+        error = BrokerUnavailable(f"publish to {messages[confirmed].queue_name} not confirmed: {reason}")
+        error.__cause__ = failure
+        return confirmed, error
+
+    def _confirms(self) -> Confirms:
+        """This thread's publishing channel, in confirm mode (opened with the connection, and again after it)."""
+        confirms = getattr(self.state, "confirms", None)
+        if confirms is None or not confirms.channel.is_open or confirms.channel.connection is not self.connection:
+            confirms = self.state.confirms = Confirms(self.connection.channel())
+            confirms.wait(lambda: confirms.selected)
+        return confirms
+
+    @staticmethod
+    def _properties(message: Message) -> pika.BasicProperties:
+        return pika.BasicProperties(
             delivery_mode=2,
             content_type="application/json",
             message_id=message.message_id,
             type=message.actor_name,
             app_id="attache",
             timestamp=int(time.time()),
-            headers=amqp_headers(payload),
+            headers=amqp_headers(message.args[0] if message.args else None),
         )
-        body = message.encode()
-        try:
-            with answered_within(self.connection, self.answer_timeout):
-                self.declare_queue(canonical, ensure=True)
-                self.emit_before("enqueue", message, delay)
-                if faults.armed("after_publish"):
-                    self._publish_then_die(routing_key, body, properties)
-                self.channel.basic_publish(
-                    exchange="", routing_key=routing_key, body=body, properties=properties, mandatory=True)
-            self.emit_after("enqueue", message, delay)
-            return message
-        except PUBLISH_ERRORS as exc:
-            del self.connection
-            if isinstance(exc, pika.exceptions.UnroutableError):
-                self.queues_pending.add(q_name(routing_key))
-            raise BrokerUnavailable(f"publish to {routing_key} not confirmed: {type(exc).__name__}") from exc
 
     def _publish_then_die(self, routing_key: str, body: bytes, properties: pika.BasicProperties) -> None:
         """Window 3: the bytes go to RabbitMQ, the process dies before any confirm."""
