@@ -6,6 +6,7 @@ import os
 import threading
 import time
 import uuid
+from datetime import datetime, timedelta, timezone
 
 from sqlalchemy import event, func, insert, select, text, update
 
@@ -78,6 +79,41 @@ def test_outbox_relay_publishes_only_abandoned_and_due_rows(services, engine):
     # a delayed row is published as soon as it is due, without waiting for the threshold
     assert relay.run_once()["published"] == 1
     assert relay.run_once()["published"] == 0, "a marked row is never published again by the relay"
+
+
+def test_a_unit_of_work_publishes_its_fan_out_without_reading_it_back_and_marks_it_in_one_commit(services, engine):
+    """The step's own COMMIT, then one mark: the rows it wrote are sent as written, not selected again."""
+    _, job_id, _ = seed(engine, services.storage)
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+    statements, commits = [], []
+
+    def executed(conn, cursor, statement, *args):
+        statements.append(statement)
+
+    def committed(conn):
+        commits.append(len(statements))
+
+    event.listen(engine, "before_cursor_execute", executed)
+    event.listen(engine, "commit", committed)
+    try:
+        with services.unit_of_work.begin() as work:
+            for name in ("a", "b", "c", "d"):
+                outbox_rows.announce(work.conn, job, 1, Step.RENDER, variant=name)
+            later = outbox_rows.announce(work.conn, job, 2, Step.INSPECT,
+                                         available_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    finally:
+        event.remove(engine, "before_cursor_execute", executed)
+        event.remove(engine, "commit", committed)
+    assert work.published == 4, "the row not yet due is the relay's"
+    assert len(commits) == 2, f"the transaction and one mark, not {len(commits)} commits"
+    assert not any(sql.lstrip().upper().startswith("SELECT") for sql in statements[commits[0]:]), statements
+    with engine.connect() as conn:
+        marked = dict(conn.execute(select(outbox.c.id, outbox.c.published_at)
+                                   .where(outbox.c.job_id == job_id, outbox.c.queue_name == "attache.render")).all())
+        assert len(marked) == 4 and all(at is not None for at in marked.values())
+        assert conn.execute(select(outbox.c.published_at).where(outbox.c.id == later)).scalar() is None
+    assert services.broker.queue_depth("attache.render") == 4
 
 
 def test_a_fan_out_is_marked_in_one_commit_that_does_not_wait_for_the_wal(services, engine):

@@ -3,9 +3,10 @@
 :func:`announce` builds a job's next message and :func:`add` writes it in
 the caller's transaction (the one that makes the state change the message
 announces). A :class:`~app.core.unit_of_work.UnitOfWork` collects the rows
-written in its transaction (:func:`collecting`) and, after COMMIT, hands
-them to :meth:`OutboxPublisher.publish`; a row is marked ``published_at``
-only once RabbitMQ confirmed it. Rows left unmarked (the broker was down,
+written in its transaction (:func:`collecting`, as :class:`Written`) and,
+after COMMIT, hands them to :meth:`OutboxPublisher.publish_written`, which
+sends them together without reading them back; a row is marked
+``published_at`` only once RabbitMQ confirmed it. Rows left unmarked (the broker was down,
 the process died between COMMIT and confirm) and rows whose
 ``available_at`` lies in the future (managed retries) are published by the
 scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`). Publishing
@@ -18,7 +19,8 @@ import contextlib
 import logging
 import uuid
 from contextvars import ContextVar
-from datetime import datetime
+from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
@@ -34,14 +36,29 @@ from app.observability.tracing import child_of
 
 log = logging.getLogger("attache.outbox")
 
+@dataclass(frozen=True)
+class Written:
+    """An outbox row as its transaction wrote it, so its producer publishes it after COMMIT without reading it back."""
+
+    id: int
+    message_id: uuid.UUID
+    queue_name: str
+    actor_name: str
+    payload: dict
+    #: ``False`` for a row with a future ``available_at`` (a managed retry): the relay publishes it when due
+    due: bool
+    #: a row the producer wrote is not claimed by a relay (the rows a relay claims have their claim's end here)
+    claimed_until: None = None
+
+
 #: the transaction a unit of work has open in this thread, and the outbox rows written in it so far
-_written: ContextVar[tuple[Connection, list[int]] | None] = ContextVar("attache_outbox_written", default=None)
+_written: ContextVar[tuple[Connection, list[Written]] | None] = ContextVar("attache_outbox_written", default=None)
 
 
 @contextlib.contextmanager
-def collecting(conn: Connection) -> Iterator[list[int]]:
-    """The ids of the outbox rows :func:`add` writes in ``conn``'s transaction while the block runs."""
-    written: list[int] = []
+def collecting(conn: Connection) -> Iterator[list[Written]]:
+    """The outbox rows :func:`add` writes in ``conn``'s transaction while the block runs."""
+    written: list[Written] = []
     token = _written.set((conn, written))
     try:
         yield written
@@ -62,7 +79,10 @@ _MARK_FAILED = update(outbox).where(_MARKED).values(
 
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
     """Write one message to the outbox in the current transaction; returns its row id."""
-    messages.validate(payload)
+    return _insert(conn, messages.validate(payload), available_at)
+
+
+def _insert(conn: Connection, payload: dict, available_at: datetime | None) -> int:
     step = Step(payload["step"])
     values = dict(job_id=uuid.UUID(payload["job_id"]), message_id=uuid.uuid4(), queue_name=step.queue,
                   actor_name=step.actor, payload=payload)
@@ -71,7 +91,8 @@ def add(conn: Connection, payload: dict, *, available_at: datetime | None = None
     row_id = conn.execute(_INSERT, values).scalar_one()
     collector = _written.get()
     if collector is not None and collector[0] is conn:
-        collector[1].append(row_id)
+        due = available_at is None or available_at <= datetime.now(timezone.utc)
+        collector[1].append(Written(row_id, values["message_id"], step.queue, step.actor, payload, due))
     return row_id
 
 
@@ -86,7 +107,7 @@ def announce(conn: Connection, job: Any, attempt: int, step: Step, *, variant: s
     payload = messages.build(job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
                              attempt=attempt, step=step, variant=variant, traceparent=child_of(job.traceparent),
                              tracestate=job.tracestate)
-    return add(conn, payload, available_at=available_at)
+    return _insert(conn, payload, available_at)  # messages.build validated it
 
 
 def to_message(row) -> Message:
@@ -112,6 +133,13 @@ class OutboxPublisher:
         with transaction(self.engine) as conn:
             rows = conn.execute(_UNSENT, {"b_ids": ids}).all()
         return self._send(rows)
+
+    def publish_written(self, rows: list[Written]) -> int:
+        """Publish the rows a unit of work wrote, right after its COMMIT, as it wrote them (not read back).
+
+        A row not yet due is left to the relay. Returns how many were confirmed.
+        """
+        return self._send([row for row in rows if row.due])
 
     def publish_due(self, *, older_than_seconds: float, batch: int = 100,
                     claim_seconds: float = 60.0) -> dict[str, int]:

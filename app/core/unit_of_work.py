@@ -5,7 +5,7 @@ replay, a backfill batch, lease recovery, the reconciler) writes its state
 change and its outbox rows in ONE transaction opened by
 :meth:`UnitOfWork.begin`. The unit of work collects the outbox rows written
 in that transaction (:func:`app.core.outbox.collecting`) and, only after
-COMMIT, publishes them (:meth:`app.core.outbox.OutboxPublisher.publish`)::
+COMMIT, publishes them (:meth:`app.core.outbox.OutboxPublisher.publish_written`)::
 
     with services.unit_of_work.begin() as work:
         states.replay(work.conn, ...)
@@ -38,8 +38,8 @@ class Work:
     """One transaction: its connection, then what it wrote and what was published after its COMMIT."""
 
     conn: Connection
-    #: ids of the outbox rows written in this transaction
-    written: list[int] = field(default_factory=list)
+    #: the outbox rows written in this transaction
+    written: list[outbox.Written] = field(default_factory=list)
     #: how many of them RabbitMQ confirmed after COMMIT
     published: int = 0
 
@@ -74,11 +74,11 @@ class UnitOfWork:
                 raise
         work.published = self._publish(work.written)
 
-    def _publish(self, ids: list[int]) -> int:
-        if not ids:
+    def _publish(self, rows: list[outbox.Written]) -> int:
+        if not rows:
             return 0
         try:
-            return self.publisher.publish(ids)
+            return self.publisher.publish_written(rows)
         except AttacheError as exc:  # the rows are durable; the scheduler's relay publishes them
             log.warning("publish after commit failed: %s", exc)
             return 0
