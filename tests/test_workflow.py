@@ -13,7 +13,7 @@ from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import jobs, variants
 from app.config import Settings
-from app.core import states
+from app.core import pipeline, states
 from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.services import Services
@@ -189,3 +189,34 @@ def test_inspect_keeps_its_lease_while_a_slow_store_hands_over_the_original(env,
     [inspect] = take_messages(engine, accepted.job_id)
     assert Workflow(services).handle(inspect, step="inspect").status == "inspected"
     services.engine.dispose()
+
+
+def test_a_message_its_attempt_does_not_hold_is_told_apart_in_the_steps_opening(quiet_services, engine, data_file):
+    """No job: poison. Another job's message: poison, and the fence it took is rolled back. Failed: ignored."""
+    import uuid
+
+    import pytest
+
+    from app.errors import InvalidMessage, UnknownJob
+
+    workflow = Workflow(quiet_services)
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    [inspect] = take_messages(engine, accepted.job_id)
+    with pytest.raises(UnknownJob):
+        workflow.handle({**inspect, "job_id": str(uuid.uuid4())}, step="inspect")
+    with pytest.raises(InvalidMessage, match="does not match the job"):  # claimable, but names another attachment
+        workflow.handle({**inspect, "attachment_id": str(uuid.uuid4())}, step="inspect")
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.attempt, row.lease_owner) == ("queued", 0, None), "the claim was rolled back"
+    assert workflow.handle(inspect, step="inspect").status == "inspected"
+    render = take_messages(engine, accepted.job_id)[0]
+    assert render["pipeline_version"] == 1 and render["variant"] in pipeline.get(2).variants
+    with pytest.raises(InvalidMessage, match="does not match the job"):  # held, but names another version
+        workflow.handle({**render, "pipeline_version": 2}, step="render")
+    assert job(engine, accepted.job_id).lease_owner is None, "the fence it took was rolled back"
+    with engine.begin() as conn:
+        assert states.fail(conn, accepted.job_id, 1, "test", "failed by the test", "test")
+    assert workflow.handle(render, step="render").status == "ignored"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(variants)
+                            .where(variants.c.job_id == accepted.job_id)).scalar() == 0

@@ -1,8 +1,11 @@
 """The pipeline steps: inspect -> render (one message per variant) -> publish.
 
 Actors (``actors/``) are thin: they hand the message body to
-:meth:`Workflow.handle`, which validates it, loads the job from PostgreSQL
-and runs the step. Every outcome is recorded through :mod:`app.core.states`;
+:meth:`Workflow.handle`, which validates it and runs the step. A step's
+opening transaction fences (or claims) the job and checks the message
+against it; only when its attempt does not hold the job is the job read
+again, to tell a ready job (verified), a failed one (ignored) and a stale
+message apart (:meth:`Workflow._unheld`). Every outcome is recorded through :mod:`app.core.states`;
 only a failure to record an outcome at all (PostgreSQL down) escapes as
 :class:`DatabaseUnavailable`, for Dramatiq's bounded retries.
 
@@ -41,6 +44,7 @@ from typing import Iterator
 
 from sqlalchemy import bindparam, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Row
 
 from app import faults
 from app.adapters import imaging
@@ -93,6 +97,18 @@ class Outcome:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class Unheld:
+    """A step's opening found that the message's attempt does not hold its job (``job``: the row as it is)."""
+
+    job: Row
+
+
+def _check(job: Row, body: dict) -> None:
+    if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
+        raise InvalidMessage("message does not match the job it names")
+
+
 class Workflow:
     def __init__(self, services: ImageProducer, policies: dict[Step, RetryPolicy] | None = None):
         self.services = services
@@ -139,38 +155,61 @@ class Workflow:
 
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])
-        with transaction(self.services.engine) as conn:
-            job = states.get(conn, job_id)
-        if job is None:
-            raise UnknownJob(f"no job {job_id}")
-        if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
-            raise InvalidMessage("message does not match the job it names")
-        if job.state == JobState.READY:
-            return self.verify_ready(job)
-        if job.state == JobState.FAILED:
-            return Outcome("ignored", "job is failed")
         attempt = body["attempt"]
         lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
         try:
             match Step(body["step"]):
                 case Step.INSPECT:
-                    return self.inspect(job, attempt, lease)
+                    outcome = self.inspect(body, attempt, lease)
                 case Step.RENDER:
-                    return self.render(job, attempt, body["variant"], lease)
+                    outcome = self.render(body, attempt, body["variant"], lease)
                 case Step.PUBLISH:
-                    return self.publish(job, attempt, lease)
+                    outcome = self.publish(body, attempt, lease)
         except (PoisonMessage, DatabaseUnavailable):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
-            return self.record_failure(job, attempt, body["step"], error, lease.owner)
+            return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
+        if isinstance(outcome, Unheld):
+            return self._unheld(outcome.job, attempt)
+        return outcome
+
+    # --- the job a message names ----------------------------------------------
+
+    def _held(self, conn, body: dict, job: Row | None) -> Row | Unheld:
+        """A step's opening: ``job`` is the row its fence (or claim) returned, ``None`` if it took nothing.
+
+        In the same transaction: a message naming no job, or not the job it
+        names, raises (rolling back whatever the fence took).
+        """
+        if job is None:
+            return Unheld(self._named(conn, body))
+        _check(job, body)
+        return job
+
+    def _named(self, conn, body: dict, *, lock: bool = False) -> Row:
+        job = states.get(conn, uuid.UUID(body["job_id"]), lock=lock)
+        if job is None:
+            raise UnknownJob(f"no job {body['job_id']}")
+        _check(job, body)
+        return job
+
+    def _unheld(self, job, attempt: int) -> Outcome:
+        """A message whose attempt does not hold its job: a ready job is verified, never redone."""
+        if job.state == JobState.READY:
+            return self.verify_ready(job)
+        if job.state == JobState.FAILED:
+            return Outcome("ignored", "job is failed")
+        return Outcome("stale", f"attempt {attempt} does not hold the job")
 
     # --- steps --------------------------------------------------------------
 
-    def inspect(self, job, attempt: int, lease: states.Lease) -> Outcome:
+    def inspect(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
+        job_id = uuid.UUID(body["job_id"])
         with transaction(self.services.engine) as conn:
-            claimed = states.claim(conn, job.id, attempt, lease) or states.fence(conn, job.id, attempt, lease)
-            if claimed is None:
-                return Outcome("stale", f"attempt {attempt} does not hold the job")
+            job = self._held(conn, body, states.claim(conn, job_id, attempt, lease)
+                             or states.fence(conn, job_id, attempt, lease))
+            if isinstance(job, Unheld):
+                return job
             attachment = self._attachment(conn, job.attachment_id)
             source = self._source_key(conn, attachment)
         with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
@@ -182,13 +221,14 @@ class Workflow:
             self._hand_off(work.conn, job.id, attempt, lease)
         return Outcome("inspected", f"{len(work.written)} message(s) announced")
 
-    def render(self, job, attempt: int, variant: str, lease: states.Lease) -> Outcome:
-        version = pipeline.get(job.pipeline_version)
+    def render(self, body: dict, attempt: int, variant: str, lease: states.Lease) -> Outcome | Unheld:
+        version = pipeline.get(body["pipeline_version"])
         if variant not in version.variants:
             raise InvalidMessage(f"variant {variant!r} is not in pipeline version {version.version}")
         with transaction(self.services.engine) as conn:
-            if states.fence(conn, job.id, attempt, lease) is None:
-                return Outcome("stale", f"attempt {attempt} does not hold the job")
+            job = self._held(conn, body, states.fence(conn, uuid.UUID(body["job_id"]), attempt, lease))
+            if isinstance(job, Unheld):
+                return job
             attachment = self._attachment(conn, job.attachment_id)
             done = conn.execute(_VARIANT_RECORDED, {"b_attachment_id": job.attachment_id,
                                                     "b_version": job.pipeline_version,
@@ -211,19 +251,15 @@ class Workflow:
             self._hand_off(conn, job.id, attempt, lease)
         return Outcome("rendered" if not done else "already_rendered", variant)
 
-    def publish(self, job, attempt: int, lease: states.Lease) -> Outcome:
-        version = pipeline.get(job.pipeline_version)
+    def publish(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
+        version = pipeline.get(body["pipeline_version"])
         with transaction(self.services.engine) as conn:
-            current = states.get(conn, job.id, lock=True)
-            if current.state == JobState.READY:
-                published = False
-            else:
-                published = states.publish_ready(conn, job.id, attempt, version.variants, lease.owner)
-                if not published:
-                    return Outcome("stale", f"attempt {attempt} cannot publish")
+            job = self._named(conn, body, lock=True)  # a second publish waits, then finds it ready
+            if job.state != JobState.PROCESSING:
+                return Unheld(job)
+            if not states.publish_ready(conn, job.id, attempt, version.variants, lease.owner):
+                return Outcome("stale", f"attempt {attempt} cannot publish")
             attachment = self._attachment(conn, job.attachment_id)
-        if not published:
-            return self.verify_ready(job)
         faults.point("after_result_commit")
         self.services.storage.delete(attachment.staging_key)
         return Outcome(JobState.READY, f"{len(version.variants)} variants published")
@@ -251,7 +287,7 @@ class Workflow:
 
     # --- failures ------------------------------------------------------------
 
-    def record_failure(self, job, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
+    def record_failure(self, job_id, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
         """Not retryable -> ``failed``; otherwise ``queued`` with the step's backoff (or ``failed`` once spent).
 
         The next attempt's message waits in the outbox until it is due; the
@@ -263,9 +299,9 @@ class Workflow:
         delay = self.policies[Step(step)].delay(attempt)
         with transaction(self.services.engine) as conn:
             if retryable(error):  # and attempts left: the job row's max_attempts decides (states.retry_later)
-                new_state = states.retry_later(conn, job.id, attempt, code, reason, delay, actor)
+                new_state = states.retry_later(conn, job_id, attempt, code, reason, delay, actor)
             else:
-                new_state = JobState.FAILED if states.fail(conn, job.id, attempt, code, reason, actor) else None
+                new_state = JobState.FAILED if states.fail(conn, job_id, attempt, code, reason, actor) else None
         return Outcome(new_state or "stale", f"{code}: {reason}")
 
     # --- helpers ---------------------------------------------------------------
