@@ -220,3 +220,31 @@ def test_a_message_its_attempt_does_not_hold_is_told_apart_in_the_steps_opening(
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(variants)
                             .where(variants.c.job_id == accepted.job_id)).scalar() == 0
+
+
+def test_a_render_commits_twice_its_opening_and_its_outcome_with_its_timing(quiet_services, engine, data_file):
+    """The fence and what the render needs in one transaction; the variant, hand-off and step_runs row in one more."""
+    from sqlalchemy import event
+
+    from app.adapters.postgres.models import step_runs
+
+    workflow = Workflow(quiet_services)
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    [inspect] = take_messages(engine, accepted.job_id)
+    assert workflow.handle(inspect, step="inspect").status == "inspected"
+    render = next(p for p in take_messages(engine, accepted.job_id) if p["variant"] == "thumbnail")
+    commits = []
+
+    def committed(conn):
+        commits.append(conn)
+
+    event.listen(quiet_services.engine, "commit", committed)
+    try:
+        assert workflow.handle(render, step="render").status == "rendered"
+    finally:
+        event.remove(quiet_services.engine, "commit", committed)
+    assert len(commits) == 2, f"{len(commits)} commits"
+    with engine.connect() as conn:
+        run_row = conn.execute(select(step_runs).where(step_runs.c.job_id == accepted.job_id,
+                                                       step_runs.c.variant == "thumbnail")).one()
+    assert (run_row.outcome, run_row.attempt) == ("rendered", 1) and run_row.seconds > 0

@@ -39,6 +39,7 @@ import logging
 import threading
 import time
 import uuid
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -104,6 +105,24 @@ class Unheld:
     job: Row
 
 
+@dataclass
+class _Run:
+    """The step a worker thread is running: what :meth:`Workflow._ran` records of it."""
+
+    body: dict
+    began: float
+    recorded: bool = False
+
+    def values(self, outcome: Outcome) -> dict:
+        body = self.body
+        return dict(job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
+                    attempt=body["attempt"], outcome=outcome.status, seconds=time.monotonic() - self.began,
+                    worker=identity("worker"))
+
+
+_running: ContextVar[_Run | None] = ContextVar("attache_step_run", default=None)
+
+
 def _check(job: Row, body: dict) -> None:
     if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
         raise InvalidMessage("message does not match the job it names")
@@ -131,27 +150,43 @@ class Workflow:
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
                    trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
                 telemetry.consuming(body, step.queue):
-            began = time.monotonic()
-            outcome = self._handle(body)
+            run = _Run(body, time.monotonic())
+            token = _running.set(run)
+            try:
+                outcome = self._handle(body)
+            finally:
+                _running.reset(token)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
-            self._record_run(body, outcome, time.monotonic() - began)
+            if not run.recorded:
+                self._record_run(run, outcome)
             return outcome
 
-    def _record_run(self, body: dict, outcome: Outcome, seconds: float) -> None:
-        """Best effort: a lost timing must never fail a step whose outcome is recorded.
+    def _record_run(self, run: _Run, outcome: Outcome) -> None:
+        """The timing of a step that committed no outcome of its own (stale, ignored, verified, failed).
 
-        Its commit does not wait for the WAL flush (``synchronous_commit =
-        off``): the step's outcome was already committed durably, and a timing
-        lost to a PostgreSQL crash costs the record of one attempt, not work.
+        Best effort: a lost timing must never fail a step whose outcome is
+        recorded. Its commit does not wait for the WAL flush
+        (``synchronous_commit = off``): a timing lost to a PostgreSQL crash
+        costs the record of one attempt, not work.
         """
         try:
             with transaction(self.services.engine) as conn:
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                conn.execute(_RECORD_RUN, dict(
-                    job_id=uuid.UUID(body["job_id"]), step=body["step"], variant=body.get("variant"),
-                    attempt=body["attempt"], outcome=outcome.status, seconds=seconds, worker=identity("worker")))
+                conn.execute(_RECORD_RUN, run.values(outcome))
         except Exception:
             log.warning("step timing not recorded", exc_info=True)
+
+    def _ran(self, conn, outcome: Outcome) -> Outcome:
+        """A step's timing, written in the transaction that commits its outcome (no commit of its own).
+
+        Its seconds end here, before that COMMIT and the publishing of the
+        messages it announced.
+        """
+        run = _running.get()
+        if run is not None:
+            conn.execute(_RECORD_RUN, run.values(outcome))
+            run.recorded = True
+        return outcome
 
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])
@@ -217,9 +252,10 @@ class Workflow:
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect")
-            self._announce_next(work.conn, job, attempt)
+            announced = self._announce_next(work.conn, job, attempt)
             self._hand_off(work.conn, job.id, attempt, lease)
-        return Outcome("inspected", f"{len(work.written)} message(s) announced")
+            outcome = self._ran(work.conn, Outcome("inspected", f"{len(announced)} message(s) announced"))
+        return outcome
 
     def render(self, body: dict, attempt: int, variant: str, lease: states.Lease) -> Outcome | Unheld:
         version = pipeline.get(body["pipeline_version"])
@@ -249,7 +285,8 @@ class Workflow:
                     variant=variant, attempt=attempt, **effect))
             self._announce_publish_if_complete(conn, job, attempt, version)
             self._hand_off(conn, job.id, attempt, lease)
-        return Outcome("rendered" if not done else "already_rendered", variant)
+            outcome = self._ran(conn, Outcome("rendered" if not done else "already_rendered", variant))
+        return outcome
 
     def publish(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
         version = pipeline.get(body["pipeline_version"])
@@ -260,9 +297,10 @@ class Workflow:
             if not states.publish_ready(conn, job.id, attempt, version.variants, lease.owner):
                 return Outcome("stale", f"attempt {attempt} cannot publish")
             attachment = self._attachment(conn, job.attachment_id)
+            outcome = self._ran(conn, Outcome(JobState.READY, f"{len(version.variants)} variants published"))
         faults.point("after_result_commit")
         self.services.storage.delete(attachment.staging_key)
-        return Outcome(JobState.READY, f"{len(version.variants)} variants published")
+        return outcome
 
     # --- ready: verify, never redo -------------------------------------------
 
