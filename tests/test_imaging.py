@@ -511,6 +511,15 @@ def test_jpegs_encoded_by_libvips_are_the_bytes_pillow_writes(mode: str, progres
         assert libvips.encode_jpeg(pixels, quality=85, optimize=True, progressive=progressive) == pillows.getvalue()
 
 
+def test_small_jpegs_are_encoded_by_pillow_and_large_ones_by_libvips() -> None:
+    """libvips costs more CPU for the same bytes; it is worth it only where Pillow would hold the GIL long."""
+    path = path_of("photos/chelsea.jpg")  # 451x300
+    small = render(path, PIPELINE_V1_SPECS["thumbnail"], LIMITS)
+    assert "library" not in small.encoder and small.width * small.height < libvips.MIN_ENCODE_PIXELS
+    large = render(path_of("photos/astronaut_12mp_3464x3464.jpg"), PIPELINE_V1_SPECS["optimized"], LIMITS)
+    assert large.encoder["library"].startswith("libvips") and large.width * large.height >= libvips.MIN_ENCODE_PIXELS
+
+
 # --- libvips's large copies: Pillow's verdict on every file --------------------------------------------------
 
 #: Pillow's JPEG (q75) of a 1024x512 grey image, all 128, through libjpeg-turbo 2.1.5's
