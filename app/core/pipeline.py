@@ -100,18 +100,29 @@ def get(version: int) -> PipelineVersion:
         raise LookupError(f"pipeline version {version} is not registered") from None
 
 
+#: (database, version, fingerprint) found already recorded by an earlier, committed transaction: a recorded
+#: fingerprint never changes, so each process checks a version once per database, not on every upload
+_recorded: set[tuple[str, int, str]] = set()
+
+
 def ensure_recorded(conn: Connection, version: int) -> None:
     """Record the version's fingerprint on first use; refuse a version edited in place."""
     from app.adapters.postgres.models import pipeline_versions
 
     definition = get(version)
-    conn.execute(pg_insert(pipeline_versions).values(version=version, fingerprint=definition.fingerprint)
-                 .on_conflict_do_nothing(index_elements=["version"]))
+    key = (conn.engine.url.render_as_string(), version, definition.fingerprint)
+    if key in _recorded:
+        return
+    inserted = conn.execute(pg_insert(pipeline_versions).values(version=version, fingerprint=definition.fingerprint)
+                            .on_conflict_do_nothing(index_elements=["version"])
+                            .returning(pipeline_versions.c.version)).first() is not None
     recorded = conn.execute(select(pipeline_versions.c.fingerprint)
                             .where(pipeline_versions.c.version == version)).scalar_one()
     if recorded != definition.fingerprint:
         raise PipelineChanged(f"pipeline version {version} differs from the definition its jobs were made with; "
                               "register a new version instead of editing it")
+    if not inserted:  # committed before this transaction (ours may yet roll back)
+        _recorded.add(key)
 
 
 def original_key(attachment_id, sha256: str) -> str:
