@@ -80,3 +80,22 @@ def test_without_blocks_the_server_stream_is_asked_what_the_reader_asks() -> Non
     stream = BodyStream(server, declared_length=len(body), block_bytes=0)
     assert b"".join(iter(lambda: stream.read(64 * 1024), b"")) == body
     assert server.asked == [64 * 1024] * 3 + [5]
+
+
+def test_reads_of_any_size_mixed_with_readinto_give_the_body_in_order() -> None:
+    """read() hands out pieces of the block without RawIOBase's two copies; what it hands out must not change."""
+    body = random.Random(5).randbytes(3 * READ_BLOCK_BYTES + 777)
+    stream = BodyStream(ServerStream(body), declared_length=len(body))
+    rng = random.Random(6)
+    got = bytearray()
+    while len(got) < 2 * READ_BLOCK_BYTES:
+        size = rng.choice([1, 100, 64 * 1024, READ_BLOCK_BYTES - 5, READ_BLOCK_BYTES, 2 * READ_BLOCK_BYTES])
+        if rng.random() < 0.3:
+            buffer = bytearray(size)
+            got += buffer[:stream.readinto(buffer)]
+        else:
+            chunk = stream.read(size)
+            assert isinstance(chunk, bytes) and 0 < len(chunk) <= size
+            got += chunk
+    got += stream.read()  # the rest
+    assert bytes(got) == body and stream.read(10) == b"" and not stream.incomplete

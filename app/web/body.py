@@ -19,6 +19,9 @@ silent for ``ATTACHE_BODY_IDLE_SECONDS``, a connection reset, chunked
 framing cut off) loses what gunicorn held of it, up to a block. Where a
 body cut short is refused whole that costs nothing; where its bytes are
 kept (tus PATCH, ``block_bytes=0``) the stream asks what its reader asks.
+:meth:`BodyStream.read` copies what it hands out once (``io.RawIOBase``'s
+copies it twice, into a new buffer and then to bytes), and not at all
+when a read takes a whole block.
 
 It enforces the route's body limit itself (``max_length``): a body of
 exactly the limit is whole, one byte more is ``413``. werkzeug's
@@ -55,36 +58,57 @@ class BodyStream(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
+    def read(self, size: int = -1) -> bytes:
+        """Up to ``size`` bytes, copied once (``RawIOBase.read`` copies twice: into a new buffer, then to bytes)."""
+        if size is None or size < 0:
+            return self.readall()
+        if not size:
+            return b""
+        if not self._fill(size):
+            return b""
+        block = self._block
+        if size >= len(block):  # the rest of the block: bytes of its own when the block is all there is
+            self._block = memoryview(b"")
+            whole = block.obj
+            return whole if type(whole) is bytes and len(whole) == len(block) else bytes(block)
+        self._block = block[size:]
+        return bytes(block[:size])
+
     def readinto(self, buffer) -> int:
-        if not len(buffer):
+        if not len(buffer) or not self._fill(len(buffer)):
             return 0
-        if not self._block:
-            if self.ended:
-                return 0
-            size = max(len(buffer), self.block_bytes)
-            if self.declared_length is not None:  # never past the declared end: the body is whole there
-                size = min(size, self.declared_length - self.received)
-            if self.max_length is not None:  # one byte past the limit tells a longer body from one ending there
-                size = min(size, self.max_length + 1 - self.received)
-            if size <= 0:
-                self.ended = True
-                return 0
-            try:
-                data = self._stream.read(size)
-            except Exception as exc:  # the server's reader: the client went away, or broke the chunked framing
-                self.error = exc
-                data = b""
-            if not data:
-                self.ended = True
-                return 0
-            self.received += len(data)
-            if self.max_length is not None and self.received > self.max_length:
-                raise RequestEntityTooLarge()  # the body is too long, not too short: the 413 stands
-            self._block = memoryview(data)
         size = min(len(buffer), len(self._block))
         buffer[:size] = self._block[:size]
         self._block = self._block[size:]
         return size
+
+    def _fill(self, wanted: int) -> bool:
+        """Hold bytes to hand out: a block read from the server if none are left. False at the end."""
+        if self._block:
+            return True
+        if self.ended:
+            return False
+        size = max(wanted, self.block_bytes)
+        if self.declared_length is not None:  # never past the declared end: the body is whole there
+            size = min(size, self.declared_length - self.received)
+        if self.max_length is not None:  # one byte past the limit tells a longer body from one ending there
+            size = min(size, self.max_length + 1 - self.received)
+        if size <= 0:
+            self.ended = True
+            return False
+        try:
+            data = self._stream.read(size)
+        except Exception as exc:  # the server's reader: the client went away, or broke the chunked framing
+            self.error = exc
+            data = b""
+        if not data:
+            self.ended = True
+            return False
+        self.received += len(data)
+        if self.max_length is not None and self.received > self.max_length:
+            raise RequestEntityTooLarge()  # the body is too long, not too short: the 413 stands
+        self._block = memoryview(data)
+        return True
 
     @property
     def incomplete(self) -> bool:
