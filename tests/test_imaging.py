@@ -498,28 +498,6 @@ def test_a_large_copy_of_a_jpeg_is_decoded_and_resampled_by_libvips(monkeypatch)
         assert spy.by_libvips == ([decoded] if by_libvips else []), (path.name, name)
 
 
-@pytest.mark.parametrize("progressive", [False, True])
-@pytest.mark.parametrize("mode", ["RGB", "L"])
-def test_jpegs_encoded_by_libvips_are_the_bytes_pillow_writes(mode: str, progressive: bool) -> None:
-    """libvips encodes outside the GIL (Pillow's JPEG encoder holds it): the file must still be Pillow's."""
-    with Image.open(path_of("photos/chelsea.jpg")) as img:
-        img = img.convert(mode)
-    for size in ((451, 300), (256, 170), (37, 23)):
-        pixels = img.resize(size)
-        pillows = io.BytesIO()
-        pixels.save(pillows, "JPEG", quality=85, optimize=True, progressive=progressive)
-        assert libvips.encode_jpeg(pixels, quality=85, optimize=True, progressive=progressive) == pillows.getvalue()
-
-
-def test_small_jpegs_are_encoded_by_pillow_and_large_ones_by_libvips() -> None:
-    """libvips costs more CPU for the same bytes; it is worth it only where Pillow would hold the GIL long."""
-    path = path_of("photos/chelsea.jpg")  # 451x300
-    small = render(path, PIPELINE_V1_SPECS["thumbnail"], LIMITS)
-    assert "library" not in small.encoder and small.width * small.height < libvips.MIN_ENCODE_PIXELS
-    large = render(path_of("photos/astronaut_12mp_3464x3464.jpg"), PIPELINE_V1_SPECS["optimized"], LIMITS)
-    assert large.encoder["library"].startswith("libvips") and large.width * large.height >= libvips.MIN_ENCODE_PIXELS
-
-
 # --- libvips's large copies: Pillow's verdict on every file --------------------------------------------------
 
 #: Pillow's JPEG (q75) of a 1024x512 grey image, all 128, through libjpeg-turbo 2.1.5's

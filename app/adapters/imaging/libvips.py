@@ -1,5 +1,5 @@
 """What libvips does for the renderer: a JPEG's decode and LANCZOS resample where that gives Pillow's
-pixels, and the encoding of every JPEG but the small ones.
+pixels.
 
 Every variant of pipelines v1 and v2 is promised Pillow's LANCZOS (a = 3),
 with ``reducing_gap`` (an integer box ``reduce()`` while at least twice the
@@ -85,10 +85,6 @@ BANDS = {"L": 1, "RGB": 3}
 #: Smaller outputs stay with Pillow: there libvips's setup costs what its resampler saves (one core, CPU
 #: time: 800x533 to 533 px 12.1 / 12.4 ms, 1024x682 to 682 px 19.2 / 16.7, 2896x1930 to 1930 px 173 / 101).
 MIN_OUTPUT_PIXELS = 512 * 1024
-#: Smaller JPEGs are encoded by Pillow. Its encoder holds the GIL, but there only for a few ms, and libvips
-#: costs more CPU for the same bytes (one core: 256 px 4.2 against 2.5 ms, 512 px 11.8 against 8.8, 724 px
-#: 20.6 against 13.1: the copy of the pixels into libvips, and its setup).
-MIN_ENCODE_PIXELS = 384 * 384
 #: The frames libvips decodes here, by SOF marker: Huffman-coded baseline and extended sequential, progressive.
 SOF_MARKERS = {0xC0: False, 0xC1: False, 0xC2: True}  # -> progressive
 #: Segments a header may have besides its SOF: APPn, COM, DQT, DHT, DRI.
@@ -99,9 +95,6 @@ _EOI = 0xD9
 #: A marker libjpeg stops at in entropy-coded data: 0xFF, then neither a stuffed 0 nor RST0-7 (nor a fill 0xFF).
 _MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 _CHUNK = 1024 * 1024
-
-#: The APP0 segment Pillow writes for an image without a resolution: JFIF 1.1, no units, 1:1, no thumbnail.
-PILLOW_JFIF = b"\xff\xe0\x00\x10JFIF\x00\x01\x01\x00\x00\x01\x00\x01\x00\x00"
 
 _pyvips = None
 
@@ -224,36 +217,8 @@ def _source(vips, fd: int):
     return source
 
 
-def encodes(size: tuple[int, int]) -> bool:
-    """Whether a JPEG of this size is encoded by :func:`encode_jpeg` (else by Pillow: the same bytes)."""
-    return size[0] * size[1] >= MIN_ENCODE_PIXELS
-
-
-def encode_jpeg(img: Image.Image, quality: int, optimize: bool, progressive: bool) -> bytes:
-    """*img* (``L`` or ``RGB``) as the JPEG Pillow's ``save(..., "JPEG", quality=, optimize=, progressive=)``
-    makes, but outside the GIL.
-
-    Pillow's JPEG encoder holds the GIL for the whole image (its WebP
-    encoder and its decoders do not): a 2048 px progressive copy, about
-    35 ms, stopped every other thread of the worker, its SQL and its
-    broker traffic included (Python threads got about a tenth of their
-    time while it ran; with libvips, nine tenths). The same libjpeg-turbo
-    settings (the standard tables at *quality*, 4:2:0 below quality 90,
-    optimised Huffman tables, the simple progression) give the same
-    entropy-coded data; libvips writes no JFIF segment, so Pillow's is put
-    after the SOI marker, and the file is then Pillow's, byte for byte
-    (``tests/test_imaging.py``). No metadata is written. Small JPEGs stay
-    with Pillow (:func:`encodes`).
-    """
-    image = _vips().Image.new_from_memory(img.tobytes(), img.width, img.height, len(img.getbands()), "uchar")
-    data = image.jpegsave_buffer(Q=quality, optimize_coding=optimize, interlace=progressive, keep="none")
-    if data[:4] != b"\xff\xd8\xff\xdb":  # SOI, then the tables: no JFIF, nor anything else, before them
-        raise AssertionError(f"libvips's JPEG begins {data[:4].hex()}, not SOI and DQT")
-    return data[:2] + PILLOW_JFIF + data[2:]
-
-
 def version() -> str:
-    """libvips's version, as the provenance of what it encoded names it."""
+    """libvips's version, for the provenance of what it resampled."""
     vips = _vips()
     return f"libvips {vips.version(0)}.{vips.version(1)}.{vips.version(2)}"
 

@@ -2,7 +2,7 @@
 
 * :func:`libraries` - the renderer and the versions of the codec libraries
   Pillow was built with (``PIL.features``), pillow-heif's libheif, and
-  libvips (which encodes JPEGs and makes the large copies of most JPEGs);
+  libvips (which makes the large copies of most JPEGs);
 * :func:`stripped_metadata` - what the source carried that no derivative
   keeps: its EXIF tags by name, whether it had GPS, XMP or a comment, and
   whether its ICC profile was converted to sRGB. Read from the header only

@@ -48,11 +48,10 @@ Pipeline, and why it is in this order:
    saves bytes); translucent -> PNG for the small variants (lossless alpha,
    small at these sizes) and WebP q85 for the large one (a PNG of a
    2048 px photo would be several MB). A spec may ask for WebP or AVIF
-   instead (``VariantSpec.output``). JPEGs from 384x384 px up are written
-   by libvips with Pillow's settings, byte for byte Pillow's file, because
-   Pillow's JPEG encoder holds the GIL for the whole image
-   (:func:`app.adapters.imaging.libvips.encode_jpeg`); smaller ones, where
-   that is a few ms and libvips costs more CPU, by Pillow. No EXIF/GPS, XMP,
+   instead (``VariantSpec.output``). Pillow encodes every format. (Its
+   JPEG encoder holds the GIL; libvips's does not, but made the same bytes
+   at 25-60 % more CPU, and measured slower on every figure of
+   ``make bench``: ``docs/performance.md``.) No EXIF/GPS, XMP,
    comments or ICC profile is written (pixels are already sRGB). The encoders are
    deterministic, so the same input bytes give the same output bytes (the
    AVIF encoder runs on one thread for that: libaom's output depends on
@@ -135,7 +134,7 @@ class Rendered:
     extension: str
     width: int
     height: int
-    #: the encoder and its settings (for the variant's provenance); ``library`` when not Pillow
+    #: the encoder and its settings (for the variant's provenance)
     encoder: dict = field(default_factory=dict)
 
 
@@ -248,12 +247,8 @@ def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
                     "progressive": spec.kind == "bounded"}
         content_type, extension = "image/jpeg", "jpg"
     options = {key: value for key, value in settings.items() if key != "format"}
-    if settings["format"] == "JPEG" and libvips.encodes(img.size):  # outside the GIL (libvips.encode_jpeg)
-        data = libvips.encode_jpeg(img, **options)
-        settings["library"] = libvips.version()
-    else:
-        img.save(buf, settings["format"], **options)
-        data = buf.getvalue()
+    img.save(buf, settings["format"], **options)
+    data = buf.getvalue()
     return Rendered(
         data=data,
         content_type=content_type,
