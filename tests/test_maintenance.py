@@ -8,7 +8,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import event, func, insert, select, text, update
+from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres.models import attachments, jobs, outbox, variants
 from app.core import outbox as outbox_rows
@@ -21,6 +21,7 @@ from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.processes import wait_for
+from tests.sql_log import sql_log
 from tests.tcp import Listener
 
 HOUR = 3600
@@ -86,25 +87,12 @@ def test_a_unit_of_work_publishes_its_fan_out_without_reading_it_back_and_marks_
     _, job_id, _ = seed(engine, services.storage)
     with engine.connect() as conn:
         job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
-    statements, commits = [], []
-
-    def executed(conn, cursor, statement, *args):
-        statements.append(statement)
-
-    def committed(conn):
-        commits.append(len(statements))
-
-    event.listen(engine, "before_cursor_execute", executed)
-    event.listen(engine, "commit", committed)
-    try:
-        with services.unit_of_work.begin() as work:
-            for name in ("a", "b", "c", "d"):
-                outbox_rows.announce(work.conn, job, 1, Step.RENDER, variant=name)
-            later = outbox_rows.announce(work.conn, job, 2, Step.INSPECT,
-                                         available_at=datetime.now(timezone.utc) + timedelta(hours=1))
-    finally:
-        event.remove(engine, "before_cursor_execute", executed)
-        event.remove(engine, "commit", committed)
+    with sql_log(engine) as log, services.unit_of_work.begin() as work:
+        for name in ("a", "b", "c", "d"):
+            outbox_rows.announce(work.conn, job, 1, Step.RENDER, variant=name)
+        later = outbox_rows.announce(work.conn, job, 2, Step.INSPECT,
+                                     available_at=datetime.now(timezone.utc) + timedelta(hours=1))
+    statements, commits = log.statements, log.commits
     assert work.published == 4, "the row not yet due is the relay's"
     assert len(commits) == 2, f"the transaction and one mark, not {len(commits)} commits"
     assert not any(sql.lstrip().upper().startswith("SELECT") for sql in statements[commits[0]:]), statements
@@ -123,21 +111,9 @@ def test_a_fan_out_is_marked_in_one_commit_that_does_not_wait_for_the_wal(servic
         ids = list(conn.execute(select(outbox.c.id).where(outbox.c.job_id == job_id)).scalars())
         job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
         ids += [outbox_rows.announce(conn, job, 1, Step.RENDER, variant=name) for name in ("a", "b", "c", "d")]
-    statements, commits = [], []
-
-    def executed(conn, cursor, statement, *args):
-        statements.append(statement)
-
-    def committed(conn):
-        commits.append(len(statements))
-
-    event.listen(engine, "before_cursor_execute", executed)
-    event.listen(engine, "commit", committed)
-    try:
+    with sql_log(engine) as log:
         assert services.publisher.publish(ids) == 5
-    finally:
-        event.remove(engine, "before_cursor_execute", executed)
-        event.remove(engine, "commit", committed)
+    statements, commits = log.statements, log.commits
     assert len(commits) == 2, f"one read and one mark, not {len(commits)} commits"
     assert any("synchronous_commit = off" in sql for sql in statements), statements
     with engine.connect() as conn:

@@ -253,18 +253,10 @@ def test_a_redelivery_to_a_ready_job_of_a_retired_version_is_a_no_op(quiet_servi
 
 
 def test_a_recorded_fingerprint_is_checked_once_per_process_not_on_every_upload(quiet_services, engine, data_file):
-    from sqlalchemy import event
-
-    statements = []
-
-    def executed(conn, cursor, statement, *args):
-        statements.append(statement)
+    from tests.sql_log import sql_log
 
     upload(quiet_services, data_file("photos/chelsea.jpg"))  # records the fingerprint (this may yet roll back)
     upload(quiet_services, data_file("photos/chelsea.jpg"))  # finds it committed
-    event.listen(quiet_services.engine, "before_cursor_execute", executed)
-    try:
+    with sql_log(quiet_services.engine) as log:
         upload(quiet_services, data_file("photos/chelsea.jpg"))
-    finally:
-        event.remove(quiet_services.engine, "before_cursor_execute", executed)
-    assert statements and not [sql for sql in statements if "pipeline_versions" in sql]
+    assert log.statements and not [sql for sql in log.statements if "pipeline_versions" in sql]

@@ -18,6 +18,7 @@ from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.services import Services
 from tests.driver import job, run, take_messages, upload
+from tests.sql_log import sql_log
 
 
 class _NoJitter:
@@ -224,8 +225,6 @@ def test_a_message_its_attempt_does_not_hold_is_told_apart_in_the_steps_opening(
 
 def test_a_render_commits_twice_its_opening_and_its_outcome_with_its_timing(quiet_services, engine, data_file):
     """The fence and what the render needs in one transaction; the variant, hand-off and step_runs row in one more."""
-    from sqlalchemy import event
-
     from app.adapters.postgres.models import step_runs
 
     workflow = Workflow(quiet_services)
@@ -233,17 +232,9 @@ def test_a_render_commits_twice_its_opening_and_its_outcome_with_its_timing(quie
     [inspect] = take_messages(engine, accepted.job_id)
     assert workflow.handle(inspect, step="inspect").status == "inspected"
     render = next(p for p in take_messages(engine, accepted.job_id) if p["variant"] == "thumbnail")
-    commits = []
-
-    def committed(conn):
-        commits.append(conn)
-
-    event.listen(quiet_services.engine, "commit", committed)
-    try:
+    with sql_log(quiet_services.engine) as log:
         assert workflow.handle(render, step="render").status == "rendered"
-    finally:
-        event.remove(quiet_services.engine, "commit", committed)
-    assert len(commits) == 2, f"{len(commits)} commits"
+    assert len(log.commits) == 2, f"{len(log.commits)} commits"
     with engine.connect() as conn:
         run_row = conn.execute(select(step_runs).where(step_runs.c.job_id == accepted.job_id,
                                                        step_runs.c.variant == "thumbnail")).one()
