@@ -239,3 +239,23 @@ def test_a_render_commits_twice_its_opening_and_its_outcome_with_its_timing(quie
         run_row = conn.execute(select(step_runs).where(step_runs.c.job_id == accepted.job_id,
                                                        step_runs.c.variant == "thumbnail")).one()
     assert (run_row.outcome, run_row.attempt) == ("rendered", 1) and run_row.seconds > 0
+
+
+def test_a_message_naming_an_unregistered_version_is_poison_and_leaves_the_job_alone(quiet_services, engine,
+                                                                                       data_file):
+    """Checked against the job before the version is looked up: not a failure of the job it names."""
+    import pytest
+
+    from app.errors import InvalidMessage
+
+    workflow = Workflow(quiet_services)
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    [inspect] = take_messages(engine, accepted.job_id)
+    assert workflow.handle(inspect, step="inspect").status == "inspected"
+    render = take_messages(engine, accepted.job_id)[0]
+    for step, payload in (("render", render), ("publish", {**render, "step": "publish"})):
+        payload = {key: value for key, value in payload.items() if step == "render" or key != "variant"}
+        with pytest.raises(InvalidMessage, match="does not match the job"):
+            workflow.handle({**payload, "pipeline_version": 99}, step=step)
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.attempt, row.error_code, row.lease_owner) == ("processing", 1, None, None)

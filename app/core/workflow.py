@@ -258,13 +258,13 @@ class Workflow:
         return outcome
 
     def render(self, body: dict, attempt: int, variant: str, lease: states.Lease) -> Outcome | Unheld:
-        version = pipeline.get(body["pipeline_version"])
-        if variant not in version.variants:
-            raise InvalidMessage(f"variant {variant!r} is not in pipeline version {version.version}")
         with transaction(self.services.engine) as conn:
             job = self._held(conn, body, states.fence(conn, uuid.UUID(body["job_id"]), attempt, lease))
             if isinstance(job, Unheld):
                 return job
+            version = pipeline.get(job.pipeline_version)  # the message names it: checked against the job
+            if variant not in version.variants:  # rolls back the fence
+                raise InvalidMessage(f"variant {variant!r} is not in pipeline version {version.version}")
             attachment = self._attachment(conn, job.attachment_id)
             done = conn.execute(_VARIANT_RECORDED, {"b_attachment_id": job.attachment_id,
                                                     "b_version": job.pipeline_version,
@@ -289,11 +289,11 @@ class Workflow:
         return outcome
 
     def publish(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
-        version = pipeline.get(body["pipeline_version"])
         with transaction(self.services.engine) as conn:
             job = self._named(conn, body, lock=True)  # a second publish waits, then finds it ready
             if job.state != JobState.PROCESSING:
                 return Unheld(job)
+            version = pipeline.get(job.pipeline_version)
             if not states.publish_ready(conn, job.id, attempt, version.variants, lease.owner):
                 return Outcome("stale", f"attempt {attempt} cannot publish")
             attachment = self._attachment(conn, job.attachment_id)
