@@ -6,8 +6,8 @@ announces). A :class:`~app.core.unit_of_work.UnitOfWork` collects the rows
 written in its transaction (:func:`collecting`, as :class:`Written`) and,
 after COMMIT, hands them to :meth:`OutboxPublisher.publish_written`, which
 sends them together without reading them back; a row is marked
-``published_at`` only once RabbitMQ confirmed it. Rows left unmarked (the broker was down,
-the process died between COMMIT and confirm) and rows whose
+``published_at`` only once RabbitMQ confirmed it. Rows left unmarked (the
+broker was down, the process died between COMMIT and confirm) and rows whose
 ``available_at`` lies in the future (managed retries) are published by the
 scheduler's outbox relay (:meth:`OutboxPublisher.publish_due`). Publishing
 a row twice is possible and harmless: consumers are idempotent.
@@ -35,6 +35,7 @@ from app.observability import telemetry
 from app.observability.tracing import child_of
 
 log = logging.getLogger("attache.outbox")
+
 
 @dataclass(frozen=True)
 class Written:

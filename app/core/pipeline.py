@@ -102,7 +102,7 @@ def get(version: int) -> PipelineVersion:
 
 #: (database, version, fingerprint) found already recorded by an earlier, committed transaction: a recorded
 #: fingerprint never changes, so each process checks a version once per database, not on every upload
-_recorded: set[tuple[str, int, str]] = set()
+_recorded: set[tuple[object, int, str]] = set()
 
 
 def ensure_recorded(conn: Connection, version: int) -> None:
@@ -110,7 +110,7 @@ def ensure_recorded(conn: Connection, version: int) -> None:
     from app.adapters.postgres.models import pipeline_versions
 
     definition = get(version)
-    key = (conn.engine.url.render_as_string(), version, definition.fingerprint)
+    key = (conn.engine.url, version, definition.fingerprint)
     if key in _recorded:
         return
     inserted = conn.execute(pg_insert(pipeline_versions).values(version=version, fingerprint=definition.fingerprint)

@@ -188,7 +188,7 @@ class AttacheBroker(RabbitmqBroker):
         if delay is not None:
             message = message.copy(queue_name=dq_name(message.queue_name),
                                    options={"eta": current_millis() + delay})
-        confirmed, error = self._publish([message], delay)
+        _, error = self._publish([message], delay)
         if error is not None:
             raise error
         return message
@@ -221,14 +221,17 @@ class AttacheBroker(RabbitmqBroker):
         except PUBLISH_ERRORS as exc:
             del self.connection
             failure = exc
+        acked, returned = [], set()
+        if tags:  # every tag's outcome leaves the channel's books
+            acked = [confirms.settled.pop(tag, False) for tag in tags]
+            returned = confirms.returned.intersection(message.message_id for message in messages)
+            confirms.returned -= returned
         confirmed = 0
-        for message, tag in zip(messages, tags):
-            acked = confirms.settled.pop(tag, False)
-            if message.message_id in confirms.returned:  # mandatory: no queue took it
-                confirms.returned.discard(message.message_id)
+        for message, ack in zip(messages, acked):
+            if message.message_id in returned:  # mandatory: no queue took it
                 self.queues_pending.add(q_name(message.queue_name))
                 failure = failure or pika.exceptions.UnroutableError([])
-            if failure is not None or not acked:
+            if failure is not None or not ack:
                 break
             self.emit_after("enqueue", message, delay)
             confirmed += 1
