@@ -23,7 +23,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, jobs, variants
+from app.adapters.postgres.models import UNFINISHED, jobs, variants
 from app.adapters.storage import Storage
 from scheduler.locking import sweep_storage
 
@@ -43,7 +43,7 @@ def in_flight_query(attachment_ids):
     An index lookup through ``jobs_attachment_version_key``.
     """
     return select(jobs.c.attachment_id).where(jobs.c.attachment_id.in_(list(attachment_ids)),
-                                              jobs.c.state.in_((JobState.QUEUED, JobState.PROCESSING))).distinct()
+                                              jobs.c.state.in_(UNFINISHED)).distinct()
 
 
 def attachment_of(key: str) -> uuid.UUID | None:

@@ -6,8 +6,10 @@ look at the database taken right before the delete:
 * no attachment row points at it and it is older than
   ``ATTACHE_STAGING_GRACE_SECONDS`` (window 1: the web died between staging
   and COMMIT, or a refused upload's delete failed); or
-* every job of its attachment is ``ready`` (the worker's own removal after
-  publish did not happen); or
+* no job of its attachment is ``queued`` or ``processing`` and one is
+  ``ready`` (the worker's own removal after publish did not happen, or was
+  left to a job of another version that then failed): a version published
+  the kept original, which a replay reads; or
 * every job of its attachment is ``failed`` and has been for longer than
   ``ATTACHE_FAILED_RETENTION_SECONDS`` (after that a replay is impossible).
 
@@ -29,7 +31,7 @@ from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, attachments, jobs
+from app.adapters.postgres.models import UNFINISHED, JobState, attachments, jobs
 from app.adapters.storage import Storage
 from app.core import resumable
 from scheduler.locking import sweep_storage
@@ -109,9 +111,9 @@ class StagingCleanup:
                 age = now - (info.last_modified or now)
                 return age >= timedelta(seconds=self.config.grace_seconds)
             states = conn.execute(select(jobs.c.state, jobs.c.updated_at).where(jobs.c.attachment_id == owner)).all()
-        if not states:
+        if not states or any(state in UNFINISHED for state, _ in states):
             return False
-        if all(state == JobState.READY for state, _ in states):
+        if any(state == JobState.READY for state, _ in states):
             return True
         retention = timedelta(seconds=self.config.failed_retention_seconds)
         return all(state == JobState.FAILED and now - updated >= retention for state, updated in states)

@@ -36,7 +36,12 @@ def seed(engine, storage, state="queued", *, stage=True):
         conn.execute(insert(attachments).values(
             id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=14,
             sha256="0" * 64, width=1, height=1, staging_key=key))
-        job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
+    return attachment_id, add_job(engine, attachment_id, 1, state), key
+
+
+def add_job(engine, attachment_id, version, state):
+    with engine.begin() as conn:
+        job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=version, max_attempts=3,
                                       traceparent=new_traceparent(), tracestate=None, actor="test")
         if state != "queued":
             values = {"state": state, "attempt": 1}
@@ -46,7 +51,7 @@ def seed(engine, storage, state="queued", *, stage=True):
                 values["lease_expires_at"] = func.now() + text("interval '1 hour'")
                 values["lease_owner"] = "worker:test"
             conn.execute(update(jobs).where(jobs.c.id == job_id).values(**values))
-    return attachment_id, job_id, key
+    return job_id
 
 
 def age(storage_dir, key, seconds):
@@ -218,6 +223,18 @@ def test_staging_cleanup_never_removes_current_work(services, engine, storage_di
     assert not exists(storage_dir, failed_old_key)
     for key in (orphan_young, queued_key, processing_key, failed_recent_key):
         assert exists(storage_dir, key), key
+
+
+def test_staging_cleanup_removes_what_a_ready_version_left_once_no_other_version_runs(services, engine, storage_dir):
+    """v1's publish keeps staging while v2 runs (v2 may be reading it); v2 failing must not keep it forever."""
+    v1_ready, _, left_to_failed_v2 = seed(engine, services.storage, "ready")
+    add_job(engine, v1_ready, 2, "failed")
+    v1_ready_too, _, read_by_running_v2 = seed(engine, services.storage, "ready")
+    add_job(engine, v1_ready_too, 2, "processing")
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig())
+    assert cleanup.run_once()["removed"] == 1
+    assert not exists(storage_dir, left_to_failed_v2), "a replay of v2 reads the original v1 kept"
+    assert exists(storage_dir, read_by_running_v2)
 
 
 def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, engine):

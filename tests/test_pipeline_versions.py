@@ -260,3 +260,32 @@ def test_a_recorded_fingerprint_is_checked_once_per_process_not_on_every_upload(
     with sql_log(quiet_services.engine) as log:
         upload(quiet_services, data_file("photos/chelsea.jpg"))
     assert log.statements and not [sql for sql in log.statements if "pipeline_versions" in sql]
+
+
+@pytest.mark.parametrize("redelivered", [False, True], ids=["v1_publishes", "v1_publishes_then_is_redelivered"])
+def test_v1_publishing_while_v2_reads_the_staged_original_keeps_it_for_v2(quiet_services, engine, data_file,
+                                                                          storage_dir, redelivered):
+    """v2's steps read the staged original until a version publishes the kept one; a publish (or a redelivered
+    message verifying it) while v2 is under way must not remove the staging v2's next step reads."""
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(quiet_services)
+    v1_publish = None
+    for _ in range(5):  # v1: every step but publish
+        for payload in take_messages(engine, accepted.job_id):
+            if payload["step"] == "publish":
+                v1_publish = payload
+            else:
+                workflow.handle(payload, step=payload["step"])
+    v2_job = new_job(quiet_services, accepted.attachment_id, 2)
+    [v2_inspect] = take_messages(engine, v2_job)
+    assert workflow.handle(v2_inspect, step="inspect").status == "inspected"  # read staging: nothing kept yet
+    v2_renders = take_messages(engine, v2_job)
+    assert workflow.handle(v1_publish, step="publish").status == "ready"
+    if redelivered:
+        assert workflow.handle(v1_publish, step="publish").status == "already_ready"
+    assert (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "v2 is still under way"
+    statuses = [workflow.handle(p, step=p["step"]).status for p in v2_renders]
+    assert set(statuses) == {"rendered"}
+    run(workflow, engine, v2_job)
+    assert job(engine, v2_job).state == "ready"
+    assert not (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "the last one out removes it"

@@ -50,7 +50,7 @@ from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, up
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
-from app.adapters.postgres.models import JobState, job_history, jobs, variants
+from app.adapters.postgres.models import UNFINISHED, JobState, job_history, jobs, variants
 from app.core import events, outbox
 from app.core.steps import Step
 
@@ -81,6 +81,8 @@ def _lease(lease: Lease) -> dict:
 
 _HISTORY = insert(job_history)
 _GET = select(jobs).where(jobs.c.id == bindparam("b_job_id"))
+_ANOTHER_UNFINISHED = select(jobs.c.id).where(jobs.c.attachment_id == bindparam("b_attachment_id"),
+                                              jobs.c.id != bindparam("b_job_id"), jobs.c.state.in_(UNFINISHED)).limit(1)
 _GET_LOCKED = _GET.with_for_update()
 _RECORDED = select(variants.c.variant).where(variants.c.job_id == bindparam("b_job_id"))
 
@@ -110,6 +112,17 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
         return None
     _history(conn, job_id, None, JobState.QUEUED, 0, actor, reason=reason)
     return job_id, outbox.announce(conn, row, 1, Step.INSPECT)
+
+
+def another_unfinished(conn: Connection, attachment_id, job_id) -> bool:
+    """Whether a job of the attachment other than ``job_id`` (another pipeline version, a replay) is not done.
+
+    Such a job may read the staged original until a version publishes the
+    kept one, so staging stays while it runs: a publish asks after its ready
+    COMMIT (a job made unfinished later reads the kept original), and the
+    last job of the attachment to publish, or the staging cleanup, removes it.
+    """
+    return conn.execute(_ANOTHER_UNFINISHED, {"b_attachment_id": attachment_id, "b_job_id": job_id}).first() is not None
 
 
 def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:

@@ -25,7 +25,9 @@ Idempotency, per step:
   fenced by ``(job_id, attempt)``; the effect key is unique, so a variant
   is recorded once. The render that completes the set announces publish.
 * ``publish`` flips the job to ``ready`` and publishes every variant in one
-  transaction; staging is removed after that COMMIT.
+  transaction; staging is removed after that COMMIT, unless another job of
+  the attachment (another version, a replay) is not done: it may be reading
+  staging (:func:`app.core.states.another_unfinished`).
 * A message for a ``ready`` job verifies the effect (rows and objects with
   their recorded sizes) and is acked; a missing object raises
   :class:`EffectMissing`, which dead-letters the message for an operator.
@@ -299,7 +301,10 @@ class Workflow:
             attachment = self._attachment(conn, job.attachment_id)
             outcome = self._ran(conn, Outcome(JobState.READY, f"{len(version.variants)} variants published"))
         faults.point("after_result_commit")
-        self.services.storage.delete(attachment.staging_key)
+        with transaction(self.services.engine) as conn:  # a fresh look, after the COMMIT (see another_unfinished)
+            keep_staging = states.another_unfinished(conn, job.attachment_id, job.id)
+        if not keep_staging:
+            self.services.storage.delete(attachment.staging_key)
         return outcome
 
     # --- ready: verify, never redo -------------------------------------------
@@ -309,6 +314,7 @@ class Workflow:
         with transaction(self.services.engine) as conn:
             rows = conn.execute(_PUBLISHED_VARIANTS, {"b_job_id": job.id}).all()
             attachment = self._attachment(conn, job.attachment_id)
+            keep_staging = states.another_unfinished(conn, job.attachment_id, job.id)
         found = {row.variant: row for row in rows}
         missing = [name for name in version.variants if name not in found]
         for row in rows:
@@ -320,7 +326,8 @@ class Workflow:
         if missing:
             log.error("ready job's effect is incomplete: %s", ", ".join(missing))
             raise EffectMissing(f"ready job {job.id} is missing: {', '.join(missing)}")
-        self.services.storage.delete(attachment.staging_key)
+        if not keep_staging:
+            self.services.storage.delete(attachment.staging_key)
         return Outcome("already_ready", "effect verified")
 
     # --- failures ------------------------------------------------------------

@@ -81,6 +81,10 @@ class JobState(StrEnum):
     FAILED = "failed"
 
 
+#: the states of a job that is not done: it may still read its attachment's staged original
+UNFINISHED = (JobState.QUEUED, JobState.PROCESSING)
+
+
 attachments = Table(
     "attachments",
     metadata,
