@@ -71,12 +71,18 @@ OPERATOR = "soak-operator"
 
 
 def photo(i: int) -> bytes:
-    """A distinct small JPEG per upload (deterministic)."""
+    """A distinct JPEG per upload (deterministic).
+
+    Three in four are small (480x360), whose variants the inspect step makes
+    itself (``ATTACHE_SMALL_IMAGE_PIXELS``); every fourth is 1280x960, above
+    that, and gets a render message per variant: the chaos meets both paths.
+    """
     rng = random.Random(i)
-    image = Image.new("RGB", (480, 360), tuple(rng.randrange(256) for _ in range(3)))
+    width, height = (1280, 960) if i % 4 == 3 else (480, 360)
+    image = Image.new("RGB", (width, height), tuple(rng.randrange(256) for _ in range(3)))
     draw = ImageDraw.Draw(image)
     for _ in range(12):
-        x, y = rng.randrange(480), rng.randrange(360)
+        x, y = rng.randrange(width), rng.randrange(height)
         draw.rectangle((x, y, x + rng.randrange(20, 200), y + rng.randrange(20, 150)),
                        fill=tuple(rng.randrange(256) for _ in range(3)))
     out = io.BytesIO()

@@ -145,6 +145,26 @@ def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, stora
         assert job.attempt == 1, "a redelivery of finished work is not a new attempt"
 
 
+def test_window_4_when_inspect_makes_a_small_images_variants(env, tmp_path, engine, storage_dir, data_file):
+    """The same window in the inspect step: every object written, none of its rows committed."""
+    deployment = Deployment({**env, "ATTACHE_SMALL_IMAGE_PIXELS": str(1024 * 1024)}, tmp_path)
+    try:
+        deployment.start("web")
+        deployment.start("scheduler")
+        worker = deployment.start("worker", ATTACHE_FAULT="after_object_write")
+        attachment_id = deployment.upload(data_file(PHOTO)).json()["id"]
+        assert worker.wait_dead(timeout=60) != 0
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(variants)).scalar() == 0
+        written = [p for p in (storage_dir / "attachments").rglob("*") if p.is_file()]
+        assert len(written) == len(pipeline.get(1).variants), "every object written before the worker died"
+        deployment.start("worker")
+        assert deployment.wait_state(attachment_id)["state"] == "ready"
+        assert_invariants(engine, storage_dir, [attachment_id])
+    finally:
+        deployment.stop_all()
+
+
 def test_an_ambiguous_commit_keeps_staging_and_the_upload_ends_ready(deployment, engine, storage_dir, data_file):
     """The COMMIT reached the server but the web saw an error: the rows may exist, so the bytes must stay."""
     web = deployment.start("web", ATTACHE_FAULT="during_commit")

@@ -259,3 +259,117 @@ def test_a_message_naming_an_unregistered_version_is_poison_and_leaves_the_job_a
             workflow.handle({**payload, "pipeline_version": 99}, step=step)
     row = job(engine, accepted.job_id)
     assert (row.state, row.attempt, row.error_code, row.lease_owner) == ("processing", 1, None, None)
+
+
+# --- a small image: inspect makes its variants ----------------------------------------------------------------
+
+
+def small_image_services(env, **extra):
+    return Services(Settings.from_env({**env, "ATTACHE_SMALL_IMAGE_PIXELS": str(1024 * 1024),
+                                       "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                       "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5", **extra}))
+
+
+def recorded_variants(engine, job_id):
+    with engine.connect() as conn:
+        return dict(conn.execute(select(variants.c.variant, variants.c.storage_key)
+                                 .where(variants.c.job_id == job_id)).all())
+
+
+def test_a_small_image_is_made_by_inspect_and_published_next(env, engine, data_file, storage_dir):
+    """Two steps, not one per variant: the objects and rows are the ones the render steps make."""
+    services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2")
+    per_variant = Services(Settings.from_env({**env, "ATTACHE_PIPELINE_VERSION": "2",
+                                              "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    try:
+        small = upload(services, data_file("photos/chelsea.jpg"))  # 451x300
+        assert run(Workflow(services), engine, small.job_id) == ["inspected", "ready"]
+        apart = upload(per_variant, data_file("photos/chelsea.jpg"))
+        assert run(Workflow(per_variant), engine, apart.job_id).count("rendered") == 5
+        inline, rendered = recorded_variants(engine, small.job_id), recorded_variants(engine, apart.job_id)
+        assert set(inline) == set(rendered) == set(pipeline.get(2).variants)
+        for name in inline:  # the same bytes (the keys name their SHA-256), the original aside (its own attachment)
+            if name != "original":
+                assert inline[name].rsplit("/", 1)[1] == rendered[name].rsplit("/", 1)[1], name
+            assert (storage_dir / inline[name]).exists()
+        big = Services(Settings.from_env({**env, "ATTACHE_SMALL_IMAGE_PIXELS": str(451 * 300 - 1),
+                                          "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+        try:  # one pixel over: a render message per variant
+            over = upload(big, data_file("photos/chelsea.jpg"))
+            assert run(Workflow(big), engine, over.job_id).count("rendered") == 4
+        finally:
+            big.engine.dispose()
+    finally:
+        services.engine.dispose()
+        per_variant.engine.dispose()
+
+
+def test_an_inspect_that_lost_its_lease_while_making_variants_records_none(env, engine, data_file, monkeypatch):
+    """Its objects stay unreferenced (the object GC's); the attempt holding the job makes and records them."""
+    services = small_image_services(env)
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        workflow = Workflow(services)
+        [inspect] = take_messages(engine, accepted.job_id)
+        make = Workflow._make_object
+
+        def lose_the_lease_then_make(self, *args):
+            with engine.begin() as conn:  # the lease expired meanwhile and the scheduler gave the job attempt 2
+                conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
+                             .values(lease_expires_at=func.now() - text("interval '1 second'")))
+                states.recover_expired(conn, batch=10, actor="scheduler:test")
+            return make(self, *args)
+
+        monkeypatch.setattr(Workflow, "_make_object", lose_the_lease_then_make)
+        outcome = workflow.handle(inspect, step="inspect")
+        assert outcome.status == "stale" and "unreferenced" in outcome.detail
+        assert recorded_variants(engine, accepted.job_id) == {}
+        monkeypatch.setattr(Workflow, "_make_object", make)
+        assert run(workflow, engine, accepted.job_id) == ["inspected", "ready"]
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.attempt) == ("ready", 2)
+    finally:
+        services.engine.dispose()
+
+
+def test_a_redelivered_inspect_makes_only_what_is_not_recorded_and_late_renders_change_nothing(env, engine,
+                                                                                               data_file):
+    services = small_image_services(env)
+    per_variant = Services(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        # an earlier deployment's worker (per variant) announced the renders and made two of them
+        assert Workflow(per_variant).handle(inspect, step="inspect").status == "inspected"
+        renders = take_messages(engine, accepted.job_id)
+        for payload in renders:
+            if payload["variant"] in ("original", "thumbnail"):
+                Workflow(per_variant).handle(payload, step="render")
+        before = recorded_variants(engine, accepted.job_id)
+        outcome = Workflow(services).handle(inspect, step="inspect")  # redelivered to this deployment
+        assert outcome.status == "inspected" and outcome.detail.startswith("2 variant(s) made")
+        after = recorded_variants(engine, accepted.job_id)
+        assert set(after) == set(pipeline.get(1).variants) and all(after[k] == v for k, v in before.items())
+        late = [Workflow(services).handle(p, step="render").status for p in renders
+                if p["variant"] not in ("original", "thumbnail")]
+        assert late == ["already_rendered", "already_rendered"]
+        publishes = run(Workflow(services), engine, accepted.job_id)  # inspect's and each late render's
+        assert publishes.count("ready") == 1 and set(publishes) == {"ready", "already_ready"}
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(variants)
+                                .where(variants.c.job_id == accepted.job_id)).scalar() == 4, "one row per variant"
+    finally:
+        services.engine.dispose()
+        per_variant.engine.dispose()
+
+
+def test_a_small_corrupt_image_fails_in_inspect_with_its_code(env, engine, data_file):
+    services = small_image_services(env)
+    try:
+        accepted = upload(services, data_file("pillow/truncated_jpeg.jpg"))
+        run(Workflow(services), engine, accepted.job_id)
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.error_code) == ("failed", "corrupt_image")
+        assert recorded_variants(engine, accepted.job_id) == {}
+    finally:
+        services.engine.dispose()

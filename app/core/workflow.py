@@ -36,11 +36,13 @@ Idempotency, per step:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
@@ -76,6 +78,9 @@ from app.observability.logs import bound
 from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
+
+#: threads that make a small image's variants in its inspect step (libwebp and resampling release the GIL)
+INLINE_THREADS = 2
 
 
 #: built once (see app.core.states): the statements every step runs
@@ -249,15 +254,38 @@ class Workflow:
                 return job
             attachment = self._attachment(conn, job.attachment_id)
             source = self._source_key(conn, attachment)
+            version = pipeline.get(job.pipeline_version)
+            here = self._made_here(conn, job, attachment, version)
         with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
+            made = self._make_objects(attachment, version, here, path)
+        if made:
+            faults.point("after_object_write")
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
-                return Outcome("stale", "lease lost during inspect")
+                return Outcome("stale", "lease lost during inspect" + (
+                    "; the objects it made stay unreferenced" if made else ""))
+            self._record_variants(work.conn, job, attempt, made)
             announced = self._announce_next(work.conn, job, attempt)
             self._hand_off(work.conn, job.id, attempt, lease)
-            outcome = self._ran(work.conn, Outcome("inspected", f"{len(announced)} message(s) announced"))
+            outcome = self._ran(work.conn, Outcome("inspected", (f"{len(made)} variant(s) made, " if made else "")
+                                                   + f"{len(announced)} message(s) announced"))
         return outcome
+
+    def _made_here(self, conn, job, attachment, version: pipeline.PipelineVersion) -> list[str]:
+        """The variants inspect makes itself: every one not yet recorded, of a small image; else none.
+
+        A step's own cost (two transactions, a message, a hand-off) is
+        several times the render of a small image's variant, so those are
+        made one after another in this step, from the original it already
+        holds, and recorded in its outcome's transaction; publish is then
+        announced at once. Larger images get a render message per variant,
+        which the worker's threads (and other workers) run side by side.
+        """
+        if attachment.width * attachment.height > self.services.settings.small_image_pixels:
+            return []
+        recorded = states.recorded(conn, job.id)
+        return [name for name in version.costliest_first(version.variants) if name not in recorded]
 
     def render(self, body: dict, attempt: int, variant: str, lease: states.Lease) -> Outcome | Unheld:
         with transaction(self.services.engine) as conn:
@@ -274,17 +302,15 @@ class Workflow:
             source = None if done or variant == pipeline.ORIGINAL else self._source_key(conn, attachment)
         if not done:
             faults.point("during_render")
-            with self._lease_kept(job.id, attempt, lease):
-                effect = self._make_object(attachment, version, variant, source)
+            with self._lease_kept(job.id, attempt, lease), self._staged_or_none(source) as path:
+                effect = self._make_object(attachment, version, variant, path)
             faults.point("after_object_write")
         with self.services.unit_of_work.begin() as work:
             conn = work.conn
             if states.fence(conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during render; the object stays unreferenced")
             if not done:
-                conn.execute(_RECORD_VARIANT, dict(
-                    job_id=job.id, attachment_id=job.attachment_id, pipeline_version=job.pipeline_version,
-                    variant=variant, attempt=attempt, **effect))
+                self._record_variants(conn, job, attempt, {variant: effect})
             self._announce_publish_if_complete(conn, job, attempt, version)
             self._hand_off(conn, job.id, attempt, lease)
             outcome = self._ran(conn, Outcome("rendered" if not done else "already_rendered", variant))
@@ -372,8 +398,34 @@ class Workflow:
         except ObjectNotFound:
             raise StagingMissing("the staged original is missing") from None
 
-    def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str,
-                     source_key: str | None) -> dict:
+    def _make_objects(self, attachment, version: pipeline.PipelineVersion, names: list[str], path) -> dict[str, dict]:
+        """Make ``names`` (costliest first) on two threads: libwebp and the resampling release the GIL.
+
+        Each variant is made as its own render step would make it; an error
+        from any of them is raised once all have stopped.
+        """
+        def make(name: str) -> dict:
+            faults.point("during_render")
+            return self._make_object(attachment, version, name, path)
+
+        if len(names) < 2:
+            return {name: make(name) for name in names}
+        with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
+            futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
+        return {name: future.result() for name, future in futures.items()}
+
+    def _staged_or_none(self, source_key: str | None):
+        return self._staged(source_key) if source_key is not None else contextlib.nullcontext()
+
+    def _record_variants(self, conn, job, attempt: int, made: dict[str, dict]) -> None:
+        """The effects' rows, fenced by the caller; the effect key makes a second row for a variant a no-op."""
+        for variant, effect in made.items():
+            conn.execute(_RECORD_VARIANT, dict(job_id=job.id, attachment_id=job.attachment_id,
+                                               pipeline_version=job.pipeline_version, variant=variant,
+                                               attempt=attempt, **effect))
+
+    def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str, path) -> dict:
+        """Write ``variant``'s object: the ``original`` is copied from staging, the others rendered from ``path``."""
         storage = self.services.storage
         if variant == pipeline.ORIGINAL:
             key = pipeline.original_key(attachment.id, attachment.sha256)
@@ -386,9 +438,8 @@ class Workflow:
             return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
                         sha256=attachment.sha256, width=attachment.width, height=attachment.height,
                         provenance=provenance.of_original(attachment, version))
-        with self._staged(source_key) as path:
-            rendered = imaging.render(path, version.specs[variant], self.services.limits)
-            stripped = imaging.stripped_metadata(path)
+        rendered = imaging.render(path, version.specs[variant], self.services.limits)
+        stripped = imaging.stripped_metadata(path)
         digest = hashlib.sha256(rendered.data).hexdigest()
         key = pipeline.variant_key(attachment.id, version.version, variant, digest, rendered.extension)
         storage.put_bytes(key, rendered.data, content_type=rendered.content_type)
