@@ -139,16 +139,22 @@ def test_avif_is_an_output_a_new_version_can_choose(env, engine, data_file, stor
         assert_upright_srgb_card(image)
 
 
+def all_but_publish(workflow, engine, job_id):
+    """Run every step of a job but publish; its publish message."""
+    held = None
+    for _ in range(5):
+        for payload in take_messages(engine, job_id):
+            if payload["step"] == "publish":
+                held = payload
+            else:
+                workflow.handle(payload, step=payload["step"])
+    return held
+
+
 def test_v1_publishing_after_v2_changes_nothing_served(quiet_services, app, engine, data_file):
     accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
     workflow = Workflow(quiet_services)
-    v1_publish = None
-    for _ in range(5):  # v1: every step but publish
-        for payload in take_messages(engine, accepted.job_id):
-            if payload["step"] == "publish":
-                v1_publish = payload
-            else:
-                workflow.handle(payload, step=payload["step"])
+    v1_publish = all_but_publish(workflow, engine, accepted.job_id)
     assert v1_publish is not None and job(engine, accepted.job_id).state == "processing"
     v2_job = new_job(quiet_services, accepted.attachment_id, 2)
     run(workflow, engine, v2_job)
@@ -269,13 +275,7 @@ def test_v1_publishing_while_v2_reads_the_staged_original_keeps_it_for_v2(quiet_
     message verifying it) while v2 is under way must not remove the staging v2's next step reads."""
     accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
     workflow = Workflow(quiet_services)
-    v1_publish = None
-    for _ in range(5):  # v1: every step but publish
-        for payload in take_messages(engine, accepted.job_id):
-            if payload["step"] == "publish":
-                v1_publish = payload
-            else:
-                workflow.handle(payload, step=payload["step"])
+    v1_publish = all_but_publish(workflow, engine, accepted.job_id)
     v2_job = new_job(quiet_services, accepted.attachment_id, 2)
     [v2_inspect] = take_messages(engine, v2_job)
     assert workflow.handle(v2_inspect, step="inspect").status == "inspected"  # read staging: nothing kept yet
