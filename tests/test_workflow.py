@@ -460,3 +460,64 @@ def test_a_permanent_inline_error_fails_the_job_even_when_a_costlier_variant_fai
         assert (row.state, row.error_code, row.attempt) == ("failed", "corrupt_image", 1)
     finally:
         services.engine.dispose()
+
+
+def test_a_small_image_on_s3_is_made_by_inspect_from_one_download(env, engine, data_file):
+    """On S3 the original is a temporary download: both threads read it before it is removed, and the original's
+    copy is made in the bucket."""
+    from tests.s3server import moto_server
+
+    with moto_server() as endpoint:
+        services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2", S3_ACCESS_KEY="test",
+                                        STORAGE_URL=f"s3://inline?endpoint={endpoint}", S3_SECRET_KEY="test-secret")
+        try:
+            services.storage.ensure_bucket()
+            accepted = upload(services, data_file("photos/chelsea.jpg"))
+            assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+            made = recorded_variants(engine, accepted.job_id)
+            assert set(made) == set(pipeline.get(2).variants)
+            assert all(services.storage.stat(key) is not None for key in made.values())
+            assert services.storage.stat(pipeline.staging_key(accepted.attachment_id)) is None
+        finally:
+            services.engine.dispose()
+
+
+def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_staging(env, engine, data_file,
+                                                                                       storage_dir, monkeypatch):
+    """Both versions of a small image: v2's inspect read where the original is (staging) before v1 published the
+    kept one; v1's publish in the middle of v2's renders must leave staging for them, and v2's publish removes it."""
+    import threading
+
+    services = small_image_services(env)
+    v2_services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2")
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        workflow = Workflow(services)
+        [v1_inspect] = take_messages(engine, accepted.job_id)
+        assert workflow.handle(v1_inspect, step="inspect").status == "inspected"
+        [v1_publish] = take_messages(engine, accepted.job_id)
+        with engine.begin() as conn:
+            v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
+                                          max_attempts=3, traceparent=v1_inspect["traceparent"], tracestate=None,
+                                          actor="test")
+        # (a backfill creates the same job once v1 is ready; made directly here, while v1 is not yet)
+        [v2_inspect] = take_messages(engine, v2_job)
+        make, published, once = Workflow._make_object, [], threading.Lock()
+
+        def v1_publishes_meanwhile(self, attachment, version, variant, path):
+            with once:  # the first of v2's renders, on either thread
+                if not published:
+                    published.append(workflow.handle(v1_publish, step="publish").status)
+            return make(self, attachment, version, variant, path)
+
+        monkeypatch.setattr(Workflow, "_make_object", v1_publishes_meanwhile)
+        assert Workflow(v2_services).handle(v2_inspect, step="inspect").status == "inspected"
+        assert published == ["ready"]
+        assert (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "v2 was reading it"
+        monkeypatch.setattr(Workflow, "_make_object", make)
+        assert run(Workflow(v2_services), engine, v2_job) == ["ready"]
+        assert set(recorded_variants(engine, v2_job)) == set(pipeline.get(2).variants)
+        assert not (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "the last one out"
+    finally:
+        services.engine.dispose()
+        v2_services.engine.dispose()
