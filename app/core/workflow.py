@@ -15,7 +15,9 @@ Idempotency, per step:
   redelivery), re-checks the staged original's header and announces the
   render messages for every variant not yet recorded, or the publish
   message when all are: a recovered job resumes at its first unfinished
-  step.
+  step. An image of at most ``ATTACHE_SMALL_IMAGE_PIXELS`` has those
+  variants made by inspect itself, recorded as the render steps would
+  record them, and publish announced at once.
 * A step holds the job's lease while it runs (a heartbeat renews it) and
   hands off when it has committed its outcome: the job then waits for the
   next message with no owner, which never expires, so messages waiting
