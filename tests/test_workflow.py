@@ -11,7 +11,7 @@ import time
 
 from sqlalchemy import func, select, text, update
 
-from app.adapters.postgres.models import jobs, variants
+from app.adapters.postgres.models import jobs, outbox, variants
 from app.config import Settings
 from app.core import pipeline, states
 from app.core.steps import Step
@@ -370,6 +370,154 @@ def test_a_small_corrupt_image_fails_in_inspect_with_its_code(env, engine, data_
         run(Workflow(services), engine, accepted.job_id)
         row = job(engine, accepted.job_id)
         assert (row.state, row.error_code) == ("failed", "corrupt_image")
-        assert recorded_variants(engine, accepted.job_id) == {}
+        # as with a render step per variant: the original's copy (no decoding) is recorded, nothing is published
+        assert set(recorded_variants(engine, accepted.job_id)) == {"original"}
+        with engine.connect() as conn:
+            assert not conn.execute(select(variants.c.id).where(variants.c.job_id == accepted.job_id,
+                                                                variants.c.published_at.is_not(None))).all()
     finally:
         services.engine.dispose()
+
+
+def _due_in(engine, job_id) -> float:
+    """Seconds from the failure's record to the next attempt (both are the database's clock)."""
+    with engine.connect() as conn:
+        return conn.execute(select(func.extract("epoch", jobs.c.next_attempt_at - jobs.c.updated_at))
+                            .where(jobs.c.id == job_id)).scalar_one()
+
+
+def _heal(engine, job_id):
+    with engine.begin() as conn:  # the retry is due now
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(next_attempt_at=func.now()))
+        conn.execute(update(outbox).where(outbox.c.job_id == job_id, outbox.c.published_at.is_(None))
+                     .values(available_at=func.now()))
+
+
+def test_an_inline_render_that_cannot_write_backs_off_as_a_render_does(env, engine, data_file, storage_dir):
+    """docs/retries.md: a step that decodes and writes objects backs off harder (storage trouble tends to last);
+    inspect making a small image's variants is that step, so its render errors wait the render's 4 s, not 2 s."""
+    services = small_image_services(env)
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        blocker = storage_dir / "attachments" / str(accepted.attachment_id)
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_bytes(b"")  # a file where the attachment's objects go: every write fails (ENOTDIR)
+        [inspect] = take_messages(engine, accepted.job_id)
+        assert Workflow(services).handle(inspect, step="inspect").status == "queued"
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.error_code) == ("queued", "storage_error")
+        render_policy = Step.RENDER.retry_policy(services.settings.retry_initial_seconds,
+                                                 services.settings.retry_max_seconds)
+        assert _due_in(engine, accepted.job_id) >= render_policy.initial_interval * (1 - render_policy.jitter) - 0.05
+        blocker.unlink()
+        _heal(engine, accepted.job_id)
+        assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+    finally:
+        services.engine.dispose()
+
+
+def test_an_inline_render_failing_keeps_what_the_other_variants_made(env, engine, data_file, storage_dir):
+    """As with a render message per variant: a variant made is recorded, and the next attempt makes only the rest."""
+    services = small_image_services(env)
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        blocker = storage_dir / "attachments" / str(accepted.attachment_id) / "v1"
+        blocker.parent.mkdir(parents=True, exist_ok=True)
+        blocker.write_bytes(b"")  # the renders cannot write; the original's copy can
+        [inspect] = take_messages(engine, accepted.job_id)
+        assert Workflow(services).handle(inspect, step="inspect").status == "queued"
+        assert set(recorded_variants(engine, accepted.job_id)) == {"original"}
+        assert job(engine, accepted.job_id).error_code == "storage_error"
+        blocker.unlink()
+        _heal(engine, accepted.job_id)
+        [retry] = take_messages(engine, accepted.job_id)
+        outcome = Workflow(services).handle(retry, step="inspect")
+        assert outcome.status == "inspected" and outcome.detail.startswith("3 variant(s) made"), outcome
+        assert run(Workflow(services), engine, accepted.job_id) == ["ready"]
+    finally:
+        services.engine.dispose()
+
+
+def test_a_permanent_inline_error_fails_the_job_even_when_a_costlier_variant_failed_transiently(
+        env, engine, data_file, monkeypatch):
+    """Retrying cannot help a corrupt image: the job ends failed with its code at once, not after every attempt."""
+    from app.errors import StorageUnavailable
+
+    services = small_image_services(env, ATTACHE_RETRY_INITIAL_SECONDS="0")
+    make = Workflow._make_object
+
+    def optimized_write_fails(self, attachment, version, variant, path):
+        if variant == "optimized":  # the costliest, first in order: its PUT met a storage blip
+            raise StorageUnavailable("storage blip")
+        return make(self, attachment, version, variant, path)
+
+    monkeypatch.setattr(Workflow, "_make_object", optimized_write_fails)
+    try:
+        accepted = upload(services, data_file("pillow/truncated_jpeg.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        Workflow(services).handle(inspect, step="inspect")
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.error_code, row.attempt) == ("failed", "corrupt_image", 1)
+    finally:
+        services.engine.dispose()
+
+
+def test_a_small_image_on_s3_is_made_by_inspect_from_one_download(env, engine, data_file):
+    """On S3 the original is a temporary download: both threads read it before it is removed, and the original's
+    copy is made in the bucket."""
+    from tests.s3server import moto_server
+
+    with moto_server() as endpoint:
+        services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2", S3_ACCESS_KEY="test",
+                                        STORAGE_URL=f"s3://inline?endpoint={endpoint}", S3_SECRET_KEY="test-secret")
+        try:
+            services.storage.ensure_bucket()
+            accepted = upload(services, data_file("photos/chelsea.jpg"))
+            assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+            made = recorded_variants(engine, accepted.job_id)
+            assert set(made) == set(pipeline.get(2).variants)
+            assert all(services.storage.stat(key) is not None for key in made.values())
+            assert services.storage.stat(pipeline.staging_key(accepted.attachment_id)) is None
+        finally:
+            services.engine.dispose()
+
+
+def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_staging(env, engine, data_file,
+                                                                                       storage_dir, monkeypatch):
+    """Both versions of a small image: v2's inspect read where the original is (staging) before v1 published the
+    kept one; v1's publish in the middle of v2's renders must leave staging for them, and v2's publish removes it."""
+    import threading
+
+    services = small_image_services(env)
+    v2_services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2")
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        workflow = Workflow(services)
+        [v1_inspect] = take_messages(engine, accepted.job_id)
+        assert workflow.handle(v1_inspect, step="inspect").status == "inspected"
+        [v1_publish] = take_messages(engine, accepted.job_id)
+        with engine.begin() as conn:
+            v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
+                                          max_attempts=3, traceparent=v1_inspect["traceparent"], tracestate=None,
+                                          actor="test")
+        # (a backfill creates the same job once v1 is ready; made directly here, while v1 is not yet)
+        [v2_inspect] = take_messages(engine, v2_job)
+        make, published, once = Workflow._make_object, [], threading.Lock()
+
+        def v1_publishes_meanwhile(self, attachment, version, variant, path):
+            with once:  # the first of v2's renders, on either thread
+                if not published:
+                    published.append(workflow.handle(v1_publish, step="publish").status)
+            return make(self, attachment, version, variant, path)
+
+        monkeypatch.setattr(Workflow, "_make_object", v1_publishes_meanwhile)
+        assert Workflow(v2_services).handle(v2_inspect, step="inspect").status == "inspected"
+        assert published == ["ready"]
+        assert (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "v2 was reading it"
+        monkeypatch.setattr(Workflow, "_make_object", make)
+        assert run(Workflow(v2_services), engine, v2_job) == ["ready"]
+        assert set(recorded_variants(engine, v2_job)) == set(pipeline.get(2).variants)
+        assert not (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "the last one out"
+    finally:
+        services.engine.dispose()
+        v2_services.engine.dispose()

@@ -130,7 +130,7 @@ def get(conn: Connection, job_id, *, lock: bool = False) -> Row | None:
 
 
 def recorded(conn: Connection, job_id) -> set[str]:
-    """The variants a job's render steps have recorded so far."""
+    """The variants a job's render steps (or, for a small image, its inspect) have recorded so far."""
     return set(conn.execute(_RECORDED, {"b_job_id": job_id}).scalars())
 
 

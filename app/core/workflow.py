@@ -15,7 +15,9 @@ Idempotency, per step:
   redelivery), re-checks the staged original's header and announces the
   render messages for every variant not yet recorded, or the publish
   message when all are: a recovered job resumes at its first unfinished
-  step.
+  step. An image of at most ``ATTACHE_SMALL_IMAGE_PIXELS`` has those
+  variants made by inspect itself, recorded as the render steps would
+  record them, and publish announced at once.
 * A step holds the job's lease while it runs (a heartbeat renews it) and
   hands off when it has committed its outcome: the job then waits for the
   next message with no owner, which never expires, so messages waiting
@@ -42,7 +44,7 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
@@ -130,6 +132,19 @@ class _Run:
 _running: ContextVar[_Run | None] = ContextVar("attache_step_run", default=None)
 
 
+class _InlineRenderFailed(Exception):
+    """A variant that inspect made itself failed: recorded as its render step's failure (code, render backoff)."""
+
+    def __init__(self, error: Exception):
+        super().__init__(str(error))
+        self.error = error
+
+
+def _inline_failure(error: Exception) -> Exception:
+    """What inspect raises for a render it ran that failed (poison and a lost database pass as they are)."""
+    return error if isinstance(error, (PoisonMessage, DatabaseUnavailable)) else _InlineRenderFailed(error)
+
+
 def _check(job: Row, body: dict) -> None:
     if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
         raise InvalidMessage("message does not match the job it names")
@@ -209,6 +224,8 @@ class Workflow:
                     outcome = self.publish(body, attempt, lease)
         except (PoisonMessage, DatabaseUnavailable):
             raise
+        except _InlineRenderFailed as failed:  # a render's error, though inspect ran it: the render's backoff
+            return self.record_failure(job_id, attempt, body["step"], failed.error, lease.owner, policy=Step.RENDER)
         except Exception as error:  # every other error becomes a recorded outcome
             return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
         if isinstance(outcome, Unheld):
@@ -258,18 +275,23 @@ class Workflow:
             here = self._made_here(conn, job, attachment, version)
         with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
-            made = self._make_objects(attachment, version, here, path)
+            made, failed = self._make_objects(attachment, version, here, path)
         if made:
             faults.point("after_object_write")
+        if failed is not None and not made:
+            raise _inline_failure(failed)
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect" + (
                     "; the objects it made stay unreferenced" if made else ""))
             self._record_variants(work.conn, job, attempt, made)
-            announced = self._announce_next(work.conn, job, attempt)
-            self._hand_off(work.conn, job.id, attempt, lease)
-            outcome = self._ran(work.conn, Outcome("inspected", (f"{len(made)} variant(s) made, " if made else "")
-                                                   + f"{len(announced)} message(s) announced"))
+            if failed is None:
+                announced = self._announce_next(work.conn, job, attempt)
+                self._hand_off(work.conn, job.id, attempt, lease)
+                outcome = self._ran(work.conn, Outcome("inspected", (f"{len(made)} variant(s) made, " if made else "")
+                                                       + f"{len(announced)} message(s) announced"))
+        if failed is not None:  # what was made stays recorded, as each render step's would: the retry makes the rest
+            raise _inline_failure(failed)
         return outcome
 
     def _made_here(self, conn, job, attachment, version: pipeline.PipelineVersion) -> list[str]:
@@ -358,16 +380,18 @@ class Workflow:
 
     # --- failures ------------------------------------------------------------
 
-    def record_failure(self, job_id, attempt: int, step: str, error: BaseException, actor: str) -> Outcome:
+    def record_failure(self, job_id, attempt: int, step: str, error: BaseException, actor: str, *,
+                       policy: Step | None = None) -> Outcome:
         """Not retryable -> ``failed``; otherwise ``queued`` with the step's backoff (or ``failed`` once spent).
 
-        The next attempt's message waits in the outbox until it is due; the
-        scheduler publishes it then.
+        ``policy``: the step whose backoff applies, if not ``step`` (a render
+        run by inspect). The next attempt's message waits in the outbox until
+        it is due; the scheduler publishes it then.
         """
         code, reason = error_code(error), sanitized_reason(error)
         if not isinstance(error, AttacheError):
             log.error("unexpected %s in step", type(error).__name__, exc_info=error)
-        delay = self.policies[Step(step)].delay(attempt)
+        delay = self.policies[policy or Step(step)].delay(attempt)
         with transaction(self.services.engine) as conn:
             if retryable(error):  # and attempts left: the job row's max_attempts decides (states.retry_later)
                 new_state = states.retry_later(conn, job_id, attempt, code, reason, delay, actor)
@@ -398,21 +422,39 @@ class Workflow:
         except ObjectNotFound:
             raise StagingMissing("the staged original is missing") from None
 
-    def _make_objects(self, attachment, version: pipeline.PipelineVersion, names: list[str], path) -> dict[str, dict]:
+    def _make_objects(self, attachment, version: pipeline.PipelineVersion, names: list[str],
+                      path) -> tuple[dict[str, dict], Exception | None]:
         """Make ``names`` (costliest first) on two threads: libwebp and the resampling release the GIL.
 
-        Each variant is made as its own render step would make it; an error
-        from any of them is raised once all have stopped.
+        Each variant is made as its own render step would make it. Returns
+        what was made and, once all have stopped, the error to record if any
+        failed: one that retrying cannot help (a corrupt image) before one
+        that may heal (a storage blip in a costlier variant's write), as
+        separate render steps would each have recorded theirs.
         """
         def make(name: str) -> dict:
-            faults.point("during_render")
-            return self._make_object(attachment, version, name, path)
+            with bound(variant=name):
+                faults.point("during_render")
+                return self._make_object(attachment, version, name, path)
 
         if len(names) < 2:
-            return {name: make(name) for name in names}
-        with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
-            futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
-        return {name: future.result() for name, future in futures.items()}
+            futures = {}
+            for name in names:
+                future: Future = Future()
+                try:
+                    future.set_result(make(name))
+                except Exception as error:
+                    future.set_exception(error)
+                futures[name] = future
+        else:
+            with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
+                futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
+        made = {name: future.result() for name, future in futures.items() if future.exception() is None}
+        errors = [future.exception() for future in futures.values() if future.exception() is not None]
+        errors.sort(key=retryable)  # stable: the permanent ones first, each kind in costliest-first order
+        for other in errors[1:]:
+            log.info("inline render also failed: %s: %s", error_code(other), sanitized_reason(other))
+        return made, errors[0] if errors else None
 
     def _staged_or_none(self, source_key: str | None):
         return self._staged(source_key) if source_key is not None else contextlib.nullcontext()
