@@ -521,3 +521,20 @@ def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_s
     finally:
         services.engine.dispose()
         v2_services.engine.dispose()
+
+
+def test_an_inspect_whose_worker_does_not_know_the_jobs_version_counts_a_failed_attempt(env, engine, data_file,
+                                                                                         monkeypatch):
+    """Not a silent 'stale' that leaves the job queued for the reconciler to re-announce forever: the attempt
+    is claimed and fails with a code, so the job ends failed once its attempts are spent."""
+    services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2", ATTACHE_MAX_ATTEMPTS="1")
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        monkeypatch.delitem(pipeline.REGISTRY, 2)  # a worker of an older release, in a rolling deploy
+        outcome = Workflow(services).handle(inspect, step="inspect")
+        row = job(engine, accepted.job_id)
+        assert (outcome.status, row.state, row.attempt) == ("failed", "failed", 1)
+        assert row.error_code == "internal_error"
+    finally:
+        services.engine.dispose()

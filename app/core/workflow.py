@@ -44,7 +44,7 @@ import logging
 import threading
 import time
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
@@ -271,8 +271,11 @@ class Workflow:
                 return job
             attachment = self._attachment(conn, job.attachment_id)
             source = self._source_key(conn, attachment)
-            version = pipeline.get(job.pipeline_version)
-            here = self._made_here(conn, job, attachment, version)
+            small = attachment.width * attachment.height <= self.services.settings.small_image_pixels
+            recorded = states.recorded(conn, job.id) if small else set()
+        # looked up once the claim is committed: a worker that does not know the version fails the attempt
+        version = pipeline.get(job.pipeline_version)
+        here = self._made_here(version, recorded) if small else []
         with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
             made, failed = self._make_objects(attachment, version, here, path)
@@ -294,19 +297,17 @@ class Workflow:
             raise _inline_failure(failed)
         return outcome
 
-    def _made_here(self, conn, job, attachment, version: pipeline.PipelineVersion) -> list[str]:
-        """The variants inspect makes itself: every one not yet recorded, of a small image; else none.
+    @staticmethod
+    def _made_here(version: pipeline.PipelineVersion, recorded: set[str]) -> list[str]:
+        """The variants inspect makes itself, for an image of at most ``ATTACHE_SMALL_IMAGE_PIXELS``.
 
         A step's own cost (two transactions, a message, a hand-off) is
-        several times the render of a small image's variant, so those are
-        made one after another in this step, from the original it already
+        several times the render of a small image's variant, so every one
+        not yet recorded is made in this step, from the original it already
         holds, and recorded in its outcome's transaction; publish is then
         announced at once. Larger images get a render message per variant,
         which the worker's threads (and other workers) run side by side.
         """
-        if attachment.width * attachment.height > self.services.settings.small_image_pixels:
-            return []
-        recorded = states.recorded(conn, job.id)
         return [name for name in version.costliest_first(version.variants) if name not in recorded]
 
     def render(self, body: dict, attempt: int, variant: str, lease: states.Lease) -> Outcome | Unheld:
@@ -437,18 +438,10 @@ class Workflow:
                 faults.point("during_render")
                 return self._make_object(attachment, version, name, path)
 
-        if len(names) < 2:
-            futures = {}
-            for name in names:
-                future: Future = Future()
-                try:
-                    future.set_result(make(name))
-                except Exception as error:
-                    future.set_exception(error)
-                futures[name] = future
-        else:
-            with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
-                futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
+        if not names:
+            return {}, None
+        with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
+            futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
         made = {name: future.result() for name, future in futures.items() if future.exception() is None}
         errors = [future.exception() for future in futures.values() if future.exception() is not None]
         errors.sort(key=retryable)  # stable: the permanent ones first, each kind in costliest-first order
