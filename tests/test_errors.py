@@ -18,9 +18,6 @@ NOT_ERRORS = {
     "app.core.intake._LostRace",
     # a pika connection error raised and translated inside the RabbitMQ adapter
     "app.adapters.broker.rabbitmq.AnswerTimeout",
-    # a private signal inside the workflow (a render that inspect ran for a small image failed: its error is
-    # recorded with the render's backoff), never raised out of Workflow.handle
-    "app.core.workflow._InlineRenderFailed",
 }
 
 

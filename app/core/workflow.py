@@ -132,19 +132,6 @@ class _Run:
 _running: ContextVar[_Run | None] = ContextVar("attache_step_run", default=None)
 
 
-class _InlineRenderFailed(Exception):
-    """A variant that inspect made itself failed: recorded as its render step's failure (code, render backoff)."""
-
-    def __init__(self, error: Exception):
-        super().__init__(str(error))
-        self.error = error
-
-
-def _inline_failure(error: Exception) -> Exception:
-    """What inspect raises for a render it ran that failed (poison and a lost database pass as they are)."""
-    return error if isinstance(error, (PoisonMessage, DatabaseUnavailable)) else _InlineRenderFailed(error)
-
-
 def _check(job: Row, body: dict) -> None:
     if str(job.attachment_id) != body["attachment_id"] or job.pipeline_version != body["pipeline_version"]:
         raise InvalidMessage("message does not match the job it names")
@@ -224,8 +211,6 @@ class Workflow:
                     outcome = self.publish(body, attempt, lease)
         except (PoisonMessage, DatabaseUnavailable):
             raise
-        except _InlineRenderFailed as failed:  # a render's error, though inspect ran it: the render's backoff
-            return self.record_failure(job_id, attempt, body["step"], failed.error, lease.owner, policy=Step.RENDER)
         except Exception as error:  # every other error becomes a recorded outcome
             return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
         if isinstance(outcome, Unheld):
@@ -282,7 +267,7 @@ class Workflow:
         if made:
             faults.point("after_object_write")
         if failed is not None and not made:
-            raise _inline_failure(failed)
+            return self._render_failed(job.id, attempt, failed, lease)
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect" + (
@@ -294,8 +279,15 @@ class Workflow:
                 outcome = self._ran(work.conn, Outcome("inspected", (f"{len(made)} variant(s) made, " if made else "")
                                                        + f"{len(announced)} message(s) announced"))
         if failed is not None:  # what was made stays recorded, as each render step's would: the retry makes the rest
-            raise _inline_failure(failed)
+            return self._render_failed(job.id, attempt, failed, lease)
         return outcome
+
+    def _render_failed(self, job_id, attempt: int, error: Exception, lease: states.Lease) -> Outcome:
+        """A render inspect ran failed: recorded as its render step's failure would be (its code, the render's
+        backoff); poison and a lost database are raised as from any step."""
+        if isinstance(error, (PoisonMessage, DatabaseUnavailable)):
+            raise error
+        return self.record_failure(job_id, attempt, Step.INSPECT, error, lease.owner, policy=Step.RENDER)
 
     @staticmethod
     def _made_here(version: pipeline.PipelineVersion, recorded: set[str]) -> list[str]:
@@ -442,9 +434,10 @@ class Workflow:
             return {}, None
         with ThreadPoolExecutor(max_workers=INLINE_THREADS, thread_name_prefix="inline-render") as pool:
             futures = {name: pool.submit(contextvars.copy_context().run, make, name) for name in names}
-        made = {name: future.result() for name, future in futures.items() if future.exception() is None}
-        errors = [future.exception() for future in futures.values() if future.exception() is not None]
-        errors.sort(key=retryable)  # stable: the permanent ones first, each kind in costliest-first order
+        raised = {name: future.exception() for name, future in futures.items()}
+        made = {name: futures[name].result() for name, error in raised.items() if error is None}
+        # stable: the permanent ones first, each kind in costliest-first order
+        errors = sorted((error for error in raised.values() if error is not None), key=retryable)
         for other in errors[1:]:
             log.info("inline render also failed: %s: %s", error_code(other), sanitized_reason(other))
         return made, errors[0] if errors else None
