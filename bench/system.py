@@ -229,11 +229,13 @@ def fsync_latency(directory: Path, samples: int = 40) -> tuple[float, float]:
 def _render_job(path: str) -> float:
     """Every variant of the newest pipeline, as a worker renders them (the raw loop's unit of work); CPU seconds."""
     from app.adapters.imaging import Limits, render
+    from app.adapters.imaging.shared import content_key
     from app.core import pipeline
 
     began = time.process_time()
+    digest = content_key(path)  # the worker has it from the attachment's row
     for spec in pipeline.get(pipeline.NEWEST).specs.values():
-        render(path, spec, Limits())
+        render(path, spec, Limits(), sha256=digest)
     return time.process_time() - began
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -497,6 +498,54 @@ def test_a_large_copy_of_a_jpeg_is_decoded_and_resampled_by_libvips(monkeypatch)
         assert spy.calls == [("JPEG", decoded)]
         assert spy.by_libvips == ([decoded] if by_libvips else []), (path.name, name)
 
+
+
+def test_the_vertical_pass_of_the_other_large_copies_is_libvips_s(monkeypatch, tmp_path) -> None:
+    """Where the region spans every row but libvips cannot decode and resample it all (a JPEG of odd width: Pillow's
+    region ends inside its last pixel; a PNG), Pillow decodes and makes the horizontal pass, libvips the vertical."""
+    png = tmp_path / "large.png"
+    Image.open(path_of("photos/rocket_12mp_4241x2830.jpg")).reduce(2).save(png, compress_level=1)  # 2121x1415
+    made = []
+    resize = libvips.resize
+
+    def spy(img, out_size, box, resample):
+        resized = resize(img, out_size, box, resample)
+        made.append(None if resized is None else (img.size, out_size))
+        return resized
+
+    monkeypatch.setattr(libvips, "resize", spy)
+    cases = [
+        (path_of("photos/rocket_12mp_4241x2830.jpg"), "optimized", ((2121, 1415), (2048, 1367))),
+        (png, "optimized", ((2121, 1415), (2048, 1366))),
+        # an odd height too: neither pass spans the whole image (1413 rows for a region of 1412.5)
+        (path_of("photos/chelsea_12mp_4247x2825.jpg"), "optimized", None),
+        (path_of("photos/rocket_12mp_4241x2830.jpg"), "thumbnail", None),  # a small output: Pillow's
+    ]
+    for path, name, by_libvips in cases:
+        made.clear()
+        SHARED.clear()
+        out = render(path, PIPELINE_V1_SPECS[name], LIMITS)
+        assert made == [by_libvips], (path.name, name)
+        assert (out.width, out.height) == (by_libvips[1] if by_libvips else (out.width, out.height))
+
+
+def test_libvips_reads_the_same_bytes_without_proc(monkeypatch) -> None:
+    """Where ``/proc/self/fd`` cannot be opened, Python reads the file for libvips: the same bytes come out."""
+    path, spec = path_of("photos/astronaut_12mp_3464x3464.jpg"), PIPELINE_V1_SPECS["optimized"]
+    spy = LoadSpy(monkeypatch)
+    SHARED.clear()
+    own = render(path, spec, LIMITS).data
+    opened = os.open
+
+    def no_proc(name, *args, **kwargs):
+        if str(name).startswith("/proc/self/fd/"):
+            raise FileNotFoundError(name)
+        return opened(name, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", no_proc)
+    SHARED.clear()
+    assert render(path, spec, LIMITS).data == own
+    assert spy.by_libvips == [(3464, 3464)] * 2
 
 # --- libvips's large copies: Pillow's verdict on every file --------------------------------------------------
 

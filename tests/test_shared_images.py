@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import pytest
@@ -47,6 +48,22 @@ def test_the_same_pixels_under_another_name_are_shared_and_other_pixels_are_not(
     assert first == again and len(spy.calls) == 1  # an S3 download is a new path to the same bytes
     assert render(other, V2["crop"], LIMITS) != first and len(spy.calls) == 2
 
+
+
+def test_the_digest_the_worker_knows_keys_the_pixels_and_the_file_is_not_hashed(monkeypatch) -> None:
+    """The worker passes the attachment's SHA-256 (taken at upload): the file is not read to hash it again."""
+    renderer = sys.modules["app.adapters.imaging.render"]
+    hashed = []
+    content_key = renderer.content_key
+    monkeypatch.setattr(renderer, "content_key", lambda path: hashed.append(path) or content_key(path))
+    spy = LoadSpy(monkeypatch)
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    digest = content_key(path)
+    jpeg = render(path, V2["optimized"], LIMITS, sha256=digest)
+    render(path, V2["webp"], LIMITS, sha256=digest)
+    assert hashed == [] and len(spy.calls) == 1
+    assert render(path, V2["optimized"], LIMITS) == jpeg and len(spy.calls) == 1  # hashed: the same key
+    assert hashed == [path]
 
 def test_concurrent_renders_of_one_geometry_decode_once(monkeypatch) -> None:
     spy = LoadSpy(monkeypatch)

@@ -466,7 +466,7 @@ class Workflow:
             return dict(storage_key=key, content_type=attachment.content_type, size=info.size,
                         sha256=attachment.sha256, width=attachment.width, height=attachment.height,
                         provenance=provenance.of_original(attachment, version))
-        rendered = imaging.render(path, version.specs[variant], self.services.limits)
+        rendered = imaging.render(path, version.specs[variant], self.services.limits, sha256=attachment.sha256)
         stripped = imaging.stripped_metadata(path)
         digest = hashlib.sha256(rendered.data).hexdigest()
         key = pipeline.variant_key(attachment.id, version.version, variant, digest, rendered.extension)

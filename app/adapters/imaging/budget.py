@@ -44,7 +44,8 @@ of four kinds of cost:
    code and was checked against measured peaks
    (``tests/test_image_budget.py`` keeps the estimate an upper bound).
 4. **The resample and the output**: the integer ``reduce()`` copy, the
-   intermediate of the two-pass LANCZOS, then a few output-sized copies
+   intermediate of the two-pass LANCZOS (and its copy for libvips, where
+   libvips makes the vertical pass), then a few output-sized copies
    (sRGB, transpose) and the encoder's memory (AVIF's is the largest, then
    WebP's).
 
@@ -79,7 +80,7 @@ from PIL import Image
 
 from app.errors import ImageTooLarge
 
-from . import bmff
+from . import bmff, libvips
 from ._translate import MALFORMED_ERRORS
 from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
 
@@ -248,6 +249,7 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
         ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
         ("conversions and resample",
          pixels * per_pixel + kept + _resample_bytes(box, geometry.out_size, 1 if grey else 4)
+         + _vertical_pass_copy_bytes(mode, transparent, box, geometry.out_size, grey)
          + RESIZED_BYTES * out_w * out_h),
         ("output", out_w * out_h * output_bytes),
     )
@@ -276,6 +278,16 @@ def _resample_bytes(box: tuple[float, ...], out_size: tuple[int, int], bpp: int)
         reduced = math.ceil(box_w / factor_x + 8) * math.ceil(box_h / factor_y + 8)
         rows = math.ceil(box_h / factor_y + 8)
     return bpp * (reduced + out_w * rows)
+
+
+def _vertical_pass_copy_bytes(mode: str, transparent: int, box: tuple[float, ...], out_size: tuple[int, int],
+                              grey: bool) -> int:
+    """A vertical pass made by libvips (:func:`.libvips.resize`): the horizontal pass's rows copied for it, 1 or 3
+    bytes a pixel, alive with them (priced wherever the working mode may be ``L`` or ``RGB``)."""
+    out_w, out_h = out_size
+    if transparent or mode == "CMYK" or out_w * out_h < libvips.MIN_OUTPUT_PIXELS:
+        return 0
+    return (1 if grey else 3) * out_w * math.ceil(box[3] - box[1])
 
 
 def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, int]:

@@ -1,5 +1,5 @@
-"""What libvips does for the renderer: a JPEG's decode and LANCZOS resample where that gives Pillow's
-pixels.
+"""What libvips does for the renderer: a JPEG's decode and LANCZOS resample, or the vertical pass of a
+resample, where that gives Pillow's pixels.
 
 Every variant of pipelines v1 and v2 is promised Pillow's LANCZOS (a = 3),
 with ``reducing_gap`` (an integer box ``reduce()`` while at least twice the
@@ -27,6 +27,21 @@ It applies (:func:`applies`) when the result is the same, to
   Pillow would not ``reduce()`` first (the draft leaves less than 2x);
 * the output is large (:data:`MIN_OUTPUT_PIXELS`): the 2048 px copies, not
   the thumbnails, where Pillow is as fast.
+
+Where the region is not the whole image, the image is decoded by Pillow,
+but the vertical pass can still be libvips's (:func:`resize`): when the
+region spans every row, libvips reduces the whole height, on the rows of
+Pillow's horizontal pass (rounded to 8 bits, as Pillow rounds them before
+its own vertical pass). That is the large copy of a JPEG of odd width and
+even height (4241x2830 at 1/2 is 2121x1415 for a region of 2120.5x1415),
+and of a PNG or WebP: 31 against 7 ms on 2048x1415 to 1367 rows, the
+pixels copied to libvips and back included. The pixels are 55-56 dB from
+Pillow's (a photo, noise); encoded, the sharp test images' large copies
+are 37-43 dB from the reference's, noise the lowest, as the whole-image
+path's are 36-41. It costs a copy of the
+horizontal pass's rows while they are alive (priced by
+:mod:`~app.adapters.imaging.budget`). The horizontal pass is not taken
+over the same way: libvips would need a copy of the whole decoded image.
 
 The passes run in Pillow's order, horizontal then vertical. libvips's own
 ``resize`` runs vertical first, which differs from Pillow by 34.8 dB on a
@@ -56,8 +71,8 @@ of broken restart intervals) is not translated: :func:`decode_resampled`
 returns ``None``, and Pillow decodes the file and refuses or renders it
 itself. A corrupt file is then decoded twice; a good one never is.
 
-The file is streamed to libvips from its descriptor (``pread``), up to
-where libjpeg stops: trailing data (an MPO's second frame, a gain map,
+The file is streamed to libvips from a descriptor of its own on the same
+file (:func:`_source`), up to where libjpeg stops: trailing data (an MPO's second frame, a gain map,
 garbage) is not read, and no copy of the file is made (pyvips would copy a
 ``bytes`` buffer once more).
 pyvips is imported on first use, so only the worker loads libvips, with the
@@ -103,15 +118,50 @@ def applies(mode: str, decoded: tuple[int, int], box: tuple[float, ...], out_siz
             resample: Image.Resampling) -> bool:
     """Whether :func:`decode_resampled` gives the pixels Pillow would (see the module doc)."""
     width, height = decoded
+    return _same_passes(mode, box, out_size, resample) and tuple(box) == (0, 0, width, height)
+
+
+def _same_passes(mode: str, box: tuple[float, ...], out_size: tuple[int, int], resample: Image.Resampling) -> bool:
+    """Whether libvips's passes compute Pillow's here: a kernel both have, 8-bit ``L`` or ``RGB``, a large output,
+    and no ``reduce()`` before the passes (less than ``2 * REDUCING_GAP`` on both axes)."""
     out_w, out_h = out_size
     return (
         resample in KERNELS
         and mode in BANDS
         and out_w * out_h >= MIN_OUTPUT_PIXELS
-        and tuple(box) == (0, 0, width, height)
-        and 1 <= width / out_w < 2 * REDUCING_GAP
-        and 1 <= height / out_h < 2 * REDUCING_GAP
+        and 1 <= (box[2] - box[0]) / out_w < 2 * REDUCING_GAP
+        and 1 <= (box[3] - box[1]) / out_h < 2 * REDUCING_GAP
     )
+
+
+def resize(img: Image.Image, out_size: tuple[int, int], box: tuple[float, ...],
+           resample: Image.Resampling) -> Image.Image | None:
+    """Pillow's ``img.resize(out_size, resample, box=box, reducing_gap=REDUCING_GAP)``, its vertical pass made by
+    libvips; ``None`` when that pass is not libvips's to make (see the module doc), and Pillow makes it all.
+
+    The vertical pass is libvips's when it reduces the whole height (``box`` spans every row), as for the large
+    copy of a JPEG of odd width and even height, or of a PNG. The horizontal pass, if any, is Pillow's (its
+    region may start or end inside a pixel, which libvips cannot express), and is rounded to 8 bits before the
+    vertical one, as in Pillow.
+    """
+    width, height = img.size
+    out_w, out_h = out_size
+    if not (_same_passes(img.mode, box, out_size, resample) and box[1] == 0 and box[3] == height
+            and out_h != height):
+        return None
+    mode, bands = img.mode, BANDS[img.mode]
+    if (box[0], box[2], out_w) != (0, width, width):
+        img = img.resize((out_w, height), resample, box=(box[0], 0, box[2], height))  # Pillow's horizontal pass
+    vips = _vips()
+    try:
+        rows = vips.Image.new_from_memory(img.tobytes(), out_w, height, bands, "uchar")
+        img = None  # the horizontal pass's image goes before the output is made
+        pixels = rows.reducev(height / out_h, kernel=KERNELS[resample]).write_to_memory()
+    except vips.Error:  # pragma: no cover - libvips failing on pixels in memory: Pillow makes them
+        return None
+    if len(pixels) != out_w * out_h * bands:
+        raise AssertionError(f"libvips made {len(pixels)} bytes, not {out_w}x{out_h}x{bands}")
+    return Image.frombytes(mode, out_size, pixels)
 
 
 def decode_resampled(fp: BinaryIO, scale: int, mode: str, decoded: tuple[int, int], out_size: tuple[int, int],
@@ -121,15 +171,16 @@ def decode_resampled(fp: BinaryIO, scale: int, mode: str, decoded: tuple[int, in
     ``None`` when libvips might judge the file otherwise than Pillow (see the module doc): a frame or a
     header it does not take, or any error of libvips's. Pillow then decodes it, and refuses or renders it.
 
-    The bytes are read from *fp*'s descriptor at their offsets (``pread``), so its position, which
-    Pillow relies on, is left alone, and they are the bytes Pillow's header checks passed.
+    The bytes are read from the file of *fp*'s descriptor, at offsets of libvips's own (:func:`_source`): *fp*'s
+    position, which Pillow relies on, is left alone, and they are the bytes Pillow's header checks passed.
     """
     fd = fp.fileno()
     if not _layout(fd):
         return None
     vips = _vips()
     kernel = KERNELS[resample]
-    # the source's callbacks live as long as this Python object: it must outlive every image made from it
+    # the source (its descriptor, or its callbacks) lives as long as this Python object: it must outlive every
+    # image made from it
     source = _source(vips, fd)
     image = None
     try:
@@ -197,7 +248,24 @@ def _marker_after(fd: int, pos: int) -> int | None:
 
 
 def _source(vips, fd: int):
-    """A libvips source reading *fd* at offsets of its own."""
+    """A libvips source reading the file of *fd* at offsets of its own.
+
+    The file is opened again through ``/proc/self/fd`` (the same inode, whatever its path has become): libvips
+    reads that descriptor itself. Where there is no ``/proc``, Python reads for libvips (``pread`` callbacks),
+    which costs some 7 ms more on a 12 MP photo.
+    """
+    try:
+        own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return _pread_source(vips, fd)
+    try:
+        return vips.Source.new_from_descriptor(own)  # libvips reads a duplicate of it
+    finally:
+        os.close(own)
+
+
+def _pread_source(vips, fd: int):
+    """A libvips source whose reads are Python's ``pread`` of *fd*."""
     source = vips.SourceCustom()
     position = 0
 

@@ -30,7 +30,9 @@ Pipeline, and why it is in this order:
    the same kernel in the same order (:mod:`app.adapters.imaging.libvips`
    says when: the pixels must be Pillow's to 35 dB, in practice 43-50, and
    the file one the two decoders judge alike; a file libvips declines or
-   fails on is decoded by Pillow, whose verdict stands).
+   fails on is decoded by Pillow, whose verdict stands). Of the other large
+   copies, libvips makes the vertical pass when it spans every row (a JPEG
+   of odd width, a PNG).
    :data:`RESAMPLE` is part of what a pipeline version promises: BICUBIC would take 20-65 % less time
    on the large copies and is within 50 dB of LANCZOS on photos, but only
    26-36 dB on text, fine lines and noise, beyond what an existing version
@@ -138,8 +140,12 @@ class Rendered:
     encoder: dict = field(default_factory=dict)
 
 
-def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> Rendered:
+def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, sha256: str | None = None) -> Rendered:
     """Render one derivative of the image at *path*.
+
+    *sha256*: the hex SHA-256 of the file's bytes, where the caller knows it (the worker: the attachment's,
+    taken at upload); the resampled pixels shared between renders are keyed by it
+    (:mod:`app.adapters.imaging.shared`). Without it the file is hashed, some 0.7 ms a MB.
 
     :raises UnsupportedFormat, DecompressionBomb, ImageTooLarge, CorruptImage:
         as :func:`~app.adapters.imaging.probe.probe`; ``CorruptImage`` also when the
@@ -148,7 +154,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits) -> R
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
         with open_checked(path, limits, spec) as (img, family, priced):
             reserve(priced.total)  # waits while other threads' renders hold the budget
-            key = (content_key(path), *_geometry_key(spec))
+            key = (sha256 or content_key(path), *_geometry_key(spec))
             work = SHARED.get_or_make(key, lambda: _upright(img, family, spec))
         # the reservation covers the encoder too; the encoder gets an Image of its own over the shared pixels, which
         # encoding reads and never writes (its attributes, encoderinfo among them, are the encoding's own)
@@ -189,9 +195,17 @@ def _upright(img: ImageFile.ImageFile, family: str, spec: VariantSpec) -> Image.
 
     icc_profile = img.info.get("icc_profile")
     work = to_working_mode(img)
-    work = work.resize(geometry.out_size, RESAMPLE, box=box, reducing_gap=REDUCING_GAP)
+    work = _resize(work, geometry.out_size, box)
     img.close()  # resize() made a new image: the full-size pixels go before the output-sized copies are made
     return _finish(work, icc_profile, orientation)
+
+
+def _resize(work: Image.Image, out_size: tuple[int, int], box: tuple[float, ...]) -> Image.Image:
+    """LANCZOS with ``reducing_gap``; the vertical pass libvips's where that gives Pillow's pixels (step 4)."""
+    resized = libvips.resize(work, out_size, box, RESAMPLE)
+    if resized is None:
+        resized = work.resize(out_size, RESAMPLE, box=box, reducing_gap=REDUCING_GAP)
+    return resized
 
 
 def _finish(work: Image.Image, icc_profile: bytes | None, orientation: int) -> Image.Image:

@@ -8,8 +8,9 @@ resamples the original again: on a 12 MP photo that is 75-220 ms of a
 250-450 ms render.
 
 :data:`SHARED` keeps the last resampled images, keyed by the original's
-content (its SHA-256) and the geometry asked for, so the second render
-only encodes. Renders of the same key that run at the same time (worker
+content (its SHA-256: the worker passes the attachment's, taken at upload;
+:func:`content_key` hashes the file otherwise) and the geometry asked for,
+so the second render only encodes. Renders of the same key that run at the same time (worker
 threads) make it once: the first makes it, the others wait for it.
 
 The entries are few and bounded in bytes (:data:`CAPACITY_BYTES`): they
