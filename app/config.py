@@ -130,11 +130,12 @@ class Settings:
     accepted_formats: tuple = setting(
         "ATTACHE_ACCEPTED_FORMATS", PROCESSED, _formats,
         "comma-separated image formats accepted at upload (a subset of the eight processed; HEIF is HEIC)")
-    small_image_pixels: int = setting(
-        "ATTACHE_SMALL_IMAGE_PIXELS", 1_048_576, _int(0),
-        "an image of at most this many pixels (width*height) has all its variants made by its inspect step "
-        "(two at a time) instead of one render message per variant: at that size a step's own cost "
-        "(transactions, messages) outweighs the render; 0: every image gets a render message per variant")
+    one_step_max_pixels: int = setting(
+        "ATTACHE_ONE_STEP_MAX_PIXELS", 64_000_000, _int(0),
+        "an image of at most this many pixels (width*height) has all its variants made in one step, its "
+        "inspect (two at a time, from one fetch and one decode per size), instead of one render message per "
+        "variant; the default is every image ATTACHE_MAX_PIXELS accepts by default. Lower it to spread a large "
+        "image's renders over several worker machines; 0: every image gets a render message per variant")
     lease_seconds: float = setting(
         "ATTACHE_LEASE_SECONDS", 60.0, _float(0.5), "how long a claim holds without a heartbeat")
     max_attempts: int = setting(

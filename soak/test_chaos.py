@@ -66,6 +66,8 @@ RATE = float(os.environ.get("SOAK_RATE", "8"))  # uploads started per second, li
 #: private cluster's database: stopping PostgreSQL stops the broker too, and no RabbitMQ node is started)
 BROKER = os.environ.get("SOAK_BROKER", "rabbitmq")
 LEASE = 5.0
+#: the largest image made in one step here: the 480x360 photos are, the 1280x960 ones are not (see :func:`photo`)
+ONE_STEP_MAX_PIXELS = 1024 * 1024
 TOKEN = "soak-uploader"
 OPERATOR = "soak-operator"
 
@@ -73,9 +75,10 @@ OPERATOR = "soak-operator"
 def photo(i: int) -> bytes:
     """A distinct JPEG per upload (deterministic).
 
-    Three in four are small (480x360), whose variants the inspect step makes
-    itself (``ATTACHE_SMALL_IMAGE_PIXELS``); every fourth is 1280x960, above
-    that, and gets a render message per variant: the chaos meets both paths.
+    Three in four are 480x360, whose variants the inspect step makes itself;
+    every fourth is 1280x960, above the soak's ``ATTACHE_ONE_STEP_MAX_PIXELS``
+    (:data:`ONE_STEP_MAX_PIXELS`, not the default, which takes every image),
+    and gets a render message per variant: the chaos meets both paths.
     """
     rng = random.Random(i)
     width, height = (1280, 960) if i % 4 == 3 else (480, 360)
@@ -136,7 +139,7 @@ def world(tmp_path):
             "DATABASE_URL": database_url, "BROKER_URL": rabbit.url if rabbit is not None else database_url,
             "STORAGE_URL": f"file://{storage.path}",
             "ATTACHE_API_TOKENS": f"{TOKEN}=soak:uploader,{OPERATOR}=ops:operator",
-            "ATTACHE_PIPELINE_VERSION": "1",
+            "ATTACHE_PIPELINE_VERSION": "1", "ATTACHE_ONE_STEP_MAX_PIXELS": str(ONE_STEP_MAX_PIXELS),
             "ATTACHE_LEASE_SECONDS": str(LEASE), "ATTACHE_LEASE_INTERVAL_SECONDS": "0.5",
             "ATTACHE_OUTBOX_PUBLISH_AFTER_SECONDS": "1", "ATTACHE_OUTBOX_INTERVAL_SECONDS": "0.5",
             "ATTACHE_BROKER_MIN_BACKOFF_MS": "100", "ATTACHE_BROKER_RETRIES": "2",

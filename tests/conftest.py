@@ -124,7 +124,7 @@ def env(request, database_url, broker_kind, storage_dir) -> dict[str, str]:
         "ATTACHE_API_TOKENS": API_TOKENS,
         "ATTACHE_PIPELINE_VERSION": "1",  # tests of version 2 say so
         # the test photos are small: a render message per variant, unless a test of inspect making them says so
-        "ATTACHE_SMALL_IMAGE_PIXELS": "0",
+        "ATTACHE_ONE_STEP_MAX_PIXELS": "0",
     }
 
 

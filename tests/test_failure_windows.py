@@ -147,7 +147,7 @@ def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, stora
 
 def test_window_4_when_inspect_makes_a_small_images_variants(env, tmp_path, engine, storage_dir, data_file):
     """The same window in the inspect step: every object written, none of its rows committed."""
-    deployment = Deployment({**env, "ATTACHE_SMALL_IMAGE_PIXELS": str(1024 * 1024)}, tmp_path)
+    deployment = Deployment({**env, "ATTACHE_ONE_STEP_MAX_PIXELS": str(1024 * 1024)}, tmp_path)
     try:
         deployment.start("web")
         deployment.start("scheduler")

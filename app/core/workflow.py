@@ -15,7 +15,7 @@ Idempotency, per step:
   redelivery), re-checks the staged original's header and announces the
   render messages for every variant not yet recorded, or the publish
   message when all are: a recovered job resumes at its first unfinished
-  step. An image of at most ``ATTACHE_SMALL_IMAGE_PIXELS`` has those
+  step. An image of at most ``ATTACHE_ONE_STEP_MAX_PIXELS`` has those
   variants made by inspect itself, recorded as the render steps would
   record them, and publish announced at once.
 * A step holds the job's lease while it runs (a heartbeat renews it) and
@@ -81,7 +81,7 @@ from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
 
-#: threads that make a small image's variants in its inspect step (libwebp and resampling release the GIL)
+#: threads that make an image's variants in its inspect step (libwebp, libvips and resampling release the GIL)
 INLINE_THREADS = 2
 
 
@@ -256,11 +256,11 @@ class Workflow:
                 return job
             attachment = self._attachment(conn, job.attachment_id)
             source = self._source_key(conn, attachment)
-            small = attachment.width * attachment.height <= self.services.settings.small_image_pixels
-            recorded = states.recorded(conn, job.id) if small else set()
+            one_step = attachment.width * attachment.height <= self.services.settings.one_step_max_pixels
+            recorded = states.recorded(conn, job.id) if one_step else set()
         # looked up once the claim is committed: a worker that does not know the version fails the attempt
         version = pipeline.get(job.pipeline_version)
-        here = self._made_here(version, recorded) if small else []
+        here = self._made_here(version, recorded) if one_step else []
         with self._lease_kept(job.id, attempt, lease), self._staged(source) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
             made, failed = self._make_objects(attachment, version, here, path)
@@ -291,14 +291,18 @@ class Workflow:
 
     @staticmethod
     def _made_here(version: pipeline.PipelineVersion, recorded: set[str]) -> list[str]:
-        """The variants inspect makes itself, for an image of at most ``ATTACHE_SMALL_IMAGE_PIXELS``.
+        """The variants inspect makes itself, for an image of at most ``ATTACHE_ONE_STEP_MAX_PIXELS``.
 
-        A step's own cost (two transactions, a message, a hand-off) is
-        several times the render of a small image's variant, so every one
-        not yet recorded is made in this step, from the original it already
-        holds, and recorded in its outcome's transaction; publish is then
-        announced at once. Larger images get a render message per variant,
-        which the worker's threads (and other workers) run side by side.
+        Every variant not yet recorded is made in this step, from the
+        original it already holds, and recorded in its outcome's
+        transaction; publish is then announced at once. A step's own cost
+        (two transactions, a message, a hand-off) is several times the
+        render of a small image's variant; and a large image's variants of
+        one size (v2's ``optimized`` and ``webp``) are made from one decode
+        only when one process makes both (:mod:`app.adapters.imaging.shared`),
+        which separate render messages do not ensure. Above the setting an
+        image gets a render message per variant, which the worker's threads
+        and other workers run side by side (``docs/performance.md``).
         """
         return [name for name in version.costliest_first(version.variants) if name not in recorded]
 
