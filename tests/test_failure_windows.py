@@ -14,6 +14,7 @@ there), restarts what died without the fault, and checks the invariants:
 from __future__ import annotations
 
 import hashlib
+import uuid
 
 import pytest
 import requests
@@ -145,22 +146,36 @@ def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, stora
         assert job.attempt == 1, "a redelivery of finished work is not a new attempt"
 
 
-def test_window_4_when_inspect_makes_a_small_images_variants(env, tmp_path, engine, storage_dir, data_file):
-    """The same window in the inspect step: every object written, none of its rows committed."""
+@pytest.mark.parametrize("fault", ["after_object_write", "after_result_commit"])
+def test_windows_4_and_5_when_inspect_makes_and_publishes_the_variants(env, tmp_path, engine, storage_dir, data_file,
+                                                                       fault):
+    """The same windows in the inspect step of an image made in one step: every object written and none of its
+    rows committed; or the job ready, and the worker dead before it removed staging."""
     deployment = Deployment({**env, "ATTACHE_ONE_STEP_MAX_PIXELS": str(1024 * 1024)}, tmp_path)
     try:
         deployment.start("web")
         deployment.start("scheduler")
-        worker = deployment.start("worker", ATTACHE_FAULT="after_object_write")
+        worker = deployment.start("worker", ATTACHE_FAULT=fault)
         attachment_id = deployment.upload(data_file(PHOTO)).json()["id"]
         assert worker.wait_dead(timeout=60) != 0
         with engine.connect() as conn:
-            assert conn.execute(select(func.count()).select_from(variants)).scalar() == 0
-        written = [p for p in (storage_dir / "attachments").rglob("*") if p.is_file()]
-        assert len(written) == len(pipeline.get(1).variants), "every object written before the worker died"
+            recorded = conn.execute(select(func.count()).select_from(variants)).scalar()
+            state = conn.execute(select(jobs.c.state)).scalar_one()
+        staging = storage_dir / pipeline.staging_key(uuid.UUID(attachment_id))
+        if fault == "after_object_write":
+            assert (recorded, state) == (0, "processing")
+            written = [p for p in (storage_dir / "attachments").rglob("*") if p.is_file()]
+            assert len(written) == len(pipeline.get(1).variants), "every object written before the worker died"
+        else:
+            assert (recorded, state) == (len(pipeline.get(1).variants), "ready")
+            assert staging.exists(), "the worker died before it removed staging"
         deployment.start("worker")
         assert deployment.wait_state(attachment_id)["state"] == "ready"
+        wait_for(lambda: not staging.exists(), timeout=30, message="the redelivered inspect to verify, then clean")
         assert_invariants(engine, storage_dir, [attachment_id])
+        if fault == "after_result_commit":
+            with engine.connect() as conn:
+                assert conn.execute(select(jobs.c.attempt)).scalar_one() == 1, "no new attempt for finished work"
     finally:
         deployment.stop_all()
 

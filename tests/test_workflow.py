@@ -276,14 +276,14 @@ def recorded_variants(engine, job_id):
                                  .where(variants.c.job_id == job_id)).all())
 
 
-def test_a_small_image_is_made_by_inspect_and_published_next(env, engine, data_file, storage_dir):
-    """Two steps, not one per variant: the objects and rows are the ones the render steps make."""
+def test_a_small_image_is_made_and_published_by_inspect(env, engine, data_file, storage_dir):
+    """One step, not one per variant and a publish: the objects and rows are the ones the render steps make."""
     services = small_image_services(env, ATTACHE_PIPELINE_VERSION="2")
     per_variant = Services(Settings.from_env({**env, "ATTACHE_PIPELINE_VERSION": "2",
                                               "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
     try:
         small = upload(services, data_file("photos/chelsea.jpg"))  # 451x300
-        assert run(Workflow(services), engine, small.job_id) == ["inspected", "ready"]
+        assert run(Workflow(services), engine, small.job_id) == ["ready"]
         apart = upload(per_variant, data_file("photos/chelsea.jpg"))
         assert run(Workflow(per_variant), engine, apart.job_id).count("rendered") == 5
         inline, rendered = recorded_variants(engine, small.job_id), recorded_variants(engine, apart.job_id)
@@ -315,7 +315,7 @@ def test_by_default_a_12_mp_photo_is_made_in_one_step_too(env, engine, data_file
     try:
         assert services.settings.one_step_max_pixels >= services.settings.max_pixels
         accepted = upload(services, data_file("photos/rocket_12mp_4241x2830.jpg"))
-        assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+        assert run(Workflow(services), engine, accepted.job_id) == ["ready"]
         assert set(recorded_variants(engine, accepted.job_id)) == set(pipeline.get(2).variants)
     finally:
         services.engine.dispose()
@@ -341,7 +341,7 @@ def test_an_inspect_that_lost_its_lease_while_making_variants_records_none(env, 
         assert outcome.status == "stale" and "unreferenced" in outcome.detail
         assert recorded_variants(engine, accepted.job_id) == {}
         monkeypatch.setattr(Workflow, "_make_object", make)
-        assert run(workflow, engine, accepted.job_id) == ["inspected", "ready"]
+        assert run(workflow, engine, accepted.job_id) == ["ready"]
         row = job(engine, accepted.job_id)
         assert (row.state, row.attempt) == ("ready", 2)
     finally:
@@ -363,14 +363,13 @@ def test_a_redelivered_inspect_makes_only_what_is_not_recorded_and_late_renders_
                 Workflow(per_variant).handle(payload, step="render")
         before = recorded_variants(engine, accepted.job_id)
         outcome = Workflow(services).handle(inspect, step="inspect")  # redelivered to this deployment
-        assert outcome.status == "inspected" and outcome.detail.startswith("2 variant(s) made")
+        assert outcome.status == "ready" and outcome.detail.startswith("2 variant(s) made")
         after = recorded_variants(engine, accepted.job_id)
         assert set(after) == set(pipeline.get(1).variants) and all(after[k] == v for k, v in before.items())
         late = [Workflow(services).handle(p, step="render").status for p in renders
                 if p["variant"] not in ("original", "thumbnail")]
-        assert late == ["already_rendered", "already_rendered"]
-        publishes = run(Workflow(services), engine, accepted.job_id)  # inspect's and each late render's
-        assert publishes.count("ready") == 1 and set(publishes) == {"ready", "already_ready"}
+        assert late == ["already_ready", "already_ready"]
+        assert run(Workflow(services), engine, accepted.job_id) == [], "inspect published; the late renders nothing"
         with engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(variants)
                                 .where(variants.c.job_id == accepted.job_id)).scalar() == 4, "one row per variant"
@@ -427,7 +426,7 @@ def test_an_inline_render_that_cannot_write_backs_off_as_a_render_does(env, engi
         assert _due_in(engine, accepted.job_id) >= render_policy.initial_interval * (1 - render_policy.jitter) - 0.05
         blocker.unlink()
         _heal(engine, accepted.job_id)
-        assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+        assert run(Workflow(services), engine, accepted.job_id) == ["ready"]
     finally:
         services.engine.dispose()
 
@@ -448,8 +447,8 @@ def test_an_inline_render_failing_keeps_what_the_other_variants_made(env, engine
         _heal(engine, accepted.job_id)
         [retry] = take_messages(engine, accepted.job_id)
         outcome = Workflow(services).handle(retry, step="inspect")
-        assert outcome.status == "inspected" and outcome.detail.startswith("3 variant(s) made"), outcome
-        assert run(Workflow(services), engine, accepted.job_id) == ["ready"]
+        assert outcome.status == "ready" and outcome.detail.startswith("3 variant(s) made"), outcome
+        assert run(Workflow(services), engine, accepted.job_id) == []
     finally:
         services.engine.dispose()
 
@@ -489,7 +488,7 @@ def test_a_small_image_on_s3_is_made_by_inspect_from_one_download(env, engine, d
         try:
             services.storage.ensure_bucket()
             accepted = upload(services, data_file("photos/chelsea.jpg"))
-            assert run(Workflow(services), engine, accepted.job_id) == ["inspected", "ready"]
+            assert run(Workflow(services), engine, accepted.job_id) == ["ready"]
             made = recorded_variants(engine, accepted.job_id)
             assert set(made) == set(pipeline.get(2).variants)
             assert all(services.storage.stat(key) is not None for key in made.values())
@@ -501,7 +500,8 @@ def test_a_small_image_on_s3_is_made_by_inspect_from_one_download(env, engine, d
 def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_staging(env, engine, data_file,
                                                                                        storage_dir, monkeypatch):
     """Both versions of a small image: v2's inspect read where the original is (staging) before v1 published the
-    kept one; v1's publish in the middle of v2's renders must leave staging for them, and v2's publish removes it."""
+    kept one; v1's inspect publishing in the middle of v2's renders must leave staging for them, and v2's inspect,
+    the last one out, removes it."""
     import threading
 
     services = small_image_services(env)
@@ -510,8 +510,6 @@ def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_s
         accepted = upload(services, data_file("photos/chelsea.jpg"))
         workflow = Workflow(services)
         [v1_inspect] = take_messages(engine, accepted.job_id)
-        assert workflow.handle(v1_inspect, step="inspect").status == "inspected"
-        [v1_publish] = take_messages(engine, accepted.job_id)
         with engine.begin() as conn:
             v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
                                           max_attempts=3, traceparent=v1_inspect["traceparent"], tracestate=None,
@@ -521,17 +519,17 @@ def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_s
         make, published, once = Workflow._make_object, [], threading.Lock()
 
         def v1_publishes_meanwhile(self, attachment, version, variant, path):
-            with once:  # the first of v2's renders, on either thread
-                if not published:
-                    published.append(workflow.handle(v1_publish, step="publish").status)
+            if version.version == 2:
+                with once:  # the first of v2's renders, on either thread
+                    if not published:
+                        published.append(workflow.handle(v1_inspect, step="inspect").status)
+                        published.append((storage_dir / pipeline.staging_key(accepted.attachment_id)).exists())
             return make(self, attachment, version, variant, path)
 
         monkeypatch.setattr(Workflow, "_make_object", v1_publishes_meanwhile)
-        assert Workflow(v2_services).handle(v2_inspect, step="inspect").status == "inspected"
-        assert published == ["ready"]
-        assert (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "v2 was reading it"
-        monkeypatch.setattr(Workflow, "_make_object", make)
-        assert run(Workflow(v2_services), engine, v2_job) == ["ready"]
+        assert Workflow(v2_services).handle(v2_inspect, step="inspect").status == "ready"
+        assert published == ["ready", True], "v1 published, and left staging: v2 was reading it"
+        assert job(engine, accepted.job_id).state == job(engine, v2_job).state == "ready"
         assert set(recorded_variants(engine, v2_job)) == set(pipeline.get(2).variants)
         assert not (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "the last one out"
     finally:

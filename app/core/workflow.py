@@ -15,9 +15,10 @@ Idempotency, per step:
   redelivery), re-checks the staged original's header and announces the
   render messages for every variant not yet recorded, or the publish
   message when all are: a recovered job resumes at its first unfinished
-  step. An image of at most ``ATTACHE_ONE_STEP_MAX_PIXELS`` has those
-  variants made by inspect itself, recorded as the render steps would
-  record them, and publish announced at once.
+  step. An image of at most ``ATTACHE_ONE_STEP_MAX_PIXELS`` (by default
+  every image) has those variants made by inspect itself, recorded as the
+  render steps would record them, and is published by inspect's outcome
+  transaction, as the publish step would publish it.
 * A step holds the job's lease while it runs (a heartbeat renews it) and
   hands off when it has committed its outcome: the job then waits for the
   next message with no owner, which never expires, so messages waiting
@@ -268,18 +269,27 @@ class Workflow:
             faults.point("after_object_write")
         if failed is not None and not made:
             return self._render_failed(job.id, attempt, failed, lease)
+        published = False
         with self.services.unit_of_work.begin() as work:
             if states.fence(work.conn, job.id, attempt, lease, take=False) is None:
                 return Outcome("stale", "lease lost during inspect" + (
                     "; the objects it made stay unreferenced" if made else ""))
             self._record_variants(work.conn, job, attempt, made)
-            if failed is None:
+            if failed is None and one_step:  # every variant is recorded: published here, as the publish step would
+                published = states.publish_ready(work.conn, job.id, attempt, version.variants, lease.owner)
+            if published:
+                outcome = self._ran(work.conn, Outcome(JobState.READY, f"{len(made)} variant(s) made, "
+                                                       f"{len(version.variants)} published"))
+            elif failed is None:
                 announced = self._announce_next(work.conn, job, attempt)
                 self._hand_off(work.conn, job.id, attempt, lease)
                 outcome = self._ran(work.conn, Outcome("inspected", (f"{len(made)} variant(s) made, " if made else "")
                                                        + f"{len(announced)} message(s) announced"))
         if failed is not None:  # what was made stays recorded, as each render step's would: the retry makes the rest
             return self._render_failed(job.id, attempt, failed, lease)
+        if published:
+            faults.point("after_result_commit")
+            self._release_staging(job, attachment)
         return outcome
 
     def _render_failed(self, job_id, attempt: int, error: Exception, lease: states.Lease) -> Outcome:
@@ -295,7 +305,8 @@ class Workflow:
 
         Every variant not yet recorded is made in this step, from the
         original it already holds, and recorded in its outcome's
-        transaction; publish is then announced at once. A step's own cost
+        transaction, which also publishes the job (``states.publish_ready``,
+        as the publish step does). A step's own cost
         (two transactions, a message, a hand-off) is several times the
         render of a small image's variant; and a large image's variants of
         one size (v2's ``optimized`` and ``webp``) are made from one decode
@@ -346,11 +357,15 @@ class Workflow:
             attachment = self._attachment(conn, job.attachment_id)
             outcome = self._ran(conn, Outcome(JobState.READY, f"{len(version.variants)} variants published"))
         faults.point("after_result_commit")
+        self._release_staging(job, attachment)
+        return outcome
+
+    def _release_staging(self, job, attachment) -> None:
+        """After the ready COMMIT: staging is removed, unless another job of the attachment is unfinished."""
         with transaction(self.services.engine) as conn:  # a fresh look, after the COMMIT (see another_unfinished)
             keep_staging = states.another_unfinished(conn, job.attachment_id, job.id)
         if not keep_staging:
             self.services.storage.delete(attachment.staging_key)
-        return outcome
 
     # --- ready: verify, never redo -------------------------------------------
 

@@ -38,10 +38,10 @@ and of a PNG or WebP: 31 against 7 ms on 2048x1415 to 1367 rows, the
 pixels copied to libvips and back included. The pixels are 55-56 dB from
 Pillow's (a photo, noise); encoded, the sharp test images' large copies
 are 37-43 dB from the reference's, noise the lowest, as the whole-image
-path's are 36-41. It costs a copy of the
-horizontal pass's rows while they are alive (priced by
-:mod:`~app.adapters.imaging.budget`). The horizontal pass is not taken
-over the same way: libvips would need a copy of the whole decoded image.
+path's are 36-41. It costs a copy of the horizontal pass's rows while they
+are alive (priced by :mod:`~app.adapters.imaging.budget`). The horizontal
+pass is not taken over the same way: libvips would need a copy of the
+whole decoded image.
 
 The passes run in Pillow's order, horizontal then vertical. libvips's own
 ``resize`` runs vertical first, which differs from Pillow by 34.8 dB on a
@@ -72,9 +72,9 @@ returns ``None``, and Pillow decodes the file and refuses or renders it
 itself. A corrupt file is then decoded twice; a good one never is.
 
 The file is streamed to libvips from a descriptor of its own on the same
-file (:func:`_source`), up to where libjpeg stops: trailing data (an MPO's second frame, a gain map,
-garbage) is not read, and no copy of the file is made (pyvips would copy a
-``bytes`` buffer once more).
+file (:func:`_source`), up to where libjpeg stops: trailing data (an MPO's
+second frame, a gain map, garbage) is not read, and no copy of the file is
+made (pyvips would copy a ``bytes`` buffer once more).
 pyvips is imported on first use, so only the worker loads libvips, with the
 operation cache off: every image is decoded once.
 """
