@@ -262,6 +262,31 @@ def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     assert over == []
 
 
+def test_measured_peak_of_a_vertical_pass_made_by_libvips_stays_under_the_estimate(tmp_path) -> None:
+    """The large copy of a 7900x7900 RGB PNG (62 MP, under the default ATTACHE_MAX_PIXELS): its region spans every
+    row, so libvips makes the vertical pass (libvips.resize) on a copy of the horizontal pass's rows, at the
+    largest vertical ratio that pass takes (just under 2 * REDUCING_GAP)."""
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    grey = Image.linear_gradient("L").resize((7900, 7900))
+    rgb = Image.merge("RGB", (grey, grey.transpose(Image.Transpose.FLIP_LEFT_RIGHT), grey.rotate(180)))
+    rgb.save(tmp_path / "rgb_7900.png", compress_level=1)
+    del grey, rgb
+    measure = MEASURE.replace("specs = [*distinct.values(), VariantSpec(\"avif\", \"bounded\", 2048, 2048, output=\"avif\")]",
+                              "specs = [VariantSpec(\"optimized\", \"bounded\", 2048, 2048)]")
+    assert measure != MEASURE
+    warm = [DATA / "pillow" / name for name in ("hopper.jpg", "i_trns.png")]
+    done = subprocess.run(
+        [sys.executable, "-c", measure, json.dumps([str(tmp_path / "rgb_7900.png")]), *map(str, warm)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )
+    assert done.returncode == 0, done.stderr
+    over = [f"{Path(path).name} {spec}: measured {used / MB:.1f} MB > priced {priced / MB:.1f} MB"
+            for path, spec, used, priced in json.loads(done.stdout) if used > priced]
+    assert over == []
+
+
 # --- through the web and the worker -------------------------------------------
 
 
