@@ -529,8 +529,12 @@ def test_the_vertical_pass_of_the_other_large_copies_is_libvips_s(monkeypatch, t
         assert (out.width, out.height) == (by_libvips[1] if by_libvips else (out.width, out.height))
 
 
-def test_libvips_reads_the_same_bytes_without_proc(monkeypatch) -> None:
-    """Where ``/proc/self/fd`` cannot be opened, Python reads the file for libvips: the same bytes come out."""
+@pytest.mark.parametrize("refused", ["no /proc", "no descriptor for libvips"])
+def test_libvips_reads_the_same_bytes_without_a_descriptor_of_its_own(monkeypatch, refused) -> None:
+    """Where ``/proc/self/fd`` cannot be opened, or libvips cannot take the descriptor (the process's limit of open
+    files), Python reads the file for libvips: the same bytes come out."""
+    import pyvips
+
     path, spec = path_of("photos/astronaut_12mp_3464x3464.jpg"), PIPELINE_V1_SPECS["optimized"]
     spy = LoadSpy(monkeypatch)
     SHARED.clear()
@@ -542,7 +546,13 @@ def test_libvips_reads_the_same_bytes_without_proc(monkeypatch) -> None:
             raise FileNotFoundError(name)
         return opened(name, *args, **kwargs)
 
-    monkeypatch.setattr(os, "open", no_proc)
+    def no_descriptor(descriptor):
+        raise pyvips.Error("unable to dup descriptor")
+
+    if refused == "no /proc":
+        monkeypatch.setattr(os, "open", no_proc)
+    else:
+        monkeypatch.setattr(pyvips.Source, "new_from_descriptor", staticmethod(no_descriptor))
     SHARED.clear()
     assert render(path, spec, LIMITS).data == own
     assert spy.by_libvips == [(3464, 3464)] * 2

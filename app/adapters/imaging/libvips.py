@@ -271,8 +271,8 @@ def _source(vips, fd: int):
     """A libvips source reading the file of *fd* at offsets of its own.
 
     The file is opened again through ``/proc/self/fd`` (the same inode, whatever its path has become): libvips
-    reads that descriptor itself. Where there is no ``/proc``, Python reads for libvips (``pread`` callbacks),
-    which costs some 7 ms more on a 12 MP photo.
+    reads that descriptor itself. Where there is no ``/proc``, or libvips cannot take the descriptor, Python
+    reads for libvips (``pread`` callbacks), which costs some 7 ms more on a 12 MP photo.
     """
     try:
         own = os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
@@ -280,6 +280,8 @@ def _source(vips, fd: int):
         return _pread_source(vips, fd)
     try:
         return vips.Source.new_from_descriptor(own)  # libvips reads a duplicate of it
+    except vips.Error:  # it could not duplicate the descriptor (the process's limit of open files)
+        return _pread_source(vips, fd)
     finally:
         os.close(own)
 
