@@ -264,10 +264,14 @@ def test_a_message_naming_an_unregistered_version_is_poison_and_leaves_the_job_a
 # --- a small image: inspect makes its variants ----------------------------------------------------------------
 
 
-def small_image_services(env, **extra):
-    return Services(Settings.from_env({**env, "ATTACHE_ONE_STEP_MAX_PIXELS": str(1024 * 1024),
-                                       "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+def offline_services(env, **extra):
+    """Services whose broker is unreachable: the steps' messages stay in the outbox for ``run`` to deliver."""
+    return Services(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
                                        "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5", **extra}))
+
+
+def small_image_services(env, **extra):
+    return offline_services(env, **{"ATTACHE_ONE_STEP_MAX_PIXELS": str(1024 * 1024), **extra})
 
 
 def recorded_variants(engine, job_id):
@@ -309,9 +313,7 @@ def test_by_default_a_12_mp_photo_is_made_in_one_step_too(env, engine, data_file
     """The default takes every image the default limits accept: v2's ``optimized`` and ``webp`` of a large photo
     come from one decode in one process, which separate render messages do not ensure."""
     defaults = {key: value for key, value in env.items() if key != "ATTACHE_ONE_STEP_MAX_PIXELS"}
-    services = Services(Settings.from_env({**defaults, "ATTACHE_PIPELINE_VERSION": "2",
-                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
-                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+    services = offline_services(defaults, ATTACHE_PIPELINE_VERSION="2")
     try:
         assert services.settings.one_step_max_pixels >= services.settings.max_pixels
         accepted = upload(services, data_file("photos/rocket_12mp_4241x2830.jpg"))
@@ -319,6 +321,7 @@ def test_by_default_a_12_mp_photo_is_made_in_one_step_too(env, engine, data_file
         assert set(recorded_variants(engine, accepted.job_id)) == set(pipeline.get(2).variants)
     finally:
         services.engine.dispose()
+
 
 def test_an_inspect_that_lost_its_lease_while_making_variants_records_none(env, engine, data_file, monkeypatch):
     """Its objects stay unreferenced (the object GC's); the attempt holding the job makes and records them."""
