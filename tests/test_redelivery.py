@@ -36,8 +36,13 @@ def deployment(env, tmp_path):
 
 
 def publish_raw(services, payload, *, actor="inspect", queue="attache.inspect"):
+    """Publish a message as is, with a confirm; published again while RabbitMQ nacks it, as the outbox relay would.
+
+    The quorum queue may have been declared a moment ago by the processes starting beside the test, and a queue
+    whose Raft member is not yet running nacks a publish (seen once in CI, on this very first publish).
+    """
     message = Message(queue_name=queue, actor_name=actor, args=(payload,), kwargs={}, options={})
-    services.broker.enqueue(message)
+    wait_for(lambda: services.broker.enqueue(message), timeout=15, message="RabbitMQ to confirm the publish")
     return message.message_id
 
 
