@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dramatiq
 
+from app.adapters.imaging.malloc_arenas import cap_malloc_arenas
 from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.errors import NOT_RETRYABLE
 from app.observability import logs
 from app.services import Services, settings_or_exit
 
+cap_malloc_arenas()  # before the worker's threads start: pixel buffers are reused, not faulted in again
 settings = settings_or_exit("worker")
 logs.configure("worker")
 

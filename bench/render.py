@@ -91,6 +91,8 @@ JOB = r"""
 import json, re, sys, threading, time
 from pathlib import Path
 import app.core.workflow  # what a worker process has loaded before its first job
+from app.adapters.imaging.malloc_arenas import cap_malloc_arenas
+cap_malloc_arenas()  # as the worker does (actors), before its threads start
 from app.core import pipeline
 from app.errors import PermanentError
 from app.adapters.imaging import Limits, probe, render
