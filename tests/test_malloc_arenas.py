@@ -40,6 +40,8 @@ with tempfile.NamedTemporaryFile("r") as out:
 
 
 def arenas_after_eight_threads(mode: str, env: dict[str, str] | None = None) -> int:
+    """In a new process whose environment sets no ``MALLOC_ARENA_MAX`` (which would decide instead)."""
+    env = {key: value for key, value in (env or os.environ).items() if key != "MALLOC_ARENA_MAX"}
     done = subprocess.run([sys.executable, "-c", ARENAS_AFTER_EIGHT_THREADS, mode], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
