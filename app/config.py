@@ -92,13 +92,13 @@ def setting(env: str, default: Any, parse: Callable[[str, str], Any], doc: str) 
     return field(default=default, metadata={"env": env, "parse": parse, "doc": doc})
 
 
-
 #: settings that were renamed, and what to set instead: a deployment that still sets one does not start (its
 #: value would otherwise be ignored without a word)
 RENAMED = {
     "ATTACHE_SMALL_IMAGE_PIXELS": "it is ATTACHE_ONE_STEP_MAX_PIXELS, whose default is now every image (0 still "
                                   "gives every image a render message per variant)",
 }
+
 
 @dataclass(frozen=True)
 class Settings:

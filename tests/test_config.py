@@ -41,13 +41,13 @@ def test_bad_setting_names_the_variable(variable, value):
     assert variable in str(info.value)
 
 
-
 def test_a_renamed_setting_stops_the_process_and_names_its_new_name():
     """ATTACHE_SMALL_IMAGE_PIXELS=0 meant "a render message per variant": ignored, every image would be made in one
     step without a word."""
     with pytest.raises(ConfigError) as info:
         Settings.from_env({"ATTACHE_SMALL_IMAGE_PIXELS": "0"})
     assert "ATTACHE_SMALL_IMAGE_PIXELS" in str(info.value) and "ATTACHE_ONE_STEP_MAX_PIXELS" in str(info.value)
+
 
 def test_every_setting_is_documented():
     from app.config import markdown_table

@@ -231,6 +231,19 @@ def _can_reset_peak() -> bool:
         return False
 
 
+def _measured_over_priced(measure: str, files: list[Path], warm: list[Path]) -> list[str]:
+    """Run ``measure`` on ``files`` in a fresh process (``warm`` loads the decoders first); each render whose
+    measured peak exceeded its price."""
+    done = subprocess.run(
+        [sys.executable, "-c", measure, json.dumps([str(f) for f in files]), *map(str, warm)],
+        cwd=REPO, capture_output=True, text=True, timeout=600,
+        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
+    )
+    assert done.returncode == 0, done.stderr
+    return [f"{Path(path).name} {spec}: measured {used / MB:.1f} MB > priced {priced / MB:.1f} MB"
+            for path, spec, used, priced in json.loads(done.stdout) if used > priced]
+
+
 def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     if not _can_reset_peak():
         pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
@@ -251,15 +264,7 @@ def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     files += [tmp_path / name for name in ("rgba.webp", "grey16.png", "progressive444.jpg", "grid.heic", "rgba.avif")]
     warm = [DATA / "pillow" / name for name in ("hopper.jpg", "hopper.gif", "hopper.webp", "i_trns.png",
                                                 "avif_hopper.avif", "avif_hopper.heif")]
-    done = subprocess.run(
-        [sys.executable, "-c", MEASURE, json.dumps([str(f) for f in files]), *map(str, warm)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
-    )
-    assert done.returncode == 0, done.stderr
-    over = [f"{Path(path).name} {spec}: measured {used / MB:.1f} MB > priced {priced / MB:.1f} MB"
-            for path, spec, used, priced in json.loads(done.stdout) if used > priced]
-    assert over == []
+    assert _measured_over_priced(MEASURE, files, warm) == []
 
 
 def test_measured_peak_of_a_vertical_pass_made_by_libvips_stays_under_the_estimate(tmp_path) -> None:
@@ -276,15 +281,7 @@ def test_measured_peak_of_a_vertical_pass_made_by_libvips_stays_under_the_estima
                               "specs = [VariantSpec(\"optimized\", \"bounded\", 2048, 2048)]")
     assert measure != MEASURE
     warm = [DATA / "pillow" / name for name in ("hopper.jpg", "i_trns.png")]
-    done = subprocess.run(
-        [sys.executable, "-c", measure, json.dumps([str(tmp_path / "rgb_7900.png")]), *map(str, warm)],
-        cwd=REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "MALLOC_MMAP_THRESHOLD_": "131072"},
-    )
-    assert done.returncode == 0, done.stderr
-    over = [f"{Path(path).name} {spec}: measured {used / MB:.1f} MB > priced {priced / MB:.1f} MB"
-            for path, spec, used, priced in json.loads(done.stdout) if used > priced]
-    assert over == []
+    assert _measured_over_priced(measure, [tmp_path / "rgb_7900.png"], warm) == []
 
 
 # --- through the web and the worker -------------------------------------------
