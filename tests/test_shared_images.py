@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 
 import pytest
 from PIL import Image
 
-from app.adapters.imaging import Limits, render
+from app.adapters.imaging import Limits, budget, render
 from app.adapters.imaging.shared import SHARED, SharedImages
 from app.core import pipeline
 from app.errors import CorruptImage
@@ -16,6 +17,13 @@ from tests.test_imaging import LoadSpy, path_of
 
 LIMITS = Limits()
 V2 = pipeline.get(2).specs
+
+
+def _wait_until(condition, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
 
 
 def test_v2_optimized_and_webp_decode_the_original_once(monkeypatch) -> None:
@@ -49,7 +57,6 @@ def test_the_same_pixels_under_another_name_are_shared_and_other_pixels_are_not(
     assert render(other, V2["crop"], LIMITS) != first and len(spy.calls) == 2
 
 
-
 def test_the_digest_the_worker_knows_keys_the_pixels_and_the_file_is_not_hashed(monkeypatch) -> None:
     """The worker passes the attachment's SHA-256 (taken at upload): the file is not read to hash it again."""
     renderer = sys.modules["app.adapters.imaging.render"]
@@ -64,6 +71,7 @@ def test_the_digest_the_worker_knows_keys_the_pixels_and_the_file_is_not_hashed(
     assert hashed == [] and len(spy.calls) == 1
     assert render(path, V2["optimized"], LIMITS) == jpeg and len(spy.calls) == 1  # hashed: the same key
     assert hashed == [path]
+
 
 def test_concurrent_renders_of_one_geometry_decode_once(monkeypatch) -> None:
     spy = LoadSpy(monkeypatch)
@@ -119,3 +127,63 @@ def test_the_kept_images_stay_under_their_capacity() -> None:
     assert shared.get_or_make(2, lambda: pytest.fail("evicted too early")).size == (100, 100)
     shared.get_or_make(5, lambda: Image.new("RGB", (100, 100)))
     assert list(shared._entries) == [4, 2, 5]  # least recently used went first
+
+
+def test_a_waiting_render_gets_the_image_made_for_it_even_when_the_lru_did_not_keep_it() -> None:
+    """With several jobs at once, other renders' images pushed a made image out before its waiter woke: made twice."""
+    shared = SharedImages(capacity_bytes=0)  # keeps nothing, as if pushed out at once
+    started, release = threading.Event(), threading.Event()
+    makes = []
+
+    def slow():
+        makes.append("first")
+        started.set()
+        release.wait(5)
+        return Image.new("L", (4, 4))
+
+    got = []
+    first = threading.Thread(target=lambda: got.append(shared.get_or_make("key", slow)))
+    first.start()
+    started.wait(5)
+    second = threading.Thread(target=lambda: got.append(shared.get_or_make("key", lambda: makes.append("again"))))
+    second.start()
+    _wait_until(lambda: shared._making["key"].waiters == 1)
+    release.set()
+    first.join(5)
+    second.join(5)
+    assert makes == ["first"] and len(got) == 2 and got[0] is got[1]
+    assert "key" not in shared._entries
+
+
+def test_a_render_of_pixels_already_made_reserves_only_its_encoding(monkeypatch) -> None:
+    """v2's webp made the 2048 px pixels; optimized, which shares them, need not wait for a whole decode's budget."""
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    spec = V2["optimized"]
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "JPEG", fp, spec)
+    assert price.output < price.total
+    limits = Limits(max_decode_bytes=price.total + price.output)
+    SHARED.clear()
+    render(path, V2["webp"], limits)  # the pixels are made and kept
+    spy = LoadSpy(monkeypatch)
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_budget():
+        with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
+            reserve(price.total)  # another render's decode: what is left is an encoding's price
+            held.set()
+            release.wait(30)
+
+    holder = threading.Thread(target=hold_the_budget)
+    holder.start()
+    try:
+        held.wait(5)
+        results = []
+        encoder = threading.Thread(target=lambda: results.append(render(path, spec, limits)))
+        encoder.start()
+        encoder.join(30)
+        assert results and results[0].width == 2048, "waited for a decode's budget it does not need"
+    finally:
+        release.set()
+        holder.join(5)
+    assert spy.calls == [] and budget.RESERVATIONS.in_use == 0

@@ -159,6 +159,11 @@ class Estimate:
     mode: str
     parts: tuple[tuple[str, int], ...]
 
+    @property
+    def output(self) -> int:
+        """The output phase alone: what encoding pixels already made (shared) costs."""
+        return dict(self.parts)["output"] + FIXED_BYTES
+
     def describe(self) -> str:
         shown = ", ".join(f"{name} {value / MIB:.0f} MB" for name, value in self.parts)
         return f"about {self.total / MIB:.0f} MB at the peak ({shown})"

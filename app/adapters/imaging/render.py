@@ -7,7 +7,8 @@ Pipeline, and why it is in this order:
    :mod:`app.adapters.imaging.budget`) are enforced from the header before a single
    pixel is decoded. The price is then reserved from the process's budget
    (:data:`~app.adapters.imaging.budget.RESERVATIONS`), waiting while other threads'
-   renders hold it, and given back when the derivative is encoded.
+   renders hold it, and given back when the derivative is encoded; a render whose
+   pixels are shared (:mod:`app.adapters.imaging.shared`) reserves only its encoding's.
 2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
    to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
    choosing the largest reduction that still leaves at least the size the
@@ -152,10 +153,21 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
         pixel data cannot be decoded (truncated file, decoder error).
     """
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
-        with open_checked(path, limits, spec) as (img, family, priced):
+        made_here = False
+
+        def make() -> Image.Image:
+            nonlocal made_here
+            made_here = True
             reserve(priced.total)  # waits while other threads' renders hold the budget
+            return _upright(img, family, spec)
+
+        with open_checked(path, limits, spec) as (img, family, priced):
             key = (sha256 or content_key(path), *_geometry_key(spec))
-            work = SHARED.get_or_make(key, lambda: _upright(img, family, spec))
+            # pixels kept or being made by another render are not made, nor priced, again: a render that
+            # waited in the budget's queue for a whole decode found them gone from the LRU (several jobs)
+            work = SHARED.get_or_make(key, make)
+        if not made_here:
+            reserve(priced.output)
         # the reservation covers the encoder too; the encoder gets an Image of its own over the shared pixels, which
         # encoding reads and never writes (its attributes, encoderinfo among them, are the encoding's own)
         return _encode(work._new(work.im), spec)

@@ -45,6 +45,15 @@ def image_bytes(img: Image.Image) -> int:
     return img.width * img.height * (1 if img.mode in ("L", "P", "1") else 4)
 
 
+class _Flight:
+    """One image being made: those waiting for it get it from here, kept in the LRU or not."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.image: Image.Image | None = None
+        self.waiters = 0
+
+
 class SharedImages:
     """A small LRU of images with single-flight making (see the module doc)."""
 
@@ -52,36 +61,38 @@ class SharedImages:
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
         self._entries: OrderedDict[Hashable, Image.Image] = OrderedDict()
-        self._making: dict[Hashable, threading.Event] = {}
+        self._making: dict[Hashable, _Flight] = {}
 
     def get_or_make(self, key: Hashable, make: Callable[[], Image.Image]) -> Image.Image:
         """The image for *key*: kept, being made by another thread (waited for), or made here.
 
-        If the thread making it fails, a waiting one makes it itself (and
-        meets the same error).
+        A thread that waited gets the image made for it even when the LRU
+        did not keep it (too large, or pushed out by other renders' images
+        in the meantime, as happens with several jobs at once). If the
+        thread making it fails, a waiting one makes it itself (and meets
+        the same error).
         """
         while True:
             with self._lock:
                 if key in self._entries:
                     self._entries.move_to_end(key)
                     return self._entries[key]
-                made = self._making.get(key)
-                if made is None:
-                    made = self._making[key] = threading.Event()
+                flight = self._making.get(key)
+                if flight is None:
+                    flight = self._making[key] = _Flight()
                     break
-            made.wait()
-            with self._lock:
-                if key not in self._entries and key not in self._making:
-                    made = self._making[key] = threading.Event()
-                    break
+                flight.waiters += 1
+            flight.done.wait()
+            if flight.image is not None:
+                return flight.image
         try:
-            image = make()
-            self._keep(key, image)
-            return image
+            flight.image = make()
+            self._keep(key, flight.image)
+            return flight.image
         finally:
             with self._lock:
                 del self._making[key]
-            made.set()
+            flight.done.set()
 
     def _keep(self, key: Hashable, image: Image.Image) -> None:
         size = image_bytes(image)
