@@ -12,8 +12,9 @@
 
 One table at the end gives every figure, its reference, the ratio, the
 target of issue 11 and whether it is met; ``docs/performance.md`` records
-a run. It took 116-127 s on an idle 2-core machine (loaded ones: 6-8
-minutes). With
+a run. It took 221-230 s on an idle 2-core machine (the third session
+of 2026-12-02), every end-to-end figure having a raw loop just before
+and just after it; loaded machines take minutes more. With
 ``ATTACHE_BENCH_EXTRA=1`` it also prints the memory budget on hostile files
 and the sweep benchmark over a million variant rows (:mod:`bench.sweeps`),
 which take several minutes more.
