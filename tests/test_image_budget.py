@@ -371,7 +371,9 @@ def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None
     limits = Limits(max_decode_bytes=int(price * 2.5))
     budget.RESERVATIONS.peak = 0
     results: list[object] = []
-    threads = [threading.Thread(target=lambda: results.append(render(path, spec, limits))) for _ in range(4)]
+    # four originals as far as the shared pixels know (app/adapters/imaging/shared.py): each render makes its own
+    threads = [threading.Thread(target=lambda n=n: results.append(render(path, spec, limits, sha256=f"photo-{n}")))
+               for n in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:

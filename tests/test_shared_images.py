@@ -175,6 +175,7 @@ def test_a_render_of_pixels_already_made_reserves_only_its_encoding(monkeypatch)
             release.wait(30)
 
     holder = threading.Thread(target=hold_the_budget)
+    budget.RESERVATIONS.peak = 0
     holder.start()
     try:
         held.wait(5)
@@ -187,3 +188,77 @@ def test_a_render_of_pixels_already_made_reserves_only_its_encoding(monkeypatch)
         release.set()
         holder.join(5)
     assert spy.calls == [] and budget.RESERVATIONS.in_use == 0
+    assert budget.RESERVATIONS.peak == price.total + price.output  # the encoding was priced, and only it
+
+
+def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_price(monkeypatch) -> None:
+    """It reserved the encoding's price to share pixels being made; their make failed, so it makes them itself and
+    gives that part back before waiting for the whole price (the budget is one render's price: holding on to the
+    part would wait for ever)."""
+    renderer = sys.modules["app.adapters.imaging.render"]
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
+    limits = Limits(max_decode_bytes=price.total)
+    SHARED.clear()
+    upright, making = renderer._upright, threading.Event()
+
+    def fails_once_the_other_waits(img, family, spec):
+        if threading.current_thread().name != "first":
+            return upright(img, family, spec)
+        making.set()
+        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)  # the other waits for its encoding's price
+        raise CorruptImage("image data cannot be decoded")
+
+    monkeypatch.setattr(renderer, "_upright", fails_once_the_other_waits)
+    errors, results = [], []
+
+    def first():
+        try:
+            render(path, V2["optimized"], limits)
+        except CorruptImage as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=first, name="first"),
+               threading.Thread(target=lambda: results.append(render(path, V2["optimized"], limits)), name="second")]
+    threads[0].start()
+    assert making.wait(5)
+    threads[1].start()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads), "waited for ever for the budget it held part of"
+    assert len(errors) == 1 and results[0].width == 2048
+    assert budget.RESERVATIONS.in_use == 0
+
+
+def test_a_render_waiting_for_pixels_being_made_has_reserved_its_encoding_first(monkeypatch) -> None:
+    """Pixels taken before the reservation could wait in the budget's line priced by no one (the LRU may have let
+    them go): the encoding's price is reserved before the render waits for the pixels or takes them."""
+    renderer = sys.modules["app.adapters.imaging.render"]
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
+    limits = Limits(max_decode_bytes=price.total + price.output)
+    SHARED.clear()
+    upright, making, release = renderer._upright, threading.Event(), threading.Event()
+
+    def held_back(img, family, spec):
+        making.set()
+        release.wait(30)
+        return upright(img, family, spec)
+
+    monkeypatch.setattr(renderer, "_upright", held_back)
+    results = []
+    threads = [threading.Thread(target=lambda spec=spec: results.append(render(path, spec, limits)))
+               for spec in (V2["optimized"], V2["optimized"])]
+    threads[0].start()
+    try:
+        assert making.wait(5)
+        threads[1].start()
+        _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))
+        assert budget.RESERVATIONS.in_use == price.total + price.output
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert len(results) == 2 and budget.RESERVATIONS.in_use == 0

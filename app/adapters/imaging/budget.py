@@ -71,7 +71,7 @@ import math
 import struct
 import threading
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO
@@ -423,7 +423,10 @@ class Reservations:
     ``with RESERVATIONS.scope(capacity) as reserve: ... reserve(n)`` blocks
     until *n* more bytes fit under *capacity* and this caller is first in
     line (so a large render is not starved by a stream of small ones); what
-    was reserved is given back when the scope ends.
+    was reserved is given back when the scope ends, or earlier by
+    ``reserve.release()``. A caller that needs more than it holds releases
+    first: holding part while waiting for the rest could wait forever on
+    another caller doing the same.
     """
 
     def __init__(self) -> None:
@@ -434,31 +437,43 @@ class Reservations:
         self.peak = 0
 
     @contextmanager
-    def scope(self, capacity: int) -> Iterator[Callable[[int], None]]:
-        held = 0
-
-        def reserve(nbytes: int) -> None:
-            nonlocal held
-            nbytes = max(0, min(nbytes, capacity))
-            ticket = object()
-            with self._cond:
-                self._queue.append(ticket)
-                try:
-                    self._cond.wait_for(lambda: self._queue[0] is ticket and self.in_use + nbytes <= capacity)
-                finally:
-                    self._queue.remove(ticket)
-                    self._cond.notify_all()
-                self.in_use += nbytes
-                held += nbytes
-                self.peak = max(self.peak, self.in_use)
-
+    def scope(self, capacity: int) -> Iterator[Hold]:
+        hold = Hold(self, capacity)
         try:
-            yield reserve
+            yield hold
         finally:
-            if held:
-                with self._cond:
-                    self.in_use -= held
-                    self._cond.notify_all()
+            hold.release()
+
+
+class Hold:
+    """What one scope of :class:`Reservations` holds: call it to reserve bytes, ``release()`` to give them back."""
+
+    def __init__(self, pool: Reservations, capacity: int) -> None:
+        self._pool = pool
+        self._capacity = capacity
+        self.held = 0
+
+    def __call__(self, nbytes: int) -> None:
+        pool = self._pool
+        nbytes = max(0, min(nbytes, self._capacity))
+        ticket = object()
+        with pool._cond:
+            pool._queue.append(ticket)
+            try:
+                pool._cond.wait_for(lambda: pool._queue[0] is ticket and pool.in_use + nbytes <= self._capacity)
+            finally:
+                pool._queue.remove(ticket)
+                pool._cond.notify_all()
+            pool.in_use += nbytes
+            self.held += nbytes
+            pool.peak = max(pool.peak, pool.in_use)
+
+    def release(self) -> None:
+        if self.held:
+            with self._pool._cond:
+                self._pool.in_use -= self.held
+                self.held = 0
+                self._pool._cond.notify_all()
 
 
 #: The process's reservations (one per process: the budget is per worker process).

@@ -153,21 +153,20 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
         pixel data cannot be decoded (truncated file, decoder error).
     """
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
-        made_here = False
-
-        def make() -> Image.Image:
-            nonlocal made_here
-            made_here = True
-            reserve(priced.total)  # waits while other threads' renders hold the budget
-            return _upright(img, family, spec)
-
         with open_checked(path, limits, spec) as (img, family, priced):
             key = (sha256 or content_key(path), *_geometry_key(spec))
-            # pixels kept or being made by another render are not made, nor priced, again: a render that
-            # waited in the budget's queue for a whole decode found them gone from the LRU (several jobs)
-            work = SHARED.get_or_make(key, make)
-        if not made_here:
-            reserve(priced.output)
+
+            def share() -> None:
+                # pixels kept or being made by another render (v2's optimized and webp share theirs) cost this
+                # render only its encoding: reserved before they are taken, so none wait in the budget's line unpriced
+                reserve(priced.output)
+
+            def make() -> Image.Image:
+                reserve.release()  # the encoding's part, if the pixels it meant to share are gone: never hold a part
+                reserve(priced.total)  # while waiting for the rest; waits while other renders hold the budget
+                return _upright(img, family, spec)
+
+            work = SHARED.get_or_make(key, make, share)
         # the reservation covers the encoder too; the encoder gets an Image of its own over the shared pixels, which
         # encoding reads and never writes (its attributes, encoderinfo among them, are the encoding's own)
         return _encode(work._new(work.im), spec)

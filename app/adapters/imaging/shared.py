@@ -63,25 +63,36 @@ class SharedImages:
         self._entries: OrderedDict[Hashable, Image.Image] = OrderedDict()
         self._making: dict[Hashable, _Flight] = {}
 
-    def get_or_make(self, key: Hashable, make: Callable[[], Image.Image]) -> Image.Image:
+    def get_or_make(self, key: Hashable, make: Callable[[], Image.Image],
+                    share: Callable[[], None] | None = None) -> Image.Image:
         """The image for *key*: kept, being made by another thread (waited for), or made here.
 
         A thread that waited gets the image made for it even when the LRU
         did not keep it (too large, or pushed out by other renders' images
         in the meantime, as happens with several jobs at once). If the
         thread making it fails, a waiting one makes it itself (and meets
-        the same error).
+        the same error). *share*, if given, is called the first time the
+        image is found kept or being made, before it is taken or waited
+        for and outside the lock (the renderer reserves the encoding's
+        memory there, holding no pixels while it waits); then the image
+        is looked for again.
         """
+        shared = share is None
         while True:
             with self._lock:
-                if key in self._entries:
-                    self._entries.move_to_end(key)
-                    return self._entries[key]
                 flight = self._making.get(key)
-                if flight is None:
+                if key not in self._entries and flight is None:
                     flight = self._making[key] = _Flight()
                     break
-                flight.waiters += 1
+                if shared:
+                    if key in self._entries:
+                        self._entries.move_to_end(key)
+                        return self._entries[key]
+                    flight.waiters += 1
+            if not shared:
+                share()
+                shared = True
+                continue
             flight.done.wait()
             if flight.image is not None:
                 return flight.image
