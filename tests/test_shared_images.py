@@ -262,3 +262,37 @@ def test_a_render_waiting_for_pixels_being_made_has_reserved_its_encoding_first(
         for thread in threads:
             thread.join(30)
     assert len(results) == 2 and budget.RESERVATIONS.in_use == 0
+
+
+def test_pixels_made_while_a_render_waited_to_share_them_are_taken_even_if_the_lru_let_them_go(monkeypatch) -> None:
+    """It waits for its encoding's price before it takes them; meanwhile they are made and let go (other jobs' images
+    push them out): made again, they would cost a second decode at the full price."""
+    renderer = sys.modules["app.adapters.imaging.render"]
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    with Image.open(path) as img, open(path, "rb") as fp:
+        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
+    limits = Limits(max_decode_bytes=price.total)  # the other's encoding waits until the maker is done
+    SHARED.clear()
+    monkeypatch.setattr(SHARED, "capacity_bytes", 0)  # keeps nothing: let go at once
+    upright, makes, release = renderer._upright, [], threading.Event()
+
+    def counted(img, family, spec):
+        makes.append(spec.name)
+        release.wait(30)
+        return upright(img, family, spec)
+
+    monkeypatch.setattr(renderer, "_upright", counted)
+    results = []
+    threads = [threading.Thread(target=lambda spec=spec: results.append(render(path, spec, limits)))
+               for spec in (V2["optimized"], V2["optimized"])]
+    threads[0].start()
+    try:
+        _wait_until(lambda: makes)
+        threads[1].start()
+        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)  # the other waits for its encoding's price
+    finally:
+        release.set()
+        for thread in threads:
+            thread.join(30)
+    assert len(results) == 2 and makes == ["optimized"]
+    assert budget.RESERVATIONS.in_use == 0

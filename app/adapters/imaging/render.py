@@ -158,7 +158,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
 
             def share() -> None:
                 # pixels kept or being made by another render (v2's optimized and webp share theirs) cost this
-                # render only its encoding: reserved before they are taken, so none wait in the budget's line unpriced
+                # render only its encoding, reserved before it takes them or waits for them
                 reserve(priced.output)
 
             def make() -> Image.Image:

@@ -74,21 +74,31 @@ class SharedImages:
         the same error). *share*, if given, is called the first time the
         image is found kept or being made, before it is taken or waited
         for and outside the lock (the renderer reserves the encoding's
-        memory there, holding no pixels while it waits); then the image
-        is looked for again.
+        memory there); then the image is looked for again, and an image
+        that was being made is taken even if the LRU let it go meanwhile:
+        while it waits in ``share``, a render may keep one made image
+        alive beyond the LRU's bytes, which costs less than making it
+        again.
         """
         shared = share is None
+        seen: _Flight | None = None
         while True:
             with self._lock:
-                flight = self._making.get(key)
-                if key not in self._entries and flight is None:
-                    flight = self._making[key] = _Flight()
-                    break
-                if shared:
-                    if key in self._entries:
+                if key in self._entries:
+                    if shared:
                         self._entries.move_to_end(key)
                         return self._entries[key]
-                    flight.waiters += 1
+                else:
+                    flight = self._making.get(key)
+                    if flight is None:
+                        if seen is not None and seen.image is not None:
+                            return seen.image  # made, and let go by the LRU, while this render waited to share it
+                        flight = self._making[key] = _Flight()
+                        break
+                    if shared:
+                        flight.waiters += 1
+                    else:
+                        seen = flight
             if not shared:
                 share()
                 shared = True
