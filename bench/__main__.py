@@ -12,7 +12,7 @@
 
 One table at the end gives every figure, its reference, the ratio, the
 target of issue 11 and whether it is met; ``docs/performance.md`` records
-a run. It took 221-230 s on an idle 2-core machine (the third session
+a run. It took 176-230 s on an idle 2-core machine (the third session
 of 2026-12-02), every end-to-end figure having a raw loop just before
 and just after it; loaded machines take minutes more. With
 ``ATTACHE_BENCH_EXTRA=1`` it also prints the memory budget on hostile files
