@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -191,14 +192,18 @@ def test_a_render_of_pixels_already_made_reserves_only_its_encoding(monkeypatch)
     assert budget.RESERVATIONS.peak == price.total + price.output  # the encoding was priced, and only it
 
 
+def _rocket_and_the_price_of_its_optimized() -> tuple:
+    path = path_of("photos/rocket_12mp_4241x2830.jpg")
+    with Image.open(path) as img, open(path, "rb") as fp:
+        return path, budget.estimate(img, "JPEG", fp, V2["optimized"])
+
+
 def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_price(monkeypatch) -> None:
     """It reserved the encoding's price to share pixels being made; their make failed, so it makes them itself and
     gives that part back before waiting for the whole price (the budget is one render's price: holding on to the
     part would wait for ever)."""
     renderer = sys.modules["app.adapters.imaging.render"]
-    path = path_of("photos/rocket_12mp_4241x2830.jpg")
-    with Image.open(path) as img, open(path, "rb") as fp:
-        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
+    path, price = _rocket_and_the_price_of_its_optimized()
     limits = Limits(max_decode_bytes=price.total)
     SHARED.clear()
     upright, making = renderer._upright, threading.Event()
@@ -231,68 +236,54 @@ def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_pric
     assert budget.RESERVATIONS.in_use == 0
 
 
-def test_a_render_waiting_for_pixels_being_made_has_reserved_its_encoding_first(monkeypatch) -> None:
-    """Pixels taken before the reservation could wait in the budget's line priced by no one (the LRU may have let
-    them go): the encoding's price is reserved before the render waits for the pixels or takes them."""
+@contextlib.contextmanager
+def _second_render_while_the_first_makes(monkeypatch, path, limits: Limits):
+    """Two renders of v2's optimized of *path* (one key): the second starts while the first makes the pixels, which
+    it does only once the block ends. Yields the specs made and the results (complete after the block)."""
     renderer = sys.modules["app.adapters.imaging.render"]
-    path = path_of("photos/rocket_12mp_4241x2830.jpg")
-    with Image.open(path) as img, open(path, "rb") as fp:
-        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
-    limits = Limits(max_decode_bytes=price.total + price.output)
-    SHARED.clear()
-    upright, making, release = renderer._upright, threading.Event(), threading.Event()
+    upright, makes, release = renderer._upright, [], threading.Event()
 
     def held_back(img, family, spec):
-        making.set()
+        makes.append(spec.name)
         release.wait(30)
         return upright(img, family, spec)
 
     monkeypatch.setattr(renderer, "_upright", held_back)
     results = []
-    threads = [threading.Thread(target=lambda spec=spec: results.append(render(path, spec, limits)))
-               for spec in (V2["optimized"], V2["optimized"])]
+    threads = [threading.Thread(target=lambda: results.append(render(path, V2["optimized"], limits)))
+               for _ in range(2)]
     threads[0].start()
     try:
-        assert making.wait(5)
+        _wait_until(lambda: makes)
         threads[1].start()
-        _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))
-        assert budget.RESERVATIONS.in_use == price.total + price.output
+        yield makes, results
     finally:
         release.set()
         for thread in threads:
             thread.join(30)
+
+
+def test_a_render_waiting_for_pixels_being_made_has_reserved_its_encoding_first(monkeypatch) -> None:
+    """Pixels taken before the reservation could wait in the budget's line priced by no one (the LRU may have let
+    them go): the encoding's price is reserved before the render waits for the pixels or takes them."""
+    path, price = _rocket_and_the_price_of_its_optimized()
+    SHARED.clear()
+    with _second_render_while_the_first_makes(monkeypatch, path, Limits(max_decode_bytes=price.total + price.output)
+                                              ) as (makes, results):
+        _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))
+        assert budget.RESERVATIONS.in_use == price.total + price.output
     assert len(results) == 2 and budget.RESERVATIONS.in_use == 0
 
 
 def test_pixels_made_while_a_render_waited_to_share_them_are_taken_even_if_the_lru_let_them_go(monkeypatch) -> None:
     """It waits for its encoding's price before it takes them; meanwhile they are made and let go (other jobs' images
     push them out): made again, they would cost a second decode at the full price."""
-    renderer = sys.modules["app.adapters.imaging.render"]
-    path = path_of("photos/rocket_12mp_4241x2830.jpg")
-    with Image.open(path) as img, open(path, "rb") as fp:
-        price = budget.estimate(img, "JPEG", fp, V2["optimized"])
-    limits = Limits(max_decode_bytes=price.total)  # the other's encoding waits until the maker is done
+    path, price = _rocket_and_the_price_of_its_optimized()
     SHARED.clear()
     monkeypatch.setattr(SHARED, "capacity_bytes", 0)  # keeps nothing: let go at once
-    upright, makes, release = renderer._upright, [], threading.Event()
-
-    def counted(img, family, spec):
-        makes.append(spec.name)
-        release.wait(30)
-        return upright(img, family, spec)
-
-    monkeypatch.setattr(renderer, "_upright", counted)
-    results = []
-    threads = [threading.Thread(target=lambda spec=spec: results.append(render(path, spec, limits)))
-               for spec in (V2["optimized"], V2["optimized"])]
-    threads[0].start()
-    try:
-        _wait_until(lambda: makes)
-        threads[1].start()
-        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)  # the other waits for its encoding's price
-    finally:
-        release.set()
-        for thread in threads:
-            thread.join(30)
+    # a budget of one render's price: the second one's encoding waits until the first is done
+    with _second_render_while_the_first_makes(monkeypatch, path, Limits(max_decode_bytes=price.total)
+                                              ) as (makes, results):
+        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)
     assert len(results) == 2 and makes == ["optimized"]
     assert budget.RESERVATIONS.in_use == 0
