@@ -27,8 +27,9 @@ because the same photo came earlier).
 3. **Ingest** (worker stopped, so the figure is the web's): 5 MB uploads
    from ``CLIENTS`` clients, MB/s until the last ``202``, against the same
    requests to :mod:`bench.raw_ingest` under the same gunicorn command
-   line, sent in halves in the order raw, attache, attache, raw; then the ``202`` latency of 1 MB uploads, one at a time, beside
-   what an fsync costs on this disk.
+   line, sent in halves in the order raw, attache, attache, raw; then the
+   ``202`` latency of 1 MB uploads, one at a time, beside what an fsync
+   costs on this disk.
 """
 
 from __future__ import annotations
@@ -304,7 +305,8 @@ def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORK
             worker_cpu, web_cpu = group_cpu_seconds(worker.popen.pid), group_cpu_seconds(web)
             began = time.time()
             ids = _send_all(made.upload, files, CLIENTS)
-            # the figure is read from ready_at, not from when a poll saw it: polling seldom leaves the cores to the stack
+            # the figure is read from ready_at, not from when a poll saw it; polling seldom leaves the cores
+            # to the stack under test
             rate = len(files) / (made.wait_ready(ids, interval=0.5) - began)
             worker_cpu = (group_cpu_seconds(worker.popen.pid) - worker_cpu) / len(files)
             web_cpu = (group_cpu_seconds(web) - web_cpu) / len(files)
