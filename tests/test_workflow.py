@@ -456,6 +456,32 @@ def test_an_inline_render_failing_keeps_what_the_other_variants_made(env, engine
         services.engine.dispose()
 
 
+def test_a_step_run_starts_when_the_step_started_however_long_its_outcome_transaction(env, engine, data_file,
+                                                                                      monkeypatch):
+    """finished_at minus seconds is the start a job's timeline shows: finished_at was the outcome transaction's
+    now(), its start, so every statement before the run's row moved the step's start earlier by its time."""
+    services = small_image_services(env)
+    record_variants = Workflow._record_variants
+
+    def slow(self, *args):
+        time.sleep(0.5)  # a slow statement inside the outcome transaction
+        return record_variants(self, *args)
+
+    monkeypatch.setattr(Workflow, "_record_variants", slow)
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        before = time.time()
+        assert Workflow(services).handle(inspect, step="inspect").status == "ready"
+        with engine.connect() as conn:
+            started = conn.execute(text(
+                "SELECT extract(epoch FROM finished_at) - seconds FROM step_runs WHERE job_id = :job"),
+                {"job": accepted.job_id}).scalar()
+        assert float(started) >= before - 0.05, f"started {before - float(started):.3f} s before it was called"
+    finally:
+        services.engine.dispose()
+
+
 def test_a_permanent_inline_error_fails_the_job_even_when_a_costlier_variant_failed_transiently(
         env, engine, data_file, monkeypatch):
     """Retrying cannot help a corrupt image: the job ends failed with its code at once, not after every attempt."""

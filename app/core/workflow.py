@@ -50,7 +50,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Iterator
 
-from sqlalchemy import bindparam, insert, select
+from sqlalchemy import bindparam, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 
@@ -97,7 +97,9 @@ _KEPT_ORIGINAL = select(variants.c.storage_key).where(
 _RECORD_VARIANT = pg_insert(variants).on_conflict_do_nothing(constraint="variants_effect_key")
 _PUBLISHED_VARIANTS = select(variants).where(variants.c.job_id == bindparam("b_job_id"),
                                              variants.c.published_at.is_not(None))
-_RECORD_RUN = insert(step_runs)
+#: finished when written: clock_timestamp(), not now() (the transaction's start, which a step's outcome transaction
+#: began before its fence and records: a timeline's start, finished_at minus seconds, came out that much early)
+_RECORD_RUN = insert(step_runs).values(finished_at=func.clock_timestamp())
 
 
 @dataclass(frozen=True)
