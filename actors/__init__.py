@@ -6,8 +6,9 @@ module builds the broker from the environment and registers the actors.
 Dramatiq's own retries (the ``Retries`` middleware, bounded by
 ``ATTACHE_BROKER_RETRIES``; the worker's middleware is set up in
 :mod:`app.services`) are used only when a step could not record its
-outcome at all, i.e. PostgreSQL was unreachable; after that the message is
-dead-lettered to ``<queue>.XQ``. Errors whose class is not retryable
+outcome at all; while PostgreSQL does not answer, the step first waits for
+it (``ATTACHE_DATABASE_WAIT_SECONDS``) and runs again. After the retries the
+message is dead-lettered to ``<queue>.XQ``. Errors whose class is not retryable
 (poison messages, missing effects) are the actors' ``throws`` and go to
 ``.XQ`` at once, unprocessed.
 """
@@ -30,7 +31,7 @@ logs.configure("worker")
 services = Services(settings, pool_size=8, consumer=True)
 broker = services.broker  # consumes the steps' queues and publishes their follow-up messages
 dramatiq.set_broker(broker)
-workflow = Workflow(services)
+workflow = Workflow(services, stopping=services.stopping)
 
 
 def _actor(step: Step):

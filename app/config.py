@@ -198,6 +198,10 @@ class Settings:
     broker_retries: int = setting(
         "ATTACHE_BROKER_RETRIES", 5, _int(0, 50),
         "Dramatiq retries for a step whose outcome could not be recorded (then .XQ)")
+    database_wait_seconds: float = setting(
+        "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
+        "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "
+        "runs again, before the failure costs one of its Dramatiq retries; 0: no wait")
     broker_min_backoff_ms: int = setting(
         "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
     broker_delivery_limit: int = setting(

@@ -13,6 +13,7 @@ layer and are built from these in ``scheduler/sweepers.py``.
 from __future__ import annotations
 
 import sys
+import threading
 from functools import cached_property
 from typing import Mapping
 
@@ -104,10 +105,12 @@ class Services:
         )
 
         from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
+        from app.adapters.broker.worker_stopping import WorkerStopping
 
         return [
             TimeLimit(time_limit=10 * 60 * 1000),
             ShutdownNotifications(),
+            WorkerStopping(self.stopping),
             CurrentMessage(),
             # Dramatiq runs after_* hooks in reverse order: listed before Retries,
             # the recorder runs after it and sees its verdict (message.failed).
@@ -115,6 +118,11 @@ class Services:
             Retries(max_retries=self.settings.broker_retries, min_backoff=self.settings.broker_min_backoff_ms,
                     max_backoff=60_000),
         ]
+
+    @cached_property
+    def stopping(self) -> threading.Event:
+        """Set when the worker begins to shut down (a consumer's middleware sets it)."""
+        return threading.Event()
 
     @cached_property
     def publisher(self):

@@ -1,12 +1,16 @@
 """The reconciler: a queued job whose message was lost is announced again.
 
 First against rows (``run_once()`` on a real PostgreSQL), then the finding
-that made it: PostgreSQL down for longer than Dramatiq's retry budget while
-a worker holds the messages, with real web, worker and scheduler processes.
+that made it: PostgreSQL down for longer than the worker's wait and
+Dramatiq's retry budget while a worker holds the messages, with real web,
+worker and scheduler processes; and an outage the worker's steps wait out,
+with nothing dead-lettered.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 
 import pika
@@ -15,7 +19,7 @@ import requests
 from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres import db
-from app.adapters.postgres.models import attachments, job_history, jobs, outbox
+from app.adapters.postgres.models import attachments, dead_letters, job_history, jobs, outbox
 from app.core import states
 from app.observability import metrics
 from app.observability.tracing import new_traceparent
@@ -218,40 +222,58 @@ def xq_depth(broker_url: str, queue: str) -> int:
         connection.close()
 
 
+PHOTOS = ["photos/chelsea.jpg", "photos/coffee.jpg", "photos/rocket.jpg", "pillow/hopper.bmp", "pillow/hopper.gif"]
+
+
+@contextlib.contextmanager
+def _outage_deployment(private_postgres, env, tmp_path, **settings):
+    """A web (and what the test starts) on the private server, with the worker's Dramatiq retries cut to 2."""
+    database_url = private_postgres.url("attache")
+    db.ensure_database(database_url)
+    db.upgrade(database_url)
+    env = {**env, "DATABASE_URL": database_url, "ATTACHE_BROKER_RETRIES": "2", **settings}
+    deployment = Deployment(env, tmp_path)
+    engine = db.make_engine(database_url)
+    try:
+        deployment.start("web")
+        yield deployment, engine
+    finally:
+        deployment.stop_all()
+        engine.dispose()
+
+
+def _upload_all(deployment, engine, data_file, photos) -> list[str]:
+    accepted = []
+    for name in photos:
+        response = deployment.upload(data_file(name))
+        assert response.status_code == 202, response.text
+        accepted.append(response.json()["id"])
+    wait_for(lambda: _unpublished(engine) == 0, timeout=30, message="every announcement confirmed")
+    return accepted
+
+
 @pytest.mark.processes
 def test_postgres_down_longer_than_the_retry_budget_strands_nothing(private_postgres, env, tmp_path, storage_dir,
                                                                    data_file):
     """The review's finding: 10 uploads, PostgreSQL stopped while the worker takes their messages.
 
-    Dramatiq retries a step whose outcome cannot be recorded a bounded number
-    of times, then dead-letters it: the jobs stay ``queued`` with their outbox
-    rows marked published. Without the reconciler they stay so forever.
+    The worker's steps wait 1 s for PostgreSQL, then Dramatiq retries them a
+    bounded number of times and dead-letters them: the jobs stay ``queued``
+    with their outbox rows marked published. Without the reconciler they
+    stay so forever.
     """
-    database_url = private_postgres.url("attache")
-    db.ensure_database(database_url)
-    db.upgrade(database_url)
-    env = {**env, "DATABASE_URL": database_url, "ATTACHE_BROKER_RETRIES": "2",
-           "ATTACHE_RECONCILE_AFTER_SECONDS": "3", "ATTACHE_RECONCILE_INTERVAL_SECONDS": "0.5"}
-    deployment = Deployment(env, tmp_path)
-    engine = db.make_engine(database_url)
-    try:
-        deployment.start("web")
+    with _outage_deployment(private_postgres, env, tmp_path, ATTACHE_DATABASE_WAIT_SECONDS="1",
+                            ATTACHE_RECONCILE_AFTER_SECONDS="3",
+                            ATTACHE_RECONCILE_INTERVAL_SECONDS="0.5") as (deployment, engine):
         deployment.start("scheduler")
-        photos = ["photos/chelsea.jpg", "photos/coffee.jpg", "photos/rocket.jpg", "pillow/hopper.bmp",
-                  "pillow/hopper.gif"] * 2
-        accepted = []
-        for name in photos:
-            response = deployment.upload(data_file(name))
-            assert response.status_code == 202, response.text
-            accepted.append(response.json()["id"])
-        wait_for(lambda: _unpublished(engine) == 0, timeout=30, message="every announcement confirmed")
+        accepted = _upload_all(deployment, engine, data_file, PHOTOS * 2)
 
         private_postgres.stop()
         try:
             deployment.start("worker")
-            # every message exhausts its retries against the dead database and is dead-lettered
-            wait_for(lambda: xq_depth(env["BROKER_URL"], "attache.inspect.XQ") == len(accepted), timeout=120,
-                     interval=0.5, message="all inspect messages dead-lettered during the outage")
+            # every message exhausts its wait and its retries against the dead database and is dead-lettered
+            wait_for(lambda: xq_depth(deployment.env["BROKER_URL"], "attache.inspect.XQ") == len(accepted),
+                     timeout=120, interval=0.5, message="all inspect messages dead-lettered during the outage")
         finally:
             private_postgres.start()
 
@@ -261,9 +283,48 @@ def test_postgres_down_longer_than_the_retry_budget_strands_nothing(private_post
         scraped = requests.get(deployment.url + "/metrics", timeout=10,
                                headers={"Authorization": "Bearer olga-operator-token"}).text
         assert f"attache_reconciler_reannounced_total {float(len(accepted))}" in scraped, scraped[-2000:]
-    finally:
-        deployment.stop_all()
-        engine.dispose()
+
+
+@pytest.mark.processes
+def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private_postgres, env, tmp_path,
+                                                                         storage_dir, data_file):
+    """PostgreSQL stopped for seconds, many times the worker's Dramatiq retries (2, from 100 ms).
+
+    Before the steps waited for PostgreSQL, every message the worker took was
+    dead-lettered within a second and its job waited for the reconciler
+    (minutes). Now no message reaches ``.XQ`` and every job is ``ready`` with
+    no scheduler running at all: the steps that waited ran again. A worker
+    asked to stop meanwhile stops at once, not when its steps' waits run
+    out (300 s by default), and loses nothing.
+    """
+    with _outage_deployment(private_postgres, env, tmp_path, ATTACHE_BROKER_MIN_BACKOFF_MS="100") as (
+            deployment, engine):
+        accepted = _upload_all(deployment, engine, data_file, PHOTOS)
+        broker_url = deployment.env["BROKER_URL"]
+
+        private_postgres.stop()
+        try:
+            first = deployment.start("worker")
+            wait_for(lambda: "the step waits for it" in first.output(), timeout=60,
+                     message="a step waiting for PostgreSQL")
+            began = time.monotonic()
+            first.stop(timeout=60)
+            assert time.monotonic() - began < 15, first.output()[-3000:]
+            worker = deployment.start("worker")
+            wait_for(lambda: "the step waits for it" in worker.output(), timeout=60,
+                     message="a step of the second worker waiting for PostgreSQL")
+            time.sleep(3)  # the outage goes on: ten times what the two retries would have lasted
+            assert xq_depth(broker_url, "attache.inspect.XQ") == 0
+        finally:
+            private_postgres.start()
+
+        for attachment_id in accepted:
+            assert deployment.wait_state(attachment_id, timeout=60)["state"] == "ready"
+        assert xq_depth(broker_url, "attache.inspect.XQ") == 0
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(dead_letters)).scalar() == 0
+        assert_invariants(engine, storage_dir, accepted)
+        assert "PostgreSQL answers again: the step runs again" in worker.output()
 
 
 def _unpublished(engine) -> int:

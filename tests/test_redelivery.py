@@ -209,11 +209,13 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
 
 
 def test_when_postgresql_is_unreachable_dramatiq_retries_are_bounded_then_dead_letter(env, tmp_path, services, broker_url):
-    """The only case for Dramatiq's own retries: the outcome cannot be recorded at all."""
+    """The only case for Dramatiq's own retries: the outcome cannot be recorded at all, even after each delivery
+    waited for PostgreSQL (here 0.5 s)."""
     from app.observability.tracing import new_traceparent
 
     deployment = Deployment({**env, "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/attache",
-                             "ATTACHE_BROKER_RETRIES": "2", "ATTACHE_BROKER_MIN_BACKOFF_MS": "50"}, tmp_path)
+                             "ATTACHE_BROKER_RETRIES": "2", "ATTACHE_BROKER_MIN_BACKOFF_MS": "50",
+                             "ATTACHE_DATABASE_WAIT_SECONDS": "0.5"}, tmp_path)
     deployment.start("worker")
     try:
         payload = messages.build(job_id=uuid.uuid4(), attachment_id=uuid.uuid4(), pipeline_version=1, attempt=1,

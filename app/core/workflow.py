@@ -7,7 +7,9 @@ against it; only when its attempt does not hold the job is the job read
 again, to tell a ready job (verified), a failed one (ignored) and a stale
 message apart (:meth:`Workflow._unheld`). Every outcome is recorded through :mod:`app.core.states`;
 only a failure to record an outcome at all (PostgreSQL down) escapes as
-:class:`DatabaseUnavailable`, for Dramatiq's bounded retries.
+:class:`DatabaseUnavailable`: while PostgreSQL does not answer, the step
+waits for it and runs again (:meth:`Workflow._outlasting_outages`); after
+that, Dramatiq's bounded retries.
 
 Idempotency, per step:
 
@@ -56,6 +58,7 @@ from sqlalchemy.engine import Row
 
 from app import faults
 from app.adapters import imaging
+from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
 from app.core import messages, outbox, pipeline, provenance, states
@@ -141,8 +144,11 @@ def _check(job: Row, body: dict) -> None:
 
 
 class Workflow:
-    def __init__(self, services: ImageProducer, policies: dict[Step, RetryPolicy] | None = None):
+    def __init__(self, services: ImageProducer, policies: dict[Step, RetryPolicy] | None = None, *,
+                 stopping: threading.Event | None = None):
+        """``stopping``: set when the worker shuts down; a step waiting out a PostgreSQL outage stops waiting."""
         self.services = services
+        self.stopping = stopping or threading.Event()
         settings = services.settings
         self.policies = policies or {step: step.retry_policy(settings.retry_initial_seconds, settings.retry_max_seconds)
                                      for step in Step}
@@ -165,7 +171,7 @@ class Workflow:
             run = _Run(body, time.monotonic())
             token = _running.set(run)
             try:
-                outcome = self._handle(body)
+                outcome = self._outlasting_outages(body)
             finally:
                 _running.reset(token)
             log.info("step %s: %s %s", body["step"], outcome.status, outcome.detail)
@@ -199,6 +205,33 @@ class Workflow:
             conn.execute(_RECORD_RUN, run.values(outcome))
             run.recorded = True
         return outcome
+
+    def _outlasting_outages(self, body: dict) -> Outcome:
+        """The step, run again each time PostgreSQL was unreachable and answers again, within
+        ``ATTACHE_DATABASE_WAIT_SECONDS`` of waiting.
+
+        An outage is not the message's fault: without the wait, each of
+        Dramatiq's few retries was spent within seconds against the dead
+        server, and an outage of some 20 s dead-lettered every message the
+        worker took meanwhile (the reconciler announced their jobs again
+        minutes later). While the step waits its message stays unacked, so the
+        worker takes no more; running it again is a redelivery, which every
+        step is made for. ``DatabaseUnavailable`` with PostgreSQL answering (a
+        lost connection, a deadlock) is raised at once, for Dramatiq's retries,
+        as is one whose wait ran out or was ended by the worker's shutdown.
+        """
+        engine = self.services.engine
+        deadline = time.monotonic() + self.services.settings.database_wait_seconds
+        while True:
+            try:
+                return self._handle(body)
+            except DatabaseUnavailable:
+                if time.monotonic() >= deadline or db.reachable(engine):
+                    raise
+                log.warning("PostgreSQL is unreachable: the step waits for it")
+                if not db.wait_until_reachable(engine, deadline - time.monotonic(), self.stopping):
+                    raise
+                log.info("PostgreSQL answers again: the step runs again")
 
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])

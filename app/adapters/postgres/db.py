@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -38,6 +40,28 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         if exc.connection_invalidated:
             raise DatabaseUnavailable("database connection lost") from exc
         raise
+
+
+def reachable(engine: Engine) -> bool:
+    """Whether PostgreSQL answers now: a connection (checked out and pinged, or made) and ``SELECT 1``."""
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+        return True
+    except DBAPIError:
+        return False
+
+
+def wait_until_reachable(engine: Engine, seconds: float, stopping: threading.Event, *,
+                         interval: float = 1.0) -> bool:
+    """Ask PostgreSQL every ``interval`` until it answers (True), ``seconds`` pass or ``stopping`` is set (False)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if reachable(engine):
+            return True
+        remaining = deadline - time.monotonic()
+        if remaining <= 0 or stopping.wait(min(interval, remaining)):
+            return False
 
 
 #: PostgreSQL's SQLSTATE for a statement cancelled by ``statement_timeout``
