@@ -217,6 +217,25 @@ def test_an_image_refused_at_the_last_byte_ends_the_upload(client, engine, stora
     assert count(engine, attachments) == 0 and count(engine, uploads) == 0 and parts(storage_dir) == []
 
 
+def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,
+                                                                              data_file, photo):
+    """Its first 64 bytes claim no accepted format: 415 at the first PATCH, not after the last of 10 MB."""
+    svg = data_file("synthetic/vector_logo.svg").read_bytes()
+    assert len(svg) > 64
+    location = create(client, 10 * 1024 * 1024).headers["Location"]
+    refused = patch(client, location, 0, svg)
+    assert refused.status_code == 415 and refused.json["error"] == "unsupported_format"
+    assert client.head(location, headers=TUS).status_code == 404
+    assert count(engine, uploads) == 0 and parts(storage_dir) == []
+    with_creation = create(client, 10 * 1024 * 1024, data=svg[:64], content_type=PART)
+    assert with_creation.status_code == 415 and with_creation.json["error"] == "unsupported_format"
+    assert count(engine, uploads) == 0 and parts(storage_dir) == []
+    # an image's first 64 bytes are taken, and so is a first part too short to tell (the last byte decides)
+    assert patch(client, create(client, len(photo)).headers["Location"], 0, photo[:64]).status_code == 204
+    assert patch(client, create(client, len(photo)).headers["Location"], 0, svg[:63]).status_code == 204
+    assert count(engine, attachments) == 0
+
+
 def test_termination_removes_the_upload_and_its_bytes(client, engine, storage_dir, photo):
     location = create(client, len(photo)).headers["Location"]
     send(client, location, photo[:3000], 1000)

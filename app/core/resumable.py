@@ -25,6 +25,11 @@ after its part is stored.
   of a second one. Then the row records ``attachment_id`` and the parts
   are removed. An upload whose bytes are refused (not an image attache
   processes, a bomb…) is terminated with the refusal.
+* **The first bytes.** A first part that holds the upload's first
+  ``SNIFF_BYTES`` (64) is checked for an accepted image format's magic
+  bytes before it is stored: something else is refused (``415
+  unsupported_format``) and the upload terminated at once, not after its
+  last byte was sent.
 * **Expiry.** An upload expires ``ATTACHE_UPLOAD_EXPIRY_SECONDS`` after its
   last PATCH (never later than the Idempotency-Key lifetime, so the retry
   above always finds its key). The staging cleanup forgets expired uploads
@@ -45,6 +50,7 @@ from typing import Callable
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Engine
 
+from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import uploads
 from app.adapters.storage import Storage
@@ -146,20 +152,21 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
         if part.size > upload.length - offset:
             raise UploadTooLarge(f"the PATCH goes past Upload-Length {upload.length}")
         values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
-        if part.size:
-            services.storage.put_file(part_key(upload.id, offset), part.path)
-            values["upload_offset"] = offset + part.size
-        if values.get("upload_offset") == upload.length:
-            try:
+        try:
+            _check_first_bytes(services, upload, offset, part)
+            if part.size:
+                services.storage.put_file(part_key(upload.id, offset), part.path)
+                values["upload_offset"] = offset + part.size
+            if values.get("upload_offset") == upload.length:
                 values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
-            except (PermanentError, UploadRejected) as exc:
-                conn.execute(delete(uploads).where(uploads.c.id == upload.id))
-                refused = exc
+        except (PermanentError, UploadRejected) as exc:
+            conn.execute(delete(uploads).where(uploads.c.id == upload.id))
+            refused = exc
         if refused is None:
             upload = Upload.of(conn.execute(update(uploads).where(uploads.c.id == upload.id).values(**values)
                                             .returning(uploads)).one())
     if refused is not None:
-        log.info("upload %s refused at its last byte: %s", upload_id, refused.error_code)
+        log.info("upload %s refused at offset %d: %s", upload_id, offset, refused.error_code)
         _remove_parts(services.storage, upload_id)
         raise refused
     if upload.complete:
@@ -232,6 +239,19 @@ def _visible(conn, upload_id: uuid.UUID, owner: str, *, lock: bool, expired_too:
     if not expired_too and row.expires_at <= _now(conn):
         raise UploadExpired("the upload expired; start a new one")
     return Upload.of(row)
+
+
+def _check_first_bytes(services, upload: Upload, offset: int, part: intake.Received) -> None:
+    """:class:`UnsupportedFormat` for a first part whose magic bytes claim no accepted image format.
+
+    Checked when the part holds the first :data:`~app.adapters.imaging.SNIFF_BYTES` (or the whole upload, if
+    shorter), so a client sending something else learns it before it sends the rest, not at the last byte. A
+    shorter first part is left to the last byte's full check, as is everything else about the image.
+    """
+    if offset != 0 or part.size < min(imaging.SNIFF_BYTES, upload.length):
+        return
+    with open(part.path, "rb") as fh:
+        imaging.claimed_family(fh.read(imaging.SNIFF_BYTES), services.limits)
 
 
 def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent: str,

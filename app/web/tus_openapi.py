@@ -81,8 +81,9 @@ SENDING = {
     "413": _error("Past `Upload-Length` or the upload limit, or (at the last byte) the image declares too many "
                   "pixels, too long a side, or would need more memory to render than the decode budget.",
                   ["too_large", "decompression_bomb", "image_too_large"]),
-    "415": _error(f"A body that is not `{PART_TYPE}`, or (at the last byte) not an image attache processes or a "
-                  "corrupt header; the upload is then terminated.",
+    "415": _error(f"A body that is not `{PART_TYPE}`; a first part whose first 64 bytes claim no image format "
+                  "attache accepts; or (at the last byte) not an image attache processes or a corrupt header. "
+                  "Refused bytes terminate the upload.",
                   ["bad_content_type", "unsupported_format", "corrupt_image"]),
     "422": _error("At the last byte: a retried handoff found other bytes under the upload's key.",
                   ["idempotency_key_reused"]),

@@ -1,6 +1,7 @@
 """Image handling for attache: sniff, probe and render derivatives.
 
-* :func:`sniff` - magic bytes only, for the web upload's first check.
+* :func:`sniff` - magic bytes only; :func:`claimed_family` refuses what they
+  claim unless it is accepted (a resumable upload's first part).
 * :func:`probe` - header-only identification and limit checks (no pixel
   data is decoded), shared by the upload and the worker, including the
   memory budget (:mod:`app.adapters.imaging.budget`): what a render would cost,
@@ -15,7 +16,7 @@ Every failure is an :mod:`app.errors` ``PermanentError``
 ``ImageTooLarge``); Pillow exceptions never leave this package.
 """
 
-from .probe import ImageInfo, Limits, probe
+from .probe import ImageInfo, Limits, claimed_family, probe
 from .provenance import libraries, stripped_metadata
 from .render import PIPELINE_V1_SPECS, Rendered, VariantSpec, render
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, sniff
@@ -28,6 +29,7 @@ __all__ = [
     "Limits",
     "Rendered",
     "VariantSpec",
+    "claimed_family",
     "libraries",
     "probe",
     "render",

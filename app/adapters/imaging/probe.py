@@ -120,6 +120,20 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         )
 
 
+def claimed_family(head: bytes, limits: Limits) -> str:
+    """The accepted family the first :data:`SNIFF_BYTES` bytes claim, or :class:`UnsupportedFormat`.
+
+    The first check of :func:`probe`, and all a resumable upload's first
+    part is checked with before its other parts are sent.
+    """
+    family = sniff(head)
+    if family is None:
+        raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC or AVIF image")
+    if family not in limits.formats:
+        raise UnsupportedFormat(f"{family} images are not accepted here (accepted: {', '.join(limits.formats)})")
+    return family
+
+
 class Opened(NamedTuple):
     """What :func:`open_checked` yields."""
 
@@ -141,11 +155,7 @@ def open_checked(
     Shared by :func:`probe` and :func:`~app.adapters.imaging.render.render`.
     """
     with open(path, "rb") as fp:
-        family = sniff(fp.read(SNIFF_BYTES))
-        if family is None:
-            raise UnsupportedFormat("not a JPEG, PNG, GIF, WebP, TIFF, BMP, HEIC or AVIF image")
-        if family not in limits.formats:
-            raise UnsupportedFormat(f"{family} images are not accepted here (accepted: {', '.join(limits.formats)})")
+        family = claimed_family(fp.read(SNIFF_BYTES), limits)
         if family in ("HEIF", "AVIF"):
             _check_container(fp, limits)
         fp.seek(0)
