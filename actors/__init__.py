@@ -28,7 +28,7 @@ cap_malloc_arenas()  # before the worker's threads start: pixel buffers are reus
 settings = settings_or_exit("worker")
 logs.configure("worker")
 
-services = Services(settings, pool_size=8, consumer=True)
+services = Services(settings, pool_size=8, consumer=True, process="worker")
 broker = services.broker  # consumes the steps' queues and publishes their follow-up messages
 dramatiq.set_broker(broker)
 workflow = Workflow(services, stopping=services.stopping)

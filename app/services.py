@@ -58,12 +58,15 @@ def mode(settings: Settings) -> str:
 
 
 class Services:
-    """One process's adapters. ``consumer``: the process runs Dramatiq actors (the worker)."""
+    """One process's adapters. ``consumer``: the process runs Dramatiq actors (the worker). ``process``: what
+    the process is (``web``, ``worker``, ``scheduler``, ``cli``), named in its database connections."""
 
-    def __init__(self, settings: Settings, *, pool_size: int = 5, consumer: bool = False):
+    def __init__(self, settings: Settings, *, pool_size: int = 5, consumer: bool = False,
+                 process: str | None = None):
         self.settings = settings
         self._pool_size = pool_size
         self._consumer = consumer
+        self._process = process
 
     @cached_property
     def database_url(self) -> str:
@@ -79,7 +82,7 @@ class Services:
     def engine(self):
         from app.adapters.postgres.db import make_engine
 
-        return make_engine(self.database_url, pool_size=self._pool_size)
+        return make_engine(self.database_url, pool_size=self._pool_size, process=self._process)
 
     @cached_property
     def storage(self):

@@ -41,7 +41,7 @@ def guarded(service, interval: float, runs: SweeperRuns):
 def main() -> int:
     settings = settings_or_exit("scheduler")
     logs.configure("scheduler")
-    services = Services(settings, pool_size=2)
+    services = Services(settings, pool_size=2, process="scheduler")
     scheduler = BlockingScheduler(timezone="UTC")
     runs = SweeperRuns(services.engine)
     for sweeper in sweepers(services):

@@ -50,6 +50,10 @@ def test_worker_killed_mid_render_is_recovered_through_its_lease(deployment, eng
     assert_invariants(engine, storage_dir, [attachment_id])
     with engine.connect() as conn:
         assert conn.execute(select(jobs.c.attempt)).scalar() == 2
+        # an operator can tell in pg_stat_activity which process holds which connection
+        names = set(conn.execute(text("SELECT application_name FROM pg_stat_activity "
+                                      "WHERE datname = current_database()")).scalars())
+    assert {"attache web", "attache worker", "attache scheduler"} <= names, names
 
 
 @pytest.mark.parametrize("broker_kind", BROKER_KINDS)

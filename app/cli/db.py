@@ -25,7 +25,7 @@ def db_upgrade(create: bool) -> None:
     from app.services import Services
 
     current = settings()
-    services = Services(current, pool_size=1)
+    services = Services(current, pool_size=1, process="cli")
     try:
         url = services.database_url
         if create and database.ensure_database(url):

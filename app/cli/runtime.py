@@ -21,7 +21,7 @@ def settings() -> Settings:
 def services():
     from app.services import Services
 
-    return Services(settings(), pool_size=2)
+    return Services(settings(), pool_size=2, process="cli")
 
 
 def operator() -> str:

@@ -29,7 +29,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.request_class = UploadRequest
     # body limits per route, spooling only for the upload view, spools removed at the request's end
-    app.extensions["attache"] = Services(settings, pool_size=10)
+    app.extensions["attache"] = Services(settings, pool_size=10, process="web")
     # spools of a process killed mid-upload (the one this worker may replace)
     ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)

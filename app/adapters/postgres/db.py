@@ -17,14 +17,16 @@ from app.errors import DatabaseUnavailable, QueryTimeout
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-def make_engine(database_url: str, *, pool_size: int = 5) -> Engine:
+def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = None) -> Engine:
+    """``process`` names the attache process in each connection's ``application_name`` (``attache worker``), so
+    ``pg_stat_activity`` tells whose a connection is."""
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     return create_engine(
         url,
         pool_size=pool_size,
         max_overflow=10,
         pool_pre_ping=True,
-        connect_args={"connect_timeout": 5, "application_name": "attache"},
+        connect_args={"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache"},
     )
 
 
