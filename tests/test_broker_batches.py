@@ -7,13 +7,16 @@ only what a queue took, in order, and say what stopped the rest.
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 
 import pika
 import pytest
 from dramatiq.message import Message
 
+from app.adapters.broker.rabbitmq import AttacheBroker
 from app.errors import BrokerUnavailable
+from tests.processes import wait_for
 
 
 def message(queue: str, n: int) -> Message:
@@ -65,3 +68,32 @@ def test_a_single_enqueue_raises_what_stopped_it(services, broker_url):
         connection.close()
     with pytest.raises(BrokerUnavailable, match="not confirmed"):
         broker.enqueue(message("attache.publish", 1))
+
+
+def _connections(vhost: str) -> set[str]:
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_connections", "vhost", "name"], capture_output=True,
+                            text=True, check=True, timeout=60).stdout
+    return {line.split("\t", 1)[1] for line in listed.splitlines()[1:] if line.split("\t", 1)[0] == vhost}
+
+
+def test_a_connection_rabbitmq_closed_while_its_thread_was_idle_is_replaced_at_the_next_publish(broker_url):
+    """pika's blocking connection answers heartbeats only when its thread calls into it, so RabbitMQ closes the
+    connection of a thread idle for two heartbeats (60 s in production: a step waiting out a PostgreSQL outage).
+
+    Before, the next publish failed and was not retried: a Dramatiq retry's message was lost, a step's follow-up
+    waited for the relay. Here with a heartbeat of 1 s.
+    """
+    vhost = broker_url.rsplit("/", 1)[1]
+    broker = AttacheBroker(url=broker_url)
+    broker.parameters.heartbeat = 1
+    try:
+        before = _connections(vhost)
+        assert broker.enqueue_many([message("attache.render", 0)]) == (1, None)
+        [ours] = _connections(vhost) - before
+        wait_for(lambda: ours not in _connections(vhost), timeout=60, interval=0.5,
+                 message="RabbitMQ closing the idle connection")
+        assert broker.enqueue_many([message("attache.render", 1)]) == (1, None)
+        broker.enqueue(message("attache.render", 2))
+        assert drain(broker_url, "attache.render") == [0, 1, 2]
+    finally:
+        broker.close()

@@ -18,7 +18,9 @@
    (the queue declare, the confirm) must come within the publish timeout,
    else the connection is dropped and the caller leaves its outbox row to
    the scheduler's relay. pika's own bound would be the heartbeat (30 s,
-   then up to twice that).
+   then up to twice that). A thread's connection that RabbitMQ closed
+   while the thread was idle (pika answers heartbeats only when called) is
+   replaced, and what it had not confirmed is sent once more on the new one.
 3. **Quorum queues with a delivery limit.** The main queues are declared
    ``x-queue-type: quorum`` with ``x-delivery-limit``: a message that kills
    every worker that takes it is dead-lettered to ``<queue>.XQ`` after that
@@ -54,6 +56,12 @@ PUBLISH_ERRORS = (pika.exceptions.AMQPError, AMQPConnectorException, OSError,
 
 class AnswerTimeout(pika.exceptions.AMQPConnectionError):
     """RabbitMQ did not answer (a confirm, a declare) within the publish timeout."""
+
+
+def _stale(failure: BaseException | None) -> bool:
+    """Whether a publish failed because its connection was gone (closed, reset), not slow or refused."""
+    return isinstance(failure, PUBLISH_ERRORS) and not isinstance(
+        failure, (AnswerTimeout, pika.exceptions.UnroutableError, pika.exceptions.NackError))
 
 
 @contextmanager
@@ -205,6 +213,24 @@ class AttacheBroker(RabbitmqBroker):
         return self._publish(messages, None)
 
     def _publish(self, messages: list[Message], delay: int | None) -> tuple[int, BrokerUnavailable | None]:
+        """Publish on this thread's connection; if that connection is one kept from before and it failed, the
+        messages not yet confirmed once more on a fresh one.
+
+        pika's blocking connection answers RabbitMQ's heartbeats only while its thread calls into it, so a
+        thread that published nothing for two heartbeats (60 s: a step waiting out a PostgreSQL outage, a quiet
+        web thread) holds a connection RabbitMQ has closed; Dramatiq's own ``enqueue`` retries the same way. A
+        message sent on the dead connection may arrive twice: consumers take a duplicate as one. An answer that
+        did not come in time is not retried (RabbitMQ is slow, not the connection stale), nor a refusal.
+        """
+        reused = getattr(self.state, "connection", None) is not None
+        confirmed, error = self._publish_once(messages, delay)
+        if error is not None and reused and _stale(error.__cause__):
+            log.info("publishing again on a fresh connection: %s", type(error.__cause__).__name__)
+            more, error = self._publish_once(messages[confirmed:], delay)
+            confirmed += more
+        return confirmed, error
+
+    def _publish_once(self, messages: list[Message], delay: int | None) -> tuple[int, BrokerUnavailable | None]:
         tags: list[int] = []
         failure: BaseException | None = None
         try:
