@@ -88,3 +88,63 @@ def test_a_publish_to_an_unreachable_database_is_broker_unavailable_within_the_t
     with pytest.raises(BrokerUnavailable):
         broker.ping()
     broker.close()
+
+
+def test_after_an_outage_no_worker_takes_the_messages_another_still_holds():
+    """PostgreSQL down for longer than the heartbeat TTL: when it is back every worker's heartbeat is old.
+
+    Before, the first worker back ran the library's upkeep at once and queued again the message the other
+    still held (it ran twice, in two worker processes; found by an adversarial review). Now a worker judges
+    others only after it has itself been heard for a whole TTL, and the other beats meanwhile.
+    """
+    import time
+
+    from app.adapters.broker.postgres import HEARTBEAT_TTL_SECONDS, MAINTENANCE_SECONDS, PostgresBroker
+    from app.adapters.postgres import db
+    from tests.pgcluster import PrivateCluster
+
+    cluster = PrivateCluster()
+    cluster.start()
+    brokers = []
+    try:
+        url = cluster.url("attache")
+        db.ensure_database(url)
+        first, holder = PostgresBroker(url=url), PostgresBroker(url=url)
+        brokers += [first, holder]
+        held = holder.enqueue(Message(queue_name="attache.inspect", actor_name="inspect", args=({},), kwargs={},
+                                      options={}))
+        consumers = {broker: broker.consume("attache.inspect") for broker in brokers}
+        assert claim(consumers[holder]).message_id == held.message_id
+        assert next(consumers[first]) is None  # the first worker beats too
+
+        cluster.stop()
+        try:
+            time.sleep(HEARTBEAT_TTL_SECONDS + 1)  # the outage: longer than the TTL
+        finally:
+            cluster.start()
+
+        def turn(broker):
+            """One pass of the broker's consumer thread; a lost connection makes a new consumer, as Dramatiq does."""
+            try:
+                return next(consumers[broker])
+            except Exception:
+                consumers[broker].close()
+                consumers[broker] = broker.consume("attache.inspect")
+                return None
+
+        # past the TTL and a maintenance round (at most 1.5 intervals, jittered) after the first worker is back
+        watched_until = time.monotonic() + HEARTBEAT_TTL_SECONDS + 2 * MAINTENANCE_SECONDS
+        while time.monotonic() < watched_until:  # the first worker back keeps looking while the holder beats
+            taken = turn(first)
+            assert taken is None, "the first worker back took the message the other still held"
+            turn(holder)
+        engine = db.make_engine(url)
+        with engine.connect() as conn:
+            state = conn.execute(text("SELECT state::text FROM dramatiq.queue WHERE message_id = :id"),
+                                 {"id": held.message_id}).scalar()
+        engine.dispose()
+        assert state == "consumed"
+    finally:
+        for broker in brokers:
+            broker.close()
+        cluster.destroy()

@@ -26,6 +26,13 @@ What :class:`PostgresBroker` adds, so this mode keeps RabbitMQ mode's contract:
    the outbox relay retries); every publish is a fresh delivery count; the
    window-3 fault point dies after the commit.
 4. :meth:`queue_depth` and :meth:`ping`, as the reconciler and ``/readyz`` use them.
+5. **No worker judged dead for a silence everyone shared.** After a
+   PostgreSQL outage (or a pause of this process) every worker's heartbeat
+   is old; the library's upkeep, run by the first worker back, queued the
+   messages the others still held again, and they ran twice. A worker now
+   runs the upkeep only once it has itself been heard without a gap for
+   :data:`HEARTBEAT_TTL_SECONDS`, time enough for every live worker to
+   beat again (:meth:`PostgresBroker.maybe_maintenance`).
 
 The broker shares the database only by URL: it has its own psycopg 3
 connection pool, and its rows are written in their own transactions (see
@@ -38,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from textwrap import dedent
 from typing import Iterator
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
@@ -153,6 +161,9 @@ class PostgresBroker(LibraryBroker):
                          maintenance_interval=MAINTENANCE_SECONDS, purge_maxage=None, middleware=middleware)
         self.delivery_limit = delivery_limit
         self.answer_timeout = socket_timeout
+        self._heard_lock = threading.Lock()
+        self._answered_at: float | None = None
+        self._heard_since: float | None = None
         self._schema_ready = False
         self._schema_lock = threading.Lock()
 
@@ -172,6 +183,27 @@ class PostgresBroker(LibraryBroker):
     def consume(self, queue_name, prefetch=1, timeout=30000):
         self.ensure_schema()
         return LimitedConsumer(broker=self, queue_name=queue_name, prefetch=prefetch, timeout=timeout)
+
+    # --- heartbeats and upkeep --------------------------------------------------
+
+    def maybe_heartbeat(self, conn):
+        """The library's heartbeat; each consumer calls it about once a second while PostgreSQL answers, and a
+        silence of more than two beats (an outage, a pause) starts this process's time of being heard again."""
+        super().maybe_heartbeat(conn)  # raises while PostgreSQL is away
+        now = time.monotonic()
+        with self._heard_lock:
+            if self._answered_at is None or now - self._answered_at > 2 * self.heartbeat_interval:
+                self._heard_since = now
+            self._answered_at = now
+
+    def maybe_maintenance(self, conn):
+        """The library's upkeep (requeue the messages of workers silent for the TTL), once this process has been
+        heard for the TTL: its silence may have been everyone's, and the others need that long to beat again."""
+        with self._heard_lock:
+            heard_since = self._heard_since
+        if heard_since is None or time.monotonic() - heard_since < self.heartbeat_ttl:
+            return
+        super().maybe_maintenance(conn)
 
     # --- publishing -----------------------------------------------------------
 
