@@ -20,6 +20,8 @@ from app.errors import ConfigError
 #: the ``BROKER_URL`` schemes of each broker kind (unset: the PostgreSQL broker in the database)
 BROKER_SCHEMES = {"rabbitmq": ("amqp", "amqps"), "postgres": ("postgresql",)}
 DEFAULT_DATA_DIR = "var"
+#: a worker's step is cut after this long (Dramatiq's TimeLimit); a wait for PostgreSQL may take half of it
+STEP_TIME_LIMIT_SECONDS = 600
 DEFAULT_STORAGE_URL = "file://./var/storage"
 
 
@@ -201,7 +203,8 @@ class Settings:
     database_wait_seconds: float = setting(
         "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "
-        "runs again, before the failure costs one of its Dramatiq retries; 0: no wait")
+        "runs again, before the failure costs one of its Dramatiq retries; 0: no wait, at most 300 (half a step's "
+        "time limit)")
     broker_min_backoff_ms: int = setting(
         "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
     broker_delivery_limit: int = setting(
@@ -275,6 +278,9 @@ class Settings:
                               + ", ".join(str(v) for v in sorted(REGISTRY)))
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
+        if self.database_wait_seconds > STEP_TIME_LIMIT_SECONDS / 2:
+            raise ConfigError(f"ATTACHE_DATABASE_WAIT_SECONDS must be at most {STEP_TIME_LIMIT_SECONDS // 2}: half of "
+                              f"a step's time limit ({STEP_TIME_LIMIT_SECONDS} s), which also holds its run after it")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
 

@@ -17,7 +17,7 @@ import threading
 from functools import cached_property
 from typing import Mapping
 
-from app.config import Settings
+from app.config import STEP_TIME_LIMIT_SECONDS, Settings
 from app.errors import ConfigError
 
 
@@ -111,7 +111,7 @@ class Services:
         from app.adapters.broker.worker_stopping import WorkerStopping
 
         return [
-            TimeLimit(time_limit=10 * 60 * 1000),
+            TimeLimit(time_limit=STEP_TIME_LIMIT_SECONDS * 1000),
             ShutdownNotifications(),
             WorkerStopping(self.stopping),
             CurrentMessage(),

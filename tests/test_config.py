@@ -34,6 +34,7 @@ def test_the_broker_url_chooses_the_broker(url, kind):
     ("BROKER_URL", "redis://x"),
     ("ATTACHE_FAULT", "nowhere"),
     ("ATTACHE_DEV", "maybe"),
+    ("ATTACHE_DATABASE_WAIT_SECONDS", "301"),
 ])
 def test_bad_setting_names_the_variable(variable, value):
     with pytest.raises(ConfigError) as info:
