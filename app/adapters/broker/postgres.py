@@ -136,14 +136,25 @@ def libpq_url(database_url: str) -> str:
     return "postgresql://" + rest if scheme.startswith("postgresql") else database_url
 
 
-def make_pool(url: str, *, timeout: float, max_size: int = 16) -> ConnectionPool:
-    """Connections opened on demand; a checkout (or a connect) waits at most ``timeout`` seconds."""
+#: connections the broker's pool may hold
+POOL_MAX_SIZE = 16
+
+
+def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> ConnectionPool:
+    """Connections opened on demand; a checkout (or a connect) waits at most ``timeout`` seconds.
+
+    A connection that could not be opened is retried with a growing delay (1, 2, 4, 8... s), for at most twice
+    ``timeout`` (psycopg_pool's ``reconnect_timeout``, 5 minutes by default); then the next checkout starts a
+    fresh attempt, which tries at once. With the default, after an outage of minutes every connection the pool
+    may open waited out a delay of a minute or more: the pool gave none for some 70 s after PostgreSQL was back.
+    """
     parts = urlsplit(libpq_url(url))
     kwargs = dict(parse_qsl(parts.query))
     kwargs.setdefault("connect_timeout", str(max(1, int(timeout * 2))))
     kwargs.setdefault("application_name", "attache-broker")
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
-                          open=True, timeout=timeout, check=ConnectionPool.check_connection)
+                          open=True, timeout=timeout, reconnect_timeout=2 * timeout,
+                          check=ConnectionPool.check_connection)
 
 
 def fresh(message: Message) -> Message:
