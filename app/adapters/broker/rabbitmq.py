@@ -222,7 +222,7 @@ class AttacheBroker(RabbitmqBroker):
         message sent on the dead connection may arrive twice: consumers take a duplicate as one. An answer that
         did not come in time is not retried (RabbitMQ is slow, not the connection stale), nor a refusal.
         """
-        reused = getattr(self.state, "connection", None) is not None
+        reused = self._kept_connection()
         confirmed, error = self._publish_once(messages, delay)
         if error is not None and reused and _stale(error.__cause__):
             log.info("publishing again on a fresh connection: %s", type(error.__cause__).__name__)
@@ -313,10 +313,14 @@ class AttacheBroker(RabbitmqBroker):
             del self.connection
             raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
 
+    def _kept_connection(self) -> bool:
+        """Whether this thread holds a connection opened before (which RabbitMQ may have closed since)."""
+        return getattr(self.state, "connection", None) is not None
+
     def ping(self) -> None:
         """One round trip on this thread's connection (opened once, then reused; reopened once if it died)."""
         while True:
-            reused = getattr(self.state, "connection", None) is not None
+            reused = self._kept_connection()
             try:
                 with answered_within(self.connection, self.answer_timeout):
                     self.channel.exchange_declare(exchange="amq.direct", passive=True)  # always there

@@ -56,14 +56,15 @@ def reachable(engine: Engine) -> bool:
 
 def wait_until_reachable(engine: Engine, seconds: float, stopping: threading.Event, *,
                          interval: float = 1.0) -> bool:
-    """Ask PostgreSQL every ``interval`` until it answers (True), ``seconds`` pass or ``stopping`` is set (False)."""
+    """After PostgreSQL did not answer: ask it again every ``interval`` until it answers (True), ``seconds`` pass
+    or ``stopping`` is set (False)."""
     deadline = time.monotonic() + seconds
     while True:
-        if reachable(engine):
-            return True
         remaining = deadline - time.monotonic()
         if remaining <= 0 or stopping.wait(min(interval, remaining)):
             return False
+        if reachable(engine):
+            return True
 
 
 #: PostgreSQL's SQLSTATE for a statement cancelled by ``statement_timeout``
