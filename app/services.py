@@ -135,9 +135,12 @@ class Services:
 
     @cached_property
     def unit_of_work(self):
+        """Commit, then publish; the web's publishes its uploads behind their answer (a thread of its own)."""
+        from app.core.background_publisher import BackgroundPublisher
         from app.core.unit_of_work import UnitOfWork
 
-        return UnitOfWork(self.engine, self.publisher)
+        background = BackgroundPublisher(self.publisher) if self._process == "web" else None
+        return UnitOfWork(self.engine, self.publisher, background)
 
     @cached_property
     def dead_letters(self):
@@ -146,6 +149,16 @@ class Services:
 
         return dead_letters_from_settings(self.settings, self.broker_url, self.engine,
                                           queues=[step.queue for step in Step])
+
+    def close(self) -> None:
+        """Stop what this object started: the publisher thread (given a moment to finish), then the broker's
+        connections and the engine's pool."""
+        if "unit_of_work" in self.__dict__ and self.unit_of_work.background is not None:
+            self.unit_of_work.background.close()
+        if "broker" in self.__dict__:
+            self.broker.close()
+        if "engine" in self.__dict__:
+            self.engine.dispose()
 
     @cached_property
     def limits(self):

@@ -200,10 +200,7 @@ def client(settings):
 
     app = create_app(settings)
     yield authed(app)
-    services = app.extensions["attache"]
-    services.engine.dispose()
-    if "broker" in services.__dict__:
-        services.broker.close()
+    app.extensions["attache"].close()
 
 
 @pytest.fixture

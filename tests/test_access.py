@@ -15,7 +15,7 @@ WHO = {"anonymous": ANONYMOUS, "alice": ALICE, "bob": BOB, "operator": OPERATOR}
 def app(settings):
     app = create_app(settings)
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def call(app, who, method, path, **kwargs):
@@ -95,7 +95,7 @@ def test_no_tokens_outside_dev_mode_means_no_access(env, data_file):
     app = create_app(Settings.from_env({k: v for k, v in env.items() if k != "ATTACHE_API_TOKENS"}))
     response = app.test_client().get("/v1/ops/jobs", headers={"Authorization": "Bearer anything-at-all"})
     assert response.status_code == 401
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_dev_mode_creates_one_token_once(env, tmp_path, monkeypatch):
@@ -110,7 +110,7 @@ def test_dev_mode_creates_one_token_once(env, tmp_path, monkeypatch):
     assert (tmp_path / "var" / "dev-token").read_text().strip() == token, "created once, then reused"
     for app in (first, second):
         assert app.test_client().get("/v1/ops/jobs", headers={"Authorization": f"Bearer {token}"}).status_code == 200
-        app.extensions["attache"].engine.dispose()
+        app.extensions["attache"].close()
 
 
 def test_uploads_belong_to_their_uploader(app, alices_upload, engine):

@@ -180,7 +180,7 @@ def test_charts_are_svg_with_words_for_screen_readers_and_escaped_names():
 def app(env):
     app = create_app(Settings.from_env({**env, "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_the_dashboard_draws_five_charts_with_no_script_under_the_same_csp(app, engine):

@@ -66,7 +66,7 @@ def app(env):
     # RabbitMQ unreachable on purpose: the console must still work (DLQ "unavailable", replay published later)
     app = create_app(Settings.from_env({**env, "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 @pytest.fixture
@@ -229,7 +229,7 @@ def test_replay_needs_a_reason_then_queues_the_job_and_audits_the_operator(app, 
 def broker_app(env):
     app = create_app(Settings.from_env(env))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, services, broker_url, engine):
@@ -406,8 +406,8 @@ def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, 
     assert response.status_code == 200 and b"<h1" in response.data and b"login" not in response.request.path.encode()
     remote = app.test_client().get("/ops/login", environ_base={"REMOTE_ADDR": "10.1.2.3"})
     assert remote.status_code == 200 and b"token" in remote.data.lower(), "only the local user is signed in"
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
     prod = create_app(Settings.from_env(env))
     assert prod.test_client().get("/ops/login").status_code == 200
     assert prod.test_client().get("/ops").status_code == 302, "outside development mode, a login is needed"
-    prod.extensions["attache"].engine.dispose()
+    prod.extensions["attache"].close()

@@ -22,7 +22,7 @@ def app(env):
     # private targets refused, as in production; RabbitMQ unreachable (the page does not need it)
     app = create_app(Settings.from_env({**env, "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def register_form(client, url, events=("attachment.ready", "attachment.failed"), uploader=""):

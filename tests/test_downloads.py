@@ -20,7 +20,7 @@ def ready(quiet_services, engine, data_file, settings):
     run(Workflow(quiet_services), engine, accepted.job_id)
     app = create_app(settings)
     yield app, accepted, path.read_bytes()
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def owned_client(app):
@@ -86,7 +86,7 @@ def test_disposition_of_an_unusual_display_name(quiet_services, engine, settings
     fallback = disposition.split('filename="')[1].split('"')[0]
     assert fallback.isascii() and '"' not in fallback and ";" not in fallback
     assert "filename*=UTF-8''%C3%9Cn%C3%AFc%C3%B8d%C3%A9%20%22quoted%22%20%3Bname-thumbnail.jpg" in disposition
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_unversioned_urls_revalidate_and_pinned_urls_are_immutable(quiet_services, engine, settings, data_file):
@@ -117,7 +117,7 @@ def test_unversioned_urls_revalidate_and_pinned_urls_are_immutable(quiet_service
     assert revalidated.headers["ETag"] != v1.headers["ETag"] and revalidated.data != v1.data
     still_v1 = client.get(url + "?version=1", headers={"If-None-Match": v1.headers["ETag"]})
     assert still_v1.status_code == 304 and "immutable" in still_v1.headers["Cache-Control"]
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_a_download_is_named_with_the_extension_of_its_real_format(quiet_services, engine, settings, data_file,
@@ -133,4 +133,4 @@ def test_a_download_is_named_with_the_extension_of_its_real_format(quiet_service
     assert original.headers["Content-Disposition"] == "attachment; filename=\"photo.jpg\"; filename*=UTF-8''photo.jpg"
     thumbnail = client.get(f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail")
     assert 'filename="photo-thumbnail.jpg"' in thumbnail.headers["Content-Disposition"]
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()

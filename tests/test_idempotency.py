@@ -17,7 +17,7 @@ from tests.processes import Deployment
 def app(settings):
     app = create_app(settings)
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def post(client, path, key):

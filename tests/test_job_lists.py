@@ -123,7 +123,7 @@ def test_a_forged_cursor_is_refused(services, seeded):
 def app(env):
     app = create_app(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_the_api_pages_with_the_same_filters(app, seeded):

@@ -46,7 +46,7 @@ def test_metrics_follow_the_pipeline(settings, quiet_services, engine, data_file
         "four render messages per file (those after the failure end 'ignored', and are timed too)"
     assert after[("attache_step_duration_seconds_count", (("step", "publish"),))] == 1
     assert after[("attache_dlq_messages", (("queue", "attache.inspect.XQ"),))] == 0
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_a_managed_retry_waiting_for_its_delay_is_not_a_late_outbox_row(settings, quiet_services, engine, data_file):
@@ -64,4 +64,4 @@ def test_a_managed_retry_waiting_for_its_delay_is_not_a_late_outbox_row(settings
             available_at=func.now() - text("interval '2 minutes'")))
     late = samples(app)
     assert 120 <= late[("attache_outbox_oldest_due_age_seconds", ())] < 3600
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()

@@ -147,7 +147,7 @@ def test_every_metric_named_is_exported(settings, services, engine):
         guarded(service, interval, runs)()
     app = create_app(settings)
     response = authed(app, OPERATOR_TOKEN).get("/metrics")
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
     assert response.status_code == 200
     exported = exported_names(response.get_data(as_text=True))
     assert "attache_sweeper_last_success_timestamp_seconds" in exported, "the scheduler's rounds are exported"

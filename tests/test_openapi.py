@@ -315,4 +315,4 @@ def test_database_down_is_503_everywhere(env):
         response = client.get(path)
         assert response.status_code == 503 and response.headers["Retry-After"] == "5", path
         assert response.json["error"] == "database_unavailable"
-    down.extensions["attache"].engine.dispose()
+    down.extensions["attache"].close()

@@ -21,7 +21,7 @@ def app(env):
                                         "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
                                         "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 @pytest.fixture
@@ -104,7 +104,7 @@ def broker_app(env):
 
     app = create_app(Settings.from_env(env))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_dlq_requeue_and_purge_take_the_chosen_ids_or_a_confirmed_count(broker_app, services, broker_url, engine):

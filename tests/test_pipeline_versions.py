@@ -78,7 +78,7 @@ def broken(env):
 def app(settings):
     app = create_app(settings)
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def new_job(services, attachment_id, version):

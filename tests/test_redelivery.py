@@ -191,6 +191,12 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
         response = authed(app).post("/v1/attachments", data={"file": (fh, "c.jpg")},
                                           content_type="multipart/form-data", headers={"traceparent": traceparent})
     assert response.status_code == 202
+
+    def published():  # behind the answer (app.core.background_publisher)
+        with engine.connect() as conn:
+            return conn.execute(select(outbox.c.published_at)).scalar_one()
+
+    wait_for(published, timeout=10, message="the upload's message confirmed")
     connection = pika.BlockingConnection(pika.URLParameters(broker_url))
     try:
         method, properties, body = connection.channel().basic_get("attache.inspect", auto_ack=True)
@@ -205,7 +211,7 @@ def test_amqp_message_carries_trace_headers(services, broker_url, engine, data_f
     assert properties.delivery_mode == 2 and properties.content_type == "application/json"
     with engine.connect() as conn:
         assert conn.execute(select(jobs.c.traceparent)).scalar() == traceparent
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_when_postgresql_is_unreachable_dramatiq_retries_are_bounded_then_dead_letter(env, tmp_path, services, broker_url):

@@ -140,7 +140,7 @@ def test_a_query_over_its_time_is_cancelled_as_a_timeout(engine):
 def app(env):
     app = create_app(Settings.from_env({**env, "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_the_api_answers_with_the_matches(app, uploads):

@@ -49,7 +49,7 @@ def post_routes(env) -> list[str]:
     try:
         rules = [rule.rule for rule in app.url_map.iter_rules() if "POST" in rule.methods]
     finally:
-        app.extensions["attache"].engine.dispose()
+        app.extensions["attache"].close()
     return sorted(re.sub(r"<(?:[^:<>]+:)?[^<>]+>", "00000000-0000-4000-8000-000000000000", rule) for rule in rules)
 
 

@@ -119,7 +119,7 @@ def test_each_round_is_added_up_and_exported(settings, services, engine):
     assert (of(third, "attache_sweeper_last_success_timestamp_seconds", service="staging_cleanup")
             == of(first, "attache_sweeper_last_success_timestamp_seconds", service="staging_cleanup"))
     assert of(third, "attache_sweeper_items_total", service="staging_cleanup", action="kept") == 4
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_a_sweeper_that_never_succeeded_has_no_last_success(settings, engine):
@@ -130,7 +130,7 @@ def test_a_sweeper_that_never_succeeded_has_no_last_success(settings, engine):
     assert of(samples, "attache_sweeper_first_run_timestamp_seconds", service="object_gc") is not None
     assert of(samples, "attache_sweeper_last_success_timestamp_seconds", service="object_gc") is None
     assert of(samples, "attache_sweeper_last_duration_seconds", service="object_gc") == 0.25
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_recording_never_fails_the_scheduler(caplog):
@@ -160,4 +160,4 @@ def test_the_scheduler_process_records_every_service(env, settings, tmp_path):
         raise
     finally:
         deployment.stop_all()
-        app.extensions["attache"].engine.dispose()
+        app.extensions["attache"].close()

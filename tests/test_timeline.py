@@ -43,7 +43,7 @@ def storage_down(env):
 def app(env):
     app = create_app(Settings.from_env({**env, "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def lose_the_lease(engine, job_id):
@@ -209,7 +209,7 @@ def test_with_presigned_s3_downloads_the_console_lets_images_come_from_the_stora
                 assert page.status_code == 200
                 assert page.headers["Content-Security-Policy"] == expected, presign
             finally:
-                app.extensions["attache"].engine.dispose()
+                app.extensions["attache"].close()
 
 
 @pytest.mark.processes

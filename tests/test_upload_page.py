@@ -21,7 +21,7 @@ CSP = ("default-src 'self'; img-src 'self' data: blob: *; script-src 'self'; sty
 def app(settings):
     app = create_app(settings)
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def csrf_field(html: str) -> str:
@@ -201,10 +201,10 @@ def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, 
         assert (session["principal"], session["role"]) == ("dev", "operator")
     remote = app.test_client().get("/", environ_base={"REMOTE_ADDR": "10.1.2.3"})
     assert remote.status_code == 200 and 'id="sign-in"' in remote.text, "only the local user is signed in"
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
     prod = create_app(Settings.from_env(env))
     assert 'id="sign-in"' in prod.test_client().get("/").text, "outside development mode, a sign-in is needed"
-    prod.extensions["attache"].engine.dispose()
+    prod.extensions["attache"].close()
 
 
 def test_the_limit_is_said_in_megabytes():

@@ -38,7 +38,7 @@ def make_app(env, **extra):
 def app(env):
     app = make_app(env, ATTACHE_WEBHOOK_ALLOW_PRIVATE="1")
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
                                                           "events": ["attachment.ready"]}).status_code == 403
         assert ops.get("/v1/ops/webhooks").json["webhooks"] == []
     finally:
-        app.extensions["attache"].engine.dispose()
+        app.extensions["attache"].close()
 
 
 def test_the_delivery_checks_the_target_again(app, engine, receivers, data_file):

@@ -26,7 +26,7 @@ def broker_kind() -> str:
 def app(env):
     app = make_app(env, ATTACHE_WEBHOOK_ALLOW_PRIVATE="1")
     yield app
-    app.extensions["attache"].engine.dispose()
+    app.extensions["attache"].close()
 
 
 def test_a_cursor_that_is_not_an_ascii_integer_is_400_never_500(app):

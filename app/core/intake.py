@@ -19,8 +19,11 @@ Order matters and each step is a failure window:
 3. the message is published with a confirm and the row marked (window 3:
    an unconfirmed publish leaves the row unmarked; a duplicate is harmless);
    2 and 3 are one :class:`~app.core.unit_of_work.UnitOfWork`, which asks
-   :func:`_committed_after_all` when the COMMIT's outcome is unknown;
-4. only then does the web answer ``202``.
+   :func:`_committed_after_all` when the COMMIT's outcome is unknown. The
+   web's unit of work hands the row to its background publisher
+   (:mod:`app.core.background_publisher`) and returns at COMMIT: nothing
+   after the COMMIT is needed for the work to survive;
+4. the web answers ``202``, once the COMMIT has landed.
 """
 
 from __future__ import annotations
@@ -69,7 +72,6 @@ class Accepted:
     attachment_id: uuid.UUID
     job_id: uuid.UUID
     pipeline_version: int
-    published: bool
     replayed: bool = False
 
 
@@ -90,7 +92,7 @@ def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) 
         return None
     if row.request_sha256 != sha256:
         raise IdempotencyKeyReused("this Idempotency-Key was used for different content")
-    return Accepted(row.attachment_id, row.job_id, row.pipeline_version, published=True, replayed=True)
+    return Accepted(row.attachment_id, row.job_id, row.pipeline_version, replayed=True)
 
 
 def _claim_key(conn, services: Producer, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
@@ -133,7 +135,7 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
         return _committed_after_all(services, attachment_id, key, error)
 
     try:
-        with services.unit_of_work.begin(after_commit=_window_2, landed=landed) as work:
+        with services.unit_of_work.begin(after_commit=_window_2, landed=landed, behind=True) as work:
             conn = work.conn
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
@@ -167,10 +169,9 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
         if not committing:
             _forget_staging(services, key)
         raise
-    published = work.published == 1
     log.info("upload accepted", extra={"attachment_id": str(attachment_id), "job_id": str(job_id),
-                                       "size": received.size, "published": published})
-    return Accepted(attachment_id, job_id, settings.pipeline_version, published)
+                                       "size": received.size})
+    return Accepted(attachment_id, job_id, settings.pipeline_version)
 
 
 def _window_2() -> None:

@@ -14,7 +14,10 @@ COMMIT, publishes them (:meth:`app.core.outbox.OutboxPublisher.publish_written`)
 Nothing is published when the block raises (the transaction rolled back).
 A failure to publish after COMMIT is logged and left to the scheduler's
 outbox relay: the work is already safe. Rows not yet due (a managed retry's
-``available_at``) are left to the relay too.
+``available_at``) are left to the relay too. A unit of work with a
+:class:`~app.core.background_publisher.BackgroundPublisher` (the web's)
+hands the rows of a ``begin(behind=True)`` block to it instead, and returns
+at COMMIT (an upload's ``202`` does not wait for RabbitMQ).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.adapters.postgres.db import transaction
 from app.core import outbox
+from app.core.background_publisher import BackgroundPublisher
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.unit_of_work")
@@ -40,18 +44,20 @@ class Work:
     conn: Connection
     #: the outbox rows written in this transaction
     written: list[outbox.Written] = field(default_factory=list)
-    #: how many of them RabbitMQ confirmed after COMMIT
+    #: how many of them RabbitMQ confirmed after COMMIT (none when they were handed to the background publisher)
     published: int = 0
 
 
 class UnitOfWork:
-    def __init__(self, engine: Engine, publisher: outbox.OutboxPublisher):
+    def __init__(self, engine: Engine, publisher: outbox.OutboxPublisher,
+                 background: BackgroundPublisher | None = None):
         self.engine = engine
         self.publisher = publisher
+        self.background = background
 
     @contextlib.contextmanager
     def begin(self, *, after_commit: Callable[[], None] | None = None,
-              landed: Callable[[Exception], bool] | None = None) -> Iterator[Work]:
+              landed: Callable[[Exception], bool] | None = None, behind: bool = False) -> Iterator[Work]:
         """``BEGIN``, the block, ``COMMIT``, then publish what the block wrote to the outbox.
 
         ``after_commit`` runs between COMMIT and publishing (the upload's
@@ -60,6 +66,8 @@ class UnitOfWork:
         unit of work asks it whether the transaction committed after all
         and, if so, publishes as usual; otherwise the error propagates and
         nothing is published (the relay publishes rows that did commit).
+        With ``behind``, the rows go to the background publisher, if the unit
+        of work has one, and the block returns at COMMIT.
         """
         committing = False
         try:
@@ -72,7 +80,10 @@ class UnitOfWork:
         except Exception as exc:
             if not (committing and landed is not None and landed(exc)):
                 raise
-        work.published = self._publish(work.written)
+        if behind and self.background is not None:
+            self.background.submit(work.written)
+        else:
+            work.published = self._publish(work.written)
 
     def _publish(self, rows: list[outbox.Written]) -> int:
         if not rows:

@@ -1,0 +1,119 @@
+"""The web's publisher thread (``app.core.background_publisher``), on real PostgreSQL and RabbitMQ.
+
+An upload is answered at its COMMIT; this thread publishes its outbox row
+behind the answer. What must hold: rows handed over while it waits go out
+together, one confirm wait and one marking commit for all; a failure
+never stops it; closing it publishes what it was given; rows it cannot
+take are left, unmarked, to the relay.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from sqlalchemy import select
+
+from app.adapters.postgres.models import jobs, outbox
+from app.core import outbox as outbox_rows
+from app.core.background_publisher import BackgroundPublisher
+from app.core.outbox import OutboxPublisher
+from app.core.steps import Step
+from app.core.unit_of_work import UnitOfWork
+from tests.processes import wait_for
+from tests.test_maintenance import seed
+
+
+class Gated(OutboxPublisher):
+    """The real publisher, held at a gate before each batch, recording the batches' sizes."""
+
+    def __init__(self, engine, broker, *, failures: int = 0):
+        super().__init__(engine, broker)
+        self.gate = threading.Event()
+        self.taken = threading.Event()
+        self.batches: list[int] = []
+        self.failures = failures
+
+    def publish_written(self, rows):
+        self.taken.set()
+        assert self.gate.wait(10)
+        self.batches.append(len(rows))
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("a bug in publishing")
+        return super().publish_written(rows)
+
+
+def handed_over(services, publisher, count):
+    """``count`` uploads' worth of committed rows, each handed to the thread by its unit of work."""
+    unit_of_work = UnitOfWork(services.engine, publisher.publisher, publisher)
+    _, job_id, _ = seed(services.engine, services.storage)
+    with services.engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one()
+    ids = []
+    for _ in range(count):
+        with unit_of_work.begin(behind=True) as work:
+            ids.append(outbox_rows.announce(work.conn, job, 1, Step.INSPECT))
+        assert work.published == 0, "the unit of work returned at COMMIT"
+    return ids
+
+
+def marked(engine, ids):
+    with engine.connect() as conn:
+        return [row.published_at for row in conn.execute(select(outbox.c.published_at).where(outbox.c.id.in_(ids)))]
+
+
+def test_rows_handed_over_while_a_batch_is_out_are_published_together(services, engine):
+    gated = Gated(engine, services.broker)
+    background = BackgroundPublisher(gated)
+    try:
+        first = handed_over(services, background, 1)
+        assert gated.taken.wait(10)
+        later = handed_over(services, background, 3)
+        assert marked(engine, first + later) == [None] * 4, "nothing is published before the gate opens"
+        gated.gate.set()
+        wait_for(lambda: all(marked(engine, first + later)), timeout=10, message="every row marked")
+    finally:
+        gated.gate.set()
+        background.close()
+    assert gated.batches == [1, 3], "the three rows handed over meanwhile went out as one batch"
+    assert services.broker.queue_depth("attache.inspect") == 4
+
+
+def test_a_failed_batch_leaves_its_rows_to_the_relay_and_the_thread_goes_on(services, engine):
+    gated = Gated(engine, services.broker, failures=1)
+    gated.gate.set()
+    background = BackgroundPublisher(gated)
+    try:
+        failed = handed_over(services, background, 1)
+        wait_for(lambda: gated.batches == [1], timeout=10, message="the failing batch")
+        after = handed_over(services, background, 1)
+        wait_for(lambda: all(marked(engine, after)), timeout=10, message="the next row published")
+    finally:
+        background.close()
+    assert marked(engine, failed) == [None], "the failed row stays for the relay"
+
+
+def test_closing_publishes_what_was_handed_over(services, engine):
+    gated = Gated(engine, services.broker)
+    background = BackgroundPublisher(gated)
+    ids = handed_over(services, background, 3)
+    assert gated.taken.wait(10)
+    gated.gate.set()
+    background.close()
+    assert all(marked(engine, ids)), "close() returned before the rows were published"
+
+
+def test_rows_beyond_its_capacity_are_left_to_the_relay(services, engine):
+    gated = Gated(engine, services.broker)
+    background = BackgroundPublisher(gated, capacity=1)
+    try:
+        held = handed_over(services, background, 1)  # taken by the thread, held at the gate
+        assert gated.taken.wait(10)
+        queued = handed_over(services, background, 1)  # fills the queue
+        refused = handed_over(services, background, 1)  # no room: not handed over, and the upload went on
+        gated.gate.set()
+        wait_for(lambda: all(marked(engine, held + queued)), timeout=10, message="the rows it took")
+    finally:
+        gated.gate.set()
+        background.close()
+    assert marked(engine, refused) == [None]
