@@ -21,7 +21,7 @@ import requests
 from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres import db
-from app.adapters.postgres.models import attachments, dead_letters, job_history, jobs, outbox
+from app.adapters.postgres.models import attachments, dead_letters, job_history, jobs, outbox, step_runs
 from app.core import states
 from app.observability import metrics
 from app.observability.tracing import new_traceparent
@@ -319,10 +319,12 @@ def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private
             worker = deployment.start("worker")
             wait_for(lambda: "the step waits for it" in worker.output(), timeout=60,
                      message="a step of the second worker waiting for PostgreSQL")
+            waiting = time.monotonic()
             time.sleep(3)  # the outage goes on: ten times what the two retries would have lasted
             assert xq_depth(broker_url, "attache.inspect.XQ") == 0
         finally:
             private_postgres.start()
+        waited = time.monotonic() - waiting
 
         for attachment_id in accepted:
             assert deployment.wait_state(attachment_id, timeout=60)["state"] == "ready"
@@ -331,6 +333,9 @@ def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private
             assert conn.execute(select(func.count()).select_from(dead_letters)).scalar() == 0
         assert_invariants(engine, storage_dir, accepted)
         assert "PostgreSQL answers again: the step runs again" in worker.output()
+        with engine.connect() as conn:
+            longest = conn.execute(select(func.max(step_runs.c.seconds))).scalar()
+        assert longest < waited, f"a step's duration ({longest:.1f} s) counted its wait ({waited:.1f} s)"
 
 
 def _unpublished(engine) -> int:

@@ -219,6 +219,8 @@ class Workflow:
         step is made for. ``DatabaseUnavailable`` with PostgreSQL answering (a
         lost connection, a deadlock) is raised at once, for Dramatiq's retries,
         as is one whose wait ran out or was ended by the worker's shutdown.
+        The step's timing (``step_runs``) is the run's after the wait: the
+        wait is in the worker's log, not in the step's duration.
         """
         engine = self.services.engine
         deadline = time.monotonic() + self.services.settings.database_wait_seconds
@@ -232,6 +234,9 @@ class Workflow:
                 if not db.wait_until_reachable(engine, deadline - time.monotonic(), self.stopping):
                     raise
                 log.info("PostgreSQL answers again: the step runs again")
+                run = _running.get()
+                if run is not None:  # its duration is the run's that records the outcome, not the wait's
+                    run.began = time.monotonic()
 
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])
