@@ -3,15 +3,17 @@
 An upload is answered at its COMMIT; this thread publishes its outbox row
 behind the answer. What must hold: rows handed over while it waits go out
 together, one confirm wait and one marking commit for all; a failure
-never stops it; closing it publishes what it was given; rows it cannot
-take are left, unmarked, to the relay.
+never stops it, and the rows waiting behind a failed batch are left to the
+relay; rows that waited long are read back, so what the relay sent
+meanwhile is not sent again; closing it publishes what it was given; rows
+it cannot take are left, unmarked, to the relay.
 """
 
 from __future__ import annotations
 
 import threading
 
-from sqlalchemy import select
+from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import jobs, outbox
 from app.core import outbox as outbox_rows
@@ -33,14 +35,14 @@ class Gated(OutboxPublisher):
         self.batches: list[int] = []
         self.failures = failures
 
-    def publish_written(self, rows):
+    def send(self, rows):
         self.taken.set()
         assert self.gate.wait(10)
         self.batches.append(len(rows))
         if self.failures:
             self.failures -= 1
             raise RuntimeError("a bug in publishing")
-        return super().publish_written(rows)
+        return super().send(rows)
 
 
 def handed_over(services, publisher, count):
@@ -64,7 +66,7 @@ def marked(engine, ids):
 
 def test_rows_handed_over_while_a_batch_is_out_are_published_together(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated)
+    background = BackgroundPublisher(gated, stale_seconds=60)
     try:
         first = handed_over(services, background, 1)
         assert gated.taken.wait(10)
@@ -82,7 +84,7 @@ def test_rows_handed_over_while_a_batch_is_out_are_published_together(services, 
 def test_a_failed_batch_leaves_its_rows_to_the_relay_and_the_thread_goes_on(services, engine):
     gated = Gated(engine, services.broker, failures=1)
     gated.gate.set()
-    background = BackgroundPublisher(gated)
+    background = BackgroundPublisher(gated, stale_seconds=60)
     try:
         failed = handed_over(services, background, 1)
         wait_for(lambda: gated.batches == [1], timeout=10, message="the failing batch")
@@ -95,7 +97,7 @@ def test_a_failed_batch_leaves_its_rows_to_the_relay_and_the_thread_goes_on(serv
 
 def test_closing_publishes_what_was_handed_over(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated)
+    background = BackgroundPublisher(gated, stale_seconds=60)
     ids = handed_over(services, background, 3)
     assert gated.taken.wait(10)
     gated.gate.set()
@@ -105,7 +107,7 @@ def test_closing_publishes_what_was_handed_over(services, engine):
 
 def test_rows_beyond_its_capacity_are_left_to_the_relay(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated, capacity=1)
+    background = BackgroundPublisher(gated, capacity=1, stale_seconds=60)
     try:
         held = handed_over(services, background, 1)  # taken by the thread, held at the gate
         assert gated.taken.wait(10)
@@ -117,3 +119,60 @@ def test_rows_beyond_its_capacity_are_left_to_the_relay(services, engine):
         gated.gate.set()
         background.close()
     assert marked(engine, refused) == [None]
+
+
+def test_the_rows_waiting_behind_a_failed_batch_are_left_to_the_relay(services, engine):
+    gated = Gated(engine, services.broker, failures=1)
+    background = BackgroundPublisher(gated, stale_seconds=60)
+    try:
+        failed = handed_over(services, background, 1)
+        assert gated.taken.wait(10)
+        behind = handed_over(services, background, 2)  # queued while the failing batch is out
+        gated.gate.set()
+        wait_for(lambda: background._queue.empty() and gated.batches == [1], timeout=10, message="the queue dropped")
+        after = handed_over(services, background, 1)
+        wait_for(lambda: all(marked(engine, after)), timeout=10, message="the next row published")
+    finally:
+        gated.gate.set()
+        background.close()
+    assert gated.batches == [1, 1], "the two rows behind the failed batch were never sent"
+    assert marked(engine, failed + behind) == [None] * 3
+    assert services.broker.queue_depth("attache.inspect") == 1
+
+
+def test_rows_that_waited_long_are_read_back_and_what_the_relay_sent_is_not_sent_again(services, engine):
+    gated = Gated(engine, services.broker)
+    background = BackgroundPublisher(gated, stale_seconds=0)
+    try:
+        first = handed_over(services, background, 1)
+        assert gated.taken.wait(10)
+        waiting = handed_over(services, background, 3)
+        with engine.begin() as conn:  # the relay published one of them meanwhile
+            conn.execute(update(outbox).where(outbox.c.id == waiting[0]).values(published_at=func.now()))
+        gated.gate.set()
+        wait_for(lambda: all(marked(engine, first + waiting)), timeout=10, message="every row marked")
+    finally:
+        gated.gate.set()
+        background.close()
+    assert gated.batches == [1, 2], "the row the relay sent was read back and left out"
+    assert services.broker.queue_depth("attache.inspect") == 3
+
+
+def test_a_late_failure_leaves_the_relays_claim_and_publication_alone(quiet_services, engine):
+    """The web's publish can fail after the relay claimed or published the same rows: its error mark must not
+    release the relay's claim (another relay would send the row once more) nor stamp a published row."""
+    claimed_job = seed(engine, quiet_services.storage)[1]
+    published_job = seed(engine, quiet_services.storage)[1]
+    with engine.begin() as conn:
+        claimed = conn.execute(update(outbox).where(outbox.c.job_id == claimed_job).values(
+            claimed_until=func.now() + text("interval '1 minute'")).returning(outbox)).one()
+        published = conn.execute(update(outbox).where(outbox.c.job_id == published_job).values(
+            published_at=func.now()).returning(outbox)).one()
+    for row in (claimed, published):  # each fails alone: a batch stops at its first failure
+        written = outbox_rows.Written(row.id, row.message_id, row.queue_name, row.actor_name, row.payload, True)
+        assert quiet_services.publisher.publish_written([written]) == 0, "the broker is unreachable"
+    with engine.connect() as conn:
+        after = {row.id: row for row in conn.execute(select(outbox))}
+    assert after[claimed.id].claimed_until == claimed.claimed_until, "the relay's claim stays"
+    assert after[claimed.id].last_error, "the unpublished row records the failure"
+    assert after[published.id].published_at == published.published_at and after[published.id].last_error is None

@@ -13,17 +13,23 @@ several uploads share one confirm wait and one marking commit.
 
 A row the thread could not publish (the broker down or silent), or never
 got to (the process died; its queue was full), stays unmarked, and the
-scheduler's outbox relay publishes it (window 3, as before). A worker
-process that stops gives the thread a few seconds to finish (``atexit``).
+scheduler's outbox relay publishes it (window 3, as before). So that the
+thread does not send again what the relay sent meanwhile, once a batch
+fails the rows waiting behind it are left to the relay, and rows that
+waited in the queue for more than :data:`STALE_SECONDS` are read back
+first: only those still unpublished and unclaimed are sent. A process
+that stops gives the thread a few seconds to finish (``atexit``).
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import queue
 import threading
+import time
 from typing import Sequence
 
 from app.core.outbox import OutboxPublisher, Written
@@ -37,14 +43,18 @@ CAPACITY = 10_000
 BATCH = 100
 #: how long a process that exits waits for the rows already handed over
 DRAIN_SECONDS = 5.0
+#: rows handed over longer ago than this are read back before they are sent (the relay may have sent them)
+STALE_SECONDS = 1.0
 _STOP = object()
 
 
 class BackgroundPublisher:
-    def __init__(self, publisher: OutboxPublisher, *, capacity: int = CAPACITY, batch: int = BATCH):
+    def __init__(self, publisher: OutboxPublisher, *, capacity: int = CAPACITY, batch: int = BATCH,
+                 stale_seconds: float = STALE_SECONDS):
         self.publisher = publisher
         self.capacity = capacity
         self.batch = batch
+        self.stale_seconds = stale_seconds
         self._lock = threading.Lock()
         self._pid: int | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -56,7 +66,7 @@ class BackgroundPublisher:
             return True
         pending = self._started()
         try:
-            pending.put_nowait(list(rows))
+            pending.put_nowait((time.monotonic(), list(rows)))
         except queue.Full:
             log.warning("%d outbox row(s) left to the relay: the publishing queue is full", len(rows))
             return False
@@ -69,7 +79,8 @@ class BackgroundPublisher:
             self._thread = None
         if thread is None or self._pid != os.getpid():
             return
-        pending.put(_STOP)
+        with contextlib.suppress(queue.Full):  # full: the thread is not told, and the join times out
+            pending.put_nowait(_STOP)
         thread.join(timeout)
 
     def _started(self) -> queue.Queue:
@@ -90,7 +101,7 @@ class BackgroundPublisher:
             first = pending.get()
             if first is _STOP:
                 return
-            rows = list(first)
+            oldest, rows = first[0], list(first[1])
             while len(rows) < self.batch:
                 try:
                     more = pending.get_nowait()
@@ -99,13 +110,37 @@ class BackgroundPublisher:
                 if more is _STOP:
                     stopping = True
                     break
-                rows.extend(more)
-            self._publish(rows)
+                rows.extend(more[1])
+            if not self._publish(rows, stale=time.monotonic() - oldest > self.stale_seconds):
+                stopping = self._leave_to_relay(pending) or stopping
 
-    def _publish(self, rows: list[Written]) -> None:
+    def _publish(self, rows: list[Written], *, stale: bool) -> bool:
+        """Send ``rows`` (read back first when ``stale``); whether every row sent was confirmed."""
         try:
-            self.publisher.publish_written(rows)
+            if stale:
+                unsent = self.publisher.unsent(row.id for row in rows)
+                return self.publisher.send(unsent) == len(unsent)
+            return self.publisher.publish_written(rows) == sum(row.due for row in rows)
         except AttacheError as exc:  # the rows are durable; the relay publishes them
             log.warning("publish after commit failed, %d row(s) left to the relay: %s", len(rows), exc)
         except Exception:  # never let the thread die: the next uploads still need it
             log.exception("publish after commit failed, %d row(s) left to the relay", len(rows))
+        return False
+
+    @staticmethod
+    def _leave_to_relay(pending: queue.Queue) -> bool:
+        """After a failed batch, the rows waiting behind it are the relay's: sending them would wait for the same
+        broker, and the relay may send them first. Returns whether the thread was told to stop meanwhile."""
+        left, stopping = 0, False
+        while True:
+            try:
+                item = pending.get_nowait()
+            except queue.Empty:
+                break
+            if item is _STOP:
+                stopping = True
+            else:
+                left += len(item[1])
+        if left:
+            log.warning("%d outbox row(s) left to the relay after a failed publish", left)
+        return stopping

@@ -70,12 +70,15 @@ def collecting(conn: Connection) -> Iterator[list[Written]]:
 #: built once (see app.core.states): the statements every step runs
 _INSERT = insert(outbox).returning(outbox.c.id)
 _UNSENT = select(outbox).where(outbox.c.id.in_(bindparam("b_ids", expanding=True)), outbox.c.published_at.is_(None),
-                               outbox.c.available_at <= func.now()).order_by(outbox.c.id)
-_MARKED = outbox.c.id.in_(bindparam("b_ids", expanding=True))
+                               outbox.c.available_at <= func.now(),
+                               or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until <= func.now())
+                               ).order_by(outbox.c.id)
+#: a row another producer (the relay) published meanwhile keeps its first publication, and its claim
+_MARKED = outbox.c.id.in_(bindparam("b_ids", expanding=True)) & outbox.c.published_at.is_(None)
 _MARK_PUBLISHED = update(outbox).where(_MARKED).values(
     publish_attempts=outbox.c.publish_attempts + 1, claimed_until=None, published_at=func.now(), last_error=None)
 _MARK_FAILED = update(outbox).where(_MARKED).values(
-    publish_attempts=outbox.c.publish_attempts + 1, claimed_until=None, last_error=bindparam("b_error"))
+    publish_attempts=outbox.c.publish_attempts + 1, last_error=bindparam("b_error"))
 
 
 def add(conn: Connection, payload: dict, *, available_at: datetime | None = None) -> int:
@@ -122,25 +125,29 @@ class OutboxPublisher:
         self.broker = broker
 
     def publish(self, ids: Iterable[int]) -> int:
-        """Publish rows written by this producer right after its COMMIT.
+        """Publish the rows ``ids`` that are still unpublished, due and unclaimed, read back first.
 
-        Rows not yet due are left to the scheduler. A broker failure is
-        logged and left for the scheduler too: the work is already safe.
-        Returns how many rows were confirmed.
+        Rows not yet due are left to the scheduler; so are rows the relay
+        published or claimed meanwhile. A broker failure is logged and left
+        for the scheduler too: the work is already safe. Returns how many
+        rows were confirmed.
         """
+        return self.send(self.unsent(ids))
+
+    def unsent(self, ids: Iterable[int]) -> list:
+        """The rows ``ids`` still unpublished, due and unclaimed, read back."""
         ids = list(ids)
         if not ids:
-            return 0
+            return []
         with transaction(self.engine) as conn:
-            rows = conn.execute(_UNSENT, {"b_ids": ids}).all()
-        return self._send(rows)
+            return conn.execute(_UNSENT, {"b_ids": ids}).all()
 
     def publish_written(self, rows: list[Written]) -> int:
         """Publish the rows a unit of work wrote, right after its COMMIT, as it wrote them (not read back).
 
         A row not yet due is left to the relay. Returns how many were confirmed.
         """
-        return self._send([row for row in rows if row.due])
+        return self.send([row for row in rows if row.due])
 
     def publish_due(self, *, older_than_seconds: float, batch: int = 100,
                     claim_seconds: float = 60.0) -> dict[str, int]:
@@ -164,10 +171,10 @@ class OutboxPublisher:
         with transaction(self.engine) as conn:
             rows = conn.execute(update(outbox).where(outbox.c.id.in_(due.scalar_subquery()))
                                 .values(claimed_until=func.now() + _seconds(claim_seconds)).returning(outbox)).all()
-        published = self._send(sorted(rows, key=lambda row: (row.available_at, row.id)))
+        published = self.send(sorted(rows, key=lambda row: (row.available_at, row.id)))
         return {"published": published, "pending": len(rows) - published}
 
-    def _send(self, rows) -> int:
+    def send(self, rows) -> int:
         """Publish ``rows`` together and wait for their confirms together; the rows after a failure are not sent.
 
         The broker confirms the batch in order up to its first failure
@@ -187,11 +194,11 @@ class OutboxPublisher:
             failed = rows[sent]
             log.warning("outbox row %s not published: %s", failed.id, error, extra={"outbox_id": failed.id})
             self._mark([failed.id], error=str(error))
-            self._release([later.id for later in rows[sent + 1:] if later.claimed_until is not None])
+            self._release([row.id for row in rows[sent:] if row.claimed_until is not None])
         return sent
 
     def _mark(self, row_ids: list[int], *, error: str | None = None) -> None:
-        """One publish attempt of each row: published (confirmed) or its error; either way its claim ends.
+        """One publish attempt of each unpublished row: published (confirmed; its claim ends) or its error.
 
         The commit does not wait for the WAL flush (``synchronous_commit =
         off``): a mark lost in a PostgreSQL crash leaves its row unmarked, and
