@@ -7,7 +7,7 @@ PORT ?= 8000
 
 .PHONY: up install release test bench soak clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml setup.py app/adapters/imaging/_lanczos.c
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test]'

@@ -41,6 +41,7 @@ from app.adapters.imaging import (
     Rendered,
     VariantSpec,
     bmff,
+    lanczos,
     libvips,
     probe,
     render,
@@ -500,33 +501,62 @@ def test_a_large_copy_of_a_jpeg_is_decoded_and_resampled_by_libvips(monkeypatch)
 
 
 
-def test_the_vertical_pass_of_the_other_large_copies_is_libvips_s(monkeypatch, tmp_path) -> None:
-    """Where the region spans every row but libvips cannot decode and resample it all (a JPEG of odd width: Pillow's
-    region ends inside its last pixel; a PNG), Pillow decodes and makes the horizontal pass, libvips the vertical."""
-    png = tmp_path / "large.png"
-    Image.open(path_of("photos/rocket_12mp_4241x2830.jpg")).reduce(2).save(png, compress_level=1)  # 2121x1415
+def _made_by(monkeypatch, module, name):
+    """Spy on ``module.name`` (a resize that returns None when it declines): what it made, as (in, out) sizes."""
     made = []
-    resize = libvips.resize
+    original = getattr(module, name)
 
-    def spy(img, out_size, box, resample):
-        resized = resize(img, out_size, box, resample)
+    def spy(img, out_size, box, *args):
+        resized = original(img, out_size, box, *args)
         made.append(None if resized is None else (img.size, out_size))
         return resized
 
-    monkeypatch.setattr(libvips, "resize", spy)
-    cases = [
-        (path_of("photos/rocket_12mp_4241x2830.jpg"), "optimized", ((2121, 1415), (2048, 1367))),
-        (png, "optimized", ((2121, 1415), (2048, 1366))),
-        # an odd height too: neither pass spans the whole image (1413 rows for a region of 1412.5)
-        (path_of("photos/chelsea_12mp_4247x2825.jpg"), "optimized", None),
-        (path_of("photos/rocket_12mp_4241x2830.jpg"), "thumbnail", None),  # a small output: Pillow's
-    ]
-    for path, name, by_libvips in cases:
+    monkeypatch.setattr(module, name, spy)
+    return made
+
+
+OTHER_LARGE_COPIES = [  # (file, variant, (decoded size, output size))
+    ("photos/rocket_12mp_4241x2830.jpg", "optimized", ((2121, 1415), (2048, 1367))),  # odd width
+    ("large.png", "optimized", ((2121, 1415), (2048, 1366))),
+    ("photos/chelsea_12mp_4247x2825.jpg", "optimized", ((2124, 1413), (2048, 1362))),  # odd width and height
+]
+
+
+def _large_png(tmp_path):
+    png = tmp_path / "large.png"
+    Image.open(path_of("photos/rocket_12mp_4241x2830.jpg")).reduce(2).save(png, compress_level=1)  # 2121x1415
+    return png
+
+
+def test_the_other_large_copies_and_the_thumbnails_are_made_by_the_compiled_passes(monkeypatch, tmp_path) -> None:
+    """Where libvips cannot decode and resample it all (a JPEG whose region ends inside its last pixel; a PNG),
+    Pillow decodes and the compiled passes resample (``lanczos``: Pillow's bytes); the thumbnails too."""
+    png = _large_png(tmp_path)
+    compiled = _made_by(monkeypatch, lanczos, "resize")
+    by_libvips = _made_by(monkeypatch, libvips, "resize")
+    for name, variant, sizes in OTHER_LARGE_COPIES + [("photos/rocket_12mp_4241x2830.jpg", "thumbnail", None)]:
+        compiled.clear()
+        SHARED.clear()
+        out = render(png if name == "large.png" else path_of(name), PIPELINE_V1_SPECS[variant], LIMITS)
+        assert len(compiled) == 1 and compiled[0] is not None, (name, variant, compiled)
+        assert sizes is None or (compiled[0], (out.width, out.height)) == (sizes, sizes[1])
+    assert by_libvips == []
+
+
+def test_without_the_compiled_passes_libvips_makes_the_vertical_pass_of_the_other_large_copies(
+        monkeypatch, tmp_path) -> None:
+    """Installed without a C compiler: where the region spans every row, Pillow makes the horizontal pass and
+    libvips the vertical one; where it does not (an odd height too), and for a small output, Pillow all."""
+    monkeypatch.setattr(lanczos, "_lanczos", None)
+    png = _large_png(tmp_path)
+    made = _made_by(monkeypatch, libvips, "resize")
+    for name, variant, sizes in OTHER_LARGE_COPIES + [("photos/rocket_12mp_4241x2830.jpg", "thumbnail", None)]:
         made.clear()
         SHARED.clear()
-        out = render(path, PIPELINE_V1_SPECS[name], LIMITS)
-        assert made == [by_libvips], (path.name, name)
-        assert (out.width, out.height) == (by_libvips[1] if by_libvips else (out.width, out.height))
+        out = render(png if name == "large.png" else path_of(name), PIPELINE_V1_SPECS[variant], LIMITS)
+        expected = None if name.startswith("photos/chelsea") or variant == "thumbnail" else sizes
+        assert made == [expected], (name, variant)
+        assert expected is None or (out.width, out.height) == expected[1]
 
 
 @pytest.mark.parametrize("refused", ["no /proc", "no descriptor for libvips"])

@@ -1,0 +1,300 @@
+/*
+ * Pillow's 8-bit LANCZOS resample (Pillow 13, src/libImaging/Resample.c),
+ * the same arithmetic in loops a compiler turns into SIMD.
+ *
+ * Pillow computes each output sample as a sum of products of 8-bit input
+ * samples and 22-bit fixed-point weights, in 32-bit integers. Integer sums
+ * do not depend on their order, so any loop order gives Pillow's bytes, as
+ * long as the weights, their rounding and the two passes (their order, the
+ * rows they cover, the rounding to 8 bits between them) are Pillow's. The
+ * weights are computed here exactly as Pillow computes them (double
+ * precision, the same libm sin(), the box in single precision).
+ *
+ * Pillow's loops run over the taps innermost, one output sample at a time.
+ * Here the vertical pass runs over a whole row innermost (a multiply-add
+ * per byte, 8 or more at once), and the horizontal pass over a block of
+ * rows transposed into columns, so that one output column of the block is a
+ * vector of 24 (RGB) or 32 (L) samples sharing one weight per tap.
+ *
+ * The module computes; app/adapters/imaging/lanczos.py decides when its
+ * result is Pillow's and drives it strip by strip.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define PRECISION_BITS 22
+
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+/* one copy for AVX2 and one for any x86-64, chosen when the module loads */
+#define VECTORISED __attribute__((target_clones("avx2", "default")))
+#else
+#define VECTORISED
+#endif
+
+static double sinc(double x) {
+    if (x == 0.0) {
+        return 1.0;
+    }
+    x = x * M_PI;
+    return sin(x) / x;
+}
+
+static double lanczos3(double x) {
+    if (-3.0 <= x && x < 3.0) {
+        return sinc(x) * sinc(x / 3);
+    }
+    return 0.0;
+}
+
+static inline uint8_t to_byte(int32_t sum) {
+    int32_t v = sum >> PRECISION_BITS;
+    return v < 0 ? 0 : v > 255 ? 255 : (uint8_t)v;
+}
+
+/* coefficients(in_size, in0, in1, out_size) -> (weights, bounds, ksize)
+ *
+ * For each output sample: ksize int32 weights (22-bit fixed point, zero
+ * past its count) and two ints, its first input sample and its count. */
+static PyObject *coefficients(PyObject *self, PyObject *args) {
+    int in_size, out_size;
+    float in0, in1;
+    if (!PyArg_ParseTuple(args, "iffi", &in_size, &in0, &in1, &out_size)) {
+        return NULL;
+    }
+    if (in_size < 1 || out_size < 1 || !(in1 > in0)) {
+        PyErr_SetString(PyExc_ValueError, "empty resample");
+        return NULL;
+    }
+    double scale = (double)(in1 - in0) / out_size;
+    double filterscale = scale < 1.0 ? 1.0 : scale;
+    double support = 3.0 * filterscale;
+    double inverse = 1.0 / filterscale;
+    double ceiled = ceil(support);
+    if (ceiled > (double)(INT32_MAX / 4) || (double)out_size * (2 * ceiled + 1) > (double)(PY_SSIZE_T_MAX / 8)) {
+        PyErr_SetString(PyExc_ValueError, "resample too large");
+        return NULL;
+    }
+    int ksize = (int)ceiled * 2 + 1;
+    PyObject *weights = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * ksize * sizeof(int32_t));
+    PyObject *bounds = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)out_size * 2 * sizeof(int32_t));
+    double *k = PyMem_Malloc(sizeof(double) * ksize);
+    if (!weights || !bounds || !k) {
+        Py_XDECREF(weights);
+        Py_XDECREF(bounds);
+        PyMem_Free(k);
+        return PyErr_NoMemory();
+    }
+    int32_t *w = (int32_t *)PyBytes_AS_STRING(weights);
+    int32_t *b = (int32_t *)PyBytes_AS_STRING(bounds);
+    memset(w, 0, (size_t)out_size * ksize * sizeof(int32_t));
+    for (int xx = 0; xx < out_size; xx++) {
+        double center = in0 + (xx + 0.5) * scale;
+        double total = 0.0;
+        int first = (int)(center - support + 0.5);
+        int last = (int)(center + support + 0.5);
+        if (first < 0) {
+            first = 0;
+        }
+        if (last > in_size) {
+            last = in_size;
+        }
+        int count = last - first;
+        for (int x = 0; x < count; x++) {
+            k[x] = lanczos3((x + first - center + 0.5) * inverse);
+            total += k[x];
+        }
+        if (total != 0.0) {
+            for (int x = 0; x < count; x++) {
+                k[x] /= total;
+            }
+        }
+        for (int x = 0; x < count; x++) {
+            w[(size_t)xx * ksize + x] = k[x] < 0 ? (int32_t)(-0.5 + k[x] * (1 << PRECISION_BITS))
+                                                 : (int32_t)(0.5 + k[x] * (1 << PRECISION_BITS));
+        }
+        b[2 * xx] = first;
+        b[2 * xx + 1] = count < 0 ? 0 : count;
+    }
+    PyMem_Free(k);
+    return Py_BuildValue("(NNi)", weights, bounds, ksize);
+}
+
+#define BLOCK3 8  /* rows a column holds in the RGB horizontal pass: 24 samples */
+#define BLOCK1 32 /* in the L one: 32 samples */
+
+/* One block of rows (at most `block`) of the horizontal pass; `columns` holds in_w columns of block*bands bytes. */
+#define HORIZONTAL_BLOCK(NAME, BANDS, BLOCK)                                                                       \
+    VECTORISED static void NAME(const uint8_t *src, int in_w, int rows, uint8_t *dst, int out_w, int ksize,      \
+                                const int32_t *w, const int32_t *b, uint8_t *columns) {                           \
+        enum { LANES = (BANDS) * (BLOCK) };                                                                      \
+        memset(columns, 0, (size_t)in_w * LANES);                                                                \
+        for (int r = 0; r < rows; r++) {                                                                         \
+            const uint8_t *line = src + (size_t)r * in_w * (BANDS);                                             \
+            for (int x = 0; x < in_w; x++) {                                                                     \
+                for (int c = 0; c < (BANDS); c++) {                                                              \
+                    columns[(size_t)x * LANES + r * (BANDS) + c] = line[x * (BANDS) + c];                        \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+        for (int xx = 0; xx < out_w; xx++) {                                                                     \
+            int32_t sum[LANES];                                                                                  \
+            for (int j = 0; j < LANES; j++) {                                                                    \
+                sum[j] = 1 << (PRECISION_BITS - 1);                                                              \
+            }                                                                                                    \
+            const int32_t *k = w + (size_t)xx * ksize;                                                           \
+            const uint8_t *column = columns + (size_t)b[2 * xx] * LANES;                                         \
+            for (int t = 0; t < b[2 * xx + 1]; t++, column += LANES) {                                           \
+                int32_t weight = k[t];                                                                           \
+                for (int j = 0; j < LANES; j++) {                                                                \
+                    sum[j] += column[j] * weight;                                                                \
+                }                                                                                                \
+            }                                                                                                    \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                uint8_t *out = dst + ((size_t)r * out_w + xx) * (BANDS);                                         \
+                for (int c = 0; c < (BANDS); c++) {                                                              \
+                    out[c] = to_byte(sum[r * (BANDS) + c]);                                                      \
+                }                                                                                                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+HORIZONTAL_BLOCK(horizontal_block3, 3, BLOCK3)
+HORIZONTAL_BLOCK(horizontal_block1, 1, BLOCK1)
+
+VECTORISED static void vertical_rows(const uint8_t *src, size_t line, int first, uint8_t *dst, int out_h, int ksize,
+                                     const int32_t *w, const int32_t *b, int32_t *sum) {
+    for (int yy = 0; yy < out_h; yy++) {
+        const int32_t *k = w + (size_t)yy * ksize;
+        for (size_t x = 0; x < line; x++) {
+            sum[x] = 1 << (PRECISION_BITS - 1);
+        }
+        for (int t = 0; t < b[2 * yy + 1]; t++) {
+            const uint8_t *row = src + (size_t)(b[2 * yy] - first + t) * line;
+            int32_t weight = k[t];
+            for (size_t x = 0; x < line; x++) {
+                sum[x] += row[x] * weight;
+            }
+        }
+        uint8_t *out = dst + (size_t)yy * line;
+        for (size_t x = 0; x < line; x++) {
+            out[x] = to_byte(sum[x]);
+        }
+    }
+}
+
+/* Checks the tables against their sizes; the bounds must lie in [low, high) of the input. */
+static int tables_fit(Py_buffer *weights, Py_buffer *bounds, int out_size, int ksize, int low, int high) {
+    if (ksize < 1 || out_size < 1 || weights->len != (Py_ssize_t)out_size * ksize * (Py_ssize_t)sizeof(int32_t) ||
+        bounds->len != (Py_ssize_t)out_size * 2 * (Py_ssize_t)sizeof(int32_t)) {
+        PyErr_SetString(PyExc_ValueError, "tables do not match the output size");
+        return 0;
+    }
+    const int32_t *b = bounds->buf;
+    for (int i = 0; i < out_size; i++) {
+        if (b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] < low ||
+            (b[2 * i + 1] > 0 && (int64_t)b[2 * i] + b[2 * i + 1] > high)) {
+            PyErr_SetString(PyExc_ValueError, "bounds outside the input");
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* horizontal(src, in_w, bands, dst, out_w, weights, bounds, ksize): every row of src (packed, 1 or 3 bands) */
+static PyObject *horizontal(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, weights, bounds;
+    int in_w, bands, out_w, ksize;
+    if (!PyArg_ParseTuple(args, "y*iiw*iy*y*i", &src, &in_w, &bands, &dst, &out_w, &weights, &bounds, &ksize)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    uint8_t *columns = NULL;
+    int block = bands == 3 ? BLOCK3 : BLOCK1;
+    Py_ssize_t line = (Py_ssize_t)in_w * bands;
+    if ((bands != 1 && bands != 3) || in_w < 1 || out_w < 1 || src.len % line != 0 ||
+        dst.len != src.len / line * out_w * bands) {
+        PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
+        goto done;
+    }
+    if (!tables_fit(&weights, &bounds, out_w, ksize, 0, in_w)) {
+        goto done;
+    }
+    columns = PyMem_RawMalloc((size_t)in_w * bands * block);
+    if (!columns) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int rows = (int)(src.len / line);
+    Py_BEGIN_ALLOW_THREADS
+    for (int top = 0; top < rows; top += block) {
+        int n = rows - top < block ? rows - top : block;
+        const uint8_t *in = (const uint8_t *)src.buf + (size_t)top * line;
+        uint8_t *out = (uint8_t *)dst.buf + (size_t)top * out_w * bands;
+        if (bands == 3) {
+            horizontal_block3(in, in_w, n, out, out_w, ksize, weights.buf, bounds.buf, columns);
+        } else {
+            horizontal_block1(in, in_w, n, out, out_w, ksize, weights.buf, bounds.buf, columns);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_RawFree(columns);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&weights);
+    PyBuffer_Release(&bounds);
+    return result;
+}
+
+/* vertical(src, line, first, dst, out_h, weights, bounds, ksize): src holds input rows first.. of `line` bytes */
+static PyObject *vertical(PyObject *self, PyObject *args) {
+    Py_buffer src, dst, weights, bounds;
+    Py_ssize_t line;
+    int first, out_h, ksize;
+    if (!PyArg_ParseTuple(args, "y*niw*iy*y*i", &src, &line, &first, &dst, &out_h, &weights, &bounds, &ksize)) {
+        return NULL;
+    }
+    PyObject *result = NULL;
+    int32_t *sum = NULL;
+    if (line < 1 || src.len % line != 0 || dst.len != line * out_h || first < 0 || src.len / line > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
+        goto done;
+    }
+    if (!tables_fit(&weights, &bounds, out_h, ksize, first, first + (int)(src.len / line))) {
+        goto done;
+    }
+    sum = PyMem_RawMalloc(sizeof(int32_t) * (size_t)line);
+    if (!sum) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    vertical_rows(src.buf, (size_t)line, first, dst.buf, out_h, ksize, weights.buf, bounds.buf, sum);
+    Py_END_ALLOW_THREADS
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyMem_RawFree(sum);
+    PyBuffer_Release(&src);
+    PyBuffer_Release(&dst);
+    PyBuffer_Release(&weights);
+    PyBuffer_Release(&bounds);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"coefficients", coefficients, METH_VARARGS, "Pillow's LANCZOS weights: (weights, bounds, ksize)."},
+    {"horizontal", horizontal, METH_VARARGS, "The horizontal pass over every row of a packed buffer."},
+    {"vertical", vertical, METH_VARARGS, "The vertical pass of a packed buffer holding rows from `first`."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_lanczos", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__lanczos(void) { return PyModule_Create(&module); }
