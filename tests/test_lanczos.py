@@ -74,3 +74,42 @@ def test_what_pillow_makes_otherwise_is_left_to_it():
     assert lanczos.resize(img, (300, 150), (0, 0, 300, 200)) is None, "no horizontal pass"
     assert lanczos.resize(img.convert("RGBA"), (200, 150), (0, 0, 300, 200)) is None, "RGBA is not resampled here"
     assert lanczos.resize(img, (200, 150), (0, 0, 300, 200)) is not None
+
+
+PROBES = r"""
+from app.adapters.imaging import _lanczos as m
+refused = 0
+for call in (
+    lambda: m.vertical(b"", 2**62 + 1, 0, bytearray(4), 4, bytes(16), bytes(32), 1),
+    lambda: m.vertical(b"", 2**62, 0, bytearray(0), 4, bytes(16), bytes(32), 1),
+    lambda: m.vertical(b"\0" * 8, 4, 0, bytearray(8), 2, bytes(8), (5).to_bytes(4, "little") * 4, 1),
+    lambda: m.horizontal(b"", 4, 3, bytearray(0), 2, bytes(8), bytes(16), 1),
+    lambda: m.horizontal(b"\0" * 12, 4, 3, bytearray(6), 2, bytes(8), (9).to_bytes(4, "little") * 4, 1),
+    lambda: m.coefficients(1, 0.0, 3.0e7, 1),
+    lambda: m.coefficients(10, float("nan"), 5.0, 3),
+    lambda: m.coefficients(10, 0.0, float("inf"), 3),
+):
+    try:
+        call()
+    except (ValueError, MemoryError):
+        refused += 1
+print(refused)
+"""
+
+
+def test_the_compiled_functions_refuse_what_does_not_fit_instead_of_reading_past_it():
+    """Called with sizes that do not match their buffers (an empty source, an overflowing line, bounds outside
+    the input, a reduction far beyond the renderer's), each raises; none crashes the process."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", PROBES], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "8", done.stdout
+
+
+def test_sides_beyond_single_precision_are_left_to_pillow():
+    """Pillow compares the box with the sizes in single precision; from 2**24 px the comparisons differ from exact
+    ones (a crop where an exact test sees a resample), so such images are not resampled here."""
+    img = Image.new("L", (lanczos.MAX_SIDE + 2, 1))
+    assert lanczos.resize(img, (lanczos.MAX_SIDE, 1), (1, 0, lanczos.MAX_SIDE + 2, 1)) is None

@@ -27,6 +27,7 @@
 #include <string.h>
 
 #define PRECISION_BITS 22
+#define MAX_SUPPORT 4096.0
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 /* one copy for AVX2 and one for any x86-64, chosen when the module loads */
@@ -74,7 +75,8 @@ static PyObject *coefficients(PyObject *self, PyObject *args) {
     double support = 3.0 * filterscale;
     double inverse = 1.0 / filterscale;
     double ceiled = ceil(support);
-    if (ceiled > (double)(INT32_MAX / 4) || (double)out_size * (2 * ceiled + 1) > (double)(PY_SSIZE_T_MAX / 8)) {
+    /* the renderer reduces by less than 4x (ksize 25 at most); anything far beyond is refused, not allocated */
+    if (ceiled > MAX_SUPPORT || (double)out_size * (2 * ceiled + 1) > (double)(PY_SSIZE_T_MAX / 8)) {
         PyErr_SetString(PyExc_ValueError, "resample too large");
         return NULL;
     }
@@ -215,8 +217,10 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
     uint8_t *columns = NULL;
     int block = bands == 3 ? BLOCK3 : BLOCK1;
     Py_ssize_t line = (Py_ssize_t)in_w * bands;
-    if ((bands != 1 && bands != 3) || in_w < 1 || out_w < 1 || src.len % line != 0 ||
-        dst.len != src.len / line * out_w * bands) {
+    Py_ssize_t rows = line > 0 ? src.len / line : 0;
+    if ((bands != 1 && bands != 3) || in_w < 1 || out_w < 1 || rows < 1 || rows > INT32_MAX ||
+        src.len % line != 0 || (Py_ssize_t)out_w * bands > PY_SSIZE_T_MAX / rows ||
+        dst.len != rows * out_w * bands) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
         goto done;
     }
@@ -228,7 +232,6 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
-    int rows = (int)(src.len / line);
     Py_BEGIN_ALLOW_THREADS
     for (int top = 0; top < rows; top += block) {
         int n = rows - top < block ? rows - top : block;
@@ -262,7 +265,9 @@ static PyObject *vertical(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     int32_t *sum = NULL;
-    if (line < 1 || src.len % line != 0 || dst.len != line * out_h || first < 0 || src.len / line > INT32_MAX) {
+    if (line < 1 || out_h < 1 || src.len < line || src.len % line != 0 || src.len / line > INT32_MAX ||
+        line > PY_SSIZE_T_MAX / out_h || (size_t)line > SIZE_MAX / sizeof(int32_t) || dst.len != line * out_h ||
+        first < 0) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
         goto done;
     }

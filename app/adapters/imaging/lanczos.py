@@ -36,6 +36,8 @@ except ImportError:  # pragma: no cover - installed without a C compiler: Pillow
 BANDS = {"L": 1, "RGB": 3}
 #: rows copied out of Pillow at a time are at most this many bytes (and at least one row)
 STRIP_BYTES = 1 << 20
+#: Pillow compares sizes with the box in single precision, exact only below this; larger sides are left to it
+MAX_SIDE = 1 << 24
 
 
 def available() -> bool:
@@ -49,6 +51,8 @@ def resize(img: Image.Image, out_size: tuple[int, int], box: tuple[float, ...]) 
         return None
     width, height = img.size
     out_w, out_h = out_size
+    if max(width, height, out_w, out_h) >= MAX_SIDE:
+        return None
     if out_w < 1 or out_h < 1 or tuple(out_size) == img.size and tuple(box) == (0, 0, width, height):
         return None  # Pillow copies
     if (int((box[2] - box[0]) / out_w / REDUCING_GAP) or 1) > 1 or (int((box[3] - box[1]) / out_h / REDUCING_GAP)
