@@ -70,6 +70,10 @@ class BackgroundPublisher:
         except queue.Full:
             log.warning("%d outbox row(s) left to the relay: the publishing queue is full", len(rows))
             return False
+        # Let the thread send them now: the worker is waiting for the message, and the answer can wait the
+        # fraction of a millisecond the send takes, not the confirm. Without this the thread waited for the GIL
+        # until the request's own Python was done (a small photo's upload -> ready p50 +3-8 ms).
+        time.sleep(0)
         return True
 
     def close(self, timeout: float = DRAIN_SECONDS) -> None:
