@@ -11,6 +11,7 @@ it cannot take are left, unmarked, to the relay.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 from sqlalchemy import func, select, text, update
@@ -59,6 +60,24 @@ def handed_over(services, publisher, count):
     return ids
 
 
+@contextlib.contextmanager
+def running(gated, **options):
+    """A publisher thread over ``gated``; the gate opened and the thread closed, whatever the test did."""
+    background = BackgroundPublisher(gated, **options)
+    try:
+        yield background
+    finally:
+        gated.gate.set()
+        background.close()
+
+
+def held_then(services, background, gated, count):
+    """One row taken by the thread and held at the gate, then ``count`` more handed over behind it."""
+    first = handed_over(services, background, 1)
+    assert gated.taken.wait(10)
+    return first, handed_over(services, background, count)
+
+
 def marked(engine, ids):
     with engine.connect() as conn:
         return [row.published_at for row in conn.execute(select(outbox.c.published_at).where(outbox.c.id.in_(ids)))]
@@ -66,17 +85,11 @@ def marked(engine, ids):
 
 def test_rows_handed_over_while_a_batch_is_out_are_published_together(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated, stale_seconds=60)
-    try:
-        first = handed_over(services, background, 1)
-        assert gated.taken.wait(10)
-        later = handed_over(services, background, 3)
+    with running(gated, stale_seconds=60) as background:
+        first, later = held_then(services, background, gated, 3)
         assert marked(engine, first + later) == [None] * 4, "nothing is published before the gate opens"
         gated.gate.set()
         wait_for(lambda: all(marked(engine, first + later)), timeout=10, message="every row marked")
-    finally:
-        gated.gate.set()
-        background.close()
     assert gated.batches == [1, 3], "the three rows handed over meanwhile went out as one batch"
     assert services.broker.queue_depth("attache.inspect") == 4
 
@@ -84,14 +97,11 @@ def test_rows_handed_over_while_a_batch_is_out_are_published_together(services, 
 def test_a_failed_batch_leaves_its_rows_to_the_relay_and_the_thread_goes_on(services, engine):
     gated = Gated(engine, services.broker, failures=1)
     gated.gate.set()
-    background = BackgroundPublisher(gated, stale_seconds=60)
-    try:
+    with running(gated, stale_seconds=60) as background:
         failed = handed_over(services, background, 1)
         wait_for(lambda: gated.batches == [1], timeout=10, message="the failing batch")
         after = handed_over(services, background, 1)
         wait_for(lambda: all(marked(engine, after)), timeout=10, message="the next row published")
-    finally:
-        background.close()
     assert marked(engine, failed) == [None], "the failed row stays for the relay"
 
 
@@ -107,24 +117,19 @@ def test_closing_publishes_what_was_handed_over(services, engine):
 
 def test_rows_beyond_its_capacity_are_left_to_the_relay(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated, capacity=1, stale_seconds=60)
-    try:
+    with running(gated, capacity=1, stale_seconds=60) as background:
         held = handed_over(services, background, 1)  # taken by the thread, held at the gate
         assert gated.taken.wait(10)
         queued = handed_over(services, background, 1)  # fills the queue
         refused = handed_over(services, background, 1)  # no room: not handed over, and the upload went on
         gated.gate.set()
         wait_for(lambda: all(marked(engine, held + queued)), timeout=10, message="the rows it took")
-    finally:
-        gated.gate.set()
-        background.close()
     assert marked(engine, refused) == [None]
 
 
 def test_the_rows_waiting_behind_a_failed_batch_are_left_to_the_relay(services, engine):
     gated = Gated(engine, services.broker, failures=1)
-    background = BackgroundPublisher(gated, stale_seconds=60)
-    try:
+    with running(gated, stale_seconds=60) as background:
         failed = handed_over(services, background, 1)
         assert gated.taken.wait(10)
         behind = handed_over(services, background, 2)  # queued while the failing batch is out
@@ -132,9 +137,6 @@ def test_the_rows_waiting_behind_a_failed_batch_are_left_to_the_relay(services, 
         wait_for(lambda: background._queue.empty() and gated.batches == [1], timeout=10, message="the queue dropped")
         after = handed_over(services, background, 1)
         wait_for(lambda: all(marked(engine, after)), timeout=10, message="the next row published")
-    finally:
-        gated.gate.set()
-        background.close()
     assert gated.batches == [1, 1], "the two rows behind the failed batch were never sent"
     assert marked(engine, failed + behind) == [None] * 3
     assert services.broker.queue_depth("attache.inspect") == 1
@@ -142,18 +144,12 @@ def test_the_rows_waiting_behind_a_failed_batch_are_left_to_the_relay(services, 
 
 def test_rows_that_waited_long_are_read_back_and_what_the_relay_sent_is_not_sent_again(services, engine):
     gated = Gated(engine, services.broker)
-    background = BackgroundPublisher(gated, stale_seconds=0)
-    try:
-        first = handed_over(services, background, 1)
-        assert gated.taken.wait(10)
-        waiting = handed_over(services, background, 3)
+    with running(gated, stale_seconds=0) as background:
+        first, waiting = held_then(services, background, gated, 3)
         with engine.begin() as conn:  # the relay published one of them meanwhile
             conn.execute(update(outbox).where(outbox.c.id == waiting[0]).values(published_at=func.now()))
         gated.gate.set()
         wait_for(lambda: all(marked(engine, first + waiting)), timeout=10, message="every row marked")
-    finally:
-        gated.gate.set()
-        background.close()
     assert gated.batches == [1, 2], "the row the relay sent was read back and left out"
     assert services.broker.queue_depth("attache.inspect") == 3
 

@@ -153,5 +153,8 @@ def test_two_schedulers_do_nothing_twice(deployment, engine, services):
             requeues = [h for h in history(engine, job_id) if h.to_state == "queued" and h.from_state == "processing"]
             assert len(requeues) == 1, f"job {job_id} was requeued {len(requeues)} times"
         assert conn.execute(select(func.count()).select_from(outbox)).scalar() == 2 * 40 + 40
-    # 40 abandoned rows + 40 fresh attempts after lease recovery, each published exactly once
-    assert services.broker.queue_depth("attache.inspect") == 80
+    # 40 abandoned rows + 40 fresh attempts after lease recovery, each published exactly once. The depth RabbitMQ
+    # reports may trail the last confirms by a moment on a loaded machine (40 of 80 once in a full run): polled
+    depth = wait_for(lambda: (lambda n: n if n >= 80 else None)(services.broker.queue_depth("attache.inspect")),
+                     timeout=10, message="80 messages in attache.inspect")
+    assert depth == 80
