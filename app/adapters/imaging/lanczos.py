@@ -26,14 +26,13 @@ import struct
 from PIL import Image
 
 from .geometry import REDUCING_GAP
+from .libvips import BANDS  # the modes resampled here too, and their bytes a pixel once packed (tobytes)
 
 try:
     from . import _lanczos
 except ImportError:  # pragma: no cover - installed without a C compiler: Pillow resamples
     _lanczos = None
 
-#: Pillow's modes resampled here, and their bytes a pixel once packed (``tobytes``).
-BANDS = {"L": 1, "RGB": 3}
 #: rows copied out of Pillow at a time are at most this many bytes (and at least one row)
 STRIP_BYTES = 1 << 20
 #: Pillow compares sizes with the box in single precision, exact only below this; larger sides are left to it
