@@ -14,7 +14,10 @@
  * Here the vertical pass runs over a whole row innermost (a multiply-add
  * per byte, 8 or more at once), and the horizontal pass over a block of
  * rows transposed into columns, so that one output column of the block is a
- * vector of 24 (RGB) or 32 (L) samples sharing one weight per tap.
+ * vector of 24 (RGB) or 32 (L) samples sharing one weight per tap. On a CPU
+ * with AVX2 that block is written with its intrinsics (the compiler kept the
+ * portable loop's sums on the stack and widened the samples one by one):
+ * 2-3 times faster, the same sums.
  *
  * The module computes; app/adapters/imaging/lanczos.py decides when its
  * result is Pillow's and drives it strip by strip.
@@ -167,6 +170,66 @@ static PyObject *coefficients(PyObject *self, PyObject *args) {
 HORIZONTAL_BLOCK(horizontal_block3, 3, BLOCK3)
 HORIZONTAL_BLOCK(horizontal_block1, 1, BLOCK1)
 
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
+#include <immintrin.h>
+#define AVX2_BLOCKS 1
+
+/* The same block in AVX2 by hand: gcc's vectoriser kept the sums of the macro's loop on the stack and widened the
+ * samples lane by lane. Here a column's sums stay in registers across its taps (one vector of eight 32-bit sums per
+ * eight samples, each widened from eight bytes by one instruction), and they are rounded eight at a time. The rows
+ * are copied into the columns pixel by pixel (x outer, so the columns are written in order). */
+#define HORIZONTAL_BLOCK_AVX2(NAME, BANDS, BLOCK)                                                                  \
+    __attribute__((target("avx2"))) static void NAME(const uint8_t *src, int in_w, int rows, uint8_t *dst,        \
+                                                     int out_w, int ksize, const int32_t *w, const int32_t *b,    \
+                                                     uint8_t *columns) {                                          \
+        enum { LANES = (BANDS) * (BLOCK), VECTORS = LANES / 8 };                                                 \
+        const size_t line = (size_t)in_w * (BANDS);                                                              \
+        if (rows < (BLOCK)) {                                                                                    \
+            memset(columns, 0, (size_t)in_w * LANES);                                                            \
+        }                                                                                                        \
+        for (int x = 0; x < in_w; x++) {                                                                         \
+            uint8_t *column = columns + (size_t)x * LANES;                                                       \
+            const uint8_t *pixel = src + (size_t)x * (BANDS);                                                    \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                memcpy(column + r * (BANDS), pixel + r * line, (BANDS));                                         \
+            }                                                                                                    \
+        }                                                                                                        \
+        /* byte 0 of each 32-bit sum, in each 128-bit half; then the two halves' four bytes side by side */     \
+        const __m256i low_bytes = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,  \
+                                                   0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1); \
+        const __m256i halves = _mm256_setr_epi32(0, 4, 1, 1, 1, 1, 1, 1);                                       \
+        const __m256i zero = _mm256_setzero_si256(), top = _mm256_set1_epi32(255);                             \
+        for (int xx = 0; xx < out_w; xx++) {                                                                     \
+            __m256i sum[VECTORS];                                                                                \
+            for (int j = 0; j < VECTORS; j++) {                                                                  \
+                sum[j] = _mm256_set1_epi32(1 << (PRECISION_BITS - 1));                                           \
+            }                                                                                                    \
+            const int32_t *k = w + (size_t)xx * ksize;                                                           \
+            const uint8_t *column = columns + (size_t)b[2 * xx] * LANES;                                         \
+            for (int t = 0; t < b[2 * xx + 1]; t++, column += LANES) {                                           \
+                __m256i weight = _mm256_set1_epi32(k[t]);                                                        \
+                for (int j = 0; j < VECTORS; j++) {                                                              \
+                    __m256i samples = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(column + 8 * j)));  \
+                    sum[j] = _mm256_add_epi32(sum[j], _mm256_mullo_epi32(samples, weight));                       \
+                }                                                                                                \
+            }                                                                                                    \
+            uint8_t rounded[LANES];                                                                              \
+            for (int j = 0; j < VECTORS; j++) {                                                                  \
+                __m256i v = _mm256_srai_epi32(sum[j], PRECISION_BITS);                                           \
+                v = _mm256_min_epi32(_mm256_max_epi32(v, zero), top);                                            \
+                v = _mm256_permutevar8x32_epi32(_mm256_shuffle_epi8(v, low_bytes), halves);                      \
+                _mm_storel_epi64((__m128i *)(rounded + 8 * j), _mm256_castsi256_si128(v));                       \
+            }                                                                                                    \
+            for (int r = 0; r < rows; r++) {                                                                     \
+                memcpy(dst + ((size_t)r * out_w + xx) * (BANDS), rounded + r * (BANDS), (BANDS));                \
+            }                                                                                                    \
+        }                                                                                                        \
+    }
+
+HORIZONTAL_BLOCK_AVX2(horizontal_block3_avx2, 3, BLOCK3)
+HORIZONTAL_BLOCK_AVX2(horizontal_block1_avx2, 1, BLOCK1)
+#endif
+
 VECTORISED static void vertical_rows(const uint8_t *src, size_t line, int first, uint8_t *dst, int out_h, int ksize,
                                      const int32_t *w, const int32_t *b, int32_t *sum) {
     for (int yy = 0; yy < out_h; yy++) {
@@ -206,11 +269,13 @@ static int tables_fit(Py_buffer *weights, Py_buffer *bounds, int out_size, int k
     return 1;
 }
 
-/* horizontal(src, in_w, bands, dst, out_w, weights, bounds, ksize): every row of src (packed, 1 or 3 bands) */
+/* horizontal(src, in_w, bands, dst, out_w, weights, bounds, ksize[, simd]): every row of src (packed, 1 or 3 bands);
+ * simd=False makes the portable copy do it where AVX2 would (a test compares the two) */
 static PyObject *horizontal(PyObject *self, PyObject *args) {
     Py_buffer src, dst, weights, bounds;
-    int in_w, bands, out_w, ksize;
-    if (!PyArg_ParseTuple(args, "y*iiw*iy*y*i", &src, &in_w, &bands, &dst, &out_w, &weights, &bounds, &ksize)) {
+    int in_w, bands, out_w, ksize, simd = 1;
+    if (!PyArg_ParseTuple(args, "y*iiw*iy*y*i|p", &src, &in_w, &bands, &dst, &out_w, &weights, &bounds, &ksize,
+                          &simd)) {
         return NULL;
     }
     PyObject *result = NULL;
@@ -232,16 +297,23 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
         PyErr_NoMemory();
         goto done;
     }
+#ifdef AVX2_BLOCKS
+    const int avx2 = simd && __builtin_cpu_supports("avx2");
+#endif
     Py_BEGIN_ALLOW_THREADS
     for (int top = 0; top < rows; top += block) {
         int n = rows - top < block ? rows - top : block;
         const uint8_t *in = (const uint8_t *)src.buf + (size_t)top * line;
         uint8_t *out = (uint8_t *)dst.buf + (size_t)top * out_w * bands;
-        if (bands == 3) {
-            horizontal_block3(in, in_w, n, out, out_w, ksize, weights.buf, bounds.buf, columns);
-        } else {
-            horizontal_block1(in, in_w, n, out, out_w, ksize, weights.buf, bounds.buf, columns);
+#ifdef AVX2_BLOCKS
+        if (avx2) {
+            (bands == 3 ? horizontal_block3_avx2 : horizontal_block1_avx2)(in, in_w, n, out, out_w, ksize,
+                                                                         weights.buf, bounds.buf, columns);
+            continue;
         }
+#endif
+        (bands == 3 ? horizontal_block3 : horizontal_block1)(in, in_w, n, out, out_w, ksize, weights.buf,
+                                                             bounds.buf, columns);
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
