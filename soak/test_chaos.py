@@ -353,6 +353,10 @@ def test_chaos_soak(world):
         history = Counter({f"{a or 'none'}->{b}" + (f" ({c})" if c else ""): n for a, b, c, n in conn.execute(text(
             "SELECT from_state, to_state, error_code, count(*) FROM job_history GROUP BY 1, 2, 3"))})
         dead = conn.execute(text("SELECT count(*) FROM dead_letters")).scalar()
+        dead_by_cause = Counter({f"{actor} {code} (retries {retries}): {reason[:160]}": n for actor, code, retries,
+                                 reason, n in conn.execute(text(
+                                     "SELECT actor_name, error_code, retries, reason, count(*) FROM dead_letters "
+                                     "GROUP BY 1, 2, 3, 4"))})
 
     xq = {queue: services.broker.queue_depth(f"{queue}.XQ") or 0
           for queue in ("attache.inspect", "attache.render", "attache.publish")}
@@ -386,7 +390,8 @@ def test_chaos_soak(world):
         ("client responses", dict(client.statuses)), ("refused (4xx)", len(client.refused)),
         *sorted(chaos.figures.items()),
         ("job states", dict(states)), ("failed by code", dict(codes)),
-        ("history", dict(sorted(history.items()))), ("dead letters recorded", dead), ("messages in .XQ", xq),
+        ("history", dict(sorted(history.items()))), ("dead letters recorded", dead),
+            ("dead letters by cause", dict(dead_by_cause)), ("messages in .XQ", xq),
         ("duplicate effects", duplicates), ("ready regressions", regressions),
         ("staging_missing", staging_missing), ("visible without a 202", len(visible - accepted)),
         ("GC (grace 0)", gc), ("staging cleanup (grace 0)", cleanup),

@@ -7,7 +7,13 @@ driven step by step.
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import tempfile
 import time
+from pathlib import Path
+
+import pytest
 
 from sqlalchemy import func, select, text, update
 
@@ -581,3 +587,44 @@ def test_an_inspect_whose_worker_does_not_know_the_jobs_version_counts_a_failed_
         assert row.error_code == "internal_error"
     finally:
         services.engine.dispose()
+
+
+@contextlib.contextmanager
+def read_only_view(root):
+    """``root`` seen through a read-only bind mount (root only; as the soak's storage fault, every write is EROFS)."""
+    view = Path(tempfile.mkdtemp(prefix="attache-ro-"))
+    mounted = subprocess.run(["mount", "--bind", str(root), str(view)], capture_output=True)
+    if mounted.returncode != 0:
+        view.rmdir()
+        pytest.skip(f"a bind mount is needed (root): {mounted.stderr.decode().strip()}")
+    try:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, capture_output=True)
+        yield view
+    finally:
+        subprocess.run(["umount", str(view)], check=True)
+        view.rmdir()
+
+
+def test_a_redelivery_to_a_ready_job_is_acked_while_storage_refuses_writes(quiet_services, env, engine,
+                                                                            storage_dir, data_file):
+    """Verifying a ready job removes its staging at best: an error there is left to the staging cleanup.
+
+    The soak dead-lettered the four render messages of a job recovered from a
+    SIGSTOPped worker: they came back while storage was read-only, and the
+    staging delete of their verification raised (EROFS even for a missing
+    file) until Dramatiq's retries were spent.
+    """
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    assert job(engine, accepted.job_id).state == "ready"
+    with engine.connect() as conn:
+        sent = [row.payload for row in conn.execute(select(outbox).where(outbox.c.job_id == accepted.job_id))]
+    with read_only_view(storage_dir) as view:
+        read_only = Services(Settings.from_env({**env, "STORAGE_URL": f"file://{view}",
+                                                "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
+        try:
+            for payload in sent:  # every message of the job, delivered again
+                assert Workflow(read_only).handle(payload, step=payload["step"]).status == "already_ready"
+        finally:
+            read_only.engine.dispose()
+    assert job(engine, accepted.job_id).state == "ready"

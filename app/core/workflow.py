@@ -74,6 +74,7 @@ from app.errors import (
     ObjectNotFound,
     PoisonMessage,
     StagingMissing,
+    StorageError,
     UnknownJob,
     error_code,
     retryable,
@@ -401,11 +402,23 @@ class Workflow:
         return outcome
 
     def _release_staging(self, job, attachment) -> None:
-        """After the ready COMMIT: staging is removed, unless another job of the attachment is unfinished."""
+        """After the ready COMMIT: staging is removed, unless another job of the attachment is unfinished.
+
+        At best: the job is ready whatever happens here. A storage error is
+        logged and the object left to the scheduler's staging cleanup, which
+        removes the staging of an attachment with a ready job and none
+        unfinished. Raised, it failed the step of a ready job: a redelivered
+        message's verification was retried and dead-lettered while storage
+        refused writes (``make soak``).
+        """
         with transaction(self.services.engine) as conn:  # a fresh look, after the COMMIT (see another_unfinished)
             keep_staging = states.another_unfinished(conn, job.attachment_id, job.id)
-        if not keep_staging:
+        if keep_staging:
+            return
+        try:
             self.services.storage.delete(attachment.staging_key)
+        except StorageError as error:
+            log.warning("staging not removed, left to the staging cleanup: %s", sanitized_reason(error))
 
     # --- ready: verify, never redo -------------------------------------------
 
@@ -414,7 +427,6 @@ class Workflow:
         with transaction(self.services.engine) as conn:
             rows = conn.execute(_PUBLISHED_VARIANTS, {"b_job_id": job.id}).all()
             attachment = self._attachment(conn, job.attachment_id)
-            keep_staging = states.another_unfinished(conn, job.attachment_id, job.id)
         found = {row.variant: row for row in rows}
         missing = [name for name in version.variants if name not in found]
         for row in rows:
@@ -426,8 +438,7 @@ class Workflow:
         if missing:
             log.error("ready job's effect is incomplete: %s", ", ".join(missing))
             raise EffectMissing(f"ready job {job.id} is missing: {', '.join(missing)}")
-        if not keep_staging:
-            self.services.storage.delete(attachment.staging_key)
+        self._release_staging(job, attachment)
         return Outcome("already_ready", "effect verified")
 
     # --- failures ------------------------------------------------------------
