@@ -107,6 +107,9 @@ for call in (
     lambda: m.coefficients(1, 0.0, 3.0e7, 1),
     lambda: m.coefficients(10, float("nan"), 5.0, 3),
     lambda: m.coefficients(10, 0.0, float("inf"), 3),
+    lambda: m.coefficients(10, 1.0e12, 1.0e12 + 1.0e6, 3),  # its first samples overflowed an int
+    lambda: m.coefficients(10, -5.0, 5.0, 3),
+    lambda: m.vertical(b"\0" * 30, 3, 2**31 - 5, bytearray(15), 5, bytes(20), bytes(40), 1),  # first + rows > int
 ):
     try:
         call()
@@ -118,13 +121,14 @@ print(refused)
 
 def test_the_compiled_functions_refuse_what_does_not_fit_instead_of_reading_past_it():
     """Called with sizes that do not match their buffers (an empty source, an overflowing line, bounds outside
-    the input, a reduction far beyond the renderer's), each raises; none crashes the process."""
+    the input, a box outside the input, a reduction far beyond the renderer's), each raises; none crashes the
+    process. The last three were found by a build with ``-fsanitize=address,undefined`` (int overflows)."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", PROBES], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "8", done.stdout
+    assert done.stdout.strip() == "11", done.stdout
 
 
 def test_sides_beyond_single_precision_are_left_to_pillow():

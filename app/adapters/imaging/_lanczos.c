@@ -73,6 +73,10 @@ static PyObject *coefficients(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "empty resample");
         return NULL;
     }
+    if (!(in0 >= 0) || !(in1 <= in_size)) { /* as Pillow refuses it; outside, the first samples overflowed an int */
+        PyErr_SetString(PyExc_ValueError, "box outside the input");
+        return NULL;
+    }
     double scale = (double)(in1 - in0) / out_size;
     double filterscale = scale < 1.0 ? 1.0 : scale;
     double support = 3.0 * filterscale;
@@ -339,7 +343,7 @@ static PyObject *vertical(PyObject *self, PyObject *args) {
     int32_t *sum = NULL;
     if (line < 1 || out_h < 1 || src.len < line || src.len % line != 0 || src.len / line > INT32_MAX ||
         line > PY_SSIZE_T_MAX / out_h || (size_t)line > SIZE_MAX / sizeof(int32_t) || dst.len != line * out_h ||
-        first < 0) {
+        first < 0 || (int64_t)first + src.len / line > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
         goto done;
     }
