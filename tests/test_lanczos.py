@@ -136,3 +136,35 @@ def test_sides_beyond_single_precision_are_left_to_pillow():
     ones (a crop where an exact test sees a resample), so such images are not resampled here."""
     img = Image.new("L", (lanczos.MAX_SIDE + 2, 1))
     assert lanczos.resize(img, (lanczos.MAX_SIDE, 1), (1, 0, lanczos.MAX_SIDE + 2, 1)) is None
+
+
+ALIASED = r"""
+import struct
+from app.adapters.imaging import _lanczos as m
+# the output buffer is also the bounds table: the pass writes 0xff pixels over the bounds it checked
+out_w, rows = 16, 32
+buf = bytearray(rows * out_w)
+buf[:8 * out_w] = struct.pack("<2i", 0, 1) * out_w
+m.horizontal(b"\xff" * (16 * rows), 16, 1, buf, out_w, struct.pack("<i", 1 << 22) * out_w, memoryview(buf)[:8 * out_w], 1)
+assert bytes(buf) == b"\xff" * len(buf)
+# output row 0 (input row 0, weight 1.0) writes the bounds of output row 1: first 2**20, far past the input
+line, out_h = 64, 64
+buf = bytearray(line * out_h)
+buf[:8 * out_h] = struct.pack("<2i", 0, 1) * out_h
+src = bytearray(line * 4)
+src[8:16] = struct.pack("<2i", 1 << 20, 1)
+m.vertical(bytes(src), line, 0, buf, out_h, struct.pack("<i", 1 << 22) * out_h, memoryview(buf)[:8 * out_h], 1)
+assert bytes(buf) == bytes(src[:line]) * out_h
+print("ok")
+"""
+
+
+def test_the_passes_read_the_tables_they_checked():
+    """The passes run without the GIL: they read their own copy of the tables, checked, never the caller's buffer,
+    which another thread may rewrite meanwhile or which may be the output itself. Reading the caller's, both
+    calls below read outside the input and the process died (SIGSEGV): found by an adversarial review."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", ALIASED], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])

@@ -255,22 +255,36 @@ VECTORISED static void vertical_rows(const uint8_t *src, size_t line, int first,
     }
 }
 
-/* Checks the tables against their sizes; the bounds must lie in [low, high) of the input. */
-static int tables_fit(Py_buffer *weights, Py_buffer *bounds, int out_size, int ksize, int low, int high) {
+/* The tables, copied into memory of the module's own and checked there: the bounds must lie in [low, high) of the
+ * input. The pass reads them without the GIL, so it must read what was checked: a caller's buffer could be
+ * rewritten by another thread meanwhile, or be the output buffer itself, which the pass writes. NULL with an
+ * exception set if they do not fit; the caller frees the copy (PyMem_RawFree). */
+static int32_t *copied_tables(Py_buffer *weights, Py_buffer *bounds, int out_size, int ksize, int low, int high,
+                              const int32_t **w, const int32_t **b) {
     if (ksize < 1 || out_size < 1 || weights->len != (Py_ssize_t)out_size * ksize * (Py_ssize_t)sizeof(int32_t) ||
         bounds->len != (Py_ssize_t)out_size * 2 * (Py_ssize_t)sizeof(int32_t)) {
         PyErr_SetString(PyExc_ValueError, "tables do not match the output size");
-        return 0;
+        return NULL;
     }
-    const int32_t *b = bounds->buf;
+    int32_t *copy = PyMem_RawMalloc((size_t)weights->len + (size_t)bounds->len);
+    if (!copy) {
+        PyErr_NoMemory();
+        return NULL;
+    }
+    memcpy(copy, weights->buf, (size_t)weights->len);
+    int32_t *bc = copy + (size_t)out_size * ksize;
+    memcpy(bc, bounds->buf, (size_t)bounds->len);
     for (int i = 0; i < out_size; i++) {
-        if (b[2 * i + 1] < 0 || b[2 * i + 1] > ksize || b[2 * i] < low ||
-            (b[2 * i + 1] > 0 && (int64_t)b[2 * i] + b[2 * i + 1] > high)) {
+        if (bc[2 * i + 1] < 0 || bc[2 * i + 1] > ksize || bc[2 * i] < low ||
+            (bc[2 * i + 1] > 0 && (int64_t)bc[2 * i] + bc[2 * i + 1] > high)) {
+            PyMem_RawFree(copy);
             PyErr_SetString(PyExc_ValueError, "bounds outside the input");
-            return 0;
+            return NULL;
         }
     }
-    return 1;
+    *w = copy;
+    *b = bc;
+    return copy;
 }
 
 /* horizontal(src, in_w, bands, dst, out_w, weights, bounds, ksize[, simd]): every row of src (packed, 1 or 3 bands);
@@ -284,6 +298,8 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
     }
     PyObject *result = NULL;
     uint8_t *columns = NULL;
+    int32_t *tables = NULL;
+    const int32_t *w = NULL, *b = NULL;
     int block = bands == 3 ? BLOCK3 : BLOCK1;
     Py_ssize_t line = (Py_ssize_t)in_w * bands;
     Py_ssize_t rows = line > 0 ? src.len / line : 0;
@@ -293,7 +309,8 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
         goto done;
     }
-    if (!tables_fit(&weights, &bounds, out_w, ksize, 0, in_w)) {
+    tables = copied_tables(&weights, &bounds, out_w, ksize, 0, in_w, &w, &b);
+    if (!tables) {
         goto done;
     }
     columns = PyMem_RawMalloc((size_t)in_w * bands * block);
@@ -311,19 +328,19 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
         uint8_t *out = (uint8_t *)dst.buf + (size_t)top * out_w * bands;
 #ifdef AVX2_BLOCKS
         if (avx2) {
-            (bands == 3 ? horizontal_block3_avx2 : horizontal_block1_avx2)(in, in_w, n, out, out_w, ksize,
-                                                                         weights.buf, bounds.buf, columns);
+            (bands == 3 ? horizontal_block3_avx2 : horizontal_block1_avx2)(in, in_w, n, out, out_w, ksize, w, b,
+                                                                         columns);
             continue;
         }
 #endif
-        (bands == 3 ? horizontal_block3 : horizontal_block1)(in, in_w, n, out, out_w, ksize, weights.buf,
-                                                             bounds.buf, columns);
+        (bands == 3 ? horizontal_block3 : horizontal_block1)(in, in_w, n, out, out_w, ksize, w, b, columns);
     }
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
     PyMem_RawFree(columns);
+    PyMem_RawFree(tables);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&weights);
@@ -340,14 +357,16 @@ static PyObject *vertical(PyObject *self, PyObject *args) {
         return NULL;
     }
     PyObject *result = NULL;
-    int32_t *sum = NULL;
+    int32_t *sum = NULL, *tables = NULL;
+    const int32_t *w = NULL, *b = NULL;
     if (line < 1 || out_h < 1 || src.len < line || src.len % line != 0 || src.len / line > INT32_MAX ||
         line > PY_SSIZE_T_MAX / out_h || (size_t)line > SIZE_MAX / sizeof(int32_t) || dst.len != line * out_h ||
         first < 0 || (int64_t)first + src.len / line > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
         goto done;
     }
-    if (!tables_fit(&weights, &bounds, out_h, ksize, first, first + (int)(src.len / line))) {
+    tables = copied_tables(&weights, &bounds, out_h, ksize, first, first + (int)(src.len / line), &w, &b);
+    if (!tables) {
         goto done;
     }
     sum = PyMem_RawMalloc(sizeof(int32_t) * (size_t)line);
@@ -356,12 +375,13 @@ static PyObject *vertical(PyObject *self, PyObject *args) {
         goto done;
     }
     Py_BEGIN_ALLOW_THREADS
-    vertical_rows(src.buf, (size_t)line, first, dst.buf, out_h, ksize, weights.buf, bounds.buf, sum);
+    vertical_rows(src.buf, (size_t)line, first, dst.buf, out_h, ksize, w, b, sum);
     Py_END_ALLOW_THREADS
     result = Py_None;
     Py_INCREF(result);
 done:
     PyMem_RawFree(sum);
+    PyMem_RawFree(tables);
     PyBuffer_Release(&src);
     PyBuffer_Release(&dst);
     PyBuffer_Release(&weights);
