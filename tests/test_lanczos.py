@@ -110,6 +110,9 @@ for call in (
     lambda: m.coefficients(10, 1.0e12, 1.0e12 + 1.0e6, 3),  # its first samples overflowed an int
     lambda: m.coefficients(10, -5.0, 5.0, 3),
     lambda: m.vertical(b"\0" * 30, 3, 2**31 - 5, bytearray(15), 5, bytes(20), bytes(40), 1),  # first + rows > int
+    lambda: m.coefficients(2**31 - 1, 2147483520.0, 2147483647.0, 3),  # its last sample overflowed an int
+    # 2**24 rows: the side every size stays under (near 2**31, the next block's first row overflowed an int)
+    lambda: m.horizontal(bytes(1 << 24), 1, 1, bytearray(1 << 24), 1, (1 << 22).to_bytes(4, "little"), bytes(4) + b"\1\0\0\0", 1),
 ):
     try:
         call()
@@ -122,20 +125,21 @@ print(refused)
 def test_the_compiled_functions_refuse_what_does_not_fit_instead_of_reading_past_it():
     """Called with sizes that do not match their buffers (an empty source, an overflowing line, bounds outside
     the input, a box outside the input, a reduction far beyond the renderer's), each raises; none crashes the
-    process. The last three were found by a build with ``-fsanitize=address,undefined`` (int overflows)."""
+    process. The last five were found by a build with ``-fsanitize=address,undefined`` and an adversarial review
+    (int overflows; with 2**31 - 1 rows the pass wrote 2 GiB before its output)."""
     import subprocess
     import sys
 
     done = subprocess.run([sys.executable, "-c", PROBES], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == "11", done.stdout
+    assert done.stdout.strip() == "13", done.stdout
 
 
 def test_sides_beyond_single_precision_are_left_to_pillow():
     """Pillow compares the box with the sizes in single precision; from 2**24 px the comparisons differ from exact
     ones (a crop where an exact test sees a resample), so such images are not resampled here."""
-    img = Image.new("L", (lanczos.MAX_SIDE + 2, 1))
-    assert lanczos.resize(img, (lanczos.MAX_SIDE, 1), (1, 0, lanczos.MAX_SIDE + 2, 1)) is None
+    img = Image.new("L", (2, lanczos.MAX_SIDE + 2))
+    assert lanczos.resize(img, (1, lanczos.MAX_SIDE), (0, 1, 2, lanczos.MAX_SIDE + 2)) is None
 
 
 ALIASED = r"""
@@ -168,3 +172,13 @@ def test_the_passes_read_the_tables_they_checked():
 
     done = subprocess.run([sys.executable, "-c", ALIASED], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", (done.returncode, done.stderr[-2000:])
+
+
+def test_images_wider_than_a_strip_of_a_block_are_left_to_pillow():
+    """A strip of STRIP_BYTES holds fewer rows than the horizontal pass's block once an image is wider than
+    32,768 px: each row was a call computing 8 or 32 lanes to keep one, 1.9-2.7 times Pillow's CPU on a
+    1,200,000x8 image (found by an adversarial review)."""
+    wide = 32_768  # 1 MiB strips / 32 bytes a column of a block
+    assert lanczos.resize(Image.new("L", (wide, 4)), (wide // 2, 3), (0, 0, wide, 4)) is not None
+    assert lanczos.resize(Image.new("L", (wide + 1, 4)), (wide // 2, 3), (0, 0, wide + 1, 4)) is None
+    assert lanczos.resize(Image.new("RGB", (wide + 1, 4)), (wide // 2, 3), (0, 0, wide + 1, 4)) is None

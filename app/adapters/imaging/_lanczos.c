@@ -31,6 +31,9 @@
 
 #define PRECISION_BITS 22
 #define MAX_SUPPORT 4096.0
+/* every side, in samples or rows, is less than this (lanczos.MAX_SIDE: Pillow's single precision is exact below it),
+ * so no index into the tables (2 * i) and no row a block starts at (top + block) can overflow an int */
+#define MAX_SIDE (1 << 24)
 
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 /* one copy for AVX2 and one for any x86-64, chosen when the module loads */
@@ -67,6 +70,10 @@ static PyObject *coefficients(PyObject *self, PyObject *args) {
     int in_size, out_size;
     float in0, in1;
     if (!PyArg_ParseTuple(args, "iffi", &in_size, &in0, &in1, &out_size)) {
+        return NULL;
+    }
+    if (in_size >= MAX_SIDE || out_size >= MAX_SIDE) {
+        PyErr_SetString(PyExc_ValueError, "sides too large");
         return NULL;
     }
     if (in_size < 1 || out_size < 1 || !(in1 > in0)) {
@@ -261,7 +268,7 @@ VECTORISED static void vertical_rows(const uint8_t *src, size_t line, int first,
  * exception set if they do not fit; the caller frees the copy (PyMem_RawFree). */
 static int32_t *copied_tables(Py_buffer *weights, Py_buffer *bounds, int out_size, int ksize, int low, int high,
                               const int32_t **w, const int32_t **b) {
-    if (ksize < 1 || out_size < 1 || weights->len != (Py_ssize_t)out_size * ksize * (Py_ssize_t)sizeof(int32_t) ||
+    if (ksize < 1 || out_size < 1 || out_size >= MAX_SIDE || weights->len != (Py_ssize_t)out_size * ksize * (Py_ssize_t)sizeof(int32_t) ||
         bounds->len != (Py_ssize_t)out_size * 2 * (Py_ssize_t)sizeof(int32_t)) {
         PyErr_SetString(PyExc_ValueError, "tables do not match the output size");
         return NULL;
@@ -303,7 +310,7 @@ static PyObject *horizontal(PyObject *self, PyObject *args) {
     int block = bands == 3 ? BLOCK3 : BLOCK1;
     Py_ssize_t line = (Py_ssize_t)in_w * bands;
     Py_ssize_t rows = line > 0 ? src.len / line : 0;
-    if ((bands != 1 && bands != 3) || in_w < 1 || out_w < 1 || rows < 1 || rows > INT32_MAX ||
+    if ((bands != 1 && bands != 3) || in_w < 1 || out_w < 1 || rows < 1 || in_w >= MAX_SIDE || rows >= MAX_SIDE ||
         src.len % line != 0 || (Py_ssize_t)out_w * bands > PY_SSIZE_T_MAX / rows ||
         dst.len != rows * out_w * bands) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");
@@ -359,7 +366,7 @@ static PyObject *vertical(PyObject *self, PyObject *args) {
     PyObject *result = NULL;
     int32_t *sum = NULL, *tables = NULL;
     const int32_t *w = NULL, *b = NULL;
-    if (line < 1 || out_h < 1 || src.len < line || src.len % line != 0 || src.len / line > INT32_MAX ||
+    if (line < 1 || out_h < 1 || src.len < line || src.len % line != 0 || src.len / line >= MAX_SIDE ||
         line > PY_SSIZE_T_MAX / out_h || (size_t)line > SIZE_MAX / sizeof(int32_t) || dst.len != line * out_h ||
         first < 0 || (int64_t)first + src.len / line > INT32_MAX) {
         PyErr_SetString(PyExc_ValueError, "buffers do not match the sizes");

@@ -15,7 +15,8 @@ alone: 20-31 ms (52-79 before the AVX2 block) (one core, this machine).
 returns ``None`` otherwise, and Pillow or libvips make it): ``L`` or ``RGB``; no ``reduce()`` before the
 passes (less than ``2 * REDUCING_GAP`` on both axes); not Pillow's own shortcuts (a copy, a crop); a
 horizontal pass, run first, as Pillow runs it unless the height shrinks by more than twice what the width
-does. The rows the vertical pass needs are copied out of Pillow a strip at a time (:data:`STRIP_BYTES`) and
+does; no side of 2**24 px or more (:data:`MAX_SIDE`), and no image wider than a strip of a block's rows
+(:data:`BLOCK_BYTES`). The rows the vertical pass needs are copied out of Pillow a strip at a time (:data:`STRIP_BYTES`) and
 resampled horizontally into one buffer of the output's width, 1 or 3 bytes a pixel: no more than Pillow's own
 intermediate (4 bytes a pixel), which :mod:`.budget` prices; then the vertical pass makes the output's bytes.
 Without a C compiler at install the module is absent and Pillow resamples everything, as before.
@@ -39,6 +40,9 @@ except ImportError:  # pragma: no cover - installed without a C compiler: Pillow
 STRIP_BYTES = 1 << 20
 #: Pillow compares sizes with the box in single precision, exact only below this; larger sides are left to it
 MAX_SIDE = 1 << 24
+#: bytes of a column in the horizontal pass's block (8 RGB rows, 32 L rows): a strip of fewer rows computes lanes
+#: for nothing, once a call, so images wider than STRIP_BYTES / BLOCK_BYTES (32,768 px) are left to Pillow
+BLOCK_BYTES = 32
 
 
 def available() -> bool:
@@ -52,7 +56,7 @@ def resize(img: Image.Image, out_size: tuple[int, int], box: tuple[float, ...]) 
         return None
     width, height = img.size
     out_w, out_h = out_size
-    if max(width, height, out_w, out_h) >= MAX_SIDE:
+    if max(width, height, out_w, out_h) >= MAX_SIDE or width * BLOCK_BYTES > STRIP_BYTES:
         return None
     if out_w < 1 or out_h < 1 or tuple(out_size) == img.size and tuple(box) == (0, 0, width, height):
         return None  # Pillow copies
