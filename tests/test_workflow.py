@@ -14,7 +14,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import jobs, outbox, variants
