@@ -156,11 +156,13 @@ def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, stora
 def test_windows_4_and_5_when_inspect_makes_and_publishes_the_variants(env, tmp_path, engine, storage_dir, data_file,
                                                                        fault):
     """The same windows in the inspect step of an image made in one step: every object written and none of its
-    rows committed; or the job ready, and the worker dead before it removed staging."""
+    rows committed; or the job ready, and the worker dead before it removed staging.
+
+    The scheduler starts once the worker is dead: its staging cleanup, on its first run, rightly removes the
+    staging of a ready job, and a scheduler slow to start (CI) ran it after the ready commit."""
     deployment = Deployment({**env, "ATTACHE_ONE_STEP_MAX_PIXELS": str(1024 * 1024)}, tmp_path)
     try:
         deployment.start("web")
-        deployment.start("scheduler")
         worker = deployment.start("worker", ATTACHE_FAULT=fault)
         attachment_id = deployment.upload(data_file(PHOTO)).json()["id"]
         assert worker.wait_dead(timeout=60) != 0
@@ -175,6 +177,7 @@ def test_windows_4_and_5_when_inspect_makes_and_publishes_the_variants(env, tmp_
         else:
             assert (recorded, state) == (len(pipeline.get(1).variants), "ready")
             assert staging.exists(), "the worker died before it removed staging"
+        deployment.start("scheduler")
         deployment.start("worker")
         assert deployment.wait_state(attachment_id)["state"] == "ready"
         wait_for(lambda: not staging.exists(), timeout=30, message="the redelivered inspect to verify, then clean")
