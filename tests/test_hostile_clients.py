@@ -17,6 +17,9 @@ import uuid
 import pytest
 import requests
 
+from app.errors import SpoolUnavailable
+from app.web.spool import HashingSpool
+from tests.filesystems import small_filesystem
 from tests.processes import Deployment, wait_for
 from tests.test_incomplete_body import assert_nothing_stored, request_head
 
@@ -85,7 +88,9 @@ def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deploy
     wait_for(swept, timeout=40, interval=1, message="the killed upload's spool removed")
 
 
-def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, storage_dir):
+@pytest.mark.parametrize("form", ["raw", "multipart"])
+def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, storage_dir, form):
+    """A raw body and a multipart file part alike."""
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(deployment.temp)],
                              capture_output=True)
     if mounted.returncode != 0:
@@ -93,9 +98,11 @@ def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, 
     try:
         deployment.start("web")
         body = b"\xff\xd8\xff\xe0" + os.urandom(1_500_000)
-        response = deployment.session.post(deployment.url + "/v1/attachments", data=body,
-                                           headers={"Content-Type": "image/jpeg", "Connection": "close"},
-                                           timeout=30)
+        if form == "raw":
+            sent = dict(data=body, headers={"Content-Type": "image/jpeg", "Connection": "close"})
+        else:
+            sent = dict(files={"file": ("big.jpg", body)}, headers={"Connection": "close"})
+        response = deployment.session.post(deployment.url + "/v1/attachments", timeout=30, **sent)
         assert response.status_code == 503, response.text
         assert response.json()["error"] == "spool_unavailable" and response.headers["Retry-After"]
         assert_nothing_stored(engine, storage_dir)
@@ -103,3 +110,16 @@ def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, 
     finally:
         deployment.stop_all()
         subprocess.run(["umount", "-l", str(deployment.temp)], capture_output=True)
+
+
+def test_a_spool_whose_tail_cannot_be_written_is_discarded_without_an_error():
+    """On a full disk the spool's buffered tail cannot be written when it is closed either: that ENOSPC escaped the
+    request's end and gunicorn dropped the connection, in place of the 503 of the write that failed first (an
+    adversarial review, several concurrent multipart uploads on a full disk)."""
+    with small_filesystem(8192) as tmp:
+        spool = HashingSpool(1_000_000, str(tmp))
+        with pytest.raises(SpoolUnavailable):
+            for _ in range(100):
+                spool.write(b"x" * 1000)  # smaller than the file's buffer: the last ones wait in it
+        spool.discard()
+        assert list(tmp.iterdir()) == []

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import tempfile
 import threading
 import uuid
 
@@ -25,6 +26,7 @@ from app.adapters.postgres.models import (
 from app.core import resumable
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
+from tests.filesystems import small_filesystem
 from tests.processes import wait_for
 
 TUS = {"Tus-Resumable": "1.0.0"}
@@ -215,6 +217,27 @@ def test_an_image_refused_at_the_last_byte_ends_the_upload(client, engine, stora
     assert refused.status_code == 415 and refused.json["error"] == "unsupported_format"
     assert client.head(location, headers=TUS).status_code == 404
     assert count(engine, attachments) == 0 and count(engine, uploads) == 0 and parts(storage_dir) == []
+
+
+def test_no_room_to_join_the_parts_is_a_503_that_keeps_the_upload(client, engine, storage_dir, photo, monkeypatch):
+    """The last PATCH's body fits in the web's temporary directory but the parts joined do not: a 503 whose retry
+    finishes the upload. A full disk ended the upload and removed the bytes its 204s had acknowledged (an
+    adversarial review); closing the joined spool then raised ENOSPC again, in place of the 503."""
+    location = create(client, len(photo)).headers["Location"]
+    first = len(photo) - 5000
+    assert patch(client, location, 0, photo[:first]).status_code == 204
+    with small_filesystem(16 * 1024) as tmp:  # the last 5,000 bytes take two pages; the joined file, nine
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+        refused = patch(client, location, first, photo[first:])
+        assert refused.status_code == 503 and refused.json["error"] == "spool_unavailable"
+        assert "Retry-After" in refused.headers
+        assert list(tmp.iterdir()) == [], "the request's spools are removed"
+        monkeypatch.undo()
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(first)
+    assert count(engine, attachments) == 0
+    done = patch(client, location, first, photo[first:])
+    assert done.status_code == 204 and done.headers["Upload-Offset"] == str(len(photo))
+    assert count(engine, attachments) == 1 and parts(storage_dir) == []
 
 
 def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,

@@ -7,13 +7,8 @@ driven step by step.
 
 from __future__ import annotations
 
-import contextlib
-import subprocess
-import tempfile
 import time
-from pathlib import Path
 
-import pytest
 from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import jobs, outbox, variants
@@ -23,6 +18,7 @@ from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.services import Services
 from tests.driver import job, run, take_messages, upload
+from tests.filesystems import read_only_view
 from tests.sql_log import sql_log
 
 
@@ -586,22 +582,6 @@ def test_an_inspect_whose_worker_does_not_know_the_jobs_version_counts_a_failed_
         assert row.error_code == "internal_error"
     finally:
         services.engine.dispose()
-
-
-@contextlib.contextmanager
-def read_only_view(root):
-    """``root`` seen through a read-only bind mount (root only; as the soak's storage fault, every write is EROFS)."""
-    view = Path(tempfile.mkdtemp(prefix="attache-ro-"))
-    mounted = subprocess.run(["mount", "--bind", str(root), str(view)], capture_output=True)
-    if mounted.returncode != 0:
-        view.rmdir()
-        pytest.skip(f"a bind mount is needed (root): {mounted.stderr.decode().strip()}")
-    try:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, capture_output=True)
-        yield view
-    finally:
-        subprocess.run(["umount", str(view)], check=True)
-        view.rmdir()
 
 
 def test_a_redelivery_to_a_ready_job_is_acked_while_storage_refuses_writes(quiet_services, env, engine,

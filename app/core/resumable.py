@@ -140,7 +140,9 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
     ``spool()`` gives a writable spool (``write(bytes)``, ``finish() -> Received``,
     ``discard()``) to concatenate the parts into. Raises :class:`OffsetMismatch` when the upload is not
     at ``offset``; the refusals of the handoff (``PermanentError``, ``UploadRejected``)
-    terminate the upload and are raised again.
+    terminate the upload and are raised again, but for a retryable one (``SpoolUnavailable``: no room
+    to join the parts right now), which leaves the upload at ``offset``: the client's retry of the PATCH
+    resumes it, and the part it stored is written again under the same key.
     """
     refused: AttacheError | None = None
     with transaction(services.engine) as conn:
@@ -160,6 +162,8 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
             if values.get("upload_offset") == upload.length:
                 values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
         except (PermanentError, UploadRejected) as exc:
+            if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
+                raise
             conn.execute(delete(uploads).where(uploads.c.id == upload.id))
             refused = exc
         if refused is None:

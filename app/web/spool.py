@@ -10,6 +10,7 @@ Digest headers (RFC 9530 ``Content-Digest`` with ``sha-256``, and
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import os
 import re
@@ -86,8 +87,12 @@ class HashingSpool:
                         self._md5.digest() if self._md5 is not None else None, self.head)
 
     def discard(self) -> None:
+        """Close and remove the file. A buffered tail that cannot be written (a full disk) is dropped with it:
+        closing raised ``ENOSPC`` out of the request's end, and the client got a dropped connection, not the
+        ``503`` of the write that failed first."""
         try:
-            self._file.close()
+            with contextlib.suppress(OSError):
+                self._file.close()
         finally:
             self.path.unlink(missing_ok=True)
 

@@ -1,0 +1,43 @@
+"""Filesystems that refuse writes the way real ones do, for tests of what attache does then (root only).
+
+Each is a real mount, undone when the ``with`` block ends whatever happens;
+without the right to mount, the test is skipped with the reason printed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+
+@contextlib.contextmanager
+def _mounted(*args: str, prefix: str):
+    point = Path(tempfile.mkdtemp(prefix=prefix))
+    mounted = subprocess.run(["mount", *args, str(point)], capture_output=True)
+    if mounted.returncode != 0:
+        point.rmdir()
+        pytest.skip(f"a mount is needed (root): {mounted.stderr.decode().strip()}")
+    try:
+        yield point
+    finally:
+        subprocess.run(["umount", str(point)], check=True)
+        point.rmdir()
+
+
+@contextlib.contextmanager
+def read_only_view(root):
+    """``root`` seen through a read-only bind mount (as the soak's storage fault: every write is EROFS)."""
+    with _mounted("--bind", str(root), prefix="attache-ro-") as view:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(view)], check=True, capture_output=True)
+        yield view
+
+
+@contextlib.contextmanager
+def small_filesystem(size_bytes: int):
+    """An empty tmpfs of ``size_bytes`` (whole pages): a write past it is ENOSPC, as on a full disk."""
+    with _mounted("-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", prefix="attache-small-") as root:
+        yield root
