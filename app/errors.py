@@ -91,6 +91,12 @@ class StagingMissing(PermanentError):
     error_code = "staging_missing"
 
 
+class OriginalCorrupted(PermanentError):
+    """The stored original no longer has the SHA-256 taken at upload: storage damaged its bytes."""
+
+    error_code = "original_corrupted"
+
+
 class PipelineChanged(AttacheError):
     """A registered pipeline version was edited in place."""
 

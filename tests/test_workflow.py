@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import jobs, outbox, variants
@@ -607,3 +608,28 @@ def test_a_redelivery_to_a_ready_job_is_acked_while_storage_refuses_writes(quiet
         finally:
             read_only.engine.dispose()
     assert job(engine, accepted.job_id).state == "ready"
+
+
+@pytest.mark.parametrize("damage", ["zeroed_tail", "zeroed_middle"])
+def test_an_original_damaged_in_storage_fails_its_job_and_publishes_nothing(quiet_services, engine, storage_dir,
+                                                                          data_file, damage):
+    """The staged bytes are checked against the SHA-256 taken at upload before anything is made of them.
+
+    A thin-provisioned disk whose backing filled zeroed staged originals
+    whose fsync had succeeded; their jobs ended ``ready`` with an
+    ``original`` that was not the upload and did not decode (an adversarial
+    review). The damage here keeps the length, as that disk did.
+    """
+    from app.adapters.postgres.models import variants
+
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    staged = storage_dir / pipeline.staging_key(accepted.attachment_id)
+    data = bytearray(staged.read_bytes())
+    start = len(data) - 4096 if damage == "zeroed_tail" else len(data) // 2
+    data[start:start + 4096] = bytes(4096)
+    staged.write_bytes(bytes(data))
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    row = job(engine, accepted.job_id)
+    assert (row.state, row.error_code) == ("failed", "original_corrupted")
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(variants)).scalar_one() == 0
