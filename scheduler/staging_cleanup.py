@@ -13,7 +13,10 @@ look at the database taken right before the delete:
 * every job of its attachment is ``failed`` and has been for longer than
   ``ATTACHE_FAILED_RETENTION_SECONDS`` (after that a replay is impossible).
 
-A job in ``queued`` or ``processing`` always keeps its staging.
+A job in ``queued`` or ``processing`` always keeps its staging, and so does
+an upload whose transaction is still open, however long it has been
+paused (the look and the delete hold the object's lock, which the upload
+holds until its COMMIT: :mod:`app.core.staging`).
 
 It also ends resumable uploads (:mod:`app.core.resumable`): an expired
 upload is forgotten with its partial bytes (``partial/{upload_id}/…``), and
@@ -33,7 +36,7 @@ from sqlalchemy.engine import Engine
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import UNFINISHED, JobState, attachments, jobs
 from app.adapters.storage import Storage
-from app.core import resumable
+from app.core import resumable, staging
 from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.staging")
@@ -92,25 +95,25 @@ class StagingCleanup:
         now = datetime.now(timezone.utc)
         for info in batch:
             counts["examined"] += 1
-            if self._removable(info, now):
-                if not dry_run:
+            # the look and the delete under the object's lock: an upload holds it from its check that the
+            # object is there to its COMMIT, and a paused one is left alone (app.core.staging)
+            with transaction(self.engine) as conn:
+                removable = staging.try_lock(conn, info.key) and self._removable(conn, info, now)
+                if removable and not dry_run:
                     self.storage.delete(info.key)
                     log.info("removed staged object %s", info.key, extra={"key": info.key})
-                counts["removed"] += 1
-            else:
-                counts["kept"] += 1
+            counts["removed" if removable else "kept"] += 1
 
-    def _removable(self, info, now: datetime) -> bool:
+    def _removable(self, conn, info, now: datetime) -> bool:
         try:
             attachment_id = uuid.UUID(info.key[len(PREFIX):])
         except ValueError:
             attachment_id = None
-        with transaction(self.engine) as conn:
-            owner = None if attachment_id is None else conn.execute(owner_query(info.key)).scalar()
-            if owner is None:
-                age = now - (info.last_modified or now)
-                return age >= timedelta(seconds=self.config.grace_seconds)
-            states = conn.execute(select(jobs.c.state, jobs.c.updated_at).where(jobs.c.attachment_id == owner)).all()
+        owner = None if attachment_id is None else conn.execute(owner_query(info.key)).scalar()
+        if owner is None:
+            age = now - (info.last_modified or now)
+            return age >= timedelta(seconds=self.config.grace_seconds)
+        states = conn.execute(select(jobs.c.state, jobs.c.updated_at).where(jobs.c.attachment_id == owner)).all()
         if not states or any(state in UNFINISHED for state, _ in states):
             return False
         if any(state == JobState.READY for state, _ in states):

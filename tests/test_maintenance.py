@@ -8,6 +8,7 @@ import time
 import uuid
 from datetime import datetime, timedelta, timezone
 
+import pytest
 from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres.models import attachments, jobs, outbox, variants
@@ -223,6 +224,50 @@ def test_staging_cleanup_never_removes_current_work(services, engine, storage_di
     assert not exists(storage_dir, failed_old_key)
     for key in (orphan_young, queued_key, processing_key, failed_recent_key):
         assert exists(storage_dir, key), key
+
+
+@pytest.mark.parametrize("paused", ["before_its_transaction", "inside_its_transaction"])
+def test_an_upload_paused_past_the_grace_period_is_never_answered_without_its_bytes(services, engine, storage_dir,
+                                                                                  data_file, monkeypatch, paused):
+    """The staging cleanup runs, with no grace period left, while an upload is paused after staging its bytes.
+
+    Its uncommitted row is invisible to the cleanup, which removed the bytes;
+    the upload was then answered 202 and failed ``staging_missing`` (an
+    adversarial review SIGSTOPped the web there). Paused inside its
+    transaction, the upload now holds the object's lock and the cleanup
+    keeps it; paused before, it finds its bytes gone and is refused with a
+    503, nothing committed.
+    """
+    from app.core import intake
+    from app.errors import StorageUnavailable
+    from tests.driver import upload
+
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
+    swept = []
+    if paused == "before_its_transaction":
+        monkeypatch.setattr(intake.faults, "point", lambda name: name == "after_staging" and swept.append(
+            cleanup.run_once()["removed"]))
+    else:
+        create_job = intake.states.create_job
+
+        def sweep_then_create(*args, **kwargs):
+            swept.append(cleanup.run_once()["removed"])
+            return create_job(*args, **kwargs)
+
+        monkeypatch.setattr(intake.states, "create_job", sweep_then_create)
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+    except StorageUnavailable:
+        accepted = None
+    staged = sorted(p.name for p in (storage_dir / "staging").iterdir())
+    with engine.connect() as conn:
+        committed = conn.execute(select(func.count()).select_from(attachments)).scalar_one()
+    if paused == "before_its_transaction":
+        assert swept == [1], "the cleanup removed the bytes of an upload not yet in its transaction"
+        assert (accepted, committed, staged) == (None, 0, []), "refused: nothing committed without the bytes"
+    else:
+        assert swept == [0], "the cleanup keeps what an open upload transaction holds"
+        assert accepted is not None and committed == 1 and staged == [str(accepted.attachment_id)]
 
 
 def test_staging_cleanup_removes_what_a_ready_version_left_once_no_other_version_runs(services, engine, storage_dir):

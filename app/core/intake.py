@@ -7,8 +7,9 @@ Order matters and each step is a failure window:
    written twice; :meth:`~app.adapters.storage.Storage.adopt_file`)
    (window 1 follows: a crash leaves only an unreferenced staging object,
    invisible, removed by the orphan cleanup);
-2. ONE transaction inserts the attachment, the ``queued`` job, its history
-   and its outbox message (window 2 follows: the job is durable, the
+2. ONE transaction takes the staged object's lock (:mod:`app.core.staging`),
+   checks the object is still there, and inserts the attachment, the
+   ``queued`` job, its history and its outbox message (window 2 follows: the job is durable, the
    scheduler publishes the unmarked row). An error before COMMIT is a
    clear rollback and the staged object is removed; an error raised by
    COMMIT itself (the connection dropped after sending it) is ambiguous:
@@ -41,12 +42,13 @@ from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
-from app.core import pipeline, states
+from app.core import pipeline, staging, states
 from app.core.needs import Database, ImageProducer, Producer
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
     IdempotencyKeyReused,
+    StorageUnavailable,
 )
 
 log = logging.getLogger("attache.intake")
@@ -137,6 +139,9 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
     try:
         with services.unit_of_work.begin(after_commit=_window_2, landed=landed, behind=True) as work:
             conn = work.conn
+            staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
+            if services.storage.stat(key) is None:  # it did while this request was paused: no 202 without them
+                raise StorageUnavailable("the staged upload was removed while the request waited; retry")
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
