@@ -57,6 +57,11 @@ def mode(settings: Settings) -> str:
     return f"mode: {name} ({database}; {broker}; storage {settings.storage_url})"
 
 
+#: the shortest a worker's transaction may wait for it before PostgreSQL ends the session (with a lease shorter
+#: than this, a busy worker's thread could wait that long for the GIL between two statements)
+MIN_IDLE_IN_TRANSACTION_SECONDS = 5.0
+
+
 class Services:
     """One process's adapters. ``consumer``: the process runs Dramatiq actors (the worker). ``process``: what
     the process is (``web``, ``worker``, ``scheduler``, ``cli``), named in its database connections."""
@@ -82,7 +87,14 @@ class Services:
     def engine(self):
         from app.adapters.postgres.db import make_engine
 
-        return make_engine(self.database_url, pool_size=self._pool_size, process=self._process)
+        # a worker's transactions hold job rows (FOR UPDATE) for a few statements; one idle for a whole lease
+        # belongs to a worker that stopped mid-transaction (SIGSTOP, a frozen VM), whose locks lease recovery
+        # (SKIP LOCKED) and the other workers (who wait on them) would otherwise wait for as long as it stays
+        # stopped. The web's and the scheduler's may wait on storage inside a transaction (a tus upload's last
+        # PATCH joins its parts under its row's lock), so they get no such limit.
+        idle = max(self.settings.lease_seconds, MIN_IDLE_IN_TRANSACTION_SECONDS) if self._consumer else None
+        return make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
+                           idle_in_transaction_seconds=idle)
 
     @cached_property
     def storage(self):

@@ -5,6 +5,7 @@ Short leases and sweeps come from the environment (tests/conftest.py).
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import uuid
 
@@ -158,3 +159,46 @@ def test_two_schedulers_do_nothing_twice(deployment, engine, services):
     depth = wait_for(lambda: (lambda n: n if n >= 80 else None)(services.broker.queue_depth("attache.inspect")),
                      timeout=10, message="80 messages in attache.inspect")
     assert depth == 80
+
+
+@pytest.mark.parametrize("broker_kind", ["postgres"])  # RabbitMQ gives the stopped worker's unacked messages back
+# only once its heartbeat times out (80 s here), the gap docs/recovery.md describes; the row lock is the same
+def test_a_worker_stopped_inside_a_transaction_does_not_hold_its_job_for_ever(deployment, engine, env, data_file,
+                                                                              broker_kind):
+    """A worker SIGSTOPped while its transaction holds the job's row: another worker finishes the job.
+
+    The stopped worker's session sat idle in its transaction for as long as
+    the process stayed stopped, holding the job's row: lease recovery
+    (``SKIP LOCKED``) passed it by and the other worker's fence waited on
+    it (an adversarial review: 150 s, until SIGCONT). PostgreSQL now ends a
+    worker's session idle in a transaction for a lease.
+    """
+    import psycopg2
+
+    deployment.start("web")
+    deployment.start("scheduler")
+    stopped = deployment.start("worker", WORKER_THREADS="1")
+    holder = psycopg2.connect(env["DATABASE_URL"])
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE variants IN SHARE MODE")  # the first render's INSERT waits, its job row locked
+        attachment_id = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
+
+        def waiting_on_the_lock():
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                         "AND application_name = 'attache worker' AND wait_event_type = 'Lock'")
+                                    ).scalar()
+
+        wait_for(waiting_on_the_lock, timeout=30, message="the worker's render waiting inside its transaction")
+        stopped.signal(signal.SIGSTOP)
+        holder.rollback()  # its INSERT goes through; the stopped worker will never COMMIT
+        del deployment.processes["worker"]
+        deployment.start("worker")
+        assert deployment.wait_state(attachment_id, timeout=45)["state"] == "ready"
+        assert stopped.alive and open(f"/proc/{stopped.popen.pid}/stat").read().split(") ")[1][0] == "T", \
+            "finished while the first worker is still stopped"
+    finally:
+        holder.close()
+        stopped.signal(signal.SIGKILL)
+        stopped.popen.wait(timeout=30)

@@ -17,17 +17,18 @@ from app.errors import DatabaseUnavailable, QueryTimeout
 MIGRATIONS = Path(__file__).with_name("migrations")
 
 
-def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = None) -> Engine:
+def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = None,
+                idle_in_transaction_seconds: float | None = None) -> Engine:
     """``process`` names the attache process in each connection's ``application_name`` (``attache worker``), so
-    ``pg_stat_activity`` tells whose a connection is."""
+    ``pg_stat_activity`` tells whose a connection is. ``idle_in_transaction_seconds``: PostgreSQL ends a session
+    whose transaction waits that long for its client (``idle_in_transaction_session_timeout``), which rolls it
+    back and frees its row locks."""
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
-    return create_engine(
-        url,
-        pool_size=pool_size,
-        max_overflow=10,
-        pool_pre_ping=True,
-        connect_args={"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache"},
-    )
+    connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache"}
+    if idle_in_transaction_seconds is not None:
+        milliseconds = max(1, int(idle_in_transaction_seconds * 1000))
+        connect_args["options"] = f"-c idle_in_transaction_session_timeout={milliseconds}"
+    return create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True, connect_args=connect_args)
 
 
 @contextlib.contextmanager
