@@ -123,3 +123,17 @@ def test_a_spool_whose_tail_cannot_be_written_is_discarded_without_an_error():
                 spool.write(b"x" * 1000)  # smaller than the file's buffer: the last ones wait in it
         spool.discard()
         assert list(tmp.iterdir()) == []
+
+
+def test_a_spool_removed_while_its_request_was_paused_is_a_503_worth_retrying(tmp_path):
+    """A web process paused for ten body-idle periods mid-upload: another process's sweep removes its spool as
+    abandoned. Resumed, the request staged nothing and answered 500 (FileNotFoundError at the rename into
+    staging; an adversarial helper SIGSTOPped one gunicorn worker); it is now told to retry, as a full disk is."""
+    spool = HashingSpool(1_000_000, str(tmp_path))
+    spool.write(b"\xff\xd8" + b"x" * 10_000)
+    spool.path.unlink()  # remove_abandoned_spools, from another process
+    with pytest.raises(SpoolUnavailable) as refused:
+        spool.finish()
+    assert refused.value.retryable
+    spool.discard()
+    assert list(tmp_path.iterdir()) == []

@@ -80,9 +80,12 @@ class HashingSpool:
         try:
             self._file.flush()
             os.fsync(self._file.fileno())
+            removed = os.fstat(self._file.fileno()).st_nlink == 0
             self._file.close()
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
+        if removed:  # a process paused for ten idle periods: another one took the spool for abandoned
+            raise SpoolUnavailable("the upload's temporary file was removed while the request waited; retry")
         return Received(self.path, self.size, self._sha256.hexdigest(),
                         self._md5.digest() if self._md5 is not None else None, self.head)
 
@@ -113,7 +116,10 @@ def remove_abandoned_spools(older_than_seconds: float, directory: str | None = N
     its spool behind. A live upload writes to its spool at least every
     ``ATTACHE_BODY_IDLE_SECONDS`` (a quieter client is cut off), so a spool
     untouched for many times that belongs to no request; several web
-    processes may share the directory and this never touches a live one.
+    processes may share the directory. A process paused for that long
+    (SIGSTOP, a frozen VM) does own its spool: its request, resumed, finds
+    the file gone when it finishes it and answers ``503`` (retry), not
+    ``500`` (:meth:`HashingSpool.finish`).
     """
     root = Path(directory or tempfile.gettempdir())
     now = time.time()
