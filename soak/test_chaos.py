@@ -109,7 +109,11 @@ class Storage:
 
     def refuse_writes(self) -> None:
         if self.mounted:
-            subprocess.run(["mount", "-o", "remount,ro", str(self.path)], check=True)
+            # a remount to read-only is refused (EBUSY) while a file is open for writing, as a worker's
+            # variant is for a few milliseconds: asked again until it lands (a run failed on the first try)
+            wait_for(lambda: subprocess.run(["mount", "-o", "remount,ro", str(self.path)],
+                                            capture_output=True).returncode == 0,
+                     timeout=30, interval=0.01, message="storage remounted read-only")
         else:
             self.path.chmod(0o555)
 
