@@ -58,6 +58,7 @@ from sqlalchemy.engine import Row
 
 from app import faults
 from app.adapters import imaging
+from app.adapters.imaging.shared import content_key
 from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
@@ -489,8 +490,7 @@ class Workflow:
         """
         try:
             with self.services.storage.fetch_to_path(source_key) as path:
-                with open(path, "rb") as fh:
-                    found = hashlib.file_digest(fh, "sha256").hexdigest()
+                found = content_key(path)
                 if found != sha256:
                     raise OriginalCorrupted(f"the stored original's SHA-256 is {found[:12]}…, not the upload's "
                                             f"{sha256[:12]}…: its bytes were damaged in storage")
