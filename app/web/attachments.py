@@ -27,6 +27,7 @@ from app.errors import (
 )
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
+from app.web import multipart
 from app.web.access import identity, protect
 from app.web.contract import (
     Header,
@@ -181,16 +182,16 @@ def _refuse_incomplete_body() -> None:
 def _receive_body() -> HashingSpool:
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
-        storage = request.files.get("file")
+        try:
+            part = multipart.receive_file(request.stream, request.mimetype_params.get("boundary"), request.spool)
+        except UploadRejected:
+            _refuse_incomplete_body()  # a body cut short is said to be so, whatever the parser made of it
+            raise
         _refuse_incomplete_body()
-        if storage is None:
+        if part is None:
             raise UploadRejected("multipart upload has no 'file' field", error_code="missing_file")
-        spool = storage.stream
-        if not isinstance(spool, HashingSpool):  # pragma: no cover - werkzeug keeps small parts in memory otherwise
-            raise UploadRejected("unexpected upload stream")
-        request.discard_spools(keep=spool)
-        request.__dict__["attache_filename"] = storage.filename
-        return spool
+        request.__dict__["attache_filename"] = part.filename
+        return part.spool
     if mimetype in ("application/x-www-form-urlencoded", ""):
         raise UploadRejected("send the file as multipart/form-data field 'file' or as a raw body with a "
                              "Content-Type", error_code="bad_content_type")

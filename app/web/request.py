@@ -1,9 +1,11 @@
 """The Flask request class: where a request's body goes, and what is left of it afterwards.
 
-* Only the upload view (:data:`UPLOAD_ENDPOINT`) spools: its file parts
-  stream into :class:`~app.web.spool.HashingSpool` files (``attache-upload-*``
-  in the temporary directory). Every other route reads file parts and drops
-  them (:class:`DroppedPart`): nothing reaches the disk, nothing is kept.
+* Only the upload views spool: the upload's ``file`` part
+  (:mod:`app.web.multipart`) and raw bodies stream into
+  :class:`~app.web.spool.HashingSpool` files (``attache-upload-*`` in the
+  temporary directory). A file part met by werkzeug's form parsing
+  (``request.form`` of any route) is read and dropped (:class:`DroppedPart`):
+  nothing reaches the disk, nothing is kept.
 * The body limit is per route: the upload limit plus 1 MiB of multipart
   framing on the upload route, the upload limit on the raw-body routes of
   resumable uploads, :data:`FORM_MAX_BYTES` everywhere else
@@ -130,14 +132,11 @@ class UploadRequest(Request):
         return spool
 
     def _get_file_stream(self, total_content_length, content_type, filename=None, content_length=None):
-        if self.endpoint != UPLOAD_ENDPOINT:
-            return DroppedPart()
-        return self.spool()
+        return DroppedPart()  # the upload reads its file part itself (app.web.multipart)
 
-    def discard_spools(self, keep: HashingSpool | None = None) -> None:
+    def discard_spools(self) -> None:
         for spool in self.__dict__.get("attache_spools", []):
-            if spool is not keep:
-                spool.discard()
+            spool.discard()
 
     def close(self) -> None:
         try:
