@@ -107,7 +107,9 @@ class Settings:
     database_url: str = setting(
         "DATABASE_URL", "", _url("postgresql", "postgresql+psycopg2", optional=True),
         "PostgreSQL, the only source of truth; unset: an embedded PostgreSQL under `ATTACHE_DATA_DIR/pgdata`, "
-        "started by the first process that needs it (single-node mode, `docs/deploy.md`)")
+        "started by the first process that needs it (single-node mode, `docs/deploy.md`). libpq parameters in its "
+        "query string win over attache's own, such as the keepalives that find a silent server in about 10 s "
+        "(`keepalives_idle`, `keepalives_interval`, `keepalives_count`, `tcp_user_timeout`; `docs/operations.md`)")
     broker_url: str = setting(
         "BROKER_URL", "", _url(*BROKER_SCHEMES["rabbitmq"], *BROKER_SCHEMES["postgres"], optional=True),
         "the broker: `amqp://` RabbitMQ (quorum queues), `postgresql://` the PostgreSQL broker in that database; "

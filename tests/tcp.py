@@ -13,10 +13,10 @@ import threading
 class Listener:
     """Accepts TCP connections; a silent one never answers, a proxy forwards until frozen."""
 
-    def __init__(self, upstream: tuple[str, int] | None = None):
+    def __init__(self, upstream: tuple[str, int] | None = None, *, host: str = "127.0.0.1"):
         self.upstream = upstream
         self.frozen = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server = socket.create_server((host, 0))
         self.port = self.server.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.accepted = 0

@@ -61,6 +61,7 @@ from psycopg.types.json import Json
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from app import faults
+from app.adapters.postgres.liveness import liveness_params
 from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
@@ -152,6 +153,7 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> Con
     kwargs = dict(parse_qsl(parts.query))
     kwargs.setdefault("connect_timeout", str(max(1, int(timeout * 2))))
     kwargs.setdefault("application_name", "attache-broker")
+    kwargs.update(liveness_params(kwargs))
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
                           open=True, timeout=timeout, reconnect_timeout=2 * timeout,
                           check=ConnectionPool.check_connection)

@@ -1,0 +1,152 @@
+"""A PostgreSQL that goes silent (no answer, no reset) is found in seconds, not in the kernel's hours.
+
+The client runs on a second host (``tests/netns.py``) and reaches the
+shared PostgreSQL through a proxy on this side; cutting the cable leaves
+its connections open with nothing behind them. Before ``liveness.py`` a
+query waiting for its answer waited for the kernel's first keepalive (2 h),
+and a pooled connection's ping for the retransmissions (about 15 min).
+"""
+
+from __future__ import annotations
+
+import re
+import select
+import time
+from urllib.parse import urlsplit
+
+from sqlalchemy import create_engine
+
+from app.adapters.broker.postgres import make_pool
+from app.adapters.postgres import db
+from app.adapters.postgres.liveness import LIVENESS
+from tests.netns import SecondHost
+from tests.tcp import Listener
+
+#: a silent server must be found within this many seconds of the cut (the settings give about 10-15)
+FOUND_WITHIN = 25
+
+IN_FLIGHT = """
+import sys, time
+from app.adapters.postgres.db import make_engine, transaction
+from app.errors import DatabaseUnavailable
+engine = make_engine(sys.argv[1], process="silence in-flight")
+print("querying")
+try:
+    with transaction(engine) as conn:
+        conn.exec_driver_sql("SELECT pg_sleep(120)")
+    print("answered")
+except DatabaseUnavailable:
+    print("unavailable")
+"""
+
+POOLED = """
+import sys
+from app.adapters.postgres.db import make_engine, transaction
+from app.errors import DatabaseUnavailable
+engine = make_engine(sys.argv[1], process="silence pooled")
+with transaction(engine) as conn:
+    conn.exec_driver_sql("SELECT 1")
+print("pooled")
+sys.stdin.readline()
+try:
+    with transaction(engine) as conn:
+        conn.exec_driver_sql("SELECT 1")
+    print("answered")
+except DatabaseUnavailable:
+    print("unavailable")
+"""
+
+BROKER_POOL = """
+import sys
+from psycopg import OperationalError
+from app.adapters.broker.postgres import make_pool
+pool = make_pool(sys.argv[1], timeout=5)
+print("querying")
+try:
+    with pool.connection() as conn:
+        conn.execute("SELECT pg_sleep(120)")
+    print("answered")
+except OperationalError:
+    print("unavailable")
+"""
+
+
+def _line(child, seconds: float) -> str | None:
+    ready, _, _ = select.select([child.stdout], [], [], max(0.0, seconds))
+    return child.stdout.readline().strip() if ready else None
+
+
+def _sleeping(admin, application_name: str) -> bool:
+    with admin.connect() as conn:
+        return conn.exec_driver_sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s AND state = 'active'"
+            " AND query LIKE %s", (application_name, "%pg_sleep%")).scalar() > 0
+
+
+def test_a_silent_database_is_found_in_seconds(database_url):
+    admin = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"),
+                          isolation_level="AUTOCOMMIT")
+    target = urlsplit(database_url)
+    host = SecondHost()
+    proxy = Listener((target.hostname, target.port or 5432), host=host.here)
+    children = {}
+    try:
+        url = f"postgresql://postgres@{host.here}:{proxy.port}{target.path}"
+        children["in-flight"] = host.python(IN_FLIGHT, url)
+        children["pooled"] = host.python(POOLED, url)
+        children["broker pool"] = host.python(BROKER_POOL, url + "?application_name=silence+broker")
+        assert _line(children["in-flight"], 30) == "querying"
+        assert _line(children["broker pool"], 30) == "querying"
+        assert _line(children["pooled"], 30) == "pooled", children["pooled"].stderr.read()
+        deadline = time.monotonic() + 30
+        while not (_sleeping(admin, "attache silence in-flight") and _sleeping(admin, "silence broker")):
+            assert time.monotonic() < deadline, "the queries never reached PostgreSQL"
+            time.sleep(0.1)
+
+        host.cut()
+        cut_at = time.monotonic()
+        children["pooled"].stdin.write("go\n")
+        children["pooled"].stdin.flush()
+
+        found = {}
+        for name, child in children.items():
+            line = _line(child, cut_at + FOUND_WITHIN + 20 - time.monotonic())
+            found[name] = (line, round(time.monotonic() - cut_at, 1))
+        print("after the cut:", found)
+        for name, (line, seconds) in found.items():
+            assert line == "unavailable", f"{name}: {line or 'still waiting'} after {seconds} s"
+            assert seconds <= FOUND_WITHIN, f"{name}: found after {seconds} s"
+    finally:
+        for child in children.values():
+            child.kill()
+            child.wait()
+        proxy.close()
+        host.remove()
+        with admin.connect() as conn:
+            conn.exec_driver_sql("SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                                 " WHERE application_name LIKE %s", ("%silence%",))
+        admin.dispose()
+
+
+def _effective(dsn_parameters: dict) -> dict:
+    return {name: dsn_parameters.get(name) for name in LIVENESS}
+
+
+def test_each_connection_carries_the_settings_and_the_url_wins(database_url):
+    engine = db.make_engine(database_url)
+    with engine.connect() as conn:
+        assert _effective(conn.connection.dbapi_connection.get_dsn_parameters()) == dict(LIVENESS)
+    engine.dispose()
+    engine = db.make_engine(database_url + "?keepalives_idle=30&tcp_user_timeout=60000")
+    with engine.connect() as conn:
+        given = conn.connection.dbapi_connection.get_dsn_parameters()
+    engine.dispose()
+    assert (given["keepalives_idle"], given["tcp_user_timeout"], given["keepalives_count"]) == ("30", "60000", "3")
+
+    pool = make_pool(database_url + "?keepalives_interval=7", timeout=5)
+    try:
+        with pool.connection() as conn:
+            dsn = dict(re.findall(r"(\w+)=(\S+)", conn.info.dsn))
+    finally:
+        pool.close()
+    assert (dsn["keepalives_interval"], dsn["keepalives_idle"], dsn["tcp_user_timeout"]) == ("7", "5", "10000")
