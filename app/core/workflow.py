@@ -88,7 +88,7 @@ from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
 
-#: threads that make an image's variants in its inspect step (libwebp, libvips and resampling release the GIL)
+#: threads that make an image's variants in its inspect step (the encoders, libvips and resampling release the GIL)
 INLINE_THREADS = 2
 
 
@@ -500,7 +500,7 @@ class Workflow:
 
     def _make_objects(self, attachment, version: pipeline.PipelineVersion, names: list[str],
                       path) -> tuple[dict[str, dict], Exception | None]:
-        """Make ``names`` (costliest first) on two threads: libwebp and the resampling release the GIL.
+        """Make ``names`` (costliest first) on two threads: the encoders and the resampling release the GIL.
 
         Each variant is made as its own render step would make it. Returns
         what was made and, once all have stopped, the error to record if any

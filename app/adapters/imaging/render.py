@@ -54,10 +54,12 @@ Pipeline, and why it is in this order:
    saves bytes); translucent -> PNG for the small variants (lossless alpha,
    small at these sizes) and WebP q85 for the large one (a PNG of a
    2048 px photo would be several MB). A spec may ask for WebP or AVIF
-   instead (``VariantSpec.output``). Pillow encodes every format. (Its
-   JPEG encoder holds the GIL; libvips's does not, but made the same bytes
-   at 25-60 % more CPU, and measured slower on every figure of
-   ``make bench``: ``docs/performance.md``.) No EXIF/GPS, XMP,
+   instead (``VariantSpec.output``). Pillow encodes every format, into a
+   memory file (:mod:`app.adapters.imaging.encode_files`): its JPEG encoder
+   holds the GIL when it writes into ``BytesIO``, not into a descriptor.
+   (libvips's JPEG encoder made the same bytes at 25-60 % more CPU, and
+   measured slower on every figure of ``make bench``:
+   ``docs/performance.md``.) No EXIF/GPS, XMP,
    comments or ICC profile is written (pixels are already sRGB). The encoders are
    deterministic, so the same input bytes give the same output bytes (the
    AVIF encoder runs on one thread for that: libaom's output depends on
@@ -81,13 +83,12 @@ profile (an iPhone's Display P3) to step 5.
 
 from __future__ import annotations
 
-import io
 import os
 from dataclasses import dataclass, field
 
 from PIL import Image, ImageFile
 
-from . import budget, lanczos, libvips
+from . import budget, encode_files, lanczos, libvips
 from ._translate import (
     MALFORMED_ERRORS,
     bomb_warnings_as_errors,
@@ -253,7 +254,6 @@ def _load(img: Image.Image) -> None:
 
 
 def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
-    buf = io.BytesIO()
     if spec.output == "webp":
         if img.mode not in ("RGB", "RGBA"):
             img = img.convert("RGB")
@@ -278,8 +278,7 @@ def _encode(img: Image.Image, spec: VariantSpec) -> Rendered:
                     "progressive": spec.kind == "bounded"}
         content_type, extension = "image/jpeg", "jpg"
     options = {key: value for key, value in settings.items() if key != "format"}
-    img.save(buf, settings["format"], **options)
-    data = buf.getvalue()
+    data = encode_files.encode(img, settings["format"], options)
     return Rendered(
         data=data,
         content_type=content_type,
