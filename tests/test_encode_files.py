@@ -7,21 +7,28 @@ import os
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 from PIL import Image
 
 from app.adapters.imaging import encode_files
+from app.adapters.imaging.render import (
+    AVIF_QUALITY,
+    AVIF_SPEED,
+    AVIF_THREADS,
+    JPEG_QUALITY,
+    WEBP_METHOD,
+    WEBP_QUALITY,
+)
 from tests.test_imaging import path_of
 
 #: what the renderer writes (render._encode): format and options
 ENCODINGS = {
-    "jpeg": ("JPEG", dict(quality=85, optimize=True, progressive=False)),
-    "jpeg progressive": ("JPEG", dict(quality=85, optimize=True, progressive=True)),
+    "jpeg": ("JPEG", dict(quality=JPEG_QUALITY, optimize=True, progressive=False)),
+    "jpeg progressive": ("JPEG", dict(quality=JPEG_QUALITY, optimize=True, progressive=True)),
     "png": ("PNG", dict(optimize=True)),
-    "webp": ("WEBP", dict(quality=85, method=4)),
-    "avif": ("AVIF", dict(quality=70, speed=6, max_threads=1)),
+    "webp": ("WEBP", dict(quality=WEBP_QUALITY, method=WEBP_METHOD)),
+    "avif": ("AVIF", dict(quality=AVIF_QUALITY, speed=AVIF_SPEED, max_threads=AVIF_THREADS)),
 }
 
 
@@ -96,7 +103,7 @@ def test_a_file_grown_past_the_limit_is_emptied_when_given_back(monkeypatch) -> 
     assert os.fstat(used).st_size == len(small) < 10_000
 
 
-def test_a_forked_child_writes_into_files_of_its_own(tmp_path: Path) -> None:
+def test_a_forked_child_writes_into_files_of_its_own() -> None:
     fmt, options = ENCODINGS["jpeg"]
     img = _photo(256)
     encode_files.encode(img, fmt, options)
