@@ -55,6 +55,10 @@ class SecondHost:
         """Nothing crosses the cable from now on, either way, and nobody is told."""
         _ip("link", "set", self.link, "down")
 
+    def mend(self) -> None:
+        """The cable is back: what was sent before it was cut and not yet given up on goes through."""
+        _ip("link", "set", self.link, "up")
+
     def remove(self) -> None:
         _ip("link", "del", self.link, check=False)
         _ip("netns", "del", self.namespace, check=False)

@@ -75,9 +75,10 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float
 
 
 class Process:
-    def __init__(self, name: str, env: dict[str, str], log_dir: Path):
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, netns: str | None = None):
         self.name = name
         self.env = env
+        self.netns = netns
         self.log_path = log_dir / f"{name}-{int(time.time() * 1000)}.log"
         self.popen: subprocess.Popen | None = None
 
@@ -85,7 +86,9 @@ class Process:
         command = procfile()[self.name]
         env = {**os.environ, **self.env, "PATH": f"{VENV_BIN}:{os.environ.get('PATH', '')}", "PYTHONUNBUFFERED": "1"}
         self._log = open(self.log_path, "wb")
-        self.popen = subprocess.Popen(["/bin/sh", "-c", f"exec {command}"], cwd=REPO, env=env, stdout=self._log,
+        # in a network namespace (tests/netns.py): ``ip netns exec`` execs the shell, so the pid and group are the same
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
+        self.popen = subprocess.Popen([*prefix, "/bin/sh", "-c", f"exec {command}"], cwd=REPO, env=env, stdout=self._log,
                                       stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
@@ -142,7 +145,9 @@ class Deployment:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, name: str, *, wait: bool = True, **extra_env: str) -> Process:
+    def start(self, name: str, *, wait: bool = True, netns: str | None = None, **extra_env: str) -> Process:
+        """Start ``name`` from the Procfile, with ``extra_env`` over the deployment's; ``netns``: on that network
+        namespace's host (``tests.netns.SecondHost``), which reaches PostgreSQL and RabbitMQ only as its env says."""
         old = self.processes.get(name)
         if old is not None and old.alive:
             raise RuntimeError(f"{name} is already running")
@@ -151,7 +156,7 @@ class Deployment:
             env.setdefault("PORT", str(self.port))
             env.setdefault("BIND", "127.0.0.1")
             env.setdefault("WEB_CONCURRENCY", "1")
-        process = Process(name, env, self.log_dir).start()
+        process = Process(name, env, self.log_dir, netns).start()
         self.processes[name] = process
         if wait and name == "web":
             wait_for(lambda: self._healthy(process), timeout=30, message="web /healthz")

@@ -1,5 +1,8 @@
 """A TCP listener for tests: silent (accepts and never answers) or a proxy that can freeze, counting connections.
 
+The proxy hangs up on one side when the other hangs up (unless frozen); before, a server that closed a
+connection left its client connected to the proxy, waiting for an answer for ever.
+
 Used to stand in for a broker that stalls, without touching the shared
 RabbitMQ, and to count the connections a process opens.
 """
@@ -43,6 +46,12 @@ class Listener:
                     target.sendall(data)
         except OSError:
             pass
+        if not self.frozen.is_set():  # one side hung up: so does the proxy to the other, as a real one does
+            for sock in (source, target):
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
     def close(self):
         self.server.close()

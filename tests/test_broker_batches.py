@@ -14,7 +14,7 @@ import pika
 import pytest
 from dramatiq.message import Message
 
-from app.adapters.broker.rabbitmq import AttacheBroker
+from app.adapters.broker.rabbitmq import CONSUMER_HEARTBEAT_SECONDS, PUBLISHER_HEARTBEAT_SECONDS, AttacheBroker
 from app.errors import BrokerUnavailable
 from tests.processes import wait_for
 
@@ -96,4 +96,32 @@ def test_a_connection_rabbitmq_closed_while_its_thread_was_idle_is_replaced_at_t
         broker.enqueue(message("attache.render", 2))
         assert drain(broker_url, "attache.render") == [0, 1, 2]
     finally:
+        broker.close()
+
+
+def _heartbeats(vhost: str) -> list[int]:
+    """The heartbeat RabbitMQ agreed with each connection of ``vhost``, in seconds."""
+    listed = subprocess.run(["rabbitmqctl", "-q", "list_connections", "vhost", "timeout"], capture_output=True,
+                            text=True, check=True, timeout=60).stdout
+    return sorted(int(line.split("\t")[1]) for line in listed.splitlines()[1:] if line.split("\t")[0] == vhost)
+
+
+@pytest.mark.parametrize("query, consumer, publisher", [
+    ("", CONSUMER_HEARTBEAT_SECONDS, PUBLISHER_HEARTBEAT_SECONDS),
+    ("?heartbeat=7", 7, 7),  # the URL's own wins, as DATABASE_URL's libpq parameters do
+])
+def test_a_consumer_connection_beats_faster_than_a_publisher_and_the_url_wins(broker_url, query, consumer, publisher):
+    """A consumer's connection holds its worker's unacked messages, which RabbitMQ gives to another worker two to
+    three heartbeats after the worker went silent: with one heartbeat for every connection (30 s), a job waited
+    about 90 s for a silent worker's render message (tests/test_silent_network.py)."""
+    vhost = broker_url.rsplit("/", 1)[1]
+    broker = AttacheBroker(url=broker_url + query)
+    receiving = None
+    try:
+        broker.enqueue(message("attache.render", 0))  # this thread's publishing connection
+        receiving = broker.consume("attache.render", prefetch=1, timeout=100)
+        assert _heartbeats(vhost) == sorted([consumer, publisher])
+    finally:
+        if receiving is not None:
+            receiving.close()
         broker.close()

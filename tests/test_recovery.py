@@ -162,7 +162,8 @@ def test_two_schedulers_do_nothing_twice(deployment, engine, services):
 
 
 @pytest.mark.parametrize("broker_kind", ["postgres"])  # RabbitMQ gives the stopped worker's unacked messages back
-# only once its heartbeat times out (80 s here), the gap docs/recovery.md describes; the row lock is the same
+# once its consumer's heartbeats time out (this test with RabbitMQ: 32 s, once; 80 s before the consumer's 10 s
+# heartbeat), the gap docs/contract.md describes, proven by tests/test_silent_network.py; the row lock is the same
 def test_a_worker_stopped_inside_a_transaction_does_not_hold_its_job_for_ever(deployment, engine, env, data_file,
                                                                               broker_kind):
     """A worker SIGSTOPped while its transaction holds the job's row: another worker finishes the job.

@@ -1,4 +1,4 @@
-"""RabbitMQ through Dramatiq, with the three things Dramatiq's broker lacks.
+"""RabbitMQ through Dramatiq, with the four things Dramatiq's broker lacks.
 
 :class:`AttacheBroker` is a small subclass of Dramatiq's ``RabbitmqBroker``:
 
@@ -26,6 +26,11 @@
    every worker that takes it is dead-lettered to ``<queue>.XQ`` after that
    many deliveries instead of looping forever (the job's lease recovery
    then decides its fate in PostgreSQL).
+4. **A consumer's own heartbeat.** A worker's consuming connections hold
+   its unacked messages, which RabbitMQ gives to another worker only when
+   the connection misses its heartbeats: they beat every
+   :data:`CONSUMER_HEARTBEAT_SECONDS`, the publishing ones every
+   :data:`PUBLISHER_HEARTBEAT_SECONDS`; a ``heartbeat`` in the URL wins.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
+from types import SimpleNamespace
 from typing import Any, Callable, Iterator
 
 import pika
 import pika.exceptions
 from dramatiq import errors as dramatiq_errors
-from dramatiq.brokers.rabbitmq import RabbitmqBroker, dq_name, q_name, xq_name
+from dramatiq.brokers.rabbitmq import RabbitmqBroker, _RabbitmqConsumer, dq_name, q_name, xq_name
 from dramatiq.common import current_millis
 from dramatiq.message import Message
 from pika.adapters.utils.connection_workflow import AMQPConnectorException
@@ -83,13 +89,27 @@ def answered_within(connection: pika.BlockingConnection, seconds: float) -> Iter
         impl._adapter_remove_timeout(timer)
 
 
-def connection_parameters(url: str, *, socket_timeout: float) -> pika.URLParameters:
+#: AMQP heartbeat of a consumer's connection, which holds its worker's unacked messages: RabbitMQ gives them to
+#: another worker two to three heartbeats after the worker went silent (a cut network, a frozen VM, SIGSTOP).
+#: A job whose worker's network went silent mid-step was ready through another worker 29.6 s after the cut; with
+#: 30 s, 89.5 s (tests/test_silent_network.py). Below 5 s RabbitMQ warns of false alarms; a consumer's thread
+#: answers them every Dramatiq worker timeout (1 s) whenever it gets the GIL, which the renders release.
+CONSUMER_HEARTBEAT_SECONDS = 10
+#: AMQP heartbeat of a connection that only publishes: it holds no messages, and one RabbitMQ closed while its
+#: thread was idle is replaced at the next publish (``AttacheBroker._publish``)
+PUBLISHER_HEARTBEAT_SECONDS = 30
+
+
+def connection_parameters(url: str, *, socket_timeout: float,
+                          heartbeat: int = PUBLISHER_HEARTBEAT_SECONDS) -> pika.URLParameters:
+    """pika's parameters for ``url``; a ``heartbeat`` in the URL's query string wins over ``heartbeat``."""
     params = pika.URLParameters(url)
     params.socket_timeout = socket_timeout
     params.stack_timeout = socket_timeout * 2
     params.blocked_connection_timeout = socket_timeout * 2
     params.connection_attempts = 1
-    params.heartbeat = 30
+    if params.heartbeat is None:  # pika's "not in the URL"
+        params.heartbeat = heartbeat
     params.client_properties = {"connection_name": "attache"}
     return params
 
@@ -168,13 +188,31 @@ class Confirms:
             self.channel._flush_output(until)  # noqa: SLF001
 
 
+class HeartbeatConsumer(_RabbitmqConsumer):
+    """Dramatiq's consumer, on a connection with the consumer's heartbeat (:data:`CONSUMER_HEARTBEAT_SECONDS`).
+
+    Dramatiq opens a consumer's connection with its broker's ``parameters``,
+    which are the publishers'; the consumer's own are handed to it for that.
+    """
+
+    def __init__(self, broker: "AttacheBroker", queue_name: str, prefetch: int, timeout: int):
+        super().__init__(SimpleNamespace(parameters=broker.consumer_parameters), queue_name, prefetch, timeout)
+        self.broker = broker
+
+
 class AttacheBroker(RabbitmqBroker):
     def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
                  middleware: list | None = None):
         super().__init__(url=url, confirm_delivery=True, middleware=middleware)
         self.parameters = connection_parameters(url, socket_timeout=socket_timeout)
+        self.consumer_parameters = connection_parameters(url, socket_timeout=socket_timeout,
+                                                         heartbeat=CONSUMER_HEARTBEAT_SECONDS)
         self.answer_timeout = socket_timeout
         self.delivery_limit = delivery_limit
+
+    @property
+    def consumer_class(self):
+        return HeartbeatConsumer
 
     # --- queues -----------------------------------------------------------
 
@@ -331,5 +369,6 @@ class AttacheBroker(RabbitmqBroker):
                     raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
 
 
-__all__ = ["AnswerTimeout", "AttacheBroker", "amqp_headers", "answered_within", "connection_parameters", "dq_name",
+__all__ = ["CONSUMER_HEARTBEAT_SECONDS", "PUBLISHER_HEARTBEAT_SECONDS", "AnswerTimeout", "AttacheBroker",
+           "HeartbeatConsumer", "amqp_headers", "answered_within", "connection_parameters", "dq_name",
            "q_name", "xq_name"]
