@@ -32,7 +32,11 @@ def _bindir() -> Path:
 
 
 class PrivateCluster:
-    def __init__(self):
+    """``listen``: more addresses to listen on (a second host's side of its cable, ``tests/netns.py``), trusted
+    from anywhere."""
+
+    def __init__(self, listen: tuple[str, ...] = ()):
+        self.listen = ("127.0.0.1", *listen)
         self.bindir = _bindir()
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="attache-pg-"))
@@ -43,6 +47,9 @@ class PrivateCluster:
             entry = pwd.getpwnam("postgres")
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+        if listen:
+            with open(self.data / "pg_hba.conf", "a") as hba:
+                hba.write("host all all 0.0.0.0/0 trust\n")
 
     def _run(self, tool: str, *args: str, check: bool = True, timeout: float = 120):
         command = [str(self.bindir / tool), *args]
@@ -58,7 +65,7 @@ class PrivateCluster:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
 
     def start(self) -> None:
-        options = (f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.root} -c fsync=off "
+        options = (f"-p {self.port} -c listen_addresses={','.join(self.listen)} -k {self.root} -c fsync=off "
                    "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-o", options, "-w", "-t", "60", "start")
 

@@ -20,6 +20,7 @@ from app.adapters.broker.postgres import make_pool
 from app.adapters.postgres import db
 from app.adapters.postgres.liveness import LIVENESS
 from tests.netns import SecondHost
+from tests.pgcluster import PrivateCluster
 from tests.tcp import Listener
 
 #: a silent server must be found within this many seconds of the cut (the settings give about 10-15)
@@ -68,6 +69,19 @@ try:
     print("answered")
 except OperationalError:
     print("unavailable")
+"""
+
+
+HOLDER = """
+import sys
+from sqlalchemy import text
+from app.adapters.postgres.db import make_engine
+engine = make_engine(sys.argv[1], process="silence holder")  # as the web's and the scheduler's: no idle limit
+with engine.connect() as conn:
+    conn.execute(text("SELECT pg_advisory_lock(4242)"))  # a scheduler's cleanup round holds one for its round
+    conn.execute(text("SELECT id FROM outbox_like FOR UPDATE"))  # as the relay holds the rows it publishes
+    print("locked")
+    sys.stdin.readline()
 """
 
 
@@ -150,3 +164,77 @@ def test_each_connection_carries_the_settings_and_the_url_wins(database_url):
     finally:
         pool.close()
     assert (dsn["keepalives_interval"], dsn["keepalives_idle"], dsn["tcp_user_timeout"]) == ("7", "5", "10000")
+
+
+SHOW_SERVER = ("SELECT current_setting('tcp_keepalives_idle'), current_setting('tcp_keepalives_interval'), "
+               "current_setting('tcp_keepalives_count'), current_setting('tcp_user_timeout'), "
+               "current_setting('idle_in_transaction_session_timeout'), current_setting('statement_timeout')")
+
+
+def test_the_server_is_asked_for_the_same_on_its_side_and_the_url_wins(database_url):
+    engine = db.make_engine(database_url, idle_in_transaction_seconds=6)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql(SHOW_SERVER).one() == ("5", "2", "3", "10000", "6s", "0")
+    engine.dispose()
+    own = "?keepalives_idle=30&tcp_user_timeout=60000&options=-c%20statement_timeout%3D1234"
+    engine = db.make_engine(database_url + own)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql(SHOW_SERVER).one() == ("30", "2", "3", "60000", "0", "1234ms")
+    engine.dispose()
+
+    pool = make_pool(database_url + "?keepalives_interval=7", timeout=5)
+    try:
+        with pool.connection() as conn:
+            assert conn.execute(SHOW_SERVER).fetchone() == ("5", "7", "3", "10000", "0", "0")
+    finally:
+        pool.close()
+
+
+#: PostgreSQL ends the session of a client gone silent within this many seconds (the settings give about 11)
+FREED_WITHIN = 25
+
+
+def test_the_server_ends_the_session_of_a_client_gone_silent_and_frees_its_locks():
+    """A scheduler's machine freezes or its network goes silent while it holds locks: an advisory lock (a cleanup
+    round) and rows (``FOR UPDATE SKIP LOCKED``: outbox rows it publishes, jobs it recovers). The server side of
+    its connection waited on the kernel's keepalives (over two hours), and every other process passed those rows
+    over: an upload's message unpublished, a dead worker's job not recovered. The client connects straight to a
+    PostgreSQL of the test's own that listens on the cable (a proxy on this side would answer for it)."""
+    host = SecondHost()
+    cluster = PrivateCluster(listen=(host.here,))
+    holder = None
+    try:
+        cluster.start()
+        admin = create_engine(cluster.admin_url.replace("postgresql://", "postgresql+psycopg2://"),
+                              isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.exec_driver_sql("CREATE TABLE outbox_like (id int)")
+            conn.exec_driver_sql("INSERT INTO outbox_like VALUES (1)")
+        holder = host.python(HOLDER, f"postgresql://postgres@{host.here}:{cluster.port}/postgres")
+        assert _line(holder, 30) == "locked", holder.stderr.read()
+
+        def free() -> bool:
+            with admin.connect() as conn:
+                rows = conn.exec_driver_sql("SELECT id FROM outbox_like FOR UPDATE SKIP LOCKED").all()
+                advisory = conn.exec_driver_sql("SELECT pg_try_advisory_lock(4242)").scalar()
+                if advisory:
+                    conn.exec_driver_sql("SELECT pg_advisory_unlock(4242)")
+            return bool(rows) and advisory
+
+        assert not free()
+        host.cut()
+        cut_at = time.monotonic()
+        deadline = cut_at + FOUND_WITHIN + 20
+        while not free():
+            assert time.monotonic() < deadline, "the silent client's locks are still held"
+            time.sleep(0.5)
+        freed_after = time.monotonic() - cut_at
+        print(f"the silent client's locks freed {freed_after:.1f} s after the cut")
+        assert freed_after <= FREED_WITHIN
+        admin.dispose()
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        host.remove()
+        cluster.destroy()

@@ -23,13 +23,14 @@ def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = 
     """``process`` names the attache process in each connection's ``application_name`` (``attache worker``), so
     ``pg_stat_activity`` tells whose a connection is. ``idle_in_transaction_seconds``: PostgreSQL ends a session
     whose transaction waits that long for its client (``idle_in_transaction_session_timeout``), which rolls it
-    back and frees its row locks. A server gone silent is found in about 10 s (``liveness.py``)."""
+    back and frees its row locks. A server gone silent is found in about 10 s, and a client gone silent by the
+    server (``liveness.py``)."""
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
-    connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
-                    **liveness_params(url.query)}
+    server = {}
     if idle_in_transaction_seconds is not None:
-        milliseconds = max(1, int(idle_in_transaction_seconds * 1000))
-        connect_args["options"] = f"-c idle_in_transaction_session_timeout={milliseconds}"
+        server["idle_in_transaction_session_timeout"] = max(1, int(idle_in_transaction_seconds * 1000))
+    connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
+                    **liveness_params(url.query, server)}
     return create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True, connect_args=connect_args)
 
 

@@ -17,8 +17,19 @@ unavailable, and asks again later. A healthy server's kernel answers probes
 at once, even while a query runs for minutes, so long queries are not cut.
 On a Unix socket libpq ignores them.
 
+The server is asked for the same, for its side of each connection
+(PostgreSQL's ``tcp_keepalives_*`` and ``tcp_user_timeout``, in the
+connection's ``options``): a client whose machine froze or whose network
+went silent is found by PostgreSQL in about 10 s and its session ended,
+which rolls its transaction back and frees its row and advisory locks.
+With the kernel's defaults the server kept such a session for over two
+hours, and what it had locked (``FOR UPDATE SKIP LOCKED``: the outbox rows
+a scheduler was publishing, the jobs it was recovering) was passed over by
+every other process meanwhile (``tests/test_silent_database.py``).
+
 Each can be set in the database URL's query string
-(``?keepalives_idle=30&tcp_user_timeout=60000``), which wins.
+(``?keepalives_idle=30&tcp_user_timeout=60000``), which wins on both sides;
+the URL's own ``options`` come after attache's, so they win too.
 """
 
 from __future__ import annotations
@@ -35,6 +46,26 @@ LIVENESS: Mapping[str, str] = {
 }
 
 
-def liveness_params(given: Mapping[str, object]) -> dict[str, str]:
-    """The :data:`LIVENESS` parameters that ``given`` (the URL's query) does not set itself."""
-    return {name: value for name, value in LIVENESS.items() if name not in given}
+#: the server's setting for each libpq parameter of :data:`LIVENESS` (same units)
+SERVER_SETTINGS: Mapping[str, str] = {
+    "keepalives_idle": "tcp_keepalives_idle",
+    "keepalives_interval": "tcp_keepalives_interval",
+    "keepalives_count": "tcp_keepalives_count",
+    "tcp_user_timeout": "tcp_user_timeout",
+}
+
+
+def liveness_params(given: Mapping[str, object], server: Mapping[str, object] | None = None) -> dict[str, str]:
+    """Connection parameters for ``given`` (the URL's query): the :data:`LIVENESS` ones it does not set itself, and
+    ``options`` asking the server for the same values on its side (and for ``server``, more of its settings),
+    followed by ``given``'s own ``options``."""
+    params = {name: value for name, value in LIVENESS.items() if name not in given}
+    effective = {**LIVENESS, **{name: str(given[name]) for name in LIVENESS if name in given}}
+    settings = {setting: effective[name] for name, setting in SERVER_SETTINGS.items()
+                if effective["keepalives"] != "0" or not setting.startswith("tcp_keepalives")}
+    settings.update({name: str(value) for name, value in (server or {}).items()})
+    options = [f"-c {setting}={value}" for setting, value in settings.items()]
+    if given.get("options"):
+        options.append(str(given["options"]))
+    params["options"] = " ".join(options)
+    return params
