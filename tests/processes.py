@@ -88,8 +88,8 @@ class Process:
         self._log = open(self.log_path, "wb")
         # in a network namespace (tests/netns.py): ``ip netns exec`` execs the shell, so the pid and group are the same
         prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
-        self.popen = subprocess.Popen([*prefix, "/bin/sh", "-c", f"exec {command}"], cwd=REPO, env=env, stdout=self._log,
-                                      stderr=subprocess.STDOUT, start_new_session=True)
+        self.popen = subprocess.Popen([*prefix, "/bin/sh", "-c", f"exec {command}"], cwd=REPO, env=env,
+                                      stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
     @property

@@ -1,4 +1,4 @@
-"""A worker whose network goes silent mid-step: its job is finished elsewhere, and it works again when the network is back.
+"""A worker whose network goes silent mid-step: its job is finished elsewhere; it works again once the cable is back.
 
 The worker runs on a second host (``tests/netns.py``) and reaches
 PostgreSQL and RabbitMQ through proxies on this side; web and scheduler
