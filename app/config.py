@@ -108,12 +108,15 @@ class Settings:
         "DATABASE_URL", "", _url("postgresql", "postgresql+psycopg2", optional=True),
         "PostgreSQL, the only source of truth; unset: an embedded PostgreSQL under `ATTACHE_DATA_DIR/pgdata`, "
         "started by the first process that needs it (single-node mode, `docs/deploy.md`). libpq parameters in its "
-        "query string win over attache's own, such as the keepalives that find a silent server in about 10 s "
-        "(`keepalives_idle`, `keepalives_interval`, `keepalives_count`, `tcp_user_timeout`; `docs/operations.md`)")
+        "query string win over attache's own, such as the keepalives that find a silent server in about 10 s, "
+        "which the server is asked for on its side too, in `options` (`keepalives_idle`, `keepalives_interval`, "
+        "`keepalives_count`, `tcp_user_timeout`; a pooler in between must accept `options`: `docs/operations.md`)")
     broker_url: str = setting(
         "BROKER_URL", "", _url(*BROKER_SCHEMES["rabbitmq"], *BROKER_SCHEMES["postgres"], optional=True),
         "the broker: `amqp://` RabbitMQ (quorum queues), `postgresql://` the PostgreSQL broker in that database; "
-        "unset: the PostgreSQL broker in the database of `DATABASE_URL`")
+        "unset: the PostgreSQL broker in the database of `DATABASE_URL`. An `amqp://` URL's `heartbeat` "
+        "(seconds) wins over attache's: 10 s on consuming connections, 30 s on publishing ones "
+        "(`docs/operations.md`)")
     data_dir: str = setting(
         "ATTACHE_DATA_DIR", DEFAULT_DATA_DIR, _str,
         "where the embedded PostgreSQL keeps its data (`pgdata/` below it) when `DATABASE_URL` is unset")
