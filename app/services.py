@@ -87,12 +87,16 @@ class Services:
     def engine(self):
         from app.adapters.postgres.db import make_engine
 
-        # a worker's transactions hold job rows (FOR UPDATE) for a few statements; one idle for a whole lease
-        # belongs to a worker that stopped mid-transaction (SIGSTOP, a frozen VM), whose locks lease recovery
-        # (SKIP LOCKED) and the other workers (who wait on them) would otherwise wait for as long as it stays
-        # stopped. The web's and the scheduler's may wait on storage inside a transaction (a tus upload's last
-        # PATCH joins its parts under its row's lock), so they get no such limit.
-        idle = max(self.settings.lease_seconds, MIN_IDLE_IN_TRANSACTION_SECONDS) if self._consumer else None
+        # a worker's and a scheduler's transactions hold job and outbox rows (FOR UPDATE) for a few statements;
+        # one idle for a whole lease belongs to a process that stopped mid-transaction (SIGSTOP, a frozen VM),
+        # whose locks lease recovery, the relay and the reconciler (SKIP LOCKED, in any scheduler) and the
+        # workers (who wait on them) would otherwise pass over or wait for as long as it stays stopped (a paused
+        # scheduler held two expired jobs for its whole 2-minute pause; an adversarial review). A scheduler's
+        # cleanups call storage inside a transaction, each call bounded by the storage client's timeouts; one
+        # cut short fails its round, and the next round checks again. The web may wait on storage under a row
+        # lock for long (a tus upload's last PATCH joins its parts), so it gets no such limit.
+        bounded = self._consumer or self._process == "scheduler"
+        idle = max(self.settings.lease_seconds, MIN_IDLE_IN_TRANSACTION_SECONDS) if bounded else None
         return make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
                            idle_in_transaction_seconds=idle)
 

@@ -203,3 +203,49 @@ def test_a_worker_stopped_inside_a_transaction_does_not_hold_its_job_for_ever(de
         holder.close()
         stopped.signal(signal.SIGKILL)
         stopped.popen.wait(timeout=30)
+
+
+def test_a_scheduler_stopped_inside_lease_recovery_does_not_hold_the_jobs_it_took(deployment, engine, env, data_file):
+    """A scheduler SIGSTOPped (a frozen VM) inside lease recovery's transaction holds the expired jobs' rows: the
+    other schedulers' recovery (``SKIP LOCKED``) passed them by for as long as it stayed stopped (an adversarial
+    review: two jobs waited out a 2-minute pause). PostgreSQL now ends a scheduler's session that has been idle
+    in its transaction for a lease, as a worker's."""
+    import psycopg2
+
+    deployment.start("web")
+    paused = deployment.start("scheduler")
+    worker = deployment.start("worker", WORKER_THREADS="1")
+    holder = psycopg2.connect(env["DATABASE_URL"])
+    try:
+        with holder.cursor() as cur:
+            cur.execute("LOCK TABLE variants IN SHARE MODE")  # the render waits inside its transaction, leased
+        attachment_id = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
+        wait_for(lambda: _waiting(engine, "attache worker", "INSERT INTO variants"), timeout=30,
+                 message="the render waiting inside its transaction")
+        worker.kill()  # its lease will expire
+        holder.rollback()
+        with holder.cursor() as cur:  # lease recovery takes the job's row, then waits to announce the next attempt
+            cur.execute("LOCK TABLE outbox IN SHARE ROW EXCLUSIVE MODE")
+        wait_for(lambda: _waiting(engine, "attache scheduler", "INSERT INTO outbox"), timeout=30,
+                 message="lease recovery waiting inside its transaction")
+        paused.signal(signal.SIGSTOP)
+        holder.rollback()  # its INSERT goes through; the stopped scheduler will never COMMIT
+        del deployment.processes["scheduler"]
+        deployment.start("scheduler")
+        deployment.start("worker")
+        assert deployment.wait_state(attachment_id, timeout=45)["state"] == "ready"
+        assert open(f"/proc/{paused.popen.pid}/stat").read().split(") ")[1][0] == "T", \
+            "finished while the first scheduler is still stopped"
+    finally:
+        holder.close()
+        paused.signal(signal.SIGKILL)
+        paused.popen.wait(timeout=30)
+
+
+def _waiting(engine, application_name: str, statement: str) -> bool:
+    """Whether a backend of ``application_name`` waits on a lock in a statement starting with ``statement``."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                 "AND application_name = :app AND wait_event_type = 'Lock' "
+                                 "AND upper(query) LIKE upper(:statement)"),
+                            {"app": application_name, "statement": statement + "%"}).scalar() > 0
