@@ -24,16 +24,19 @@ release: install
 up: release
 	ATTACHE_DEV=1 honcho start -f Procfile -p $(PORT) web worker scheduler
 
+# the tests marked long (an outage waited out, a long measurement) run in make soak, to keep this under 15 minutes
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not long" $(PYTEST_ARGS)
 
 # every figure beside its reference, in one run (ATTACHE_BENCH_EXTRA=1: also hostile files and sweeps)
 bench: install
 	$(PY) -m bench
 
-# a bounded chaos run (SOAK_UPLOADS, SOAK_SECONDS) against servers of its own; prints its figures
+# a bounded chaos run (SOAK_UPLOADS, SOAK_SECONDS) against servers of its own; prints its figures; then the
+# tests marked long
 soak: install
 	$(PY) -m pytest -q -s -p no:cacheprovider soak/
+	$(PY) -m pytest -q -p no:cacheprovider -m long tests/
 
 clean:
 	-test -x $(VENV)/bin/attache && $(VENV)/bin/attache db stop

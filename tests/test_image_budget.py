@@ -244,6 +244,7 @@ def _measured_over_priced(measure: str, files: list[Path], warm: list[Path]) -> 
             for path, spec, used, priced in json.loads(done.stdout) if used > priced]
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     if not _can_reset_peak():
         pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")

@@ -90,6 +90,7 @@ def test_a_publish_to_an_unreachable_database_is_broker_unavailable_within_the_t
     broker.close()
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_after_an_outage_no_worker_takes_the_messages_another_still_holds():
     """PostgreSQL down for longer than the heartbeat TTL: when it is back every worker's heartbeat is old.
 
@@ -150,6 +151,7 @@ def test_after_an_outage_no_worker_takes_the_messages_another_still_holds():
         cluster.destroy()
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_after_a_long_outage_the_broker_publishes_again_within_seconds():
     """PostgreSQL down while every connection the broker's pool may open is being retried (a worker's consumers,
     steps and heartbeat all want one): each retry backs off (1, 2, 4, 8, 16 s...), and before, the pool had no

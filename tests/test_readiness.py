@@ -59,6 +59,7 @@ def test_the_storage_check_does_not_fsync(settings, monkeypatch):
 
 
 @pytest.mark.processes
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_readyz_answers_503_in_time_when_postgresql_stops_answering(env, tmp_path):
     """A database frozen mid-connection once hung every probe, then the whole web process (adversarial review)."""
     from app.web.health import READY_DEADLINE_SECONDS

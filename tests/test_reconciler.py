@@ -255,6 +255,7 @@ def _upload_all(deployment, engine, data_file, photos) -> list[str]:
 
 
 @pytest.mark.processes
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_postgres_down_longer_than_the_retry_budget_strands_nothing(private_postgres, env, tmp_path, storage_dir,
                                                                    data_file):
     """The review's finding: 10 uploads, PostgreSQL stopped while the worker takes their messages.
@@ -288,6 +289,7 @@ def test_postgres_down_longer_than_the_retry_budget_strands_nothing(private_post
 
 
 @pytest.mark.processes
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private_postgres, env, tmp_path,
                                                                          storage_dir, data_file):
     """PostgreSQL stopped for seconds, many times the worker's Dramatiq retries (2, from 100 ms).

@@ -80,6 +80,7 @@ def assert_ready_byte_for_byte(deployment: Deployment, engine, storage_dir, atta
     assert left == [], "the partial bytes are gone once the bytes are staged (a killed write's .tmp- aside)"
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_tuspy_resumes_after_the_web_process_is_killed(deployment, link, engine, storage_dir, data_file):
     from tusclient import client as tus
 
