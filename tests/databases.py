@@ -1,11 +1,9 @@
 """PostgreSQL databases for tests, made from the migrated template ahead of the tests that take them.
 
 Each test that uses PostgreSQL gets a database of its own, a copy of the
-session's migrated template. ``CREATE DATABASE ... TEMPLATE`` cost about
-0.3-0.5 s here (it writes the template's pages to the WAL and waits for
-the disk; 0.2 s without waiting for the commit's flush, which a test
-database does not need), and some 400 tests take one: two minutes and
-more of a run spent waiting.
+session's migrated template. ``CREATE DATABASE ... TEMPLATE`` costs about
+0.3 s here (it writes the template's pages to the WAL and waits for the
+disk), and some 400 tests take one: two minutes of a run spent waiting.
 A thread makes the next ones while the tests run, and drops the used ones
 (``WITH (FORCE)``: a test's processes may still be connected); a test then
 waits only when it takes a database faster than they are made. Each
@@ -83,7 +81,6 @@ class DatabasePool:
         try:
             conn.autocommit = True
             with conn.cursor() as cur:
-                cur.execute("SET synchronous_commit = off")  # a test database lost to a crash is no loss: half the time
                 cur.execute(statement)
         finally:
             conn.close()
