@@ -59,21 +59,16 @@ def pg_template():
     admin.dispose()
 
 
-@pytest.fixture(scope="session")
-def database_pool(pg_template):
-    from tests.databases import DatabasePool
-
-    pool = DatabasePool(ADMIN_URL, pg_template)
-    yield pool
-    pool.close()
-
-
 @pytest.fixture
-def database_url(database_pool):
-    """A database of the test's own, a copy of the migrated template (made ahead: ``tests/databases.py``)."""
-    name = database_pool.take()
+def database_url(pg_template):
+    name = f"attache_test_{uuid.uuid4().hex[:10]}"
+    admin = _admin()
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}"')
     yield _db_url(name)
-    database_pool.give_back(name)
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.dispose()
 
 
 @pytest.fixture(scope="session")
