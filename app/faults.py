@@ -21,6 +21,9 @@ name                            #   where
 ``after_result_commit``         5   worker: the job committed ``ready``, message
                                     not acked (and staging not yet removed)
 ``during_render``               -   worker: a render step started, nothing written
+``during_object_write``         -   worker (any writer to file storage): an
+                                    object's bytes in its ``.tmp-*`` file, not
+                                    yet fsynced or renamed into place
 ``dlq_after_intent``            -   web/CLI: a dead-letter requeue or purge has
                                     committed its audit intent, the broker is not
                                     yet touched
@@ -53,6 +56,8 @@ POINTS = {
     # not a contract window: a worker dying in the middle of rendering
     # (a file that crashes the decoder, an OOM kill)
     "during_render": 0,
+    # not a contract window: a write to file storage cut short (its temp file is left behind)
+    "during_object_write": 0,
     # not a contract window: an operator's dead-letter action audited, not yet done
     "dlq_after_intent": 0,
     # window 2 entered with an error instead of a crash: the COMMIT's outcome is unknown to the web

@@ -342,6 +342,61 @@ def test_object_gc_keeps_the_objects_of_an_attachment_with_work_in_flight(servic
     assert not exists(storage_dir, original)
 
 
+def test_object_gc_removes_the_temp_files_of_writes_cut_short(services, engine, storage_dir):
+    """A ``.tmp-*`` file anywhere under the root (a writer killed mid-write) goes once untouched for the grace."""
+    attachment_id, _, staging = seed(engine, services.storage, "ready")
+    kept = pipeline.variant_key(attachment_id, 1, "thumbnail", "a" * 64, "jpg")
+    services.storage.put_bytes(kept, b"bytes")
+    old = [storage_dir / kept.rpartition("/")[0] / ".tmp-dead1", storage_dir / "staging" / ".tmp-dead2"]
+    young = storage_dir / kept.rpartition("/")[0] / ".tmp-writing"
+    for path in (*old, young):
+        path.write_bytes(b"half an object")
+    for path in old:
+        os.utime(path, (time.time() - 2 * HOUR,) * 2)
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
+    assert gc.run_once(dry_run=True)["abandoned_writes"] == 2
+    assert all(path.exists() for path in old), "a dry run removes nothing"
+    assert gc.run_once()["abandoned_writes"] == 2
+    assert not any(path.exists() for path in old)
+    assert young.exists(), "a temp file touched within the grace may be a write in progress"
+    assert exists(storage_dir, kept) and exists(storage_dir, staging), "objects are not temp files"
+    with exclusive(engine, "object_gc") as held:
+        assert held
+        counts = gc.run_once()
+    assert (counts["skipped"], counts["abandoned_writes"]) == (1, 0), "a round without the lock sweeps nothing"
+
+
+@pytest.mark.processes
+def test_a_worker_killed_mid_write_leaves_a_temp_file_the_object_gc_removes(env, tmp_path, services, engine,
+                                                                             storage_dir, data_file):
+    """SIGKILL with an object's bytes in its temp file: the upload still ends ready, and the leftover, which no
+    key names, is removed by the object GC once older than the grace (before: kept for ever)."""
+    from tests.processes import Deployment
+    from tests.test_failure_windows import assert_invariants
+
+    deployment = Deployment(env, tmp_path)
+    try:
+        deployment.start("web")
+        worker = deployment.start("worker", ATTACHE_FAULT="during_object_write")
+        attachment_id = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
+        assert worker.wait_dead(timeout=60) != 0
+        leftovers = [p for p in storage_dir.rglob(".tmp-*") if p.is_file()]  # one, or more: other render threads
+        assert leftovers
+        deployment.start("worker")
+        assert deployment.wait_state(attachment_id)["state"] == "ready"
+        assert_invariants(engine, storage_dir, [attachment_id])
+        gc = ObjectGc(engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
+        assert gc.run_once()["abandoned_writes"] == 0 and all(p.exists() for p in leftovers), "young: kept"
+        for path in leftovers:
+            os.utime(path, (time.time() - 2 * HOUR,) * 2)
+        counts = gc.run_once()
+        assert (counts["abandoned_writes"], counts["removed"]) == (len(leftovers), 0), counts
+        assert not any(p.exists() for p in leftovers)
+        assert_invariants(engine, storage_dir, [attachment_id])
+    finally:
+        deployment.stop_all()
+
+
 # --- indexes ----------------------------------------------------------------------
 
 

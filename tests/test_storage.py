@@ -13,8 +13,12 @@ import errno
 import hashlib
 import http.server
 import os
+import signal
 import socket
 import stat
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -29,6 +33,8 @@ from app.adapters.storage.filesystem import FilesystemStorage
 from app.adapters.storage.s3 import S3Storage, make_http_client
 from app.errors import ConfigError, ObjectNotFound, StorageError, StorageUnavailable
 from tests.s3server import moto_server
+
+REPO = Path(__file__).resolve().parents[1]
 
 ACCESS_KEY = "AKIATESTACCESSKEY"
 SECRET_KEY = "s3cr3t-never-in-messages"
@@ -437,18 +443,42 @@ def test_s3_fetch_removes_its_temp_file(moto_endpoint, tmp_path):
     store.ensure_bucket()
     store.put_bytes(KEY, b"abc")
     with store.fetch_to_path(KEY) as path:
-        assert path.parent == tmp_path and path.read_bytes() == b"abc"
-    assert not path.exists()
+        assert path.read_bytes() == b"abc"
+        assert list(tmp_path.iterdir()) == [], "the local copy has no name in the temp directory"
+        with open(path, "rb") as again:
+            assert again.read() == b"abc", "each open reads from the start"
 
     with pytest.raises(RuntimeError):
         with store.fetch_to_path(KEY) as path:
             raise RuntimeError("caller failed")
-    assert not path.exists()
 
     with pytest.raises(ObjectNotFound):
         with store.fetch_to_path("staging/nope"):
             pass
     assert list(tmp_path.iterdir()) == []
+
+
+def test_s3_fetch_leaves_nothing_behind_when_its_process_is_killed(moto_endpoint, tmp_path):
+    """A worker SIGKILLed while it renders from a fetched original (the OOM killer) left that copy in the temp
+    directory for good, one per kill; now the copy has no name and the kernel frees it with the process."""
+    bucket = f"attache-test-{uuid.uuid4().hex[:12]}"
+    store = S3Storage(bucket, endpoint=moto_endpoint, access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+    store.ensure_bucket()
+    store.put_bytes(KEY, b"x" * 300_000)
+    local = tmp_path / "tmp"
+    local.mkdir()
+    child = textwrap.dedent(f"""
+        import os, signal
+        from app.adapters.storage.s3 import S3Storage
+        store = S3Storage({bucket!r}, endpoint={moto_endpoint!r}, access_key={ACCESS_KEY!r},
+                          secret_key={SECRET_KEY!r}, tmp_dir={str(local)!r})
+        with store.fetch_to_path({KEY!r}) as path:
+            assert len(open(path, "rb").read()) == 300_000
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    done = subprocess.run([sys.executable, "-c", child], cwd=REPO, capture_output=True, timeout=60)
+    assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+    assert list(local.iterdir()) == []
 
 
 # --- listing ----------------------------------------------------------------

@@ -236,6 +236,15 @@ class Storage(ABC):
         String prefix, recursive, unsorted; ``ValueError`` for a bad prefix.
         """
 
+    def remove_abandoned_writes(self, older_than_seconds: float, *, dry_run: bool = False) -> int:
+        """Remove what writes cut short by a crash left behind, untouched for ``older_than_seconds``.
+
+        Returns how many were found (and removed, unless ``dry_run``). Such
+        leftovers are never objects: no key lists or opens them. A backend
+        whose interrupted writes leave nothing of its own to remove returns 0.
+        """
+        return 0
+
     def list_keys(self, prefix: str = "") -> Iterator[str]:
         """Yield every valid key starting with ``prefix`` (string prefix, recursive, unsorted)."""
         for info in self.list_objects(prefix):

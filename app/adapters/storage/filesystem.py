@@ -4,7 +4,8 @@ An object ``a/b/c`` is the regular file ``<root>/a/b/c``. Writes go to a
 ``.tmp-*`` file in the destination directory, are flushed and fsynced,
 renamed into place with :func:`os.replace` and the directory is fsynced, so
 a reader sees either the old object or the whole new one, and a crash leaves
-at most a ``.tmp-*`` file that :meth:`FilesystemStorage.list_objects` ignores.
+at most a ``.tmp-*`` file that :meth:`FilesystemStorage.list_objects` ignores
+and :meth:`FilesystemStorage.remove_abandoned_writes` removes.
 ``OSError`` never leaves this module: it becomes a :mod:`app.errors` error.
 """
 
@@ -15,10 +16,12 @@ import errno
 import os
 import stat as stat_mod
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from app import faults
 from app.errors import ObjectNotFound, StorageError, StorageUnavailable
 
 from .base import (
@@ -198,6 +201,32 @@ class FilesystemStorage(Storage):
                     if stat_mod.S_ISREG(st.st_mode):
                         yield ObjectInfo(key, st.st_size, utc_datetime(st.st_mtime))
 
+    def remove_abandoned_writes(self, older_than_seconds: float, *, dry_run: bool = False) -> int:
+        """Remove the ``.tmp-*`` files of writes cut short (a process killed mid-write) anywhere under the root.
+
+        A live write touches its temp file until it renames it, so a file
+        untouched for ``older_than_seconds`` belongs to no write.
+        """
+        cutoff = time.time() - older_than_seconds
+        found = 0
+        with self._errors("remove abandoned writes", ""):
+            for dirpath, dirnames, filenames in os.walk(self._root, onerror=_raise_unless_missing):
+                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+                for name in filenames:
+                    if not name.startswith(TMP_PREFIX):
+                        continue
+                    path = os.path.join(dirpath, name)
+                    try:
+                        st = os.lstat(path)
+                        if not stat_mod.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
+                            continue
+                        if not dry_run:
+                            os.unlink(path)
+                    except _MISSING:  # its write finished, or another sweep was first
+                        continue
+                    found += 1
+        return found
+
     # --- health ------------------------------------------------------------
 
     def check(self) -> None:
@@ -253,6 +282,7 @@ class FilesystemStorage(Storage):
                     os.fchmod(dst.fileno(), FILE_MODE)
                     size = write(dst)
                     dst.flush()
+                    faults.point("during_object_write")
                     os.fsync(dst.fileno())
                 os.replace(tmp, path)
             except BaseException:

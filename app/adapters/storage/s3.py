@@ -188,26 +188,31 @@ class S3Storage(Storage):
 
     @contextlib.contextmanager
     def fetch_to_path(self, key: str) -> Iterator[Path]:
-        """Download to a private temp file, yield its path, remove it on exit."""
+        """Download into a temp file with no name, yield a path this process can open it by.
+
+        The file is unlinked from its creation (``O_TMPFILE`` where the
+        filesystem has it), so a worker killed while it renders (SIGKILL, the
+        OOM killer) leaves nothing in the temp directory: the kernel frees the
+        bytes with the process's last descriptor. Before, each such kill left
+        a copy of an original there for good. The path is ``/proc/self/fd/N``
+        (Linux): valid in this process, until the block ends.
+        """
         stream = self.open_stream(key, chunk_size=DOWNLOAD_CHUNK)
-        tmp: str | None = None
         try:
             with contextlib.closing(stream):
-                fd, tmp = tempfile.mkstemp(prefix=".tmp-attache-", dir=self._tmp_dir)
-                with os.fdopen(fd, "wb") as out:
+                local = tempfile.TemporaryFile(prefix=".tmp-attache-", dir=self._tmp_dir)  # noqa: SIM115
+                try:
                     for chunk in stream:
-                        out.write(chunk)
+                        local.write(chunk)
+                    local.flush()
+                except BaseException:
+                    local.close()
+                    raise
         except OSError as exc:  # the local temp file, not the network
-            _unlink_quietly(tmp)
             raise StorageUnavailable(f"{self.describe()}: fetch {key!r}: local temp file failed: "
                                      f"{exc.strerror or type(exc).__name__}") from None
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        try:
-            yield Path(tmp)
-        finally:
-            _unlink_quietly(tmp)
+        with local:
+            yield Path(f"/proc/self/fd/{local.fileno()}")
 
     def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """``ListObjectsV2`` (recursive, paged by minio): each entry carries size and LastModified."""
@@ -285,9 +290,3 @@ def _release(resp: urllib3.BaseHTTPResponse) -> None:
     """Close a streamed response and hand its connection back to the pool."""
     resp.close()
     resp.release_conn()
-
-
-def _unlink_quietly(path: str | None) -> None:
-    if path is not None:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
