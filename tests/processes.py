@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 import requests
+from sqlalchemy import text
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(os.sys.executable).parent
@@ -72,6 +73,16 @@ def wait_for(predicate: Callable[[], object], *, timeout: float, interval: float
             last_error = exc
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {message}" + (f" (last error: {last_error!r})" if last_error else ""))
+
+
+def waiting_on_a_lock(engine, application_name: str, statement: str = "") -> bool:
+    """Whether a backend of ``application_name`` (``attache worker``, ``attache scheduler``...) waits on a lock,
+    in a statement starting with ``statement`` (any, by default): a process held inside its transaction."""
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                 "AND application_name = :app AND wait_event_type = 'Lock' "
+                                 "AND upper(query) LIKE upper(:statement)"),
+                            {"app": application_name, "statement": statement + "%"}).scalar() > 0
 
 
 class Process:

@@ -16,7 +16,7 @@ from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.core import states
 from app.observability.tracing import new_traceparent
 from tests.conftest import BROKER_KINDS
-from tests.processes import Deployment, wait_for
+from tests.processes import Deployment, wait_for, waiting_on_a_lock
 from tests.test_failure_windows import assert_invariants
 
 pytestmark = pytest.mark.processes
@@ -184,14 +184,8 @@ def test_a_worker_stopped_inside_a_transaction_does_not_hold_its_job_for_ever(de
         with holder.cursor() as cur:
             cur.execute("LOCK TABLE variants IN SHARE MODE")  # the first render's INSERT waits, its job row locked
         attachment_id = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
-
-        def waiting_on_the_lock():
-            with engine.connect() as conn:
-                return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                         "AND application_name = 'attache worker' AND wait_event_type = 'Lock'")
-                                    ).scalar()
-
-        wait_for(waiting_on_the_lock, timeout=30, message="the worker's render waiting inside its transaction")
+        wait_for(lambda: waiting_on_a_lock(engine, "attache worker"), timeout=30,
+                 message="the worker's render waiting inside its transaction")
         stopped.signal(signal.SIGSTOP)
         holder.rollback()  # its INSERT goes through; the stopped worker will never COMMIT
         del deployment.processes["worker"]
@@ -220,13 +214,13 @@ def test_a_scheduler_stopped_inside_lease_recovery_does_not_hold_the_jobs_it_too
         with holder.cursor() as cur:
             cur.execute("LOCK TABLE variants IN SHARE MODE")  # the render waits inside its transaction, leased
         attachment_id = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
-        wait_for(lambda: _waiting(engine, "attache worker", "INSERT INTO variants"), timeout=30,
+        wait_for(lambda: waiting_on_a_lock(engine, "attache worker", "INSERT INTO variants"), timeout=30,
                  message="the render waiting inside its transaction")
         worker.kill()  # its lease will expire
         holder.rollback()
         with holder.cursor() as cur:  # lease recovery takes the job's row, then waits to announce the next attempt
             cur.execute("LOCK TABLE outbox IN SHARE ROW EXCLUSIVE MODE")
-        wait_for(lambda: _waiting(engine, "attache scheduler", "INSERT INTO outbox"), timeout=30,
+        wait_for(lambda: waiting_on_a_lock(engine, "attache scheduler", "INSERT INTO outbox"), timeout=30,
                  message="lease recovery waiting inside its transaction")
         paused.signal(signal.SIGSTOP)
         holder.rollback()  # its INSERT goes through; the stopped scheduler will never COMMIT
@@ -241,11 +235,3 @@ def test_a_scheduler_stopped_inside_lease_recovery_does_not_hold_the_jobs_it_too
         paused.signal(signal.SIGKILL)
         paused.popen.wait(timeout=30)
 
-
-def _waiting(engine, application_name: str, statement: str) -> bool:
-    """Whether a backend of ``application_name`` waits on a lock in a statement starting with ``statement``."""
-    with engine.connect() as conn:
-        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                 "AND application_name = :app AND wait_event_type = 'Lock' "
-                                 "AND upper(query) LIKE upper(:statement)"),
-                            {"app": application_name, "statement": statement + "%"}).scalar() > 0

@@ -22,10 +22,9 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg2
 import pytest
-from sqlalchemy import text
 
 from tests.netns import SecondHost
-from tests.processes import Deployment, wait_for
+from tests.processes import Deployment, wait_for, waiting_on_a_lock
 from tests.tcp import Listener
 from tests.test_failure_windows import assert_invariants
 
@@ -61,12 +60,6 @@ def _through(url: str, host: str, port: int, **query: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query="&".join(filter(None, [parts.query, extra]))))
 
 
-def _waiting_on_the_lock(engine) -> bool:
-    with engine.connect() as conn:
-        return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                 "AND application_name = 'attache worker' AND wait_event_type = 'Lock'")).scalar() > 0
-
-
 def test_a_worker_cut_off_in_silence_loses_nothing_and_works_again(deployment, env, engine, storage_dir, data_file):
     database, broker = urlsplit(env["DATABASE_URL"]), urlsplit(env["BROKER_URL"])
     host = SecondHost()
@@ -85,7 +78,7 @@ def test_a_worker_cut_off_in_silence_loses_nothing_and_works_again(deployment, e
         with holder.cursor() as cur:
             cur.execute("LOCK TABLE variants IN SHARE MODE")  # the first render's INSERT waits, its job row locked
         first = deployment.upload(data_file("photos/chelsea.jpg")).json()["id"]
-        wait_for(lambda: _waiting_on_the_lock(engine), timeout=30,
+        wait_for(lambda: waiting_on_a_lock(engine, "attache worker"), timeout=30,
                  message="the cut-off worker's render waiting inside its transaction")
 
         host.cut()
