@@ -36,8 +36,10 @@ def exclusive(engine: Engine, name: str) -> Iterator[bool]:
 
 
 def sweep_storage(engine: Engine, name: str, objects: Iterable, batch: int,
-                  process: Callable[[list], None], counts: dict[str, int]) -> dict[str, int]:
-    """The common shape of the storage cleanups: under ``name``'s lock, hand listed objects on in batches.
+                  process: Callable[[list], None], counts: dict[str, int],
+                  then: Callable[[], None] | None = None) -> dict[str, int]:
+    """The common shape of the storage cleanups: under ``name``'s lock, hand listed objects on in batches,
+    then call ``then`` (still under the lock).
 
     ``counts["skipped"]`` is 1 when another scheduler holds the lock (this round does nothing).
     """
@@ -48,4 +50,6 @@ def sweep_storage(engine: Engine, name: str, objects: Iterable, batch: int,
         listing = iter(objects)
         while chunk := list(itertools.islice(listing, batch)):
             process(chunk)
+        if then is not None:
+            then()
     return counts

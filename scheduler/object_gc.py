@@ -11,9 +11,12 @@ then) and, on a fresh query right before the delete, no row of
 there (from an earlier try) records it without rewriting it, so an old,
 unreferenced object may be about to be referenced while its job runs.
 
-Each round that holds the lock also removes what writes cut short left
-behind (a worker killed mid-write leaves a ``.tmp-*`` file in file
-storage), once untouched for the same grace: ``abandoned_writes``.
+Each round, still under its lock, also removes what crashes and deletes
+left behind in storage, once untouched for the same grace
+(:meth:`Storage.remove_leftovers`): a worker killed mid-write leaves a
+``.tmp-*`` file in file storage (``abandoned_writes``), and a finished
+resumable upload or a retired version an empty directory
+(``empty_directories``).
 """
 
 from __future__ import annotations
@@ -75,15 +78,14 @@ class ObjectGc:
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "abandoned_writes": 0,
-                  "skipped": 0}
+                  "empty_directories": 0, "skipped": 0}
         sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
-                      lambda chunk: self._process(chunk, counts, dry_run), counts)
-        if not counts["skipped"]:
-            counts["abandoned_writes"] = self.storage.remove_abandoned_writes(self.config.grace_seconds,
-                                                                              dry_run=dry_run)
-        if counts["removed"] or counts["abandoned_writes"]:
-            log.info("object gc removed %(removed)d unreferenced objects and %(abandoned_writes)d abandoned writes",
-                     counts, extra=counts)
+                      lambda chunk: self._process(chunk, counts, dry_run), counts,
+                      then=lambda: counts.update(self.storage.remove_leftovers(self.config.grace_seconds,
+                                                                               dry_run=dry_run)))
+        if counts["removed"] or counts["abandoned_writes"] or counts["empty_directories"]:
+            log.info("object gc removed %(removed)d unreferenced objects, %(abandoned_writes)d abandoned writes "
+                     "and %(empty_directories)d empty directories", counts, extra=counts)
         return counts
 
     def _referenced(self, keys: list[str], conn=None) -> set[str]:

@@ -366,6 +366,69 @@ def test_object_gc_removes_the_temp_files_of_writes_cut_short(services, engine, 
     assert (counts["skipped"], counts["abandoned_writes"]) == (1, 0), "a round without the lock sweeps nothing"
 
 
+def test_object_gc_enters_only_directories_of_keys_and_removes_the_empty_ones(services, engine, storage_dir,
+                                                                              tmp_path):
+    """The sweep of leftovers walks the whole root: a mount point's ``lost+found`` (0700, root's) made every
+    round of a non-root scheduler fail (an adversarial review), and a directory swapped for a symlink must not
+    lead it outside. Each finished resumable upload left an empty ``partial/{id}/`` for good."""
+    def aged(path):
+        os.utime(path, (time.time() - 2 * HOUR,) * 2, follow_symlinks=False)
+        return path
+
+    foreign = storage_dir / "lost+found"
+    foreign.mkdir()
+    theirs = foreign / ".tmp-theirs"
+    theirs.write_bytes(b"x")
+    aged(theirs)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / ".tmp-outside").write_bytes(b"x")
+    aged(outside / ".tmp-outside")
+    (storage_dir / "partial").mkdir()
+    aged(outside)
+    (storage_dir / "partial" / "link").symlink_to(outside)
+    done = [storage_dir / "partial" / name for name in ("u1", "u2")]
+    for path in done:
+        path.mkdir()
+        aged(path)
+    live = storage_dir / "partial" / "u3"
+    live.mkdir()  # untouched within the grace
+    kept = pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", "a" * 64, "jpg")
+    services.storage.put_bytes(kept, b"bytes")
+    aged(storage_dir / kept.rpartition("/")[0])
+
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
+    assert gc.run_once(dry_run=True)["empty_directories"] == 2
+    assert all(path.exists() for path in done), "a dry run removes nothing"
+    counts = gc.run_once()
+    assert (counts["empty_directories"], counts["abandoned_writes"]) == (2, 0), counts
+    assert not any(path.exists() for path in done)
+    assert live.is_dir() and exists(storage_dir, kept), "young or not empty: kept"
+    assert theirs.exists() and (outside / ".tmp-outside").exists(), "nothing outside the store's own directories"
+    assert (storage_dir / "partial" / "link").is_symlink()
+    services.storage.put_bytes("partial/u1/0", b"a new part")  # a write into a directory the sweep took
+
+
+def test_a_write_whose_temp_file_was_swept_is_unavailable_not_an_error(tmp_path):
+    """A writer paused (SIGSTOP, a frozen VM) past the grace, between its bytes and the rename, finds its temp
+    file swept: the web answered 500 (an adversarial review); it is a retry (503), as a swept spool is."""
+    from app.adapters.storage.filesystem import FilesystemStorage
+    from app.errors import StorageUnavailable
+
+    store = FilesystemStorage(tmp_path)
+
+    def write_then_lose_it(dst):
+        dst.write(b"bytes")
+        for path in (tmp_path / "staging").glob(".tmp-*"):
+            path.unlink()  # what the sweep does to a temp file untouched for the grace
+        return 5
+
+    with pytest.raises(StorageUnavailable, match="temp file was removed"):
+        store._write_atomic("staging/a", write_then_lose_it)
+    assert not (tmp_path / "staging" / "a").exists()
+    assert store.put_bytes("staging/a", b"bytes").size == 5, "the retry works"
+
+
 @pytest.mark.processes
 def test_a_worker_killed_mid_write_leaves_a_temp_file_the_object_gc_removes(env, tmp_path, services, engine,
                                                                              storage_dir, data_file):

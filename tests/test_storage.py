@@ -426,6 +426,24 @@ def test_readers_never_see_a_partial_object(storage):
     assert _read(storage, KEY) in versions
 
 
+def test_a_write_makes_its_directory_again_when_the_sweep_takes_it_empty(tmp_path, monkeypatch):
+    """The object GC removes empty directories untouched for its grace; one taken between a write's mkdir and
+    its temp file is made again (before the sweep existed, that mkstemp's ENOENT was a StorageError)."""
+    store = FilesystemStorage(tmp_path)
+    real = fs_module.tempfile.mkstemp
+    swept = []
+
+    def mkstemp_after_a_sweep(**kwargs):
+        if not swept:
+            swept.append(kwargs["dir"])
+            os.rmdir(kwargs["dir"])  # what the sweep does, at the worst moment
+        return real(**kwargs)
+
+    monkeypatch.setattr(fs_module.tempfile, "mkstemp", mkstemp_after_a_sweep)
+    assert store.put_bytes("partial/u1/0", b"part").size == 4
+    assert swept and (tmp_path / "partial" / "u1" / "0").read_bytes() == b"part"
+
+
 # --- fetch_to_path ----------------------------------------------------------
 
 

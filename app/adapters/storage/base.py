@@ -236,14 +236,15 @@ class Storage(ABC):
         String prefix, recursive, unsorted; ``ValueError`` for a bad prefix.
         """
 
-    def remove_abandoned_writes(self, older_than_seconds: float, *, dry_run: bool = False) -> int:
-        """Remove what writes cut short by a crash left behind, untouched for ``older_than_seconds``.
+    def remove_leftovers(self, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, int]:
+        """Remove what crashes and deletes left behind, untouched for ``older_than_seconds``; counts by kind.
 
-        Returns how many were found (and removed, unless ``dry_run``). Such
-        leftovers are never objects: no key lists or opens them. A backend
-        whose interrupted writes leave nothing of its own to remove returns 0.
+        ``abandoned_writes``: what a write cut short left (never an object:
+        no key lists or opens it); ``empty_directories``: what deletes left.
+        With ``dry_run``, count and remove nothing. A backend that leaves
+        neither returns zeros.
         """
-        return 0
+        return {"abandoned_writes": 0, "empty_directories": 0}
 
     def list_keys(self, prefix: str = "") -> Iterator[str]:
         """Yield every valid key starting with ``prefix`` (string prefix, recursive, unsorted)."""

@@ -5,7 +5,8 @@ An object ``a/b/c`` is the regular file ``<root>/a/b/c``. Writes go to a
 renamed into place with :func:`os.replace` and the directory is fsynced, so
 a reader sees either the old object or the whole new one, and a crash leaves
 at most a ``.tmp-*`` file that :meth:`FilesystemStorage.list_objects` ignores
-and :meth:`FilesystemStorage.remove_abandoned_writes` removes.
+and :meth:`FilesystemStorage.remove_leftovers` removes, with the empty
+directories that deletes leave.
 ``OSError`` never leaves this module: it becomes a :mod:`app.errors` error.
 """
 
@@ -90,6 +91,9 @@ class FilesystemStorage(Storage):
             size = os.stat(path).st_size
             os.chmod(path, FILE_MODE)  # a spool file is private to its process (mkstemp: 0600)
             try:
+                os.replace(path, target)
+            except FileNotFoundError:  # the leftovers' sweep took the empty directory: make it again, once
+                self._makedirs(target.parent)
                 os.replace(path, target)
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
@@ -201,31 +205,47 @@ class FilesystemStorage(Storage):
                     if stat_mod.S_ISREG(st.st_mode):
                         yield ObjectInfo(key, st.st_size, utc_datetime(st.st_mtime))
 
-    def remove_abandoned_writes(self, older_than_seconds: float, *, dry_run: bool = False) -> int:
-        """Remove the ``.tmp-*`` files of writes cut short (a process killed mid-write) anywhere under the root.
+    def remove_leftovers(self, older_than_seconds: float, *, dry_run: bool = False) -> dict[str, int]:
+        """Remove ``.tmp-*`` files (writes cut short) and empty directories, each untouched for ``older_than_seconds``.
 
-        A live write touches its temp file until it renames it, so a file
-        untouched for ``older_than_seconds`` belongs to no write.
+        A live write touches its temp file until it renames it; a directory
+        untouched for as long has had nothing added or removed. Only
+        directories whose names could be part of a key are entered, never
+        through a symlink, and every name is checked and removed relative to
+        its open directory (``os.fwalk``), so nothing outside the root is
+        reached even while the tree changes. A write that finds its
+        directory gone makes it again (:meth:`_temp_file`).
         """
         cutoff = time.time() - older_than_seconds
-        found = 0
-        with self._errors("remove abandoned writes", ""):
-            for dirpath, dirnames, filenames in os.walk(self._root, onerror=_raise_unless_missing):
-                dirnames[:] = [d for d in dirnames if not d.startswith(".")]
+        counts = {"abandoned_writes": 0, "empty_directories": 0}
+
+        def old(name: str, dir_fd: int, kind: Callable[[int], bool]) -> bool:
+            try:
+                st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+            except _MISSING:
+                return False
+            return kind(st.st_mode) and st.st_mtime <= cutoff
+
+        with self._errors("remove leftovers", ""):
+            if not self._root.is_dir():
+                return counts
+            for _, dirnames, filenames, dir_fd in os.fwalk(os.path.realpath(self._root),
+                                                           onerror=_raise_unless_missing):
                 for name in filenames:
-                    if not name.startswith(TMP_PREFIX):
+                    if name.startswith(TMP_PREFIX) and old(name, dir_fd, stat_mod.S_ISREG) \
+                            and (dry_run or _gone(os.unlink, name, dir_fd)):
+                        counts["abandoned_writes"] += 1
+                entered = []
+                for name in dirnames:
+                    if name.startswith(".") or not is_valid_key(name):  # lost+found, snapshots: not ours
                         continue
-                    path = os.path.join(dirpath, name)
-                    try:
-                        st = os.lstat(path)
-                        if not stat_mod.S_ISREG(st.st_mode) or st.st_mtime > cutoff:
-                            continue
-                        if not dry_run:
-                            os.unlink(path)
-                    except _MISSING:  # its write finished, or another sweep was first
+                    if old(name, dir_fd, stat_mod.S_ISDIR) and (
+                            _empty(name, dir_fd) if dry_run else _gone(os.rmdir, name, dir_fd)):
+                        counts["empty_directories"] += 1
                         continue
-                    found += 1
-        return found
+                    entered.append(name)
+                dirnames[:] = entered
+        return counts
 
     # --- health ------------------------------------------------------------
 
@@ -275,8 +295,7 @@ class FilesystemStorage(Storage):
         """Run ``write`` into a fresh temp file next to the key, then publish it."""
         path = self._path(key)
         with self._errors("put", key):
-            self._makedirs(path.parent)
-            fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent)
+            fd, tmp = self._temp_file(path.parent)
             try:
                 with os.fdopen(fd, "wb") as dst:
                     os.fchmod(dst.fileno(), FILE_MODE)
@@ -284,12 +303,27 @@ class FilesystemStorage(Storage):
                     dst.flush()
                     faults.point("during_object_write")
                     os.fsync(dst.fileno())
-                os.replace(tmp, path)
+                try:
+                    os.replace(tmp, path)
+                except FileNotFoundError:  # not a bad request: the same write will work
+                    raise StorageUnavailable(
+                        f"{self.describe()}: put {key!r}: its temp file was removed before the rename (a writer "
+                        f"paused for longer than the leftovers' grace); retry") from None
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
             _fsync_dir(path.parent)
         return ObjectInfo(key, size)
+
+    def _temp_file(self, directory: Path) -> tuple[int, str]:
+        """A new ``.tmp-*`` file in ``directory``, made if missing (again, if the leftovers' sweep took it empty)."""
+        for _ in range(3):
+            self._makedirs(directory)
+            try:
+                return tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+            except FileNotFoundError:
+                continue
+        raise StorageUnavailable(f"{self.describe()}: {directory} keeps disappearing; retry")
 
     def _makedirs(self, directory: Path) -> None:
         """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
@@ -354,6 +388,27 @@ def _fsync_dir(directory: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.EINVAL, errno.ENOTSUP):  # fs without directory fsync
             raise
+    finally:
+        os.close(fd)
+
+
+def _gone(remove: Callable[..., None], name: str, dir_fd: int) -> bool:
+    """``remove(name, dir_fd=dir_fd)``; False if it was already gone or (a directory) is not empty."""
+    try:
+        remove(name, dir_fd=dir_fd)
+    except _MISSING:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    return True
+
+
+def _empty(name: str, dir_fd: int) -> bool:
+    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    try:
+        return not os.listdir(fd)
     finally:
         os.close(fd)
 
