@@ -334,7 +334,7 @@ def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private
         with engine.connect() as conn:
             assert conn.execute(select(func.count()).select_from(dead_letters)).scalar() == 0
         assert_invariants(engine, storage_dir, accepted)
-        assert "PostgreSQL answers again: the step runs again" in worker.output()
+        assert "PostgreSQL answers and takes writes again: the step runs again" in worker.output()
         with engine.connect() as conn:
             longest = conn.execute(select(func.max(step_runs.c.seconds))).scalar()
         assert longest < waited, f"a step's duration ({longest:.1f} s) counted its wait ({waited:.1f} s)"

@@ -235,3 +235,39 @@ def test_a_scheduler_stopped_inside_lease_recovery_does_not_hold_the_jobs_it_too
         paused.signal(signal.SIGKILL)
         paused.popen.wait(timeout=30)
 
+
+
+def test_a_database_gone_read_only_is_waited_out_like_an_outage(deployment, engine, storage_dir, data_file,
+                                                                  database_url):
+    """A failover leaves clients on a demoted primary, or an operator sets ``default_transaction_read_only``:
+    every write is refused (SQLSTATE 25006) while reads work. The worker took it for a bug in the step: Dramatiq's
+    retries backed off, and after a 15 s read-only spell jobs waited up to 285 s (an adversarial run). Now a step
+    waits for writes as for an outage, the web answers 503, and the pools reconnect."""
+    from sqlalchemy import create_engine
+
+    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    name = database_url.rsplit("/", 1)[1]
+    photos = [data_file(f"photos/{photo}") for photo in
+              ("chelsea_12mp_4247x2825.jpg", "astronaut_12mp_3464x3464.jpg", "chelsea.jpg")]
+    try:
+        for process in ("web", "worker", "scheduler"):
+            deployment.start(process)
+        accepted = [deployment.upload(photos[i % len(photos)]).json()["id"] for i in range(9)]
+        with admin.connect() as conn:  # what a demotion does: the sessions end, the new ones cannot write
+            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
+        refused = deployment.upload(photos[2])
+        assert (refused.status_code, refused.json()["error"]) == (503, "database_unavailable"), refused.text
+        wait_for(lambda: "PostgreSQL is unreachable or read-only: the step waits for it"
+                 in deployment.processes["worker"].output(), timeout=30, message="a step waiting for writes")
+        with admin.connect() as conn:  # writable again; the sessions opened meanwhile are still read-only
+            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
+        wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted), timeout=30,
+                 message="every upload finished soon after the database took writes again")
+        assert_invariants(engine, storage_dir, accepted)
+        assert deployment.upload(photos[2]).status_code == 202
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
+        admin.dispose()

@@ -233,10 +233,10 @@ class Workflow:
             except DatabaseUnavailable:
                 if time.monotonic() >= deadline or db.reachable(engine):
                     raise
-                log.warning("PostgreSQL is unreachable: the step waits for it")
+                log.warning("PostgreSQL is unreachable or read-only: the step waits for it")
                 if not db.wait_until_reachable(engine, deadline - time.monotonic(), self.stopping):
                     raise
-                log.info("PostgreSQL answers again: the step runs again")
+                log.info("PostgreSQL answers and takes writes again: the step runs again")
                 run = _running.get()
                 if run is not None:  # its duration is the run's that records the outcome, not the wait's
                     run.began = time.monotonic()

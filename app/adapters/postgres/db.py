@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, text
+from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 
@@ -31,7 +31,24 @@ def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = 
         server["idle_in_transaction_session_timeout"] = max(1, int(idle_in_transaction_seconds * 1000))
     connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
                     **liveness_params(url.query, server)}
-    return create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True, connect_args=connect_args)
+    engine = create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True, connect_args=connect_args)
+    event.listen(engine, "handle_error", _read_only_is_a_lost_server)
+    return engine
+
+
+#: PostgreSQL's SQLSTATE for a write in a read-only session: a primary demoted by a failover, a hot standby, or
+#: ``default_transaction_read_only`` set by an operator
+READ_ONLY_SQL_TRANSACTION = "25006"
+
+
+def _read_only_is_a_lost_server(context) -> None:
+    """A session that cannot write is as good as a lost one: its connection, and the pool's others (opened to the
+    same server), are replaced, and the error is a lost connection (:func:`transaction`: ``DatabaseUnavailable``).
+
+    Before, the worker took it for a bug in the step: Dramatiq's retries, backing off, left jobs waiting minutes
+    after a 15 s read-only spell had ended (up to 285 s, an adversarial run)."""
+    if getattr(context.original_exception, "pgcode", None) == READ_ONLY_SQL_TRANSACTION:
+        context.is_disconnect = True
 
 
 @contextlib.contextmanager
@@ -49,19 +66,23 @@ def transaction(engine: Engine) -> Iterator[Connection]:
 
 
 def reachable(engine: Engine) -> bool:
-    """Whether PostgreSQL answers now: a connection (checked out and pinged, or made) and ``SELECT 1``."""
+    """Whether PostgreSQL answers now and takes writes: a connection (checked out and pinged, or made) whose
+    session is not read-only. A read-only session's connection is replaced, so the next call asks afresh (the
+    server may be writable again, or a failover's new primary may answer)."""
     try:
         with engine.connect() as conn:
-            conn.exec_driver_sql("SELECT 1")
-        return True
+            if conn.exec_driver_sql("SELECT current_setting('transaction_read_only')").scalar() == "off":
+                return True
+            conn.invalidate()
+            return False
     except DBAPIError:
         return False
 
 
 def wait_until_reachable(engine: Engine, seconds: float, stopping: threading.Event, *,
                          interval: float = 1.0) -> bool:
-    """After PostgreSQL did not answer: ask it again every ``interval`` until it answers (True), ``seconds`` pass
-    or ``stopping`` is set (False)."""
+    """After PostgreSQL did not answer (or took no writes): ask it again every ``interval`` until it answers and
+    takes writes (True), ``seconds`` pass or ``stopping`` is set (False)."""
     deadline = time.monotonic() + seconds
     while True:
         remaining = deadline - time.monotonic()
