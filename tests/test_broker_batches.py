@@ -125,3 +125,25 @@ def test_a_consumer_connection_beats_faster_than_a_publisher_and_the_url_wins(br
         if receiving is not None:
             receiving.close()
         broker.close()
+
+
+def test_a_look_at_the_queues_on_a_connection_rabbitmq_closed_while_idle_opens_a_fresh_one(broker_url):
+    """The reconciler looks at the queues' depth before it re-announces anything. The scheduler's rounds take
+    turns on ten threads, so a round often comes to a thread whose connection RabbitMQ closed for missed
+    heartbeats: before, that look failed and the reconciler skipped its round (an adversarial run: every 30 s,
+    while jobs waited to be re-announced). Here with a heartbeat of 1 s."""
+    vhost = broker_url.rsplit("/", 1)[1]
+    broker = AttacheBroker(url=broker_url)
+    broker.parameters.heartbeat = 1
+    try:
+        before = _connections(vhost)
+        broker.declare_queue("attache.render", ensure=True)
+        assert broker.queue_depth("attache.render") == 0
+        [ours] = _connections(vhost) - before
+        wait_for(lambda: ours not in _connections(vhost), timeout=60, interval=0.5,
+                 message="RabbitMQ closing the idle connection")
+        assert broker.queue_depth("attache.render") == 0
+        assert broker.queue_depth("attache.nothing") is None
+        broker.ping()
+    finally:
+        broker.close()

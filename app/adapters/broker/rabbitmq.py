@@ -39,7 +39,7 @@ import logging
 import time
 from contextlib import contextmanager
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import pika
 import pika.exceptions
@@ -58,6 +58,9 @@ log = logging.getLogger("attache.broker")
 #: connection handshake, which pika raises as is, outside its AMQPError tree
 PUBLISH_ERRORS = (pika.exceptions.AMQPError, AMQPConnectorException, OSError,
                   dramatiq_errors.BrokerConnectionError)
+
+
+T = TypeVar("T")
 
 
 class AnswerTimeout(pika.exceptions.AMQPConnectionError):
@@ -336,38 +339,44 @@ class AttacheBroker(RabbitmqBroker):
 
     def queue_depth(self, queue_name: str) -> int | None:
         """Messages ready in a queue (passive declare), None if it does not exist."""
-        try:
-            with answered_within(self.connection, self.answer_timeout):
-                channel = self.connection.channel()
-                try:
-                    frame = channel.queue_declare(queue=queue_name, passive=True)
-                    return frame.method.message_count
-                finally:
-                    if channel.is_open:
-                        channel.close()
-        except pika.exceptions.ChannelClosedByBroker:
-            return None
-        except PUBLISH_ERRORS as exc:
-            del self.connection
-            raise BrokerUnavailable(f"cannot inspect {queue_name}: {type(exc).__name__}") from exc
+        def depth() -> int | None:
+            channel = self.connection.channel()
+            try:
+                return channel.queue_declare(queue=queue_name, passive=True).method.message_count
+            except pika.exceptions.ChannelClosedByBroker:
+                return None
+            finally:
+                if channel.is_open:
+                    channel.close()
 
-    def _kept_connection(self) -> bool:
-        """Whether this thread holds a connection opened before (which RabbitMQ may have closed since)."""
-        return getattr(self.state, "connection", None) is not None
+        return self._round_trip(depth, f"cannot inspect {queue_name}")
 
     def ping(self) -> None:
         """One round trip on this thread's connection (opened once, then reused; reopened once if it died)."""
+        self._round_trip(lambda: self.channel.exchange_declare(exchange="amq.direct", passive=True),
+                         "RabbitMQ unreachable")  # amq.direct is always there
+
+    def _round_trip(self, call: Callable[[], T], failure: str) -> T:
+        """``call`` on this thread's connection, within the answer timeout; a kept connection found closed is
+        replaced once (as :meth:`_publish` does), any other failure is :class:`BrokerUnavailable`.
+
+        pika's blocking connection answers heartbeats only when its thread calls into it, so RabbitMQ closes the
+        connection of a thread left idle for two heartbeats: the scheduler's rounds take turns on ten threads.
+        Before, the reconciler's look at the queues found such a connection dead and skipped its round, every
+        round that came to an idle thread."""
         while True:
             reused = self._kept_connection()
             try:
                 with answered_within(self.connection, self.answer_timeout):
-                    self.channel.exchange_declare(exchange="amq.direct", passive=True)  # always there
-                return
+                    return call()
             except PUBLISH_ERRORS as exc:
                 del self.connection
-                if not reused:  # a fresh connection failed: RabbitMQ is away
-                    raise BrokerUnavailable(f"RabbitMQ unreachable: {type(exc).__name__}") from exc
+                if not (reused and _stale(exc)):  # a fresh connection failed, or RabbitMQ is slow: it is away
+                    raise BrokerUnavailable(f"{failure}: {type(exc).__name__}") from exc
 
+    def _kept_connection(self) -> bool:
+        """Whether this thread holds a connection opened before (which RabbitMQ may have closed since)."""
+        return getattr(self.state, "connection", None) is not None
 
 __all__ = ["CONSUMER_HEARTBEAT_SECONDS", "PUBLISHER_HEARTBEAT_SECONDS", "AnswerTimeout", "AttacheBroker",
            "HeartbeatConsumer", "amqp_headers", "answered_within", "connection_parameters", "dq_name",
