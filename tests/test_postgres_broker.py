@@ -201,3 +201,28 @@ def test_after_a_long_outage_the_broker_publishes_again_within_seconds():
         if broker is not None:
             broker.close()
         cluster.destroy()
+
+
+def test_the_pool_gives_no_session_opened_while_the_database_was_read_only(database_url):
+    """A session opened while PostgreSQL took no writes stays read-only for its life. The broker's pool kept such
+    sessions (for up to an hour), so after a read-only spell every claim and heartbeat on them failed and
+    single-node mode stood still (an adversarial run: not one job moved in the two minutes watched)."""
+    import psycopg
+
+    from app.adapters.broker.postgres import cursor, make_pool
+
+    name = database_url.rsplit("/", 1)[1]
+    with psycopg.connect(database_url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        pool = make_pool(database_url, timeout=2)
+        try:
+            with pytest.raises(Exception):  # noqa: B017 - the pool's timeout: it has no session that writes
+                with cursor(pool) as curs:
+                    curs.execute("CREATE TABLE written (x int)")
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+            for _ in range(3):  # the sessions opened during the spell are not handed out again
+                with cursor(pool) as curs:
+                    curs.execute("CREATE TABLE IF NOT EXISTS written (x int)")
+        finally:
+            pool.close()
+            admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')

@@ -50,6 +50,7 @@ from textwrap import dedent
 from typing import Iterator
 from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
+import psycopg
 from dramatiq.common import current_millis, dq_name, q_name, xq_name
 from dramatiq.message import Message
 from dramatiq_postgres import PostgresBroker as LibraryBroker
@@ -155,8 +156,26 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> Con
     kwargs.setdefault("application_name", "attache-broker")
     kwargs.update(liveness_params(kwargs))
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
-                          open=True, timeout=timeout, reconnect_timeout=2 * timeout,
-                          check=ConnectionPool.check_connection)
+                          open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
+
+
+def check_writable(connection) -> None:
+    """The pool's check of a connection at checkout (one round trip, as psycopg_pool's own): alive, and its
+    session takes writes. A session opened while PostgreSQL was read-only (a demoted primary, a hot standby,
+    ``default_transaction_read_only``) stays read-only for its life: the pool kept such sessions for up to an
+    hour after the database took writes again, and every claim and heartbeat on them failed (an adversarial run:
+    single-node mode stood still for the two minutes it was watched). Such a session is closed here, and the
+    pool opens another."""
+    autocommit = connection.autocommit
+    connection.autocommit = True
+    try:
+        read_only = connection.execute("SELECT current_setting('transaction_read_only')").fetchone()[0]
+    finally:
+        with contextlib.suppress(Exception):  # a closed connection must not hide the error above
+            connection.autocommit = autocommit
+    if read_only != "off":
+        connection.close()  # the pool keeps a connection that failed its check unless it is closed
+        raise psycopg.OperationalError("the session is read-only (opened while PostgreSQL took no writes)")
 
 
 def fresh(message: Message) -> Message:
