@@ -35,18 +35,24 @@ class PrivateCluster:
     """``listen``: more addresses to listen on (a second host's side of its cable, ``tests/netns.py``), trusted
     from anywhere."""
 
-    def __init__(self, listen: tuple[str, ...] = ()):
+    def __init__(self, listen: tuple[str, ...] = (), data_on: Path | None = None):
+        """``data_on``: a filesystem for the data files (a small one, to fill); the WAL then stays on the
+        machine's disk, as on a server with its own WAL volume, so a full data disk refuses writes
+        (``could not extend file``) rather than stopping the server."""
         self.listen = ("127.0.0.1", *listen)
         self.bindir = _bindir()
         self.port = free_port()
         self.root = Path(tempfile.mkdtemp(prefix="attache-pg-"))
-        self.data = self.root / "data"
+        self.data_root = Path(tempfile.mkdtemp(prefix="attache-pgdata-", dir=data_on)) if data_on else self.root
+        self.data = self.data_root / "data"
         self.log = self.root / "server.log"
         self._as_root = os.geteuid() == 0
         if self._as_root:
             entry = pwd.getpwnam("postgres")
-            os.chown(self.root, entry.pw_uid, entry.pw_gid)
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
+            for path in {self.root, self.data_root}:
+                os.chown(path, entry.pw_uid, entry.pw_gid)
+        wal = ["-X", str(self.root / "wal")] if data_on else []
+        self._run("initdb", "-D", str(self.data), *wal, "-U", "postgres", "--auth=trust", "-E", "UTF8", "--no-sync")
         if listen:
             with open(self.data / "pg_hba.conf", "a") as hba:
                 hba.write("host all all 0.0.0.0/0 trust\n")
@@ -78,4 +84,5 @@ class PrivateCluster:
 
     def destroy(self) -> None:
         self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop", check=False)
+        shutil.rmtree(self.data_root, ignore_errors=True)
         shutil.rmtree(self.root, ignore_errors=True)

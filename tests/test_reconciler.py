@@ -26,6 +26,7 @@ from app.core import states
 from app.observability import metrics
 from app.observability.tracing import new_traceparent
 from scheduler.reconciler import Reconciler, ReconcilerConfig
+from tests.filesystems import small_filesystem
 from tests.pgcluster import PrivateCluster
 from tests.processes import Deployment, wait_for
 from tests.test_failure_windows import assert_invariants
@@ -338,6 +339,56 @@ def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private
         with engine.connect() as conn:
             longest = conn.execute(select(func.max(step_runs.c.seconds))).scalar()
         assert longest < waited, f"a step's duration ({longest:.1f} s) counted its wait ({waited:.1f} s)"
+
+
+def _fill(path) -> None:
+    """Write zeros to ``path`` until its filesystem is full (ENOSPC), down to the last byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(size))
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.processes
+def test_a_step_waits_out_a_full_database_disk_and_nothing_is_dead_lettered(env, tmp_path, storage_dir, data_file):
+    """PostgreSQL's data disk full: it answers every ``SELECT`` and refuses what needs a new page (``could not
+    extend file``, SQLSTATE 53100). The steps took it for a passing error: Dramatiq's retries (2 here) sent their
+    messages to the dead letters, and in an adversarial run a job still waited for the reconciler 150 s after the
+    disk was freed. Now a step short of disk runs again every second, its message held."""
+    with small_filesystem(160 * 1024 * 1024) as disk:
+        cluster = PrivateCluster(data_on=disk)
+        try:
+            cluster.start()
+            with _outage_deployment(cluster, env, tmp_path, ATTACHE_BROKER_MIN_BACKOFF_MS="100") as (
+                    deployment, engine):
+                broker_url = deployment.env["BROKER_URL"]
+                accepted = _upload_all(deployment, engine, data_file, PHOTOS)
+                _fill(disk / "filler")
+                worker = deployment.start("worker")
+                deployment.start("scheduler")
+
+                def short_of_disk() -> bool:  # uploads, accepted or not, fill the tables' last free pages
+                    response = deployment.upload(data_file(PHOTOS[len(accepted) % len(PHOTOS)]))
+                    if response.status_code == 202:
+                        accepted.append(response.json()["id"])
+                    else:
+                        assert (response.status_code, response.json()["error"]) == (503, "database_unavailable")
+                    return "PostgreSQL is short of disk" in worker.output()
+
+                wait_for(short_of_disk, timeout=60, interval=0.2, message="a step finding the disk full")
+                time.sleep(3)  # full for many times what Dramatiq's two retries last
+                (disk / "filler").unlink()
+                wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted),
+                         timeout=60, message="every upload finished once the disk had room")
+                assert_invariants(engine, storage_dir, accepted)
+                for queue in ("attache.inspect.XQ", "attache.render.XQ", "attache.publish.XQ"):
+                    assert xq_depth(broker_url, queue) == 0, queue
+        finally:
+            cluster.destroy()
 
 
 def _unpublished(engine) -> int:

@@ -88,6 +88,8 @@ from app.observability.tracing import trace_id
 
 log = logging.getLogger("attache.workflow")
 
+#: how often a step runs again while PostgreSQL is short of disk, memory or connections (within its database wait)
+SHORT_OF_RESOURCES_RETRY_SECONDS = 1.0
 #: threads that make an image's variants in its inspect step (the encoders, libvips and resampling release the GIL)
 INLINE_THREADS = 2
 
@@ -221,22 +223,38 @@ class Workflow:
         worker takes no more; running it again is a redelivery, which every
         step is made for. ``DatabaseUnavailable`` with PostgreSQL answering (a
         lost connection, a deadlock) is raised at once, for Dramatiq's retries,
-        as is one whose wait ran out or was ended by the worker's shutdown.
+        as is one whose wait ran out or was ended by the worker's shutdown. A
+        PostgreSQL short of disk, memory or connections (SQLSTATE class 53)
+        answers a ``SELECT`` but takes no write: the step runs again every
+        second within the same wait. Before, its disk full for 20 s sent the
+        steps through Dramatiq's retries to the dead letters and left a job
+        waiting minutes for the reconciler (an adversarial run).
         The step's timing (``step_runs``) is the run's after the wait: the
         wait is in the worker's log, not in the step's duration.
         """
         engine = self.services.engine
         deadline = time.monotonic() + self.services.settings.database_wait_seconds
+        short = False
         while True:
             try:
                 return self._handle(body)
-            except DatabaseUnavailable:
-                if time.monotonic() >= deadline or db.reachable(engine):
+            except DatabaseUnavailable as error:
+                if time.monotonic() >= deadline:
                     raise
-                log.warning("PostgreSQL is unreachable or read-only: the step waits for it")
-                if not db.wait_until_reachable(engine, deadline - time.monotonic(), self.stopping):
-                    raise
-                log.info("PostgreSQL answers and takes writes again: the step runs again")
+                if db.short_of_resources(error):  # it answers, and takes no write until disk or memory is freed
+                    if not short:
+                        log.warning("PostgreSQL is short of disk, memory or connections: the step runs again "
+                                    "every %g s until it is not", SHORT_OF_RESOURCES_RETRY_SECONDS)
+                    short = True
+                    if self.stopping.wait(SHORT_OF_RESOURCES_RETRY_SECONDS):
+                        raise
+                else:
+                    if db.reachable(engine):
+                        raise
+                    log.warning("PostgreSQL is unreachable or read-only: the step waits for it")
+                    if not db.wait_until_reachable(engine, deadline - time.monotonic(), self.stopping):
+                        raise
+                    log.info("PostgreSQL answers and takes writes again: the step runs again")
                 run = _running.get()
                 if run is not None:  # its duration is the run's that records the outcome, not the wait's
                     run.began = time.monotonic()

@@ -65,6 +65,22 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         raise
 
 
+#: PostgreSQL's SQLSTATE class "insufficient resources": disk full (53100), out of memory (53200), too many
+#: connections (53300), a configured limit (53400)
+INSUFFICIENT_RESOURCES = "53"
+
+
+def short_of_resources(error: BaseException | None) -> bool:
+    """Whether ``error``, or an error that caused it, is PostgreSQL refusing for want of disk, memory or
+    connections: it may well answer a ``SELECT`` (:func:`reachable`), yet no write lands until some is freed."""
+    while error is not None:
+        code = getattr(getattr(error, "orig", None), "pgcode", None) or getattr(error, "pgcode", None)
+        if code and code.startswith(INSUFFICIENT_RESOURCES):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
 def reachable(engine: Engine) -> bool:
     """Whether PostgreSQL answers now and takes writes: a connection (checked out and pinged, or made) whose
     session is not read-only. A read-only session's connection is replaced, so the next call asks afresh (the
