@@ -367,7 +367,7 @@ def test_a_step_waits_out_a_full_database_disk_and_nothing_is_dead_lettered(env,
                     deployment, engine):
                 broker_url = deployment.env["BROKER_URL"]
                 accepted = _upload_all(deployment, engine, data_file, PHOTOS)
-                _fill(disk / "filler")
+                _fill(disk / "filler")  # the worker's tables (step_runs, variants) have no page yet: its first write fails
                 worker = deployment.start("worker")
                 deployment.start("scheduler")
 
