@@ -406,7 +406,11 @@ def _gone(remove: Callable[..., None], name: str, dir_fd: int) -> bool:
 
 
 def _empty(name: str, dir_fd: int) -> bool:
-    fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    """Whether the directory ``name`` has no entries (False if it is gone)."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+    except _MISSING:
+        return False
     try:
         return not os.listdir(fd)
     finally:
