@@ -7,6 +7,7 @@ without the right to mount, the test is skipped with the reason printed.
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -41,3 +42,15 @@ def small_filesystem(size_bytes: int):
     """An empty tmpfs of ``size_bytes`` (whole pages): a write past it is ENOSPC, as on a full disk."""
     with _mounted("-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", prefix="attache-small-") as root:
         yield root
+
+
+def fill(path) -> None:
+    """Write zeros to ``path`` until its filesystem is full (ENOSPC), down to the last byte."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        for size in (1 << 20, 1 << 12, 1):
+            with contextlib.suppress(OSError):
+                while True:
+                    os.write(fd, bytes(size))
+    finally:
+        os.close(fd)

@@ -26,7 +26,7 @@ from app.core import states
 from app.observability import metrics
 from app.observability.tracing import new_traceparent
 from scheduler.reconciler import Reconciler, ReconcilerConfig
-from tests.filesystems import small_filesystem
+from tests.filesystems import fill, small_filesystem
 from tests.pgcluster import PrivateCluster
 from tests.processes import Deployment, wait_for
 from tests.test_failure_windows import assert_invariants
@@ -341,18 +341,6 @@ def test_a_step_waits_out_a_postgres_outage_and_nothing_is_dead_lettered(private
         assert longest < waited, f"a step's duration ({longest:.1f} s) counted its wait ({waited:.1f} s)"
 
 
-def _fill(path) -> None:
-    """Write zeros to ``path`` until its filesystem is full (ENOSPC), down to the last byte."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 20, 1 << 12, 1):
-            with contextlib.suppress(OSError):
-                while True:
-                    os.write(fd, bytes(size))
-    finally:
-        os.close(fd)
-
-
 @pytest.mark.processes
 def test_a_step_waits_out_a_full_database_disk_and_nothing_is_dead_lettered(env, tmp_path, storage_dir, data_file):
     """PostgreSQL's data disk full: it answers every ``SELECT`` and refuses what needs a new page (``could not
@@ -367,7 +355,8 @@ def test_a_step_waits_out_a_full_database_disk_and_nothing_is_dead_lettered(env,
                     deployment, engine):
                 broker_url = deployment.env["BROKER_URL"]
                 accepted = _upload_all(deployment, engine, data_file, PHOTOS)
-                _fill(disk / "filler")  # the worker's tables (step_runs, variants) have no page yet: its first write fails
+                # the worker's tables (step_runs, variants) have no page yet: its first write needs one, and fails
+                fill(disk / "filler")
                 worker = deployment.start("worker")
                 deployment.start("scheduler")
 

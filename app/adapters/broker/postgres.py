@@ -62,6 +62,7 @@ from psycopg.types.json import Json
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from app import faults
+from app.adapters.postgres.db import SESSION_READ_ONLY
 from app.adapters.postgres.liveness import liveness_params
 from app.errors import BrokerUnavailable
 
@@ -169,7 +170,7 @@ def check_writable(connection) -> None:
     autocommit = connection.autocommit
     connection.autocommit = True
     try:
-        read_only = connection.execute("SELECT current_setting('transaction_read_only')").fetchone()[0]
+        read_only = connection.execute(SESSION_READ_ONLY).fetchone()[0]
     finally:
         with contextlib.suppress(Exception):  # a closed connection must not hide the error above
             connection.autocommit = autocommit

@@ -39,6 +39,8 @@ def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = 
 #: PostgreSQL's SQLSTATE for a write in a read-only session: a primary demoted by a failover, a hot standby, or
 #: ``default_transaction_read_only`` set by an operator
 READ_ONLY_SQL_TRANSACTION = "25006"
+#: whether this session refuses writes: ``on`` or ``off`` (a session keeps what it started with)
+SESSION_READ_ONLY = "SELECT current_setting('transaction_read_only')"
 
 
 def _read_only_is_a_lost_server(context) -> None:
@@ -87,7 +89,7 @@ def reachable(engine: Engine) -> bool:
     server may be writable again, or a failover's new primary may answer)."""
     try:
         with engine.connect() as conn:
-            if conn.exec_driver_sql("SELECT current_setting('transaction_read_only')").scalar() == "off":
+            if conn.exec_driver_sql(SESSION_READ_ONLY).scalar() == "off":
                 return True
             conn.invalidate()
             return False

@@ -20,7 +20,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 from app import faults
 from app.errors import ObjectNotFound, StorageError, StorageUnavailable
@@ -37,6 +37,7 @@ from .base import (
 )
 
 TMP_PREFIX = ".tmp-"
+T = TypeVar("T")
 COPY_CHUNK = 1024 * 1024
 COPY_RANGE_CHUNK = 64 * 1024 * 1024
 FILE_MODE = 0o644
@@ -87,14 +88,10 @@ class FilesystemStorage(Storage):
         validate_key(key)
         target = self._path(key)
         with self._errors("put", key):
-            self._makedirs(target.parent)
             size = os.stat(path).st_size
             os.chmod(path, FILE_MODE)  # a spool file is private to its process (mkstemp: 0600)
             try:
-                os.replace(path, target)
-            except FileNotFoundError:  # the leftovers' sweep took the empty directory: make it again, once
-                self._makedirs(target.parent)
-                os.replace(path, target)
+                self._in_directory(target.parent, lambda: os.replace(path, target))
             except OSError as exc:
                 if exc.errno != errno.EXDEV:
                     raise
@@ -214,7 +211,7 @@ class FilesystemStorage(Storage):
         through a symlink, and every name is checked and removed relative to
         its open directory (``os.fwalk``), so nothing outside the root is
         reached even while the tree changes. A write that finds its
-        directory gone makes it again (:meth:`_temp_file`).
+        directory gone makes it again (:meth:`_in_directory`).
         """
         cutoff = time.time() - older_than_seconds
         counts = {"abandoned_writes": 0, "empty_directories": 0}
@@ -295,7 +292,7 @@ class FilesystemStorage(Storage):
         """Run ``write`` into a fresh temp file next to the key, then publish it."""
         path = self._path(key)
         with self._errors("put", key):
-            fd, tmp = self._temp_file(path.parent)
+            fd, tmp = self._in_directory(path.parent, lambda: tempfile.mkstemp(prefix=TMP_PREFIX, dir=path.parent))
             try:
                 with os.fdopen(fd, "wb") as dst:
                     os.fchmod(dst.fileno(), FILE_MODE)
@@ -315,12 +312,13 @@ class FilesystemStorage(Storage):
             _fsync_dir(path.parent)
         return ObjectInfo(key, size)
 
-    def _temp_file(self, directory: Path) -> tuple[int, str]:
-        """A new ``.tmp-*`` file in ``directory``, made if missing (again, if the leftovers' sweep took it empty)."""
+    def _in_directory(self, directory: Path, place: Callable[[], T]) -> T:
+        """``place()`` (a new file or a rename into ``directory``), after making the directory if missing; made
+        again if the leftovers' sweep took it, empty, in between."""
         for _ in range(3):
             self._makedirs(directory)
             try:
-                return tempfile.mkstemp(prefix=TMP_PREFIX, dir=directory)
+                return place()
             except FileNotFoundError:
                 continue
         raise StorageUnavailable(f"{self.describe()}: {directory} keeps disappearing; retry")
