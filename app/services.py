@@ -12,8 +12,10 @@ layer and are built from these in ``scheduler/sweepers.py``.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
+from collections.abc import Iterator
 from functools import cached_property
 from typing import Mapping
 
@@ -21,13 +23,20 @@ from app.config import STEP_TIME_LIMIT_SECONDS, Settings
 from app.errors import ConfigError
 
 
-def settings_or_exit(process: str, environ: Mapping[str, str] | None = None) -> Settings:
-    """The process's settings; a bad value prints one line naming its variable and exits with status 2."""
+@contextlib.contextmanager
+def exit_on_config_error(process: str) -> Iterator[None]:
+    """A bad setting met inside prints one line naming its variable and exits with status 2."""
     try:
-        return Settings.from_env(environ)
+        yield
     except ConfigError as exc:
         print(f"attache {process}: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def settings_or_exit(process: str, environ: Mapping[str, str] | None = None) -> Settings:
+    """The process's settings (:func:`exit_on_config_error`)."""
+    with exit_on_config_error(process):
+        return Settings.from_env(environ)
 
 
 def database_url(settings: Settings) -> str:

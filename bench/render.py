@@ -95,7 +95,8 @@ from app.adapters.imaging.malloc_arenas import cap_malloc_arenas
 cap_malloc_arenas()  # as the worker does (actors), before its threads start
 from app.core import pipeline
 from app.errors import PermanentError
-from app.adapters.imaging import Limits, probe, render
+from app.adapters.imaging import Limits, load_codecs, probe, render
+load_codecs()  # as the worker does at boot
 path, budget, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 limits = Limits() if budget == 0 else Limits(max_decode_bytes=budget)
 outcomes = []

@@ -245,7 +245,10 @@ def _render_job(path: str) -> float:
 
 
 def _warm(_: int) -> None:
+    from app.adapters import imaging
     from app.core import pipeline  # noqa: F401  (imports Pillow and the renderer)
+
+    imaging.load_codecs()  # as a worker process does at boot
 
 
 def raw_render_loop(files: list[Path]) -> tuple[float, float]:

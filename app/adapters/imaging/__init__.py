@@ -18,7 +18,7 @@ Every failure is an :mod:`app.errors` ``PermanentError``
 
 from .probe import ImageInfo, Limits, claimed_family, probe
 from .provenance import libraries, stripped_metadata
-from .render import PIPELINE_V1_SPECS, Rendered, VariantSpec, render
+from .render import PIPELINE_V1_SPECS, Rendered, VariantSpec, load_codecs, render
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, sniff
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "VariantSpec",
     "claimed_family",
     "libraries",
+    "load_codecs",
     "probe",
     "render",
     "sniff",

@@ -313,6 +313,11 @@ def version() -> str:
     return f"libvips {vips.version(0)}.{vips.version(1)}.{vips.version(2)}"
 
 
+def load() -> None:
+    """Load libvips now (the worker, at boot) rather than in the first render that needs it."""
+    _vips()
+
+
 def _vips():
     global _pyvips
     if _pyvips is None:

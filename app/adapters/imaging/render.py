@@ -176,6 +176,13 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
         return _encode(work._new(work.im), spec)
 
 
+def load_codecs() -> None:
+    """Load every codec a render may use: Pillow's plugins (its first save of a WebP imports all forty of them)
+    and libvips. A worker process does it at boot, not in its first jobs (some 50 ms of CPU, the GIL held)."""
+    Image.init()
+    libvips.load()
+
+
 def _geometry_key(spec: VariantSpec) -> tuple[str, int, int]:
     """What decides a render's pixels besides the original: not its name, not its encoding."""
     if spec.kind == "bounded":

@@ -17,7 +17,6 @@ from app.errors import ConfigError
 
 from .base import ObjectInfo, Storage, validate_key
 from .filesystem import FilesystemStorage
-from .s3 import DEFAULT_ENDPOINT, S3Storage
 
 __all__ = ["FilesystemStorage", "ObjectInfo", "S3Storage", "Storage", "storage_from_url", "validate_key"]
 
@@ -44,7 +43,19 @@ def _filesystem(rest: str) -> FilesystemStorage:
     return FilesystemStorage(Path.cwd() / rest if not rest.startswith("/") else Path(rest))
 
 
-def _s3(url: str, access_key: str, secret_key: str) -> S3Storage:
+def __getattr__(name: str):
+    # the S3 backend and its client (minio, urllib3: 0.16 s of CPU to import) are loaded only where STORAGE_URL
+    # names a bucket: a process on file storage never pays for them, in its first job or in memory
+    if name == "S3Storage":
+        from .s3 import S3Storage
+
+        return S3Storage
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _s3(url: str, access_key: str, secret_key: str) -> Storage:
+    from .s3 import DEFAULT_ENDPOINT, S3Storage
+
     parts = urlsplit(url)
     if "@" in parts.netloc:
         raise ConfigError("STORAGE_URL must not contain credentials; use S3_ACCESS_KEY/S3_SECRET_KEY")
