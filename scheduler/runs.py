@@ -35,7 +35,7 @@ from app.adapters.postgres.models import SWEEPER_OUTCOMES, sweeper_items, sweepe
 log = logging.getLogger("attache.scheduler.runs")
 
 #: keys of ``run_once()`` results that describe the moment rather than work done: not added up
-SNAPSHOT_KEYS = frozenset({"pending", "backlog", "skipped"})
+SNAPSHOT_KEYS = frozenset({"pending", "backlog", "skipped", "deferred"})
 
 
 def outcome_of(counts: Mapping[str, int] | None) -> str:

@@ -5,6 +5,7 @@ Short leases and sweeps come from the environment (tests/conftest.py).
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import time
@@ -28,6 +29,26 @@ def deployment(env, tmp_path):
     deployment = Deployment(env, tmp_path)
     yield deployment
     deployment.stop_all()
+
+
+@contextlib.contextmanager
+def read_only(database_url):
+    """What a demotion does to the test's database: its sessions end, and the new ones cannot write until the
+    block ends (the sessions opened meanwhile stay read-only: the processes must replace them)."""
+    from sqlalchemy import create_engine
+
+    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    name = database_url.rsplit("/", 1)[1]
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
+        admin.dispose()
 
 
 def history(engine, job_id):
@@ -237,7 +258,6 @@ def test_a_scheduler_stopped_inside_lease_recovery_does_not_hold_the_jobs_it_too
         paused.popen.wait(timeout=30)
 
 
-
 @pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_a_database_gone_read_only_is_waited_out_like_an_outage(deployment, engine, storage_dir, data_file,
                                                                   database_url):
@@ -247,30 +267,49 @@ def test_a_database_gone_read_only_is_waited_out_like_an_outage(deployment, engi
     waits for writes as for an outage, the web answers 503, and the pools reconnect. With the PostgreSQL broker
     (single-node mode) its pool kept the sessions opened during the spell, read-only for life, and not one job
     moved in the two minutes after it."""
-    from sqlalchemy import create_engine
-
-    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    name = database_url.rsplit("/", 1)[1]
     photos = [data_file(f"photos/{photo}") for photo in
               ("chelsea_12mp_4247x2825.jpg", "astronaut_12mp_3464x3464.jpg", "chelsea.jpg")]
-    try:
-        for process in ("web", "worker", "scheduler"):
-            deployment.start(process)
-        accepted = [deployment.upload(photos[i % len(photos)]).json()["id"] for i in range(9)]
-        with admin.connect() as conn:  # what a demotion does: the sessions end, the new ones cannot write
-            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
+    for process in ("web", "worker", "scheduler"):
+        deployment.start(process)
+    accepted = [deployment.upload(photos[i % len(photos)]).json()["id"] for i in range(9)]
+    with read_only(database_url):
         refused = deployment.upload(photos[2])
         assert (refused.status_code, refused.json()["error"]) == (503, "database_unavailable"), refused.text
         time.sleep(3)  # the spell goes on while the steps in flight try to write (in single-node mode, to claim)
-        with admin.connect() as conn:  # writable again; the sessions opened meanwhile are still read-only
-            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
-        wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted), timeout=30,
-                 message="every upload finished soon after the database took writes again")
-        assert_invariants(engine, storage_dir, accepted)
-        assert deployment.upload(photos[2]).status_code == 202
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
-        admin.dispose()
+    wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted), timeout=30,
+             message="every upload finished soon after the database took writes again")
+    assert_invariants(engine, storage_dir, accepted)
+    assert deployment.upload(photos[2]).status_code == 202
+
+
+def test_steps_that_live_through_a_spell_longer_than_their_lease_are_not_charged_for_it(
+        deployment, engine, storage_dir, data_file, database_url):
+    """No heartbeat can be written while PostgreSQL is read-only (or down, or full): a spell longer than the lease
+    let every running step's lease lapse, and lease recovery, first to write once the spell ended, charged each of
+    those jobs an attempt, ``worker_lost`` (one on its last attempt failed), and threw their steps' work away.
+    Now the step that owns a lapsed lease goes on, and lease recovery waits a heartbeat period after it could not
+    write (states.held_by, scheduler/lease_recovery.py). Before: the jobs in flight ended ready on attempt 2."""
+    photos = [data_file(f"photos/{photo}") for photo in
+              ("chelsea_12mp_4247x2825.jpg", "astronaut_12mp_3464x3464.jpg", "chelsea.jpg")]
+    deployment.start("web")
+    deployment.start("worker", ATTACHE_ONE_STEP_MAX_PIXELS="64000000")  # the default: one step makes every variant
+    deployment.start("scheduler")
+    accepted = [deployment.upload(photos[i % len(photos)]).json()["id"] for i in range(6)]
+    running = select(func.count()).select_from(jobs).where(jobs.c.state == "processing", jobs.c.lease_owner.is_not(None))
+
+    def steps(*conditions) -> int:
+        with engine.connect() as conn:
+            return conn.execute(running.where(*conditions)).scalar()
+
+    wait_for(steps, timeout=30, message="steps running")
+    with read_only(database_url):
+        wait_for(lambda: steps() and not steps(jobs.c.lease_expires_at > func.now()), timeout=30,
+                 message="the spell outlasts every running step's lease")
+    wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted), timeout=60,
+             message="every upload finished after the spell")
+    assert_invariants(engine, storage_dir, accepted)
+    with engine.connect() as conn:
+        charged = conn.execute(select(job_history.c.job_id, job_history.c.error_code)
+                               .where(job_history.c.error_code.is_not(None))).all()
+        attempts = conn.execute(select(jobs.c.attempt).where(jobs.c.attachment_id.in_(accepted))).scalars().all()
+    assert charged == [] and attempts == [1] * len(accepted), (charged, attempts)

@@ -74,13 +74,46 @@ def test_claim_takes_exactly_the_next_attempt(engine):
 
 
 def test_fence_refuses_other_attempts_and_expired_leases(engine):
+    other = states.Lease("worker:other", 30)
     with engine.begin() as conn:
         _, job_id = seed(conn)
         states.claim(conn, job_id, 1, LEASE)
         assert states.fence(conn, job_id, 1, LEASE) is not None
         assert states.fence(conn, job_id, 2, LEASE) is None
         conn.execute(update(jobs).where(jobs.c.id == job_id).values(lease_expires_at=func.now() - text("interval '1 second'")))
-        assert states.fence(conn, job_id, 1, LEASE) is None
+        assert states.fence(conn, job_id, 1, other) is None
+        assert states.fence(conn, job_id, 1, other, take=False) is None
+        assert states.renew(conn, job_id, 1, other) is False
+
+
+def test_a_lapsed_lease_is_its_own_step_s_until_lease_recovery_takes_the_job_back(engine):
+    """An outage longer than the lease stops the heartbeat of a step that lives: nobody was given the job, so
+    the step that owns the lapsed lease renews it, passes its fences and publishes; once lease recovery has
+    taken the job back, it is stale (states.held_by)."""
+    lapse = update(jobs).values(lease_expires_at=func.now() - text("interval '1 second'"))
+    with engine.begin() as conn:
+        attachment_id, job_id = seed(conn)
+        states.claim(conn, job_id, 1, LEASE)
+        conn.execute(lapse.where(jobs.c.id == job_id))
+        assert states.fence(conn, job_id, 1, LEASE, take=False) is not None
+        assert states.renew(conn, job_id, 1, LEASE) is True
+        assert states.get(conn, job_id).lease_expires_at > conn.execute(select(func.now())).scalar()
+        conn.execute(lapse.where(jobs.c.id == job_id))
+        assert states.fence(conn, job_id, 1, LEASE) is not None, "a step run again after the outage takes it"
+        conn.execute(lapse.where(jobs.c.id == job_id))
+        for variant in REQUIRED:
+            record(conn, attachment_id, job_id, variant)
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, LEASE.owner) is True
+
+        taken_attachment, taken_back = seed(conn)
+        states.claim(conn, taken_back, 1, LEASE)
+        conn.execute(lapse.where(jobs.c.id == taken_back))
+        assert states.recover_expired(conn, batch=10, actor="scheduler:test") == {"requeued": 1, "failed": 0}
+        assert states.fence(conn, taken_back, 1, LEASE) is None
+        assert states.renew(conn, taken_back, 1, LEASE) is False
+        for variant in REQUIRED:
+            record(conn, taken_attachment, taken_back, variant)
+        assert states.publish_ready(conn, taken_back, 1, REQUIRED, LEASE.owner) is False
 
 
 def test_publish_needs_every_variant_and_flips_atomically(engine):

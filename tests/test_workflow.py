@@ -153,13 +153,15 @@ def test_heartbeat_keeps_a_long_step_leased(env, engine, data_file):
     with engine.begin() as conn:
         assert states.claim(conn, accepted.job_id, 1, lease)
     workflow = Workflow(services)
+    lapsed = select(states.expired()).where(jobs.c.id == accepted.job_id)
     with workflow._lease_kept(accepted.job_id, 1, lease):
         time.sleep(2.5)  # a step that runs past its lease length
     with engine.begin() as conn:
-        assert states.fence(conn, accepted.job_id, 1, lease) is not None, "the heartbeat kept the lease alive"
+        assert conn.execute(lapsed).scalar() is False, "the heartbeat kept the lease alive"
     time.sleep(1.2)
     with engine.begin() as conn:
-        assert states.fence(conn, accepted.job_id, 1, lease) is None, "without it, the lease expires"
+        assert conn.execute(lapsed).scalar() is True, "without it, the lease expires"
+        assert states.fence(conn, accepted.job_id, 1, states.Lease("worker:other", 1.0)) is None
     services.engine.dispose()
 
 

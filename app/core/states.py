@@ -168,13 +168,32 @@ def held():
     return jobs.c.lease_owner.is_(None) | (jobs.c.lease_expires_at > func.now())
 
 
+def held_by(owner):
+    """:func:`held`, or the running step's lease is ``owner``'s own and lapsed with nobody taking the job back.
+
+    A step's heartbeat cannot be written while PostgreSQL is down, read-only
+    or out of disk: an outage longer than the lease lets every running
+    step's lease lapse though its worker lives. The step that owns the lapsed
+    lease goes on (its heartbeat renews it, its fence and its publication
+    take it) until lease recovery has taken the job back; from then on the
+    state or the attempt differ and it is stale. Nobody else was given the
+    job meanwhile, and effects are idempotent per effect key, so the step's
+    result is as good as one committed a moment before the lease ran out;
+    without this, every job in flight through an outage was charged an
+    attempt, ``worker_lost``, and one on its last attempt failed. Lease
+    recovery, for its part, waits a heartbeat period after PostgreSQL takes
+    writes again (``scheduler/lease_recovery.py``).
+    """
+    return held() | (jobs.c.lease_owner == owner)
+
+
 def expired():
     """A running step's lease ran out: its worker died or hangs (the inverse of :func:`held`)."""
     return jobs.c.lease_owner.is_not(None) & (jobs.c.lease_expires_at <= func.now())
 
 
 _FENCED = (jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
-           jobs.c.attempt == bindparam("b_attempt"), held())
+           jobs.c.attempt == bindparam("b_attempt"), held_by(bindparam("b_owner")))
 _FENCE_CHECK = select(jobs).where(*_FENCED).with_for_update()
 _FENCE_TAKE = (update(jobs).where(*_FENCED)
                .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
@@ -185,7 +204,8 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     """A step's fence: ``(job_id, attempt)`` is still ``processing`` and held, locked for this transaction.
 
     Returns the job or ``None`` when this attempt no longer owns the job:
-    another attempt claimed it, its running step's lease expired, or it is
+    another attempt claimed it, a running step's lease expired (a lapsed
+    lease of the asking step's own still holds: :func:`held_by`), or it is
     no longer ``processing``. A worker that gets ``None`` must write
     nothing visible. With ``take`` (a step starting) the step takes the
     lease for ``lease.seconds``; a redelivered message of the same attempt
@@ -194,14 +214,15 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     checks and locks without taking the lease from a sibling still running.
     """
     if not take:
-        return conn.execute(_FENCE_CHECK, {"b_job_id": job_id, "b_attempt": attempt}).one_or_none()
+        return conn.execute(_FENCE_CHECK, {"b_job_id": job_id, "b_attempt": attempt,
+                                           "b_owner": lease.owner}).one_or_none()
     return conn.execute(_FENCE_TAKE, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).one_or_none()
 
 
 _RENEW = (update(jobs)
           .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
                  jobs.c.attempt == bindparam("b_attempt"), jobs.c.lease_owner.is_not(None),
-                 jobs.c.lease_expires_at > func.now())
+                 held_by(bindparam("b_owner")))
           .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
           .returning(jobs.c.id))
 
@@ -242,10 +263,11 @@ def hand_off(conn: Connection, job_id, attempt: int, owner: str) -> bool:
     return conn.execute(_HAND_OFF, {"b_job_id": job_id, "b_attempt": attempt, "b_owner": owner}).first() is not None
 
 
-def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *, require_live_lease: bool):
+def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, values: dict, *,
+                      require_live_lease: bool, holder: str | None = None):
     conditions = [jobs.c.id == job_id, jobs.c.state == JobState.PROCESSING, jobs.c.attempt == attempt]
     if require_live_lease:
-        conditions.append(held())
+        conditions.append(held_by(holder))
     return conn.execute(
         update(jobs).where(and_(*conditions))
         .values(state=to_state, lease_owner=None, lease_expires_at=None, updated_at=func.now(), **values)
@@ -256,13 +278,14 @@ def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, val
 def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, ...], actor: str) -> bool:
     """processing -> ready: publish every recorded variant and flip the job, atomically.
 
-    Runs only if ``(job_id, attempt)`` still holds a live lease and every
-    required variant has been recorded by a render step.
+    Runs only if ``(job_id, attempt)`` still holds a live lease (or ``actor``'s own lapsed one: :func:`held_by`)
+    and every required variant has been recorded by a render step.
     """
     if not set(required) <= recorded(conn, job_id):
         return False
     row = _leave_processing(conn, job_id, attempt, JobState.READY, {"ready_at": func.now(), "error_code": None,
-                                                           "error_reason": None}, require_live_lease=True)
+                                                           "error_reason": None}, require_live_lease=True,
+                            holder=actor)
     if row is None:
         return False
     conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
@@ -307,15 +330,18 @@ def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason:
     return JobState.QUEUED
 
 
-def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
-    """Scheduler: processing with an expired lease -> queued (or failed ``worker_lost``).
-
-    ``SKIP LOCKED`` keeps two schedulers from taking the same row.
-    """
-    lost = conn.execute(
+def lapsed(conn: Connection, *, batch: int) -> list[Row]:
+    """``processing`` jobs whose running step's lease expired, oldest first, locked (``SKIP LOCKED``: two
+    schedulers never take the same row; a read-only session cannot lock them)."""
+    return conn.execute(
         select(jobs).where(jobs.c.state == JobState.PROCESSING, expired())
         .order_by(jobs.c.lease_expires_at).limit(batch).with_for_update(skip_locked=True)
     ).all()
+
+
+def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
+    """Scheduler: processing with an expired lease -> queued (or failed ``worker_lost``)."""
+    lost = lapsed(conn, batch=batch)
     counts = {"requeued": 0, "failed": 0}
     for job in lost:
         if job.attempt >= job.max_attempts:

@@ -90,6 +90,9 @@ log = logging.getLogger("attache.workflow")
 
 #: how often a step runs again while PostgreSQL is short of disk, memory or connections (within its database wait)
 SHORT_OF_RESOURCES_RETRY_SECONDS = 1.0
+#: how soon a heartbeat that could not be written is tried again (one that was, a third of the lease later): a
+#: lease that lapsed in an outage is renewed within a second of PostgreSQL taking writes again (states.held_by)
+HEARTBEAT_RETRY_SECONDS = 1.0
 #: threads that make an image's variants in its inspect step (the encoders, libvips and resampling release the GIL)
 INLINE_THREADS = 2
 
@@ -599,17 +602,24 @@ class Workflow:
 
     @contextlib.contextmanager
     def _lease_kept(self, job_id, attempt: int, lease: states.Lease) -> Iterator[None]:
-        """Heartbeat: extend the lease every third of its length while a long step runs."""
+        """Heartbeat: extend the lease every third of its length while a long step runs; a missed beat is tried
+        again every second (:data:`HEARTBEAT_RETRY_SECONDS`)."""
         stop = threading.Event()
 
         def beat() -> None:
-            while not stop.wait(lease.seconds / 3):
+            missed = False
+            while not stop.wait(min(HEARTBEAT_RETRY_SECONDS, lease.seconds / 3) if missed else lease.seconds / 3):
                 try:
                     with transaction(self.services.engine) as conn:
                         if not states.renew(conn, job_id, attempt, lease):
                             return
                 except Exception:  # a missed beat is not fatal; the fence decides at commit
-                    log.warning("lease heartbeat failed", exc_info=True)
+                    if not missed:
+                        log.warning("lease heartbeat failed; tried again every %g s", HEARTBEAT_RETRY_SECONDS,
+                                    exc_info=True)
+                    missed = True
+                else:
+                    missed = False
 
         thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
         thread.start()
