@@ -60,8 +60,9 @@ GENERATE = [
         SELECT {_ATT}, 'bench', 'photo.jpg', 'image/jpeg', 'JPEG', 1000, md5('s' || i) || md5('t' || i),
                100, 100, 'staging/' || {_ATT}
         FROM generate_series(1, {ATTACHMENTS}) AS i""",
-    f"""INSERT INTO jobs (id, attachment_id, pipeline_version, state, attempt, max_attempts, traceparent, ready_at)
-        SELECT {_JOB}, {_ATT}, v, 'ready', 1, 3, '00-' || md5('t' || i) || '-0000000000000001-01',
+    f"""INSERT INTO jobs (id, attachment_id, owner, pipeline_version, state, attempt, max_attempts, traceparent,
+                          ready_at)
+        SELECT {_JOB}, {_ATT}, 'bench', v, 'ready', 1, 3, '00-' || md5('t' || i) || '-0000000000000001-01',
                now() - make_interval(days => 3 - v)
         FROM generate_series(1, 2) AS v, generate_series(1, {ATTACHMENTS}) AS i
         WHERE v = 1 OR mod(i, {_EVERY}) = 0""",

@@ -69,7 +69,8 @@ def seed_activity(engine) -> datetime:
                 size=1, sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}",
                 created_at=ago(minutes)))
             conn.execute(insert(jobs).values(
-                id=job_id, attachment_id=attachment_id, pipeline_version=1, max_attempts=3, traceparent="00-x",
+                id=job_id, attachment_id=attachment_id, owner="alice", pipeline_version=1, max_attempts=3,
+                traceparent="00-x",
                 state="ready" if ready_after is not None else state, attempt=1, created_at=ago(minutes),
                 updated_at=ago(minutes), error_code="corrupt_image" if state == "failed" else None,
                 ready_at=ago(minutes) + timedelta(seconds=ready_after) if ready_after is not None else None))

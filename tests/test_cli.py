@@ -193,10 +193,10 @@ def test_a_unique_prefix_names_a_job(cli, engine, failed_job_id):
 def test_an_ambiguous_prefix_names_the_candidates_and_does_nothing(cli, engine, failed_job_id):
     twins = ["abcd0000-0000-4000-8000-000000000001", "abcd0000-0000-4000-8000-000000000002"]
     with engine.begin() as conn:
-        attachment_id = conn.execute(select(jobs.c.attachment_id)).scalar_one()
+        attachment_id, owner = conn.execute(select(jobs.c.attachment_id, jobs.c.owner)).one()
         for version, twin in enumerate(twins, start=2):
             conn.execute(insert(jobs).values(id=uuid.UUID(twin), attachment_id=attachment_id, pipeline_version=version,
-                                             state="failed", error_code="corrupt_image", max_attempts=3,
+                                             owner=owner, state="failed", error_code="corrupt_image", max_attempts=3,
                                              traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"))
     for command in (("jobs", "show", "abcd0"), ("jobs", "replay", "ABCD", "--reason", "which one?")):
         result = cli(*command)

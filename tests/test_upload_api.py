@@ -209,6 +209,32 @@ def test_database_down_is_503_with_retry_after_and_no_staging_left(env, storage_
     assert stored_files(storage_dir) == []
 
 
+def test_a_web_whose_database_connections_are_all_busy_answers_503_not_500(settings, storage_dir, data_file):
+    """Long requests (an adversarial run: 44 operators' job lists at once on 300,000 jobs) held every connection
+    of a web process's pool; the requests waiting for one past the pool's timeout got 500 (SQLAlchemy's pool
+    TimeoutError reached no handler): an upload with an Idempotency-Key, a status read. Now 503 with
+    Retry-After, as for a database that is down, and nothing staged."""
+    from contextlib import ExitStack
+
+    from app.adapters.postgres.db import make_engine
+
+    app = create_app(settings)
+    services = app.extensions["attache"]
+    services.__dict__["engine"] = make_engine(settings.database_url, pool_size=1, pool_timeout=0.2)
+    client = authed(app)
+    with ExitStack() as busy:
+        for _ in range(1 + 10):  # the pool's connection and its overflow, each held by a long request
+            busy.enter_context(services.engine.connect())
+        for response in (post_file(client, data_file("photos/chelsea.jpg"), **{"Idempotency-Key": "k1"}),
+                         post_file(client, data_file("photos/chelsea.jpg")),
+                         client.get("/v1/attachments/00000000-0000-4000-8000-000000000000")):
+            assert response.status_code == 503 and response.headers["Retry-After"], response.get_data(as_text=True)
+            assert response.json["error"] == "database_unavailable"
+    assert stored_files(storage_dir) == []
+    assert client.get("/v1/attachments/00000000-0000-4000-8000-000000000000").status_code == 404, "and back"
+    services.close()
+
+
 def test_unknown_attachment_is_404(client):
     assert client.get("/v1/attachments/00000000-0000-4000-8000-000000000000").status_code == 404
     assert client.get("/v1/attachments/not-a-uuid").status_code == 404

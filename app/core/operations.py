@@ -13,7 +13,7 @@ from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, attachments, job_history, jobs, variants
+from app.adapters.postgres.models import JobState, job_history, jobs, variants
 from app.core import id_prefixes, outbox, states
 from app.core.needs import Database, Producer
 from app.errors import JobConflict, JobNotFound, MissingReason
@@ -112,16 +112,24 @@ def find_jobs(engine: Engine, filters: JobFilter = JobFilter(), *, cursor: str |
     changes, so a page boundary ``(created_at, id)`` stays put while jobs
     move on, and the next page starts right after it (keyset pagination,
     never ``OFFSET``: page 1000 costs what page 1 does). Indexes:
-    ``jobs_created_idx``, ``jobs_state_created_idx``, ``jobs_error_code_idx``,
-    ``attachments_owner_idx`` (migration 0011).
+    ``jobs_created_idx``, ``jobs_state_created_idx``, ``jobs_error_code_idx``
+    (migration 0011), ``jobs_owner_created_idx`` (0014: the job's own copy
+    of its uploader; a join on the attachment's read the whole table for an
+    uploader with few jobs).
     """
     limit = max(1, min(limit, 1000))
+    with transaction(engine) as conn:
+        rows = conn.execute(jobs_query(filters, cursor=cursor, limit=limit)).all()
+    page = rows[:limit]
+    return {"jobs": [job_summary(row) for row in page],
+            "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
+
+
+def jobs_query(filters: JobFilter, *, cursor: str | None, limit: int):
+    """:func:`find_jobs`'s query: a page of ``limit`` jobs and one more (whether a next page exists)."""
     query = select(jobs)
-    if filters.uploader is not None:
-        query = query.join(attachments, attachments.c.id == jobs.c.attachment_id).where(
-            attachments.c.owner == filters.uploader)
-    for column, value in ((jobs.c.state, filters.state), (jobs.c.pipeline_version, filters.pipeline_version),
-                          (jobs.c.error_code, filters.error_code)):
+    for column, value in ((jobs.c.owner, filters.uploader), (jobs.c.state, filters.state),
+                          (jobs.c.pipeline_version, filters.pipeline_version), (jobs.c.error_code, filters.error_code)):
         if value is not None:
             query = query.where(column == value)
     if filters.since is not None:
@@ -130,12 +138,7 @@ def find_jobs(engine: Engine, filters: JobFilter = JobFilter(), *, cursor: str |
         query = query.where(jobs.c.created_at < filters.until)
     if cursor:
         query = query.where(tuple_(jobs.c.created_at, jobs.c.id) < tuple_(*_after(cursor)))
-    query = query.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
-    with transaction(engine) as conn:
-        rows = conn.execute(query).all()
-    page = rows[:limit]
-    return {"jobs": [job_summary(row) for row in page],
-            "next_cursor": _cursor(page[-1]) if len(rows) > limit else None}
+    return query.order_by(jobs.c.created_at.desc(), jobs.c.id.desc()).limit(limit + 1)
 
 
 def list_jobs(services: Database, *, state: str | None = None, pipeline_version: int | None = None,

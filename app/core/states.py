@@ -50,7 +50,7 @@ from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, up
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
-from app.adapters.postgres.models import UNFINISHED, JobState, job_history, jobs, variants
+from app.adapters.postgres.models import UNFINISHED, JobState, attachments, job_history, jobs, variants
 from app.core import events, outbox
 from app.core.steps import Step
 
@@ -106,6 +106,7 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
     job_id = uuid.uuid4()
     row = conn.execute(pg_insert(jobs).values(
         id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=JobState.QUEUED,
+        owner=select(attachments.c.owner).where(attachments.c.id == attachment_id).scalar_subquery(),
         attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
     ).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)).one_or_none()
     if row is None:

@@ -10,6 +10,7 @@ import hashlib
 
 from flask import Flask
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
 from app.config import Settings
@@ -63,6 +64,7 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(OperationalError)
+    @app.errorhandler(PoolTimeout)  # every connection of the process's pool busy (long queries): not a bug, a 503
     def database_unavailable(exc):  # psycopg2's text never reaches a client
         return refusal(DatabaseUnavailable(), "the database is unavailable; retry later")
 

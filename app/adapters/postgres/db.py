@@ -11,6 +11,7 @@ from typing import Iterator
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.adapters.postgres.liveness import liveness_params
 from app.errors import DatabaseUnavailable, QueryTimeout
@@ -19,19 +20,21 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = None,
-                idle_in_transaction_seconds: float | None = None) -> Engine:
+                idle_in_transaction_seconds: float | None = None, pool_timeout: float = 30.0) -> Engine:
     """``process`` names the attache process in each connection's ``application_name`` (``attache worker``), so
     ``pg_stat_activity`` tells whose a connection is. ``idle_in_transaction_seconds``: PostgreSQL ends a session
     whose transaction waits that long for its client (``idle_in_transaction_session_timeout``), which rolls it
     back and frees its row locks. A server gone silent is found in about 10 s, and a client gone silent by the
-    server (``liveness.py``)."""
+    server (``liveness.py``). ``pool_timeout``: how long a caller waits for a free connection when the pool's
+    ``pool_size`` + 10 are all in use; then :func:`transaction` raises :class:`DatabaseUnavailable`."""
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     server = {}
     if idle_in_transaction_seconds is not None:
         server["idle_in_transaction_session_timeout"] = max(1, int(idle_in_transaction_seconds * 1000))
     connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
                     **liveness_params(url.query, server)}
-    engine = create_engine(url, pool_size=pool_size, max_overflow=10, pool_pre_ping=True, connect_args=connect_args)
+    engine = create_engine(url, pool_size=pool_size, max_overflow=10, pool_timeout=pool_timeout, pool_pre_ping=True,
+                           connect_args=connect_args)
     event.listen(engine, "handle_error", _read_only_is_a_lost_server)
     return engine
 
@@ -55,12 +58,15 @@ def _read_only_is_a_lost_server(context) -> None:
 
 @contextlib.contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
-    """``BEGIN ... COMMIT`` that turns a lost database into :class:`DatabaseUnavailable`."""
+    """``BEGIN ... COMMIT`` that turns a lost database, or a pool with no connection free in time, into
+    :class:`DatabaseUnavailable`."""
     try:
         with engine.begin() as conn:
             yield conn
     except OperationalError as exc:
         raise DatabaseUnavailable("database unavailable") from exc
+    except PoolTimeout as exc:  # every connection of the process's pool in use for the pool's whole timeout
+        raise DatabaseUnavailable("no database connection free") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise DatabaseUnavailable("database connection lost") from exc

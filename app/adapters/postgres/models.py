@@ -115,6 +115,8 @@ jobs = Table(
     Column("attachment_id", UUID(as_uuid=True), ForeignKey("attachments.id"), nullable=False),
     Column("pipeline_version", Integer, nullable=False),
     Column("state", Text, nullable=False),
+    # the attachment's owner, copied when the job is created (it never changes): an uploader's job list by index
+    Column("owner", Text, nullable=False),
     Column("attempt", Integer, nullable=False, server_default=text("0")),
     Column("max_attempts", Integer, nullable=False),
     Column("lease_owner", Text),
@@ -139,6 +141,7 @@ Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
 # job lists, newest first, keyset-paginated on (created_at, id): unfiltered, by state, by error code
 Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
 Index("jobs_state_created_idx", jobs.c.state, jobs.c.created_at, jobs.c.id)
+Index("jobs_owner_created_idx", jobs.c.owner, jobs.c.created_at, jobs.c.id)  # migration 0014
 Index("jobs_error_code_idx", jobs.c.error_code, jobs.c.created_at, jobs.c.id,
       postgresql_where=text("error_code IS NOT NULL"))
 Index("jobs_ready_idx", jobs.c.ready_at, postgresql_where=text("ready_at IS NOT NULL"))  # charts: ready per minute
