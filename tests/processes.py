@@ -7,6 +7,7 @@ children, like ``kill -9`` on a real host.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -213,3 +214,23 @@ class Deployment:
     def wait_state(self, attachment_id: str, states=("ready", "failed"), timeout: float = 60) -> dict:
         return wait_for(lambda: (lambda s: s if s["state"] in states else None)(self.status(attachment_id)),
                         timeout=timeout, interval=0.2, message=f"{attachment_id} in {states}")
+
+
+@contextlib.contextmanager
+def read_only(database_url):
+    """What a demotion does to the test's database: its sessions end, and the new ones cannot write until the
+    block ends (the sessions opened meanwhile stay read-only: the processes must replace them)."""
+    from sqlalchemy import create_engine
+
+    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
+    name = database_url.rsplit("/", 1)[1]
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
+        admin.dispose()

@@ -21,7 +21,7 @@ from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
-from tests.processes import wait_for
+from tests.processes import read_only, wait_for
 from tests.sql_log import sql_log
 from tests.tcp import Listener
 
@@ -197,31 +197,19 @@ def test_lease_recovery_requeues_expired_and_publishes_the_next_attempt(services
     assert got == {expired: "queued", live: "processing"}
     assert newest.payload["attempt"] == 2 and newest.published_at is not None
 
+
 def test_after_a_round_the_database_refused_lapsed_leases_wait_a_heartbeat_period(services, engine, database_url):
     """A read-only spell longer than the lease lets every running step's lease lapse, though its worker lives
     and renews it within a second of the spell's end (states.held_by). Rounds that succeed again first leave
     the lapsed leases for ``settle_seconds`` (counted ``deferred``); then they are taken back."""
-    from sqlalchemy import create_engine
-
     from app.errors import DatabaseUnavailable
 
     _, lapsed, _ = seed(engine, services.storage, "processing")
     with engine.begin() as conn:
         conn.execute(update(jobs).where(jobs.c.id == lapsed).values(lease_expires_at=func.now() - text("interval '1 second'")))
     recovery = LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(settle_seconds=1.0))
-    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    name = database_url.rsplit("/", 1)[1]
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
-        with pytest.raises(DatabaseUnavailable):  # SELECT ... FOR UPDATE in a read-only session
-            recovery.run_once()
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
-        admin.dispose()
+    with read_only(database_url), pytest.raises(DatabaseUnavailable):  # SELECT ... FOR UPDATE, read-only session
+        recovery.run_once()
     engine.dispose()
     services.engine.dispose()  # its sessions opened during the spell stay read-only
     began = time.monotonic()
@@ -233,7 +221,6 @@ def test_after_a_round_the_database_refused_lapsed_leases_wait_a_heartbeat_perio
     assert time.monotonic() - began >= 1.0
     with engine.connect() as conn:
         assert conn.execute(select(jobs.c.state).where(jobs.c.id == lapsed)).scalar() == "queued"
-
 
 
 # --- staging cleanup -------------------------------------------------------------

@@ -5,7 +5,6 @@ Short leases and sweeps come from the environment (tests/conftest.py).
 
 from __future__ import annotations
 
-import contextlib
 import signal
 import subprocess
 import time
@@ -18,7 +17,7 @@ from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.core import states
 from app.observability.tracing import new_traceparent
 from tests.conftest import BROKER_KINDS
-from tests.processes import Deployment, wait_for, waiting_on_a_lock
+from tests.processes import Deployment, read_only, wait_for, waiting_on_a_lock
 from tests.test_failure_windows import assert_invariants
 
 pytestmark = pytest.mark.processes
@@ -29,26 +28,6 @@ def deployment(env, tmp_path):
     deployment = Deployment(env, tmp_path)
     yield deployment
     deployment.stop_all()
-
-
-@contextlib.contextmanager
-def read_only(database_url):
-    """What a demotion does to the test's database: its sessions end, and the new ones cannot write until the
-    block ends (the sessions opened meanwhile stay read-only: the processes must replace them)."""
-    from sqlalchemy import create_engine
-
-    admin = create_engine(database_url.rsplit("/", 1)[0] + "/postgres", isolation_level="AUTOCOMMIT")
-    name = database_url.rsplit("/", 1)[1]
-    try:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on'))
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE datname = :name AND pid <> pg_backend_pid()"), {"name": name})
-        yield
-    finally:
-        with admin.connect() as conn:
-            conn.execute(text(f'ALTER DATABASE "{name}" RESET default_transaction_read_only'))
-        admin.dispose()
 
 
 def history(engine, job_id):
