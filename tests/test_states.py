@@ -88,32 +88,37 @@ def test_fence_refuses_other_attempts_and_expired_leases(engine):
 
 def test_a_lapsed_lease_is_its_own_step_s_until_lease_recovery_takes_the_job_back(engine):
     """An outage longer than the lease stops the heartbeat of a step that lives: nobody was given the job, so
-    the step that owns the lapsed lease renews it, passes its fences and publishes; once lease recovery has
-    taken the job back, it is stale (states.held_by)."""
+    the attempt's one running step (inspect) that owns the lapsed lease renews it, passes its fences and
+    publishes; once lease recovery has taken the job back, it is stale (states.held_by). Render steps run side
+    by side: for them a lapsed lease is lost, as before."""
     lapse = update(jobs).values(lease_expires_at=func.now() - text("interval '1 second'"))
+    inspect = states.Lease(LEASE.owner, LEASE.seconds, sole=True)  # its attempt's one running step
+    sibling = LEASE  # a render step: one of several side by side
     with engine.begin() as conn:
         attachment_id, job_id = seed(conn)
-        states.claim(conn, job_id, 1, LEASE)
+        states.claim(conn, job_id, 1, inspect)
         conn.execute(lapse.where(jobs.c.id == job_id))
-        assert states.fence(conn, job_id, 1, LEASE, take=False) is not None
-        assert states.renew(conn, job_id, 1, LEASE) is True
+        assert states.fence(conn, job_id, 1, sibling, take=False) is None, "a lapsed lease is no sibling's"
+        assert states.renew(conn, job_id, 1, sibling) is False
+        assert states.fence(conn, job_id, 1, inspect, take=False) is not None
+        assert states.renew(conn, job_id, 1, inspect) is True
         assert states.get(conn, job_id).lease_expires_at > conn.execute(select(func.now())).scalar()
         conn.execute(lapse.where(jobs.c.id == job_id))
-        assert states.fence(conn, job_id, 1, LEASE) is not None, "a step run again after the outage takes it"
+        assert states.fence(conn, job_id, 1, inspect) is not None, "a step run again after the outage takes it"
         conn.execute(lapse.where(jobs.c.id == job_id))
         for variant in REQUIRED:
             record(conn, attachment_id, job_id, variant)
-        assert states.publish_ready(conn, job_id, 1, REQUIRED, LEASE.owner) is True
+        assert states.publish_ready(conn, job_id, 1, REQUIRED, inspect.owner) is True
 
         taken_attachment, taken_back = seed(conn)
-        states.claim(conn, taken_back, 1, LEASE)
+        states.claim(conn, taken_back, 1, inspect)
         conn.execute(lapse.where(jobs.c.id == taken_back))
         assert states.recover_expired(conn, batch=10, actor="scheduler:test") == {"requeued": 1, "failed": 0}
-        assert states.fence(conn, taken_back, 1, LEASE) is None
-        assert states.renew(conn, taken_back, 1, LEASE) is False
+        assert states.fence(conn, taken_back, 1, inspect) is None
+        assert states.renew(conn, taken_back, 1, inspect) is False
         for variant in REQUIRED:
             record(conn, taken_attachment, taken_back, variant)
-        assert states.publish_ready(conn, taken_back, 1, REQUIRED, LEASE.owner) is False
+        assert states.publish_ready(conn, taken_back, 1, REQUIRED, inspect.owner) is False
 
 
 def test_publish_needs_every_variant_and_flips_atomically(engine):

@@ -64,6 +64,11 @@ REANNOUNCED = "re-announced"
 class Lease:
     owner: str
     seconds: float
+    #: the attempt's one running step (``inspect``): a lease of its own that lapsed while nobody took the job back
+    #: is still its own (:func:`held_by`). Render steps run side by side, one owner among them: a lapsed lease is
+    #: theirs no more, and lease recovery takes the attempt back (a spell that kept one sibling's lease and
+    #: dropped the others' left the job between steps with variants missing and no message: an adversarial run)
+    sole: bool = False
 
 
 # The statements a step runs are built once, here, with their values bound at execution: built and
@@ -174,8 +179,8 @@ def held_by(owner):
 
     A step's heartbeat cannot be written while PostgreSQL is down, read-only
     or out of disk: an outage longer than the lease lets every running
-    step's lease lapse though its worker lives. The step that owns the lapsed
-    lease goes on (its heartbeat renews it, its fence and its publication
+    step's lease lapse though its worker lives. The attempt's sole running
+    step (``inspect``, :attr:`Lease.sole`) that owns the lapsed lease goes on (its heartbeat renews it, its fence and its publication
     take it) until lease recovery has taken the job back; from then on the
     state or the attempt differ and it is stale. Nobody else was given the
     job meanwhile, and effects are idempotent per effect key, so the step's
@@ -193,12 +198,18 @@ def expired():
     return jobs.c.lease_owner.is_not(None) & (jobs.c.lease_expires_at <= func.now())
 
 
-_FENCED = (jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
-           jobs.c.attempt == bindparam("b_attempt"), held_by(bindparam("b_owner")))
-_FENCE_CHECK = select(jobs).where(*_FENCED).with_for_update()
-_FENCE_TAKE = (update(jobs).where(*_FENCED)
-               .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
-               .returning(jobs))
+def _fence_statements(holding):
+    """The fence's check and take, for a lease held as ``holding`` says (:func:`held`, or :func:`held_by`)."""
+    fenced = (jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
+              jobs.c.attempt == bindparam("b_attempt"), holding)
+    return (select(jobs).where(*fenced).with_for_update(),
+            update(jobs).where(*fenced)
+            .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
+            .returning(jobs))
+
+
+#: (check, take) by ``Lease.sole``
+_FENCES = {False: _fence_statements(held()), True: _fence_statements(held_by(bindparam("b_owner")))}
 
 
 def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = True) -> Row | None:
@@ -214,18 +225,20 @@ def fence(conn: Connection, job_id, attempt: int, lease: Lease, *, take: bool = 
     ``take=False`` (a step about to commit its outcome and hand off)
     checks and locks without taking the lease from a sibling still running.
     """
+    check, take_over = _FENCES[lease.sole]
     if not take:
-        return conn.execute(_FENCE_CHECK, {"b_job_id": job_id, "b_attempt": attempt,
-                                           "b_owner": lease.owner}).one_or_none()
-    return conn.execute(_FENCE_TAKE, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).one_or_none()
+        return conn.execute(check, {"b_job_id": job_id, "b_attempt": attempt, "b_owner": lease.owner}).one_or_none()
+    return conn.execute(take_over, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).one_or_none()
 
 
-_RENEW = (update(jobs)
-          .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
-                 jobs.c.attempt == bindparam("b_attempt"), jobs.c.lease_owner.is_not(None),
-                 held_by(bindparam("b_owner")))
-          .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
-          .returning(jobs.c.id))
+#: a heartbeat, by ``Lease.sole``
+_RENEWS = {sole: (update(jobs)
+                  .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.PROCESSING,
+                         jobs.c.attempt == bindparam("b_attempt"), jobs.c.lease_owner.is_not(None),
+                         held_by(bindparam("b_owner")) if sole else held())
+                  .values(lease_owner=bindparam("b_owner"), lease_expires_at=_lease_until(), updated_at=func.now())
+                  .returning(jobs.c.id))
+           for sole in (False, True)}
 
 
 def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
@@ -235,7 +248,8 @@ def renew(conn: Connection, job_id, attempt: int, lease: Lease) -> bool:
     lands after its own step (or the last running sibling) handed off must
     not leave a short lease that nobody renews.
     """
-    return conn.execute(_RENEW, {"b_job_id": job_id, "b_attempt": attempt, **_lease(lease)}).first() is not None
+    return conn.execute(_RENEWS[lease.sole], {"b_job_id": job_id, "b_attempt": attempt,
+                                              **_lease(lease)}).first() is not None
 
 
 _HAND_OFF = (update(jobs)

@@ -265,7 +265,9 @@ class Workflow:
     def _handle(self, body: dict) -> Outcome:
         job_id = uuid.UUID(body["job_id"])
         attempt = body["attempt"]
-        lease = states.Lease(identity("worker"), self.services.settings.lease_seconds)
+        # inspect is its attempt's one running step; render steps of one attempt run side by side
+        lease = states.Lease(identity("worker"), self.services.settings.lease_seconds,
+                             sole=body.get("step") == Step.INSPECT.value)
         try:
             match Step(body["step"]):
                 case Step.INSPECT:
