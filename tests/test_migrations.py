@@ -29,3 +29,32 @@ def test_upgrade_is_idempotent(database_url):
     with engine.connect() as conn:
         assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == head()
     engine.dispose()
+
+
+def test_jobs_get_their_owner_from_0014_on_whoever_inserts_them(database_url):
+    """Migration 0014 copies each attachment's owner onto its jobs; a job inserted without one (by the previous
+    release, still serving while the release migrates) gets it from a trigger instead of failing the insert:
+    an adversarial run of the previous web against the new schema answered every upload 503."""
+    from alembic import command
+
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
+    insert_job = text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent) "
+                      "VALUES (gen_random_uuid(), :attachment, :version, 'queued', 3, '00-x')")
+    try:
+        command.downgrade(db.alembic_config(database_url), "0013")
+        with engine.begin() as conn:
+            for attachment, owner in (("00000000-0000-4000-8000-000000000001", "alice"),
+                                      ("00000000-0000-4000-8000-000000000002", "bob")):
+                conn.execute(text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, "
+                                  "width, height, staging_key) VALUES (:id, :owner, 'a.jpg', 'image/jpeg', 'JPEG', 1, "
+                                  "repeat('0', 64), 1, 1, 'staging/' || :id)"), {"id": attachment, "owner": owner})
+                conn.execute(insert_job, {"attachment": attachment, "version": 1})
+        db.upgrade(database_url)
+        with engine.begin() as conn:
+            conn.execute(insert_job, {"attachment": "00000000-0000-4000-8000-000000000002", "version": 2})
+            owners = conn.execute(text("SELECT a.owner, j.owner FROM jobs j JOIN attachments a "
+                                       "ON a.id = j.attachment_id")).all()
+        assert sorted(owners) == [("alice", "alice"), ("bob", "bob"), ("bob", "bob")]
+    finally:
+        db.upgrade(database_url)
+        engine.dispose()
