@@ -5,13 +5,16 @@ are spent ends ``failed`` with ``worker_lost`` (a file that kills every
 worker must not loop). Safe with two schedulers (``SKIP LOCKED``).
 
 A lease also lapses when its heartbeat cannot be written: PostgreSQL
-down, read-only or out of disk for longer than the lease. Its step lives
-and may go on (``states.held_by``), so after a round that failed, leases
-are taken back only once PostgreSQL has let rounds lock the lapsed jobs
-for ``settle_seconds`` (the scheduler
-passes a third of the lease: the heartbeat's period; a missed beat is tried
-again every second). Meanwhile a round counts the lapsed leases it leaves
-as ``deferred``.
+down, read-only, frozen or out of disk for longer than the lease. Its
+step lives and may go on (``states.held_by``), so leases are taken back
+only by a scheduler that has watched PostgreSQL take its rounds without a
+break for ``settle_seconds`` (the scheduler passes a third of the lease:
+the heartbeat's period; a missed beat is tried again every second). A
+break is a round that failed, a round that took longer than that (a
+frozen server answers late: the round hangs, then succeeds), a longer gap
+between rounds (the scheduler itself paused), or a scheduler just
+started. Meanwhile a round counts the lapsed leases it leaves as
+``deferred``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,8 @@ log = logging.getLogger("attache.scheduler.leases")
 @dataclass(frozen=True)
 class LeaseRecoveryConfig:
     batch: int = 100
-    #: how long rounds must succeed, after one failed, before a lapsed lease is taken back
+    #: how long this scheduler must have watched PostgreSQL take its rounds without a break before it takes a
+    #: lapsed lease back (0: at once)
     settle_seconds: float = 0.0
 
 
@@ -40,26 +44,30 @@ class LeaseRecovery:
     def __init__(self, unit_of_work: UnitOfWork, config: LeaseRecoveryConfig):
         self.unit_of_work = unit_of_work
         self.config = config
-        self._succeeding_since: float | None = float("-inf")  # None: the last round failed
+        self._last_round: float | None = None  # when the last round committed; None: none yet, or it failed
+        self._watching_since = 0.0
 
     def run_once(self) -> dict[str, int]:
+        began = time.monotonic()
         try:
             # the fresh inspect messages are published after COMMIT, not at the next relay tick
             with self.unit_of_work.begin() as work:
-                if self._settled():
-                    counts = states.recover_expired(work.conn, batch=self.config.batch, actor=identity("scheduler"))
+                lost = states.lapsed(work.conn, batch=self.config.batch)
+                if self._watched(began):
+                    counts = states.take_back(work.conn, lost, actor=identity("scheduler"))
                 else:
-                    counts = {"requeued": 0, "failed": 0,
-                              "deferred": len(states.lapsed(work.conn, batch=self.config.batch))}
+                    counts = {"requeued": 0, "failed": 0, "deferred": len(lost)}
         except BaseException:
-            self._succeeding_since = None
+            self._last_round = None
             raise
+        self._last_round = time.monotonic()
         if counts["requeued"] or counts["failed"]:
             log.info("expired leases: %(requeued)d requeued, %(failed)d failed", counts, extra=counts)
         return counts
 
-    def _settled(self) -> bool:
-        now = time.monotonic()
-        if self._succeeding_since is None:
-            self._succeeding_since = now
-        return now - self._succeeding_since >= self.config.settle_seconds
+    def _watched(self, began: float) -> bool:
+        """Whether rounds have succeeded without a break for ``settle_seconds``, this one included so far."""
+        now, settle = time.monotonic(), self.config.settle_seconds
+        if self._last_round is None or began - self._last_round > settle or now - began > settle:
+            self._watching_since = now
+        return now - self._watching_since >= settle

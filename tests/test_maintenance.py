@@ -522,3 +522,35 @@ def test_sweep_lookups_use_their_indexes(engine):
                 plan = explain(conn, statement)
                 assert any(name in plan for name in (index, *same_lead.get(index, ()))), plan
                 assert "Seq Scan" not in plan, plan
+
+
+def test_lease_recovery_takes_no_lease_back_before_it_has_watched_a_heartbeat_period_without_a_break(services,
+                                                                                                     engine):
+    """A frozen PostgreSQL answers late rather than refusing, and a paused scheduler runs no round: neither is a
+    round that failed, and an adversarial run saw 4 live steps charged worker_lost 0.05 s after a 9 s freeze.
+    A scheduler just started, a round after a gap longer than ``settle_seconds``, or one that took longer,
+    defers the lapsed leases; rounds without a break for ``settle_seconds`` take them back."""
+    _, lapsed, _ = seed(engine, services.storage, "processing")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == lapsed).values(lease_expires_at=func.now() - text("interval '1 second'")))
+    recovery = LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(settle_seconds=0.5))
+    assert recovery.run_once() == {"requeued": 0, "failed": 0, "deferred": 1}, "just started"
+    time.sleep(0.7)  # the scheduler paused past the settle time: no round ran
+    assert recovery.run_once()["deferred"] == 1, "a gap is a break"
+    wait_for(lambda: recovery.run_once()["requeued"] == 1, timeout=10, interval=0.1,
+             message="taken back after rounds without a break")
+
+    _, slow, _ = seed(engine, services.storage, "processing")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == slow).values(lease_expires_at=func.now() - text("interval '1 second'")))
+    holder = engine.connect()
+    held = holder.begin()
+    holder.execute(text("LOCK TABLE jobs IN ACCESS EXCLUSIVE MODE"))  # the round waits, as on a frozen server
+    release = threading.Timer(0.7, lambda: (held.rollback(), holder.close()))
+    release.start()
+    try:
+        assert recovery.run_once()["deferred"] == 1, "a round that took longer than the settle time is a break"
+    finally:
+        release.join()
+    wait_for(lambda: recovery.run_once()["requeued"] == 1, timeout=10, interval=0.1,
+             message="taken back after rounds without a break")

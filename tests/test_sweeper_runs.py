@@ -81,7 +81,8 @@ def test_each_round_is_added_up_and_exported(settings, services, engine):
         assert of(first, "attache_sweeper_first_run_timestamp_seconds", service=name) <= success
         assert of(first, "attache_sweeper_last_duration_seconds", service=name) >= 0
     assert of(first, "attache_sweeper_items_total", service="outbox_relay", action="published") == 4
-    assert of(first, "attache_sweeper_items_total", service="lease_recovery", action="requeued") == 1
+    # a scheduler just started watches a heartbeat period before it takes a lapsed lease back (lease_recovery.py)
+    assert of(first, "attache_sweeper_items_total", service="lease_recovery", action="requeued") == 0
     assert of(first, "attache_sweeper_items_total", service="lease_recovery", action="failed") == 0
     assert of(first, "attache_sweeper_items_total", service="staging_cleanup", action="kept") == 4
     assert of(first, "attache_sweeper_items_total", service="staging_cleanup", action="removed") == 0

@@ -356,7 +356,11 @@ def lapsed(conn: Connection, *, batch: int) -> list[Row]:
 
 def recover_expired(conn: Connection, *, batch: int, actor: str) -> dict[str, int]:
     """Scheduler: processing with an expired lease -> queued (or failed ``worker_lost``)."""
-    lost = lapsed(conn, batch=batch)
+    return take_back(conn, lapsed(conn, batch=batch), actor=actor)
+
+
+def take_back(conn: Connection, lost: list[Row], *, actor: str) -> dict[str, int]:
+    """The jobs :func:`lapsed` locked -> queued, attempt counted (or failed ``worker_lost``, attempts spent)."""
     counts = {"requeued": 0, "failed": 0}
     for job in lost:
         if job.attempt >= job.max_attempts:
