@@ -180,15 +180,17 @@ def held_by(owner):
     A step's heartbeat cannot be written while PostgreSQL is down, read-only
     or out of disk: an outage longer than the lease lets every running
     step's lease lapse though its worker lives. The attempt's sole running
-    step (``inspect``, :attr:`Lease.sole`) that owns the lapsed lease goes on (its heartbeat renews it, its fence and its publication
-    take it) until lease recovery has taken the job back; from then on the
+    step (``inspect``, :attr:`Lease.sole`) that owns the lapsed lease goes
+    on (its heartbeat renews it, its fence and its publication take it)
+    until lease recovery has taken the job back; from then on the
     state or the attempt differ and it is stale. Nobody else was given the
     job meanwhile, and effects are idempotent per effect key, so the step's
     result is as good as one committed a moment before the lease ran out;
     without this, every job in flight through an outage was charged an
     attempt, ``worker_lost``, and one on its last attempt failed. Lease
-    recovery, for its part, waits a heartbeat period after PostgreSQL takes
-    writes again (``scheduler/lease_recovery.py``).
+    recovery, for its part, takes a lapsed lease back only after watching
+    PostgreSQL take its rounds without a break for a heartbeat period
+    (``scheduler/lease_recovery.py``).
     """
     return held() | (jobs.c.lease_owner == owner)
 
