@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from app.core import states
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.services import Services
@@ -38,8 +39,8 @@ def sweepers(services: Services) -> list[Sweeper]:
         Sweeper(OutboxRelay(services.publisher,
                             OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
                 settings.outbox_interval_seconds),
-        Sweeper(LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(settle_seconds=settings.lease_seconds / 3)),
-                settings.lease_interval_seconds),
+        Sweeper(LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(
+            settle_seconds=states.heartbeat_seconds(settings.lease_seconds))), settings.lease_interval_seconds),
         Sweeper(Reconciler(services.unit_of_work, services.broker,
                            ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
                 settings.reconcile_interval_seconds),

@@ -71,6 +71,12 @@ class Lease:
     sole: bool = False
 
 
+def heartbeat_seconds(lease_seconds: float) -> float:
+    """How often a running step renews a lease of ``lease_seconds``: three beats a lease (lease recovery's settle
+    time too, ``scheduler/lease_recovery.py``)."""
+    return lease_seconds / 3
+
+
 # The statements a step runs are built once, here, with their values bound at execution: built and
 # keyed anew on every call, a fence cost SQLAlchemy 740 us of CPU where it now costs 210 (docs/performance.md).
 # A bound value named like a column the statement SETs would clash with SQLAlchemy's own: those start with b_.

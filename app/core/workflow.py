@@ -610,7 +610,8 @@ class Workflow:
 
         def beat() -> None:
             missed = False
-            while not stop.wait(min(HEARTBEAT_RETRY_SECONDS, lease.seconds / 3) if missed else lease.seconds / 3):
+            every = states.heartbeat_seconds(lease.seconds)
+            while not stop.wait(min(HEARTBEAT_RETRY_SECONDS, every) if missed else every):
                 try:
                     with transaction(self.services.engine) as conn:
                         if not states.renew(conn, job_id, attempt, lease):
