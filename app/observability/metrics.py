@@ -84,25 +84,7 @@ class DatabaseCollector:
             uploads = conn.execute(text("SELECT count(*) FROM attachments")).scalar()
             yield CounterMetricFamily("attache_uploads", "Accepted uploads.", value=uploads)
 
-            transitions = CounterMetricFamily("attache_job_transitions", "Job state transitions.",
-                                              labels=["from", "to"])
-            for from_state, to_state, count in conn.execute(text(
-                    "SELECT coalesce(from_state, 'none'), to_state, count(*) FROM job_history GROUP BY 1, 2")):
-                transitions.add_metric([from_state, to_state], count)
-            yield transitions
-
-            retries, expiries = conn.execute(text(
-                "SELECT count(*) FILTER (WHERE from_state = :processing AND to_state = :queued "
-                "AND coalesce(error_code, '') <> 'worker_lost'), "
-                "count(*) FILTER (WHERE from_state = :processing AND error_code = 'worker_lost') "
-                "FROM job_history"), STATES).one()
-            yield CounterMetricFamily("attache_retries", "Managed retries after transient errors.", value=retries)
-            yield CounterMetricFamily("attache_lease_expiries", "Expired leases recovered by the scheduler.",
-                                      value=expiries)
-            reannounced = conn.execute(text(
-                "SELECT count(*) FROM job_history WHERE from_state = to_state")).scalar()
-            yield CounterMetricFamily("attache_reconciler_reannounced",
-                                      "Stranded jobs announced again by the reconciler.", value=reannounced)
+            yield from _history(conn)
 
             jobs = GaugeMetricFamily("attache_jobs", "Jobs per state and pipeline version.",
                                      labels=["state", "pipeline_version"])
@@ -143,6 +125,29 @@ class DatabaseCollector:
                 "SELECT step, seconds FROM (SELECT step, seconds FROM step_runs ORDER BY id DESC LIMIT 10000) recent",
                 labels=["step"])
             yield from _sweepers(conn)
+
+
+def _history(conn):
+    """The counters read from ``job_history``, in one pass over it (a table that grows with every transition):
+    its rows counted by transition and by whether a lease recovery wrote them (``worker_lost``)."""
+    rows = conn.execute(text(
+        "SELECT coalesce(from_state, 'none'), to_state, coalesce(error_code = 'worker_lost', false), count(*) "
+        "FROM job_history GROUP BY 1, 2, 3")).all()
+    transitions: dict[tuple[str, str], int] = {}
+    for from_state, to_state, _, count in rows:
+        transitions[from_state, to_state] = transitions.get((from_state, to_state), 0) + count
+    family = CounterMetricFamily("attache_job_transitions", "Job state transitions.", labels=["from", "to"])
+    for (from_state, to_state), count in transitions.items():
+        family.add_metric([from_state, to_state], count)
+    yield family
+    processing, queued = JobState.PROCESSING.value, JobState.QUEUED.value
+    yield CounterMetricFamily("attache_retries", "Managed retries after transient errors.", value=sum(
+        count for from_state, to_state, lost, count in rows
+        if (from_state, to_state, lost) == (processing, queued, False)))
+    yield CounterMetricFamily("attache_lease_expiries", "Expired leases recovered by the scheduler.", value=sum(
+        count for from_state, _, lost, count in rows if from_state == processing and lost))
+    yield CounterMetricFamily("attache_reconciler_reannounced", "Stranded jobs announced again by the reconciler.",
+                              value=sum(count for from_state, to_state, _, count in rows if from_state == to_state))
 
 
 def _sweepers(conn):
