@@ -307,6 +307,21 @@ def test_staging_cleanup_removes_what_a_ready_version_left_once_no_other_version
     assert exists(storage_dir, read_by_running_v2)
 
 
+def test_staging_cleanup_reads_a_batch_of_current_work_at_once(services, engine, storage_dir):
+    """A backlog of queued uploads is a staged object each, examined every round: each took a transaction of its
+    own (2.1 ms: some 35 minutes a round for a million). Now a batch's current work is read in one statement."""
+    from tests.sql_log import sql_log
+
+    queued = [seed(engine, services.storage, "queued")[2] for _ in range(30)]
+    _, _, ready_key = seed(engine, services.storage, "ready")
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig())
+    with sql_log(services.engine) as log:
+        counts = cleanup.run_once()
+    assert (counts["examined"], counts["kept"], counts["removed"]) == (31, 30, 1)
+    assert all(exists(storage_dir, key) for key in queued) and not exists(storage_dir, ready_key)
+    assert len(log.commits) < 10, f"{len(log.commits)} transactions for 30 queued uploads and a ready one"
+
+
 def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, engine):
     with exclusive(engine, "staging_cleanup") as held:
         assert held
