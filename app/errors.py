@@ -326,6 +326,13 @@ class OffsetMismatch(UploadRejected):
     error_code = "offset_mismatch"
 
 
+class UploadLocked(UploadRejected):
+    """Another request is writing this resumable upload right now (tus's 423): retry after a moment."""
+
+    error_code = "upload_locked"
+    retryable = True
+
+
 class ChecksumMismatch(UploadRejected):
     """The PATCH body does not match its ``Upload-Checksum`` (tus's 460); nothing of it was kept."""
 

@@ -69,6 +69,10 @@ def mode(settings: Settings) -> str:
 #: the shortest a worker's transaction may wait for it before PostgreSQL ends the session (with a lease shorter
 #: than this, a busy worker's thread could wait that long for the GIL between two statements)
 MIN_IDLE_IN_TRANSACTION_SECONDS = 5.0
+#: the longest a web request's statement waits for a lock another session holds, then ``503`` + Retry-After: a
+#: paused web process inside an upload's transaction held the Idempotency-Key's row, and every retry with that
+#: key (each holding a connection and a thread) waited for as long as it stayed paused
+WEB_LOCK_TIMEOUT_SECONDS = 10.0
 
 
 class Services:
@@ -107,7 +111,8 @@ class Services:
         bounded = self._consumer or self._process == "scheduler"
         idle = max(self.settings.lease_seconds, MIN_IDLE_IN_TRANSACTION_SECONDS) if bounded else None
         return make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
-                           idle_in_transaction_seconds=idle)
+                           idle_in_transaction_seconds=idle,
+                           lock_timeout_seconds=WEB_LOCK_TIMEOUT_SECONDS if self._process == "web" else None)
 
     @cached_property
     def storage(self):

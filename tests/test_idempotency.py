@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import func, select, text, update
 
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.web import create_app
@@ -135,3 +135,33 @@ def test_a_commit_whose_connection_dies_keeps_staging_for_the_cleanup(app, engin
     cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
     assert cleanup.run_once()["removed"] == 1
     assert staged(storage_dir) == [retry.json["id"]]
+
+
+def test_a_retry_behind_a_request_that_holds_its_key_is_a_503_not_a_wait(app, engine, storage_dir, data_file,
+                                                                         monkeypatch):
+    """A web process paused inside an upload's transaction (SIGSTOP, a frozen VM) holds its key's row; a retry with
+    that key waited on the lock, holding a thread and a database connection, for as long as it stayed paused. Now
+    a web request waits at most ``WEB_LOCK_TIMEOUT_SECONDS`` for a lock (2 s here), then answers ``503`` with
+    Retry-After, and staged nothing."""
+    from app import services
+
+    monkeypatch.setattr(services, "WEB_LOCK_TIMEOUT_SECONDS", 2.0)
+    app = create_app(app.extensions["attache"].settings)
+    client = authed(app)
+    first = post(client, data_file("photos/chelsea.jpg"), "held")
+    assert first.status_code == 202
+    with engine.begin() as conn:  # expired: the next request with the key takes it over, under the row's lock
+        conn.execute(update(idempotency_keys).values(created_at=func.now() - text("interval '30 days'")))
+    answers = []
+    with engine.connect() as holder:
+        holder.execute(select(idempotency_keys).with_for_update())  # the paused request's lock
+        retry = threading.Thread(target=lambda: answers.append(post(client, data_file("photos/chelsea.jpg"), "held")),
+                                 daemon=True)
+        retry.start()
+        retry.join(timeout=20)
+        holder.rollback()
+    retry.join(timeout=20)
+    assert answers, "the retry still waits for the lock"
+    assert answers[0].status_code == 503 and answers[0].headers["Retry-After"], answers[0].json
+    assert count(engine, attachments) == 1 and staged(storage_dir) == [first.json["id"]]
+    app.extensions["attache"].close()

@@ -297,6 +297,10 @@ def test_a_browser_session_needs_its_csrf_token_to_write(client, photo):
 
 
 def test_two_patches_at_the_same_offset_never_both_append(client, engine, storage_dir, photo):
+    """A PATCH finding another request writing the upload answers ``423`` at once (tus clients retry it) instead
+    of waiting for the row's lock: waiters each held a database connection, and the last PATCH, which needs more
+    for its handoff while it holds the lock, waited for the pool's whole timeout behind them (an adversarial run:
+    25 PATCHes of one upload, every answer after 30 s, six 503s). Before: both waited, then 204 and 409."""
     location = create(client, len(photo)).headers["Location"]
     upload_id = uuid.UUID(location.rsplit("/", 1)[1])
     answers = {}
@@ -305,24 +309,24 @@ def test_two_patches_at_the_same_offset_never_both_append(client, engine, storag
         answers[size] = patch(client.application.test_client(), location, 0, photo[:size],
                               {"Authorization": client.environ_base["HTTP_AUTHORIZATION"]})
 
-    # hold the row so both PATCHes have received their bodies and wait for it together
-    with engine.connect() as holder:
+    with engine.connect() as holder:  # another request writing the upload
         holder.execute(select(uploads).where(uploads.c.id == upload_id).with_for_update())
         threads = [threading.Thread(target=send_one, args=(size,)) for size in (1000, 2000)]
         for thread in threads:
             thread.start()
-
-        def both_waiting():
-            with engine.connect() as conn:
-                return conn.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                                         "AND datname = current_database()")).scalar() == 2
-
-        wait_for(both_waiting, timeout=20, message="both PATCHes waiting for the upload's row")
+        for thread in threads:
+            thread.join(timeout=10)
+        assert not any(thread.is_alive() for thread in threads), "a PATCH waits for the row's lock"
         holder.rollback()
+    assert sorted((a.status_code, a.json["error"]) for a in answers.values()) == [(423, "upload_locked")] * 2
+    assert parts(storage_dir) == [] and client.head(location, headers=TUS).headers["Upload-Offset"] == "0"
+    threads = [threading.Thread(target=send_one, args=(size,)) for size in (1000, 2000)]
+    for thread in threads:
+        thread.start()
     for thread in threads:
         thread.join(timeout=30)
     statuses = sorted(a.status_code for a in answers.values())
-    assert statuses == [204, 409], statuses
+    assert statuses in ([204, 409], [204, 423]), statuses
     winner = next(size for size, a in answers.items() if a.status_code == 204)
     assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(winner)
     assert [(storage_dir / p).read_bytes() for p in parts(storage_dir)] == [photo[:winner]]
@@ -423,6 +427,32 @@ def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
     assert rest.status_code == 204 and rest.headers["Attachment-Id"]
     status = web.status(rest.headers["Attachment-Id"])
     assert status["sha256"] == hashlib.sha256(photo).hexdigest()
+
+
+def test_a_creation_with_upload_cut_short_says_where_the_upload_is(web, photo):
+    """The creation made the upload and kept the bytes that arrived, and its answer (``400 incomplete_body``)
+    told the client to resume at their offset, but not where the upload was: no ``Location`` (an adversarial
+    run). The upload could not be resumed, and its bytes waited a day for the expiry."""
+    import socket
+
+    import requests
+
+    headers = {**TUS, "Authorization": f"Bearer {web.token}"}
+    sent = 7000
+    head = (f"POST /v1/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
+            f"Tus-Resumable: 1.0.0\r\nUpload-Length: {len(photo)}\r\nContent-Type: {PART}\r\n"
+            f"Content-Length: {len(photo)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(head.encode() + photo[:sent])
+        sock.shutdown(socket.SHUT_WR)
+        [(status, answer)] = _answers(sock, 1)
+    assert status == 400 and "location" in answer, answer
+    assert answer["upload-offset"] == str(sent)
+    location = answer["location"]
+    rest = requests.patch(web.url + location, data=photo[sent:], timeout=30,
+                          headers={**headers, "Upload-Offset": str(sent), "Content-Type": PART})
+    assert rest.status_code == 204 and rest.headers["Attachment-Id"]
+    assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(photo).hexdigest()
 
 
 def _answers(sock, count: int) -> list[tuple[int, dict[str, str]]]:

@@ -49,9 +49,10 @@ from typing import Callable
 
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 
 from app.adapters import imaging
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import lock_not_available, transaction
 from app.adapters.postgres.models import uploads
 from app.adapters.storage import Storage
 from app.core import intake
@@ -61,6 +62,7 @@ from app.errors import (
     PartsMissing,
     PermanentError,
     UploadExpired,
+    UploadLocked,
     UploadNotFound,
     UploadRejected,
     UploadTooLarge,
@@ -236,8 +238,18 @@ def _now(conn) -> datetime:
 
 
 def _visible(conn, upload_id: uuid.UUID, owner: str, *, lock: bool, expired_too: bool = False) -> Upload:
+    """The caller's upload; with ``lock``, its row locked, or :class:`UploadLocked` at once if another request
+    holds it: requests that queued on the lock held a database connection each, and a last PATCH (which needs
+    more connections for its handoff while it holds the lock) waited for the pool's whole timeout behind them
+    (an adversarial run: 25 PATCHes of one upload, every answer 30 s, six 503s; a paused web holding the lock
+    wedged the other web's pool as the client retried)."""
     query = select(uploads).where(uploads.c.id == upload_id)
-    row = conn.execute(query.with_for_update() if lock else query).one_or_none()
+    try:
+        row = conn.execute(query.with_for_update(nowait=True) if lock else query).one_or_none()
+    except OperationalError as exc:
+        if lock_not_available(exc):
+            raise UploadLocked("another request is writing this upload; retry in a moment") from None
+        raise
     if row is None or row.owner != owner:
         raise UploadNotFound("no such upload")
     if not expired_too and row.expires_at <= _now(conn):

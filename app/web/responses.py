@@ -37,6 +37,7 @@ from app.errors import (
     UnknownQueue,
     UnsupportedMediaType,
     UploadExpired,
+    UploadLocked,
     UploadNotFound,
     UploadRejected,
     UploadTooLarge,
@@ -77,6 +78,7 @@ STATUS: dict[type[AttacheError], int] = {
     UploadExpired: 410,
     PartsMissing: 410,
     OffsetMismatch: 409,
+    UploadLocked: 423,
     ChecksumMismatch: 460,
     # webhooks
     InvalidWebhook: 400,

@@ -12,11 +12,13 @@ its partial bytes live and how it ends is :mod:`app.core.resumable`.
   limit here, before any byte is sent) and ``Upload-Metadata`` (its
   ``filename``, or Uppy's ``name``, is the display name): ``201`` and
   ``Location``. With a body (``Content-Type: application/offset+octet-stream``)
-  its bytes are the first PATCH.
+  its bytes are the first PATCH; a body cut short is ``400 incomplete_body``
+  with the made upload's ``Location`` and ``Upload-Offset``, to resume it.
 * ``HEAD /v1/uploads/{id}``: ``Upload-Offset`` says where to resume.
 * ``PATCH /v1/uploads/{id}`` with ``Upload-Offset`` and optionally
   ``Upload-Checksum``: ``204`` and the new ``Upload-Offset``; ``409`` when
-  the offset is not the upload's; ``460`` on a checksum mismatch (nothing
+  the offset is not the upload's; ``423`` while another request writes the
+  upload (tus clients retry it); ``460`` on a checksum mismatch (nothing
   of that body is kept). A body cut short without a checksum keeps what
   arrived, so the client resumes after it.
 * ``DELETE /v1/uploads/{id}``: termination.
@@ -151,7 +153,13 @@ def create():
                               metadata=metadata)
     headers = {"Location": url_for("tus.head", upload_id=upload.id)}
     if with_body:
-        upload = _append(upload, 0)
+        try:
+            upload = _append(upload, 0)
+        except IncompleteBody as exc:  # the upload was made: without its Location the client could not resume it
+            upload = resumable.find(_services(), upload.id, upload.owner)
+            response = refusal(exc)
+            response.headers.update({**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
+            return response
         headers["Upload-Offset"] = str(upload.offset)
     return Response(status=201, headers={**headers, **_state(upload)})
 

@@ -72,6 +72,8 @@ UNAVAILABLE = {"503": _error("PostgreSQL or storage is down, or the web's tempor
 GONE = {"404": _error("No such upload, or not yours, or terminated, or forgotten after it expired.", ["not_found"]),
         "410": _error("The upload expired (`upload_expired`), or its partial bytes were lost (`upload_lost`); "
                       "start a new one.", ["upload_expired", "upload_lost"])}
+LOCKED = {"423": _error("Another request is writing this upload right now (a PATCH still being handled, or a "
+                        "DELETE); retry in a moment.", ["upload_locked"])}
 #: what sending bytes can be answered with, the last byte's handoff included
 SENDING = {
     "400": _error("A malformed header, or the body ended early (`incomplete_body`; without a checksum the bytes "
@@ -125,7 +127,13 @@ def paths() -> dict:
                         "Upload-Offset": _header("With a body: how many bytes the upload has.",
                                                  {"type": "string", "pattern": "^[0-9]+$"}),
                         **ANSWER_HEADERS}},
-                    **SENDING, **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
+                    **SENDING,
+                    "400": {**SENDING["400"], "headers": {
+                        "Location": _header("With `incomplete_body`: the upload was made, and keeps the bytes that "
+                                            "arrived (without a checksum); resume it here."),
+                        "Upload-Offset": _header("With `incomplete_body`: where to resume.",
+                                                 {"type": "string", "pattern": "^[0-9]+$"})}},
+                    **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
                 },
             },
         },
@@ -154,7 +162,8 @@ def paths() -> dict:
                 "operationId": "appendToUpload", "tags": ["uploads"], "security": BEARER,
                 "summary": "Send the next bytes (tus core, checksum)",
                 "description": "The body is appended at `Upload-Offset`, which must be the upload's offset (two "
-                               "PATCHes at one offset: one appends, the other gets 409). At the last byte the "
+                               "PATCHes at one offset: one appends, the other gets 423 while the first is being "
+                               "handled, 409 after). At the last byte the "
                                "upload goes through the durable handoff of `POST /v1/attachments` and the answer "
                                f"carries `{ATTACHMENT_ID}`.",
                 "parameters": [
@@ -168,7 +177,7 @@ def paths() -> dict:
                     "204": {"description": "Appended.", "headers": {"Upload-Offset": OFFSET, **ANSWER_HEADERS}},
                     "409": _error("`Upload-Offset` is not the upload's: HEAD and resume from there.",
                                   ["offset_mismatch"]),
-                    **SENDING, **GONE, **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
+                    **SENDING, **GONE, **LOCKED, **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
                 },
             },
             "delete": {
@@ -177,7 +186,7 @@ def paths() -> dict:
                 "parameters": [UPLOAD_ID, TUS_RESUMABLE],
                 "responses": {
                     "204": {"description": "Terminated.", "headers": {"Tus-Resumable": ANSWER_HEADERS["Tus-Resumable"]}},
-                    "404": GONE["404"], **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
+                    "404": GONE["404"], **LOCKED, **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
                 },
             },
         },

@@ -20,17 +20,22 @@ MIGRATIONS = Path(__file__).with_name("migrations")
 
 
 def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = None,
-                idle_in_transaction_seconds: float | None = None, pool_timeout: float = 30.0) -> Engine:
+                idle_in_transaction_seconds: float | None = None, pool_timeout: float = 30.0,
+                lock_timeout_seconds: float | None = None) -> Engine:
     """``process`` names the attache process in each connection's ``application_name`` (``attache worker``), so
     ``pg_stat_activity`` tells whose a connection is. ``idle_in_transaction_seconds``: PostgreSQL ends a session
     whose transaction waits that long for its client (``idle_in_transaction_session_timeout``), which rolls it
     back and frees its row locks. A server gone silent is found in about 10 s, and a client gone silent by the
     server (``liveness.py``). ``pool_timeout``: how long a caller waits for a free connection when the pool's
-    ``pool_size`` + 10 are all in use; then :func:`transaction` raises :class:`DatabaseUnavailable`."""
+    ``pool_size`` + 10 are all in use; then :func:`transaction` raises :class:`DatabaseUnavailable`.
+    ``lock_timeout_seconds``: the longest a statement waits for a lock another session holds
+    (``lock_timeout``); then :func:`transaction` raises :class:`DatabaseUnavailable` too."""
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     server = {}
     if idle_in_transaction_seconds is not None:
         server["idle_in_transaction_session_timeout"] = max(1, int(idle_in_transaction_seconds * 1000))
+    if lock_timeout_seconds is not None:
+        server["lock_timeout"] = max(1, int(lock_timeout_seconds * 1000))
     connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
                     **liveness_params(url.query, server)}
     engine = create_engine(url, pool_size=pool_size, max_overflow=10, pool_timeout=pool_timeout, pool_pre_ping=True,
@@ -64,6 +69,8 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         with engine.begin() as conn:
             yield conn
     except OperationalError as exc:
+        if lock_not_available(exc):
+            raise DatabaseUnavailable("another session holds a lock this transaction needs; retry") from exc
         raise DatabaseUnavailable("database unavailable") from exc
     except PoolTimeout as exc:  # every connection of the process's pool in use for the pool's whole timeout
         raise DatabaseUnavailable("no database connection free") from exc
@@ -114,6 +121,15 @@ def wait_until_reachable(engine: Engine, seconds: float, stopping: threading.Eve
             return False
         if reachable(engine):
             return True
+
+
+#: PostgreSQL's SQLSTATE for a lock not taken: ``NOWAIT``, or ``lock_timeout`` run out
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+def lock_not_available(error: BaseException) -> bool:
+    """Whether ``error`` is PostgreSQL refusing to wait (longer) for a lock another session holds."""
+    return getattr(getattr(error, "orig", None), "pgcode", None) == LOCK_NOT_AVAILABLE
 
 
 #: PostgreSQL's SQLSTATE for a statement cancelled by ``statement_timeout``
