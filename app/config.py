@@ -210,6 +210,11 @@ class Settings:
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "
         "runs again, before the failure costs one of its Dramatiq retries; 0: no wait, at most 300 (half a step's "
         "time limit)")
+    storage_wait_seconds: float = setting(
+        "ATTACHE_STORAGE_WAIT_SECONDS", 300.0, _float(0),
+        "how long a worker's step that finds storage unavailable (full, unreachable, refusing writes) tries its "
+        "storage call again, holding its lease, from 1 s apart to 30 s, before the failure costs the job an "
+        "attempt (a managed retry); 0: no wait, at most 300 (half a step's time limit)")
     broker_min_backoff_ms: int = setting(
         "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
     broker_delivery_limit: int = setting(
@@ -285,6 +290,9 @@ class Settings:
             raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
         if self.database_wait_seconds > STEP_TIME_LIMIT_SECONDS / 2:
             raise ConfigError(f"ATTACHE_DATABASE_WAIT_SECONDS must be at most {STEP_TIME_LIMIT_SECONDS // 2}: half of "
+                              f"a step's time limit ({STEP_TIME_LIMIT_SECONDS} s), which also holds its run after it")
+        if self.storage_wait_seconds > STEP_TIME_LIMIT_SECONDS / 2:
+            raise ConfigError(f"ATTACHE_STORAGE_WAIT_SECONDS must be at most {STEP_TIME_LIMIT_SECONDS // 2}: half of "
                               f"a step's time limit ({STEP_TIME_LIMIT_SECONDS} s), which also holds its run after it")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")

@@ -307,3 +307,47 @@ def test_steps_that_live_through_a_spell_longer_than_their_lease_are_not_charged
                                .where(job_history.c.error_code.is_not(None))).all()
         attempts = conn.execute(select(jobs.c.attempt).where(jobs.c.attachment_id.in_(accepted))).scalars().all()
     assert charged == [] and attempts == [1] * len(accepted), (charged, attempts)
+
+
+@pytest.mark.parametrize("one_step", [True, False], ids=["one step", "a render message per variant"])
+def test_a_full_storage_disk_that_outlasts_the_retry_budget_costs_no_attempt(env, tmp_path, engine, data_file,
+                                                                              one_step):
+    """Storage full (ENOSPC) as the worker writes the variants: each try cost the job an attempt, the managed
+    retries were spent in less than three minutes by default (some 8 s here), and every upload accepted before the
+    disk filled ended ``failed storage_unavailable`` however soon it was freed (an adversarial run: 200 s full, three
+    of three failed). Now a step tries its storage call again, holding its lease, for ``ATTACHE_STORAGE_WAIT_SECONDS``
+    (workflow._outlasting_storage)."""
+    from tests.filesystems import fill, small_filesystem
+
+    photos = [data_file(f"photos/{name}") for name in ("chelsea.jpg", "coffee.jpg")]
+    with small_filesystem(32 * 1024 * 1024) as disk:
+        deployment = Deployment({**env, "STORAGE_URL": f"file://{disk}", "ATTACHE_RETRY_INITIAL_SECONDS": "0.1"},
+                                tmp_path)
+        try:
+            deployment.start("web")
+            accepted = [deployment.upload(photo).json()["id"] for photo in photos]  # staged while there is room
+            fill(disk / "filler")
+            worker = deployment.start("worker", ATTACHE_ONE_STEP_MAX_PIXELS="64000000" if one_step else "0")
+            deployment.start("scheduler")
+
+            def found_full() -> bool:  # it waits (and says so), or (before) it was charged an attempt
+                with engine.connect() as conn:
+                    retried = conn.execute(select(func.count()).select_from(job_history).where(
+                        job_history.c.error_code == "storage_unavailable")).scalar()
+                return retried > 0 or "storage unavailable, tried again" in worker.output()
+
+            wait_for(found_full, timeout=30, message="a step finding the storage disk full")
+            time.sleep(12)  # full for longer than the retry budget (0.2 + 0.6 + 1.8 + 5.4 s)
+            assert all(deployment.status(i)["state"] in ("queued", "processing") for i in accepted)
+            (disk / "filler").unlink()
+            wait_for(lambda: all(deployment.status(i)["state"] in ("ready", "failed") for i in accepted),
+                     timeout=60, message="every upload finished once the disk had room")
+            assert_invariants(engine, disk, accepted)
+            with engine.connect() as conn:
+                attempts = conn.execute(select(jobs.c.attempt)).scalars().all()
+                charged = conn.execute(select(job_history.c.error_code)
+                                       .where(job_history.c.error_code.is_not(None))).scalars().all()
+            assert [deployment.status(i)["state"] for i in accepted] == ["ready"] * len(accepted)
+            assert attempts == [1] * len(accepted) and charged == [], (attempts, charged)
+        finally:
+            deployment.stop_all()

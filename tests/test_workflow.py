@@ -75,7 +75,7 @@ def test_transient_storage_error_requeues_with_backoff_then_heals(quiet_services
     broken = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
                                          "S3_ACCESS_KEY": "k", "S3_SECRET_KEY": "super-secret-value",
                                          "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
-                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0", "ATTACHE_STORAGE_WAIT_SECONDS": "0"}))
     payload = take_messages(engine, accepted.job_id)[0]
     assert Workflow(broken).handle(payload, step="inspect").status == "queued"
     row = job(engine, accepted.job_id)
@@ -92,7 +92,7 @@ def test_attempts_are_bounded(env, engine, data_file):
     services = Services(Settings.from_env({**env, "ATTACHE_MAX_ATTEMPTS": "2", "ATTACHE_RETRY_INITIAL_SECONDS": "0",
                                            "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
     broken = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
-                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                         "ATTACHE_RETRY_INITIAL_SECONDS": "0", "ATTACHE_STORAGE_WAIT_SECONDS": "0",
                                          "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F"}))
     accepted = upload(services, data_file("photos/chelsea.jpg"))
     run(Workflow(broken), engine, accepted.job_id)
