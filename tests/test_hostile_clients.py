@@ -137,3 +137,23 @@ def test_a_spool_removed_while_its_request_was_paused_is_a_503_worth_retrying(tm
     assert refused.value.retryable
     spool.discard()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_an_answer_given_before_the_body_was_read_closes_the_connection(deployment):
+    """A refusal before the body is read (here ``413`` from ``Content-Length``): gunicorn drains at most 64 KiB of
+    the rest and closes, yet it answered ``Connection: keep-alive``, and a client's next request on that connection
+    met a reset instead of an answer (an adversarial run: 2 of 8 concurrent uploads, ``RemoteDisconnected``). Now
+    the answer says ``Connection: close`` (app/web/connection.py); one whose body was read keeps the connection."""
+    deployment.start("web", ATTACHE_MAX_UPLOAD_BYTES="1000000")
+    head = (f"POST /v1/attachments HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {deployment.token}\r\n"
+            "Content-Type: image/jpeg\r\nContent-Length: 3000000\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=30) as sock:
+        sock.sendall(head.encode() + b"\xff\xd8\xff\xe0" + bytes(100_000))
+        answer = answer_of(sock)  # to the end: the server closes the connection
+    status, _, rest = answer.partition(b"\r\n")
+    headers = rest.split(b"\r\n\r\n", 1)[0].decode().lower()
+    assert b" 413 " in status and "connection: close" in headers, answer[:500]
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=30) as sock:  # nothing left unread
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        kept = sock.recv(65536).split(b"\r\n\r\n", 1)[0].decode().lower()
+    assert " 200 " in kept and "connection: keep-alive" in kept, kept

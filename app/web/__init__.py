@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from flask import Flask
+from flask import request as current_request  # the package's own ``request`` is app.web.request
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
@@ -18,6 +19,7 @@ from app.core.auth import effective_tokens
 from app.errors import DatabaseUnavailable, UploadRejected
 from app.observability import logs
 from app.services import Services, settings_or_exit
+from app.web.connection import UNREAD_BODY, CloseUnreadBodies
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
 from app.web.responses import error, refusal
 from app.web.session import SessionInterface
@@ -47,7 +49,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(attachments.bp)
     app.register_blueprint(tus.bp)  # resumable uploads (tus 1.0)
     app.register_blueprint(tus.discovery)
-    app.wsgi_app = tus.MethodOverride(app.wsgi_app)
+    app.wsgi_app = CloseUnreadBodies(tus.MethodOverride(app.wsgi_app))
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
     app.register_blueprint(events.bp)  # the replay cursor of completion events
@@ -61,6 +63,12 @@ def create_app(settings: Settings | None = None) -> Flask:
     )
 
     app.register_blueprint(page.bp)
+
+    @app.after_request
+    def close_after_an_unread_body(response):
+        if current_request.body_unread():
+            current_request.environ[UNREAD_BODY] = True
+        return response
 
     @app.errorhandler(DatabaseUnavailable)
     @app.errorhandler(OperationalError)

@@ -113,6 +113,14 @@ class UploadRequest(Request):
         if sock is not None:
             sock.settimeout(current_app.extensions["attache"].settings.body_idle_seconds)
 
+    def body_unread(self) -> bool:
+        """A body was sent (a ``Content-Length`` above 0, or chunked) and not read to its end: an answer given
+        before it (a refusal) leaves the rest on the connection."""
+        if not self.content_length and "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+            return False
+        stream = self.__dict__.get("stream")
+        return not (isinstance(stream, BodyStream) and stream.ended)
+
     def body_incomplete(self) -> bool:
         """The body was read to its end, and that end came before the declared length."""
         stream = self.__dict__.get("stream")
