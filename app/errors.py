@@ -115,9 +115,26 @@ class TransientError(AttacheError):
 
 
 class StorageError(AttacheError):
-    """Base of object-storage errors (translated from the vendor)."""
+    """Base of object-storage errors (translated from the vendor).
+
+    ``where`` names the store (``file:///srv/attache``, ``s3://bucket``): the
+    text says it, for the logs and the operator; the :attr:`reason`, stored
+    on a job and shown to its uploader, says ``storage`` instead (a server
+    path or a bucket is not theirs to see: an adversarial run read
+    ``file:///srv/...: put ... failed: No space left on device`` in an
+    attachment's ``error_reason``).
+    """
 
     error_code = "storage_error"
+
+    def __init__(self, message: str = "", *, where: str | None = None, error_code: str | None = None):
+        self.where = where
+        self.detail = message
+        super().__init__(message if where is None else f"{where}: {message}", error_code=error_code)
+
+    @property
+    def reason(self) -> str:
+        return str(self) if self.where is None else f"storage: {self.detail}"
 
 
 class StorageUnavailable(StorageError, TransientError):

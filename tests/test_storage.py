@@ -846,3 +846,20 @@ def test_storage_from_url_rejects(url):
     with pytest.raises(ConfigError) as info:
         storage_from_url(url)
     assert SECRET_KEY not in str(info.value)
+
+
+def test_an_error_names_the_store_to_the_operator_and_only_storage_to_the_uploader(tmp_path):
+    """A job's ``error_reason`` is shown to its uploader: it read ``file:///srv/...: put ... failed: No space left on
+    device`` (an adversarial run; docs/retries.md promises no paths). The error's text keeps the store's name for
+    the logs; its reason, the stored one, says ``storage``."""
+    from app.adapters.storage.filesystem import FilesystemStorage
+    from app.errors import StorageError, sanitized_reason
+
+    (tmp_path / "a-file").write_bytes(b"")
+    store = FilesystemStorage(tmp_path / "a-file" / "store")  # its root cannot be made: every put fails
+    with pytest.raises(StorageError) as raised:
+        store.put_bytes("attachments/x", b"data")
+    assert str(tmp_path) in str(raised.value), "the operator's log names the store"
+    reason = sanitized_reason(raised.value)
+    assert str(tmp_path) not in reason and "file:" not in reason, reason
+    assert reason.startswith("storage: put 'attachments/x' failed"), reason

@@ -75,8 +75,8 @@ class FilesystemStorage(Storage):
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
-            raise StorageError(f"{self.describe()}: put {key!r}: cannot read source file: "
-                               f"{exc.strerror or type(exc).__name__}") from None
+            raise StorageError(f"put {key!r}: cannot read source file: {exc.strerror or type(exc).__name__}",
+                               where=self.describe()) from None
         with src:
             return self._write_atomic(key, lambda dst: _copy_chunks(src, dst))
 
@@ -257,8 +257,8 @@ class FilesystemStorage(Storage):
                 os.close(fd)
                 os.unlink(probe)
         except OSError as exc:
-            raise StorageUnavailable(f"{self.describe()} is not writable: "
-                                     f"{exc.strerror or type(exc).__name__}") from None
+            raise StorageUnavailable(f"not writable: {exc.strerror or type(exc).__name__}",
+                                     where=self.describe()) from None
 
     def ensure_bucket(self) -> None:
         """Create the root directory if missing."""
@@ -273,7 +273,7 @@ class FilesystemStorage(Storage):
     def _require(self, key: str) -> ObjectInfo:
         info = self.stat(key)
         if info is None:
-            raise ObjectNotFound(f"{self.describe()}: no object {key!r}")
+            raise ObjectNotFound(f"no object {key!r}", where=self.describe())
         return info
 
     def _open(self, key: str) -> BinaryIO:
@@ -282,10 +282,10 @@ class FilesystemStorage(Storage):
             try:
                 fh = open(self._path(key), "rb", buffering=0)  # noqa: SIM115
             except _MISSING:
-                raise ObjectNotFound(f"{self.describe()}: no object {key!r}") from None
+                raise ObjectNotFound(f"no object {key!r}", where=self.describe()) from None
             if not stat_mod.S_ISREG(os.fstat(fh.fileno()).st_mode):
                 fh.close()
-                raise ObjectNotFound(f"{self.describe()}: no object {key!r}")
+                raise ObjectNotFound(f"no object {key!r}", where=self.describe())
         return fh
 
     def _write_atomic(self, key: str, write: Callable[[BinaryIO], int]) -> ObjectInfo:
@@ -304,8 +304,8 @@ class FilesystemStorage(Storage):
                     os.replace(tmp, path)
                 except FileNotFoundError:  # not a bad request: the same write will work
                     raise StorageUnavailable(
-                        f"{self.describe()}: put {key!r}: its temp file was removed before the rename (a writer "
-                        f"paused for longer than the leftovers' grace); retry") from None
+                        f"put {key!r}: its temp file was removed before the rename (a writer paused for longer "
+                        f"than the leftovers' grace); retry", where=self.describe()) from None
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
@@ -321,7 +321,8 @@ class FilesystemStorage(Storage):
                 return place()
             except FileNotFoundError:
                 continue
-        raise StorageUnavailable(f"{self.describe()}: {directory} keeps disappearing; retry")
+        raise StorageUnavailable(f"directory {directory.relative_to(self._root).as_posix()!r} keeps disappearing; "
+                                 "retry", where=self.describe())
 
     def _makedirs(self, directory: Path) -> None:
         """Create ``directory`` and missing parents, fsyncing each new entry's parent."""
@@ -346,7 +347,7 @@ class FilesystemStorage(Storage):
         except OSError as exc:
             reason = exc.strerror or type(exc).__name__
             cls = StorageUnavailable if exc.errno in _TRANSIENT_ERRNOS else StorageError
-            raise cls(f"{self.describe()}: {op} {key!r} failed: {reason}") from None
+            raise cls(f"{op} {key!r} failed: {reason}", where=self.describe()) from None
 
 
 def _copy_chunks(src: BinaryIO, dst: BinaryIO) -> int:

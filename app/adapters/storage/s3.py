@@ -109,8 +109,8 @@ class S3Storage(Storage):
         try:
             src = open(path, "rb")  # noqa: SIM115 - closed below
         except OSError as exc:
-            raise StorageError(f"{self.describe()}: put {key!r}: cannot read source file: "
-                               f"{exc.strerror or type(exc).__name__}") from None
+            raise StorageError(f"put {key!r}: cannot read source file: {exc.strerror or type(exc).__name__}",
+                               where=self.describe()) from None
         with src, self._errors("put", key, reading=False):
             size = os.fstat(src.fileno()).st_size
             self._client.put_object(self.bucket, key, src, size,
@@ -136,7 +136,7 @@ class S3Storage(Storage):
                 self._client.copy_object(self.bucket, dst_key, CopySource(self.bucket, src_key))
         info = self.stat(dst_key)
         if info is None:
-            raise ObjectNotFound(f"{self.describe()}: no object {dst_key!r}")
+            raise ObjectNotFound(f"no object {dst_key!r}", where=self.describe())
         return info
 
     def delete(self, key: str) -> bool:
@@ -167,7 +167,7 @@ class S3Storage(Storage):
         validate_range(chunk_size, start, length)
         if length == 0:
             if self.stat(key) is None:
-                raise ObjectNotFound(f"{self.describe()}: no object {key!r}")
+                raise ObjectNotFound(f"no object {key!r}", where=self.describe())
             return ChunkStream.empty()
         with self._errors("get", key):
             try:
@@ -178,7 +178,7 @@ class S3Storage(Storage):
                 return ChunkStream.empty()  # the object exists, but ``start`` is at or past its end
         if start and resp.status != 206:
             _release(resp)
-            raise StorageError(f"{self.describe()}: get {key!r}: server ignored the byte range")
+            raise StorageError(f"get {key!r}: server ignored the byte range", where=self.describe())
 
         def read(n: int) -> bytes:
             with self._errors("read", key):
@@ -209,8 +209,8 @@ class S3Storage(Storage):
                     local.close()
                     raise
         except OSError as exc:  # the local temp file, not the network
-            raise StorageUnavailable(f"{self.describe()}: fetch {key!r}: local temp file failed: "
-                                     f"{exc.strerror or type(exc).__name__}") from None
+            raise StorageUnavailable(f"fetch {key!r}: local temp file failed: {exc.strerror or type(exc).__name__}",
+                                     where=self.describe()) from None
         with local:
             yield Path(f"/proc/self/fd/{local.fileno()}")
 
@@ -231,9 +231,9 @@ class S3Storage(Storage):
             with self._errors("check", "", reading=False):
                 exists = self._client.bucket_exists(self.bucket)
         except StorageError as exc:
-            raise StorageUnavailable(str(exc)) from None
+            raise StorageUnavailable(exc.detail, where=exc.where) from None
         if not exists:
-            raise StorageUnavailable(f"{self.describe()}: bucket does not exist")
+            raise StorageUnavailable("bucket does not exist", where=self.describe())
 
     def ensure_bucket(self) -> None:
         """Create the bucket unless it exists (for ``make up`` and tests)."""
@@ -258,32 +258,32 @@ class S3Storage(Storage):
         try:
             yield
         except _VENDOR_ERRORS as exc:
-            raise self._translate(exc, f"{self.describe()}: {op} {key!r} failed", reading) from None
+            raise self._translate(exc, f"{op} {key!r} failed", self.describe(), reading) from None
 
     @staticmethod
-    def _translate(exc: BaseException, where: str, reading: bool) -> StorageError:
+    def _translate(exc: BaseException, what: str, where: str, reading: bool) -> StorageError:
         if isinstance(exc, S3Error):
             status = getattr(exc.response, "status", None) or 0
-            detail = f"{where}: {exc.code} (HTTP {status})"
+            detail = f"{what}: {exc.code} (HTTP {status})"
             if exc.code in _MISSING_CODES or (reading and exc.code == "NoSuchBucket"):
-                err: StorageError = ObjectNotFound(detail)
+                err: StorageError = ObjectNotFound(detail, where=where)
             elif exc.code == "NoSuchBucket" or exc.code in _TRANSIENT_CODES or status >= 500:
-                err = StorageUnavailable(detail)
+                err = StorageUnavailable(detail, where=where)
             else:
-                err = StorageError(detail)
+                err = StorageError(detail, where=where)
             return err
         if isinstance(exc, (ServerError, InvalidResponseError)):
             status = exc.status_code if isinstance(exc, ServerError) else exc._code  # noqa: SLF001
             cls = StorageUnavailable if (status or 0) >= 500 else StorageError
-            return cls(f"{where}: HTTP {status} from server")
+            return cls(f"{what}: HTTP {status} from server", where=where)
         if isinstance(exc, urllib3.exceptions.MaxRetryError):
             reason = type(exc.reason).__name__ if exc.reason else "MaxRetryError"
-            return StorageUnavailable(f"{where}: endpoint unreachable ({reason})")
+            return StorageUnavailable(f"{what}: endpoint unreachable ({reason})", where=where)
         if isinstance(exc, (urllib3.exceptions.HTTPError, ConnectionError, TimeoutError)):
-            return StorageUnavailable(f"{where}: connection failed ({type(exc).__name__})")
+            return StorageUnavailable(f"{what}: connection failed ({type(exc).__name__})", where=where)
         if isinstance(exc, OSError):
-            return StorageError(f"{where}: {exc.strerror or type(exc).__name__}")
-        return StorageError(f"{where}: {type(exc).__name__}")
+            return StorageError(f"{what}: {exc.strerror or type(exc).__name__}", where=where)
+        return StorageError(f"{what}: {type(exc).__name__}", where=where)
 
 
 def _release(resp: urllib3.BaseHTTPResponse) -> None:
