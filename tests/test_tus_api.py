@@ -400,8 +400,6 @@ def test_the_expiry_index_serves_the_cleanup(engine):
 
 @pytest.mark.processes
 def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
-    import socket
-
     import requests
 
     headers = {**TUS, "Authorization": f"Bearer {web.token}"}
@@ -409,50 +407,50 @@ def test_a_patch_cut_short_keeps_the_bytes_that_arrived(web, photo):
                             timeout=10)
     location = created.headers["Location"]
     sent = 7000
-    head = (f"PATCH {location} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
-            f"Tus-Resumable: 1.0.0\r\nUpload-Offset: 0\r\nContent-Type: {PART}\r\n"
-            f"Content-Length: {len(photo)}\r\nConnection: close\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
-        sock.sendall(head.encode() + photo[:sent])
-        sock.shutdown(socket.SHUT_WR)  # the phone went into a tunnel
-        while sock.recv(65536):
-            pass
+    _cut_short(web, f"PATCH {location}", "Upload-Offset: 0", photo, sent)  # the phone went into a tunnel
 
     def offset():
         return int(requests.head(web.url + location, headers=headers, timeout=10).headers["Upload-Offset"])
 
     assert wait_for(offset, timeout=20, message="the bytes that arrived to be kept") == sent
+    _resumed(web, location, photo, sent)
+
+
+def _cut_short(web, request: str, header: str, photo: bytes, sent: int) -> tuple[int, dict[str, str]]:
+    """``request`` (method and path) with ``header``, declaring all of ``photo`` and sending ``sent`` bytes of it
+    before the client stops sending; the answer."""
+    import socket
+
+    head = (f"{request} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
+            f"Tus-Resumable: 1.0.0\r\n{header}\r\nContent-Type: {PART}\r\n"
+            f"Content-Length: {len(photo)}\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(head.encode() + photo[:sent])
+        sock.shutdown(socket.SHUT_WR)
+        [answer] = _answers(sock, 1)
+    return answer
+
+
+def _resumed(web, location: str, photo: bytes, sent: int) -> None:
+    """The rest of ``photo`` sent from ``sent``: the upload ends as an attachment of exactly its bytes."""
+    import requests
+
     rest = requests.patch(web.url + location, data=photo[sent:], timeout=30,
-                          headers={**headers, "Upload-Offset": str(sent), "Content-Type": PART})
+                          headers={**TUS, "Authorization": f"Bearer {web.token}", "Upload-Offset": str(sent),
+                                   "Content-Type": PART})
     assert rest.status_code == 204 and rest.headers["Attachment-Id"]
-    status = web.status(rest.headers["Attachment-Id"])
-    assert status["sha256"] == hashlib.sha256(photo).hexdigest()
+    assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(photo).hexdigest()
 
 
 def test_a_creation_with_upload_cut_short_says_where_the_upload_is(web, photo):
     """The creation made the upload and kept the bytes that arrived, and its answer (``400 incomplete_body``)
     told the client to resume at their offset, but not where the upload was: no ``Location`` (an adversarial
     run). The upload could not be resumed, and its bytes waited a day for the expiry."""
-    import socket
-
-    import requests
-
-    headers = {**TUS, "Authorization": f"Bearer {web.token}"}
     sent = 7000
-    head = (f"POST /v1/uploads HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
-            f"Tus-Resumable: 1.0.0\r\nUpload-Length: {len(photo)}\r\nContent-Type: {PART}\r\n"
-            f"Content-Length: {len(photo)}\r\nConnection: close\r\n\r\n")
-    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
-        sock.sendall(head.encode() + photo[:sent])
-        sock.shutdown(socket.SHUT_WR)
-        [(status, answer)] = _answers(sock, 1)
+    status, answer = _cut_short(web, "POST /v1/uploads", f"Upload-Length: {len(photo)}", photo, sent)
     assert status == 400 and "location" in answer, answer
     assert answer["upload-offset"] == str(sent)
-    location = answer["location"]
-    rest = requests.patch(web.url + location, data=photo[sent:], timeout=30,
-                          headers={**headers, "Upload-Offset": str(sent), "Content-Type": PART})
-    assert rest.status_code == 204 and rest.headers["Attachment-Id"]
-    assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(photo).hexdigest()
+    _resumed(web, answer["location"], photo, sent)
 
 
 def _answers(sock, count: int) -> list[tuple[int, dict[str, str]]]:
