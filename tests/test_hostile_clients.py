@@ -139,7 +139,7 @@ def test_a_spool_removed_while_its_request_was_paused_is_a_503_worth_retrying(tm
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_answer_given_before_the_body_was_read_closes_the_connection(deployment):
+def test_an_answer_given_before_the_body_was_read_closes_the_connection(deployment, data_file):
     """A refusal before the body is read (here ``413`` from ``Content-Length``): gunicorn drains at most 64 KiB of
     the rest and closes, yet it answered ``Connection: keep-alive``, and a client's next request on that connection
     met a reset instead of an answer (an adversarial run: 2 of 8 concurrent uploads, ``RemoteDisconnected``). Now
@@ -157,3 +157,9 @@ def test_an_answer_given_before_the_body_was_read_closes_the_connection(deployme
         sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         kept = sock.recv(65536).split(b"\r\n\r\n", 1)[0].decode().lower()
     assert " 200 " in kept and "connection: keep-alive" in kept, kept
+    for form in (True, False):  # a body read to its end, multipart or raw
+        photo = data_file("photos/chelsea.jpg")
+        sent = deployment.upload(photo) if form else deployment.session.post(
+            deployment.url + "/v1/attachments", data=photo.read_bytes(), headers={"Content-Type": "image/jpeg"},
+            timeout=30)
+        assert sent.status_code == 202 and sent.headers["Connection"] == "keep-alive", (form, sent.headers)

@@ -119,7 +119,9 @@ class UploadRequest(Request):
         if not self.content_length and "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
             return False
         stream = self.__dict__.get("stream")
-        return not (isinstance(stream, BodyStream) and stream.ended)
+        if not isinstance(stream, BodyStream):
+            return True
+        return not (stream.ended or (stream.declared_length is not None and stream.received >= stream.declared_length))
 
     def body_incomplete(self) -> bool:
         """The body was read to its end, and that end came before the declared length."""
