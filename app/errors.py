@@ -143,6 +143,11 @@ class StorageUnavailable(StorageError, TransientError):
     error_code = "storage_unavailable"
 
 
+class StorageWaitInterrupted(StorageUnavailable):
+    """The worker began to shut down while a step waited for storage: the step's message goes back to the broker
+    (Dramatiq's retry, as after a PostgreSQL outage), and the job is not charged an attempt."""
+
+
 class ObjectNotFound(StorageError):
     """The key does not exist in object storage."""
 

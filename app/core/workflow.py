@@ -78,6 +78,7 @@ from app.errors import (
     StagingMissing,
     StorageError,
     StorageUnavailable,
+    StorageWaitInterrupted,
     UnknownJob,
     error_code,
     retryable,
@@ -144,6 +145,8 @@ class _Run:
     #: from the step's start: its waits for PostgreSQL and for storage overlap, within the step's time limit)
     storage_deadline: float
     recorded: bool = False
+    #: the storage error a call of this step met, once its deadline has passed: later calls raise it at once
+    storage_failed: StorageUnavailable | None = None
 
     def values(self, outcome: Outcome) -> dict:
         body = self.body
@@ -286,7 +289,7 @@ class Workflow:
                     outcome = self.render(body, attempt, body["variant"], lease)
                 case Step.PUBLISH:
                     outcome = self.publish(body, attempt, lease)
-        except (PoisonMessage, DatabaseUnavailable):
+        except (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
             return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
@@ -370,8 +373,8 @@ class Workflow:
 
     def _render_failed(self, job_id, attempt: int, error: Exception, lease: states.Lease) -> Outcome:
         """A render inspect ran failed: recorded as its render step's failure would be (its code, the render's
-        backoff); poison and a lost database are raised as from any step."""
-        if isinstance(error, (PoisonMessage, DatabaseUnavailable)):
+        backoff); poison, a lost database and a storage wait ended by shutdown are raised as from any step."""
+        if isinstance(error, (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted)):
             raise error
         return self.record_failure(job_id, attempt, Step.INSPECT, error, lease.owner, policy=Step.RENDER)
 
@@ -516,28 +519,32 @@ class Workflow:
         """``call()``, a storage call of a step, made again while it finds storage unavailable (a full disk, S3
         unreachable or refusing), first a second later, then twice as long each time up to 30 s, until the step's
         storage deadline (``ATTACHE_STORAGE_WAIT_SECONDS`` from its start); then the error is the step's, and costs
-        the job an attempt (a managed retry). Steps call storage inside :meth:`_lease_kept`, so the wait holds the
-        lease; the render is not made again, only the call.
+        the job an attempt (a managed retry), and the step's other calls fail at once (one call to a hung S3
+        endpoint can take 90 s: each made past the deadline took the step toward its time limit). Steps call
+        storage inside :meth:`_lease_kept`, so the wait holds the lease; the render is not made again, only the
+        call. A worker that begins to shut down ends the wait with :class:`StorageWaitInterrupted`: the message
+        goes back to the broker and the job keeps its attempt (a managed retry there cost one per stop).
 
         Before, a full disk cost an attempt per try: the managed retries (4 + 12 + 36 + 108 s by default) were spent
         in less than three minutes, and every upload accepted before the disk filled ended ``failed`` however soon
         it was freed (an adversarial run: 200 s full, three of three failed; one client trickling a large body held
         the web's spool on the same disk full)."""
-        run = _running.get()
-        deadline = run.storage_deadline if run is not None else (
-            time.monotonic() + self.services.settings.storage_wait_seconds)
+        run = _running.get() or _Run({}, time.monotonic(),
+                                     time.monotonic() + self.services.settings.storage_wait_seconds)
         pause = STORAGE_RETRY_FIRST_SECONDS
         while True:
+            if run.storage_failed is not None:  # one call of a hung store can take minutes: no more of them
+                raise run.storage_failed
             try:
                 return call()
             except StorageUnavailable as error:
-                remaining = deadline - time.monotonic()
+                remaining = run.storage_deadline - time.monotonic()
                 if remaining <= 0:
+                    run.storage_failed = error
                     raise
-                log.warning("storage unavailable, tried again in %g s: %s", min(pause, remaining),
-                            sanitized_reason(error))
+                log.warning("storage unavailable, tried again in %g s: %s", min(pause, remaining), error)
                 if self.stopping.wait(min(pause, remaining)):
-                    raise
+                    raise StorageWaitInterrupted(error.detail, where=error.where) from error
                 pause = min(pause * 2, STORAGE_RETRY_MAX_SECONDS)
 
     @contextlib.contextmanager
