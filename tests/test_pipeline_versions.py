@@ -66,10 +66,11 @@ def v2_services(env):
 
 @pytest.fixture
 def broken(env):
-    """A worker whose storage is down, with one attempt per job."""
+    """A worker whose storage is down, with one attempt per job (and no wait for storage within it)."""
     services = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
                                            "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
-                                           "ATTACHE_MAX_ATTEMPTS": "1", "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+                                           "ATTACHE_MAX_ATTEMPTS": "1", "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                           "ATTACHE_STORAGE_WAIT_SECONDS": "0"}))
     yield services
     services.engine.dispose()
 

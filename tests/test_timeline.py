@@ -31,10 +31,10 @@ TRACEPARENT = "00-" + "3" * 32 + "-" + "4" * 16 + "-01"
 
 @pytest.fixture
 def storage_down(env):
-    """A worker whose storage is down and whose next try waits a minute."""
+    """A worker whose storage is down (no wait for it within a step) and whose next try waits a minute."""
     services = Services(Settings.from_env({**env, "STORAGE_URL": "s3://attache?endpoint=http://127.0.0.1:1",
                                            "BROKER_URL": NOWHERE, "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
-                                           "ATTACHE_RETRY_INITIAL_SECONDS": "60"}))
+                                           "ATTACHE_RETRY_INITIAL_SECONDS": "60", "ATTACHE_STORAGE_WAIT_SECONDS": "0"}))
     yield services
     services.engine.dispose()
 
