@@ -7,6 +7,7 @@ driven step by step.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -637,6 +638,28 @@ def test_an_original_damaged_in_storage_fails_its_job_and_publishes_nothing(quie
         assert conn.execute(select(func.count()).select_from(variants)).scalar_one() == 0
 
 
+@contextlib.contextmanager
+def _inspect_on_broken_storage(env, engine, data_file, failure: str, **settings):
+    """The inspect message of a small photo, for services whose storage writes all raise ``StorageUnavailable``
+    (``failure``); yields (services, message, how many writes were tried)."""
+    from app.errors import StorageUnavailable
+
+    services = small_image_services(env, **settings)
+    calls = []
+
+    def broken(*args, **kwargs):
+        calls.append(args)
+        raise StorageUnavailable(f"put failed: {failure}", where="s3://broken")
+
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        [inspect] = take_messages(engine, accepted.job_id)
+        services.storage.put_bytes = services.storage.copy = broken
+        yield services, inspect, calls
+    finally:
+        services.engine.dispose()
+
+
 def test_a_worker_shutting_down_in_a_storage_wait_gives_the_message_back_and_charges_no_attempt(env, engine,
                                                                                                 data_file):
     """A step waiting for storage when the worker began to stop (SIGTERM: a deploy, a rescheduled pod) recorded a
@@ -645,49 +668,25 @@ def test_a_worker_shutting_down_in_a_storage_wait_gives_the_message_back_and_cha
     outage, and the job keeps its attempt and its lease for the next worker."""
     import threading
 
-    from app.errors import StorageUnavailable, StorageWaitInterrupted
+    from app.errors import StorageWaitInterrupted
 
-    services = small_image_services(env, ATTACHE_STORAGE_WAIT_SECONDS="60")
     stopping = threading.Event()
-
-    def full(*args, **kwargs):
-        raise StorageUnavailable("put failed: No space left on device", where="file:///full")
-
-    try:
-        accepted = upload(services, data_file("photos/chelsea.jpg"))
-        [inspect] = take_messages(engine, accepted.job_id)
-        services.storage.put_bytes = full
-        services.storage.copy = full
+    with _inspect_on_broken_storage(env, engine, data_file, "No space left on device",
+                                    ATTACHE_STORAGE_WAIT_SECONDS="60") as (services, inspect, _):
         threading.Timer(1.5, stopping.set).start()  # the worker is told to stop while the step waits
         began = time.monotonic()
         with pytest.raises(StorageWaitInterrupted):
             Workflow(services, stopping=stopping).handle(inspect, step="inspect")
         assert time.monotonic() - began < 10, "the wait ends when the worker stops"
-        row = job(engine, accepted.job_id)
+        row = job(engine, inspect["job_id"])
         assert (row.state, row.attempt, row.error_code) == ("processing", 1, None)
-    finally:
-        services.engine.dispose()
 
 
 def test_a_step_makes_no_more_storage_calls_once_its_wait_is_spent(env, engine, data_file):
     """One call to a hung S3 endpoint can take 90 s (the client's timeouts and retries): each variant's call made
     after the deadline took that long again, toward the step's 600 s time limit (an adversarial run). Once a call
     has failed past the deadline, the step's other calls fail at once."""
-    from app.errors import StorageUnavailable
-
-    services = small_image_services(env, ATTACHE_STORAGE_WAIT_SECONDS="0", ATTACHE_RETRY_INITIAL_SECONDS="0")
-    calls = []
-
-    def hung(*args, **kwargs):
-        calls.append(args)
-        raise StorageUnavailable("put failed: read timed out", where="s3://hung")
-
-    try:
-        accepted = upload(services, data_file("photos/chelsea.jpg"))
-        [inspect] = take_messages(engine, accepted.job_id)
-        services.storage.put_bytes = hung
-        services.storage.copy = hung
+    with _inspect_on_broken_storage(env, engine, data_file, "read timed out", ATTACHE_STORAGE_WAIT_SECONDS="0",
+                                    ATTACHE_RETRY_INITIAL_SECONDS="0") as (services, inspect, calls):
         assert Workflow(services).handle(inspect, step="inspect").status == "queued"
         assert len(calls) <= 2, f"{len(calls)} calls after the wait was spent (one per inline thread at most)"
-    finally:
-        services.engine.dispose()
