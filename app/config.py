@@ -134,6 +134,12 @@ class Settings:
         "ATTACHE_BODY_IDLE_SECONDS", 60.0, _float(1),
         "a client that sends no body bytes for this long is cut off (400 incomplete_body); spool files "
         "untouched for ten times this are removed as abandoned")
+    spool_min_free_bytes: int = setting(
+        "ATTACHE_SPOOL_MIN_FREE_BYTES", 128 * 1024 * 1024, _int(0),
+        "free space an upload's spool file (in the web's temporary directory, TMPDIR) always leaves on its "
+        "filesystem: a body that would go below is refused with 503 and Retry-After (before it is read, when "
+        "its declared length alone would), keeping room for the workers to write the accepted uploads' "
+        "variants on a disk shared with storage; 0: no floor")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(

@@ -10,6 +10,7 @@ import contextlib
 import os
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,17 @@ def _mounted(*args: str, prefix: str):
     try:
         yield point
     finally:
-        subprocess.run(["umount", str(point)], check=True)
+        _unmount(point)
         point.rmdir()
+
+
+def _unmount(point: Path, patience: float = 10) -> None:
+    """``umount``, tried again while a process that used the filesystem is still exiting ("target is busy")."""
+    deadline = time.monotonic() + patience
+    while (done := subprocess.run(["umount", str(point)], capture_output=True)).returncode != 0:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"umount {point}: {done.stderr.decode().strip()}")
+        time.sleep(0.1)
 
 
 @contextlib.contextmanager

@@ -37,7 +37,11 @@ def deployment(env, tmp_path):
 
 
 def spools(deployment) -> list[str]:
-    return sorted(p.name for p in deployment.temp.iterdir() if p.name.startswith("attache-upload-"))
+    return spools_in(deployment.temp)
+
+
+def spools_in(directory) -> list[str]:
+    return sorted(p.name for p in directory.iterdir() if p.name.startswith("attache-upload-"))
 
 
 def answer_of(sock: socket.socket) -> bytes:
@@ -88,15 +92,68 @@ def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deploy
     wait_for(swept, timeout=40, interval=1, message="the killed upload's spool removed")
 
 
+def test_a_spool_leaves_its_floor_free_on_its_filesystem():
+    """``ATTACHE_SPOOL_MIN_FREE_BYTES``: a spool refuses the write that would take its filesystem below the floor,
+    and a body whose declared length alone would is refused before a file is made."""
+    floor = 1 << 20
+    with small_filesystem(4 << 20) as tmp:
+        with pytest.raises(SpoolUnavailable) as refused:
+            HashingSpool(100 << 20, str(tmp), min_free_bytes=floor, expected_bytes=(3 << 20) + 1)
+        assert refused.value.retryable and list(tmp.iterdir()) == []
+        spool = HashingSpool(100 << 20, str(tmp), min_free_bytes=floor, expected_bytes=1 << 20)
+        with pytest.raises(SpoolUnavailable):
+            for _ in range(64):  # 4 MiB, the whole filesystem
+                spool.write(bytes(64 << 10))
+        spool.flush()
+        free = os.statvfs(tmp)
+        assert free.f_bavail * free.f_frsize >= floor
+        assert spool.size <= (3 << 20) + (64 << 10)
+        spool.discard()
+        assert list(tmp.iterdir()) == []
+
+
+def test_uploads_leave_the_spool_floor_free_for_the_accepted_work(deployment, engine, storage_dir, data_file):
+    """The web's temporary directory shares its disk with the storage on the filesystem backend. A client
+    trickling a large body (or several) filled it, and held it full while it kept sending: the workers could
+    write no variant of the uploads already accepted. Now a body is refused (503, retry later) where it would
+    take the disk below ATTACHE_SPOOL_MIN_FREE_BYTES: before it is read, when its declared length alone would,
+    else at the write that would. Before: both requests below waited for more body, and no answer came."""
+    with small_filesystem(16 << 20) as tmp:
+        try:
+            deployment.start("web", TMPDIR=str(tmp), ATTACHE_SPOOL_MIN_FREE_BYTES=str(8 << 20))
+            jpeg = b"\xff\xd8\xff\xe0"
+            with socket.create_connection(("127.0.0.1", deployment.port), timeout=15) as sock:
+                sock.sendall(request_head(deployment, "image/jpeg", length=12 << 20, key=str(uuid.uuid4()))
+                             .encode() + jpeg)  # 12 MiB declared, 4 bytes sent: 12 MiB would leave 4 MiB free
+                declared = answer_of(sock)
+            with socket.create_connection(("127.0.0.1", deployment.port), timeout=15) as sock:
+                body = jpeg + bytes((9 << 20) - len(jpeg))  # a read block (1 MiB) past the floor, no end in sight
+                sock.sendall(request_head(deployment, "image/jpeg", length=None, key=str(uuid.uuid4())).encode()
+                             + f"{len(body) + 1:x}\r\n".encode() + body)
+                trickled = answer_of(sock)
+            for answer in (declared, trickled):
+                status, _, rest = answer.partition(b"\r\n")
+                head, _, payload = rest.partition(b"\r\n\r\n")
+                assert b" 503 " in status and b"retry-after" in head.lower(), answer[:500]
+                assert b'"spool_unavailable"' in payload and str(tmp).encode() not in payload
+            assert spools_in(tmp) == []
+            assert_nothing_stored(engine, storage_dir)
+            accepted = deployment.upload(data_file("photos/chelsea.jpg"))  # room for this one: taken
+            assert accepted.status_code == 202, accepted.text
+            assert spools_in(tmp) == []
+        finally:
+            deployment.stop_all()  # before the filesystem is unmounted
+
+
 @pytest.mark.parametrize("form", ["raw", "multipart"])
 def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, storage_dir, form):
-    """A raw body and a multipart file part alike."""
+    """A raw body and a multipart file part alike (no floor: the write that fails is what is refused)."""
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(deployment.temp)],
                              capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"a tiny tmpfs is needed (root): {mounted.stderr.decode().strip()}")
     try:
-        deployment.start("web")
+        deployment.start("web", ATTACHE_SPOOL_MIN_FREE_BYTES="0")
         body = b"\xff\xd8\xff\xe0" + os.urandom(1_500_000)
         if form == "raw":
             sent = dict(data=body, headers={"Content-Type": "image/jpeg", "Connection": "close"})

@@ -8,6 +8,7 @@ nobody here wrote (tuspy, tus-js-client) are in ``test_tus_clients.py``.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import tempfile
 import threading
@@ -228,6 +229,8 @@ def test_no_room_to_join_the_parts_is_a_503_that_keeps_the_upload(client, engine
     assert patch(client, location, 0, photo[:first]).status_code == 204
     with small_filesystem(16 * 1024) as tmp:  # the last 5,000 bytes take two pages; the joined file, nine
         monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+        state = client.application.extensions["attache"]  # no floor: the write that fails is refused
+        monkeypatch.setattr(state, "settings", dataclasses.replace(state.settings, spool_min_free_bytes=0))
         refused = patch(client, location, first, photo[first:])
         assert refused.status_code == 503 and refused.json["error"] == "spool_unavailable"
         assert "Retry-After" in refused.headers

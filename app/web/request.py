@@ -131,13 +131,15 @@ class UploadRequest(Request):
     def spool(self, max_bytes: int | None = None) -> HashingSpool:
         """A new spool file that belongs to this request: it is removed when the request closes.
 
-        It holds at most ``max_bytes`` (by default the upload limit), and
-        computes an MD5 only when the request sends a ``Content-MD5`` to check.
+        It holds at most ``max_bytes`` (by default the upload limit), never takes its filesystem below
+        ``ATTACHE_SPOOL_MIN_FREE_BYTES`` free (a body whose declared length would is refused before it is
+        read), and computes an MD5 only when the request sends a ``Content-MD5`` to check.
         """
         settings = current_app.extensions["attache"].settings
         ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
         spool = HashingSpool(settings.max_upload_bytes if max_bytes is None else max_bytes,
-                             md5="Content-MD5" in self.headers)
+                             md5="Content-MD5" in self.headers, min_free_bytes=settings.spool_min_free_bytes,
+                             expected_bytes=self.content_length or 0)
         self.__dict__.setdefault("attache_spools", []).append(spool)
         return spool
 
