@@ -8,13 +8,14 @@ and doubles real backfill processes.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import pytest
 from PIL import Image
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app.adapters.imaging import VariantSpec
-from app.adapters.postgres.models import jobs, outbox, variants
+from app.adapters.postgres.models import audit_log, jobs, outbox, variants
 from app.config import Settings
 from app.core import backfill, operations, pipeline, states
 from app.core.workflow import Workflow
@@ -220,6 +221,32 @@ def test_backfill_dry_run_then_twice(quiet_services, engine, data_file):
     for job_id in v2_jobs:  # the backfilled jobs run from the kept original (staging is long gone)
         run(Workflow(quiet_services), engine, job_id)
         assert job(engine, job_id).state == "ready"
+
+
+def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_services, app, engine, data_file, caplog):
+    """An adversarial review: the endpoint answered 500 after its first batch wherever INFO was logged (the web
+    logs it; the batch's log line named a field ``created``, which a LogRecord keeps for itself); a backfill wrote
+    no audit row, where every other operator action does; and the dry run's estimate was the upload-to-ready
+    time, so after a backlog it counted the wait in the queue as worker time."""
+    for name in ("photos/chelsea.jpg", "photos/coffee.jpg"):
+        run(Workflow(quiet_services), engine, upload(quiet_services, data_file(name)).job_id)
+    with engine.begin() as conn:  # both waited an hour behind a backlog before their steps ran
+        conn.execute(text("ALTER TABLE jobs DISABLE TRIGGER USER"))
+        conn.execute(text("UPDATE jobs SET created_at = created_at - interval '1 hour'"))
+        conn.execute(text("ALTER TABLE jobs ENABLE TRIGGER USER"))
+    ops = authed(app, OPERATOR_TOKEN)
+    estimate = ops.post("/v1/ops/pipelines/2/backfill", json={"dry_run": True}).json
+    assert estimate["candidates"] == 2 and 0 < estimate["seconds_per_job"] < 60, estimate
+    with caplog.at_level(logging.INFO, logger="attache.backfill"):
+        done = ops.post("/v1/ops/pipelines/2/backfill", json={"batch": 1})
+    assert done.status_code == 200 and done.json["created"] == 2, done.json
+    with engine.connect() as conn:
+        made = set(map(str, conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).scalars()))
+        rows = conn.execute(select(audit_log.c.actor, audit_log.c.action, audit_log.c.target,
+                                   audit_log.c.details).order_by(audit_log.c.id)).all()
+    assert [(r.action, r.target, r.actor.startswith("backfill:operator:")) for r in rows] == \
+        [("pipeline.backfill", "pipeline:2", True)] * 2, "one row per batch"
+    assert {job for r in rows for job in r.details["jobs"]} == made and len(made) == 2
 
 
 def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_services, app, engine, data_file,

@@ -426,7 +426,8 @@ class BackfillEstimate(Body):
     to_version: int
     candidates: Count = Field(description="Attachments ready at an older version with no job at this one.")
     renders: Count
-    seconds_per_job: float | None = Field(description="Average of recent ready jobs; null if none.")
+    seconds_per_job: float | None = Field(description="The steps' time per job (`step_runs`), averaged over the "
+                                                      "last 200 ready jobs; null if none.")
     estimated_worker_seconds: float | None
 
 
