@@ -191,6 +191,30 @@ def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelive
     assert len({h["webhook-id"] for h, _ in hanging.calls}) == 1  # the same event every time
 
 
+def test_hanging_endpoints_never_keep_a_healthy_one_waiting_whatever_their_ids(app, engine, receivers, data_file):
+    """An adversarial run: four hanging endpoints whose subscriptions' ids sorted before a healthy one's took every
+    thread of the deliverer while they had a delivery due, and a backlog always has one: the healthy endpoint got 0
+    of 30 deliveries in 90 s while each hanging one was tried 15 times. The endpoint tried longest ago goes first."""
+    hanging, steady = [receivers(delay=3) for _ in range(4)], receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (*hanging, steady)]
+    with engine.begin() as conn:  # the hanging subscriptions' ids sort first, the healthy one's last
+        for number, hook in enumerate(hooks):
+            conn.execute(text("UPDATE webhook_subscriptions SET id = CAST(:id AS uuid) WHERE id = CAST(:old AS uuid)"),
+                         {"id": f"00000000-0000-0000-0000-{number if hook is not hooks[-1] else 999:012d}",
+                          "old": hook["id"]})
+    for name in ("photos/chelsea.jpg", "photos/coffee.jpg", "pillow/hopper.jpg"):
+        upload_and_process(app, engine, data_file(name))
+    config = DelivererConfig(policy=NOW, max_attempts=5, timeout_seconds=0.5, concurrency=4, allow_private=True)
+    deliverer = Deliverer(engine, config)
+    try:
+        for _ in range(3):  # before: every round took the four hanging endpoints, which had 15 attempts due each
+            deliverer.run_once(wait=True)
+    finally:
+        deliverer.close()
+    assert len(steady.calls) == 3
+    assert all(calls <= 3 for calls in (len(r.calls) for r in hanging)), "one attempt per round each, at most"
+
+
 def test_a_backfilled_version_is_version_ready_and_only_its_subscribers_get_it(app, engine, data_file):
     ready_only = register(app, "http://127.0.0.1:9/ready", events=["attachment.ready"])
     versions = register(app, "http://127.0.0.1:9/versions", events=["version.ready"])

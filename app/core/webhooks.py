@@ -218,16 +218,25 @@ class DelivererConfig:
         return 3 * self.timeout_seconds + 30.0
 
 
+#: each subscription's first due delivery (one in flight per subscription), the subscription whose endpoint was
+#: tried longest ago first: one with no pending delivery tried yet (an endpoint that answers) before one whose
+#: pending deliveries have failed, and among those the least recently tried. In the order of the subscriptions'
+#: ids, those sorted first took every thread whenever they had something due, and a backlog always has: four
+#: hanging endpoints sorted before a healthy one kept it from all of its deliveries (an adversarial run).
 _CLAIM = text("""
     UPDATE webhook_deliveries d SET claimed_until = now() + make_interval(secs => :claim), updated_at = now()
     FROM (
-        SELECT DISTINCT ON (w.subscription_id) w.id
-        FROM webhook_deliveries w JOIN webhook_subscriptions s ON s.id = w.subscription_id
-        WHERE w.state = 'pending' AND w.next_attempt_at <= now() AND s.disabled_at IS NULL
-          AND (CAST(:subscription AS uuid) IS NULL OR w.subscription_id = CAST(:subscription AS uuid))
-          AND NOT EXISTS (SELECT 1 FROM webhook_deliveries c WHERE c.subscription_id = w.subscription_id
-                          AND c.state = 'pending' AND c.claimed_until > now())
-        ORDER BY w.subscription_id, w.sequence
+        SELECT first_due.id FROM (
+            SELECT DISTINCT ON (w.subscription_id) w.id, w.subscription_id, w.next_attempt_at
+            FROM webhook_deliveries w JOIN webhook_subscriptions s ON s.id = w.subscription_id
+            WHERE w.state = 'pending' AND w.next_attempt_at <= now() AND s.disabled_at IS NULL
+              AND (CAST(:subscription AS uuid) IS NULL OR w.subscription_id = CAST(:subscription AS uuid))
+              AND NOT EXISTS (SELECT 1 FROM webhook_deliveries c WHERE c.subscription_id = w.subscription_id
+                              AND c.state = 'pending' AND c.claimed_until > now())
+            ORDER BY w.subscription_id, w.sequence
+        ) first_due
+        ORDER BY (SELECT max(t.updated_at) FROM webhook_deliveries t WHERE t.subscription_id = first_due.subscription_id
+                  AND t.state = 'pending' AND t.attempts > 0) NULLS FIRST, first_due.next_attempt_at
         LIMIT :n
     ) due
     WHERE d.id = due.id AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until <= now())
