@@ -13,6 +13,7 @@ with a confirmed count) and are audited before the broker is touched.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -234,6 +235,45 @@ def test_purge_of_the_listed_ids_spares_a_message_that_arrived_later(dlq, dead, 
     assert (row.actor, row.action, row.target, row.reason) == ("ops:carol", "dlq.purge", XQ, "junk")
     assert row.details == {"status": "completed", "message_ids": seen, "depth": 4, "purged": seen, "count": 3,
                            "not_found": [], "completed_at": ANY}
+
+
+def test_ids_with_control_characters_are_listed_named_and_acted_on_escaped(dlq, services, broker_url, engine):
+    """Anyone who may publish can put a NUL in a message id (the envelope's, or the AMQP property): the queue's
+    listing failed (PostgreSQL refused the id in its query), and requeue and purge of all failed after acting, with
+    their audit rows left at ``intent`` (an adversarial review). The id is shown with such characters escaped, and
+    that text names it."""
+    envelope = {"queue_name": "attache.inspect", "actor_name": "inspect", "args": [{"job_id": "x"}], "kwargs": {},
+                "options": {}, "message_id": "\x00nul-id", "message_timestamp": 1}
+    [ordinary] = dead_letter_three(services, broker_url, count=1)  # which declares the queues
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        channel = connection.channel()
+        channel.basic_publish("", XQ, json.dumps(envelope).encode())
+        channel.basic_publish("", XQ, b"not json", pika.BasicProperties(message_id="a\x00b\nc"))
+    finally:
+        connection.close()
+    listed = [m["message_id"] for m in dlq.messages(XQ)]
+    assert listed == [ordinary, "\\x00nul-id", "a\\x00b\\nc"]
+    assert dlq.purge(XQ, actor="ops:carol", message_ids=[listed[1]], reason="junk")["purged"] == 1
+    assert dlq.requeue(XQ, actor="ops:carol", expected=2, reason="all back") == {
+        "requeued": 2, "message_ids": [ordinary, listed[2]], "not_found": []}
+    assert [row.details["status"] for row in audit_rows(engine)] == ["completed", "completed"]
+    assert depth(broker_url, XQ) == 0
+
+
+def test_a_dead_letter_with_a_nul_in_its_id_or_body_is_recorded(engine):
+    """The worker's record of why a message died was lost (logged only) when its id or body held a NUL."""
+    from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
+
+    class Died:
+        message_id, queue_name, actor_name, failed = "\x00id", "attache.inspect", "inspect", True
+        args, options = ({"job_id": "x", "note": "a\x00b", "\x00key": ["\ud800"]},), {"retries": 2}
+
+    DeadLetterRecorder(engine).after_process_message(None, Died(), exception=ValueError("poison"))
+    with engine.connect() as conn:
+        [row] = conn.execute(select(dead_letters.c.message_id, dead_letters.c.body)).all()
+    assert row.message_id == "\\x00id"
+    assert row.body == {"job_id": "x", "note": "a\\x00b", "\\x00key": ["\\ud800"]}
 
 
 def test_purge_of_some_ids_hands_the_others_back_in_place_and_unchanged(dlq, dead, broker_url):

@@ -16,6 +16,7 @@ import uuid
 from dramatiq.middleware import Middleware
 from sqlalchemy import insert
 
+from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import dead_letters
 from app.errors import error_code, sanitized_reason
@@ -29,6 +30,17 @@ def job_id_of(body) -> uuid.UUID | None:
         return uuid.UUID(str(body["job_id"]))
     except (KeyError, TypeError, ValueError):
         return None
+
+
+def _storable(value):
+    """A JSON value as JSONB can hold it (:func:`~app.adapters.postgres.audit.storable` on every string)."""
+    if isinstance(value, str):
+        return audit.storable(value)
+    if isinstance(value, list):
+        return [_storable(item) for item in value]
+    if isinstance(value, dict):
+        return {audit.storable(str(key)): _storable(item) for key, item in value.items()}
+    return value
 
 
 class DeadLetterRecorder(Middleware):
@@ -45,11 +57,11 @@ class DeadLetterRecorder(Middleware):
         if exception is None or not message.failed:
             return
         body = message.args[0] if message.args else None
-        record = dict(
-            message_id=message.message_id, queue_name=message.queue_name, actor_name=message.actor_name,
-            job_id=job_id_of(body), error_code=error_code(exception), reason=sanitized_reason(exception),
-            retries=message.options.get("retries", 0),
-            body=body if isinstance(body, (dict, list, str, int, float)) else None,
+        record = dict(  # the id and body as anyone may have published them: a NUL in either lost the record
+            message_id=audit.storable(str(message.message_id), printable=True), queue_name=message.queue_name,
+            actor_name=message.actor_name, job_id=job_id_of(body), error_code=error_code(exception),
+            reason=sanitized_reason(exception), retries=message.options.get("retries", 0),
+            body=_storable(body) if isinstance(body, (dict, list, str, int, float)) else None,
         )
         try:
             with transaction(self.engine) as conn:

@@ -20,6 +20,22 @@ def clean(text: str | None, limit: int = 1000) -> str | None:
     return "".join(ch for ch in str(text) if ch in "\n\t" or ch.isprintable())[:limit]
 
 
+def _refused(ch: str) -> bool:
+    """A character PostgreSQL's ``text`` and JSONB cannot hold: NUL, or a lone surrogate."""
+    return ch == "\x00" or "\ud800" <= ch <= "\udfff"
+
+
+def storable(text: str, *, printable: bool = False) -> str:
+    """``text`` as PostgreSQL can hold it, every other character as it is: the characters it refuses (NUL, a lone
+    surrogate) written as their escapes (``\\x00``, ``\\ud800``), and with ``printable`` every character that is
+    not printable. For what must stay recognisable, such as a message id someone else chose, where :func:`clean`
+    would drop them."""
+    escape = (lambda ch: not ch.isprintable()) if printable else _refused
+    if not any(map(escape, text)):
+        return text
+    return "".join(ch.encode("unicode_escape").decode("ascii") if escape(ch) else ch for ch in text)
+
+
 def record(conn: Connection, *, actor: str, action: str, target: str, reason: str | None = None,
            details: dict | None = None) -> int:
     reason = clean(reason)
