@@ -1,6 +1,21 @@
-"""``GET /metrics`` in the Prometheus text format (role ``operator``: scrape with a bearer token)."""
+"""``GET /metrics`` in the Prometheus text format (role ``operator``: scrape with a bearer token).
+
+A scrape reads PostgreSQL (``app/observability/metrics.py``), some of it
+whole: 0.12-0.17 s at 500,000 transitions. Scrapes that arrive together
+(two Prometheus servers, a dashboard, a script) each held a thread and a
+connection for that long: forty at once took 3.6 s each, and an upload
+between them 3.2 s instead of 0.05 (an adversarial run). A web process now
+reads for one scrape at a time, and a scrape that arrived while another
+was reading waits for the next read and shares it: never a result read
+before it arrived, and never more than two reads for any number of
+scrapes at once.
+"""
 
 from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
 
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -13,9 +28,27 @@ bp = Blueprint("metrics", __name__)
 protect(bp, role="operator")
 
 
+class SharedReads:
+    """One read at a time; a caller takes the latest read that began after it arrived, or makes one."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._began = float("-inf")
+        self._body = b""
+
+    def get(self, read: Callable[[], bytes]) -> bytes:
+        arrived = time.monotonic()
+        with self._lock:
+            if self._began < arrived:
+                began = time.monotonic()
+                self._body, self._began = read(), began  # a read that failed is nobody's result
+            return self._body
+
+
 @bp.get("/metrics")
 @operation("metrics", "Prometheus metrics (operator token)", tag="meta",
            answers={200: raw("The Prometheus text exposition format.", {"text/plain": {"schema": {"type": "string"}}})})
 def scrape():
-    return Response(metrics.render(current_app.extensions["attache"]),
-                    mimetype=CONTENT_TYPE_LATEST)
+    services = current_app.extensions["attache"]
+    reads = current_app.extensions.setdefault("attache.metrics", SharedReads())
+    return Response(reads.get(lambda: metrics.render(services)), mimetype=CONTENT_TYPE_LATEST)
