@@ -243,6 +243,35 @@ def test_no_room_to_join_the_parts_is_a_503_that_keeps_the_upload(client, engine
     assert count(engine, attachments) == 1 and parts(storage_dir) == []
 
 
+def test_a_connection_lost_after_the_handoff_committed_still_answers_the_attachment(client, engine, storage_dir,
+                                                                                     photo, monkeypatch):
+    """The last byte's handoff commits the attachment on a connection of its own; the upload's row is updated on
+    the PATCH's. That connection lost in between (a failover, a pooler restarted) answered 503 though the attachment
+    was queued and became ready: a client that gave up was never told of it, and a retried creation-with-upload
+    made a second one (an adversarial run). Now the answer names the attachment and the row is brought up to date."""
+    real = resumable._hand_off
+
+    def hand_off_then_lose_the_connection(*args, **kwargs):
+        made = real(*args, **kwargs)
+        with engine.connect() as conn:  # the PATCH's transaction, waiting on its row lock for the COMMIT
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+                              "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
+        return made
+
+    monkeypatch.setattr(resumable, "_hand_off", hand_off_then_lose_the_connection)
+    location = create(client, len(photo)).headers["Location"]
+    assert patch(client, location, 0, photo[:1000]).status_code == 204
+    last = patch(client, location, 1000, photo[1000:])  # before: 503 database_unavailable
+    assert last.status_code == 204, last.json
+    assert last.headers["Upload-Offset"] == str(len(photo)) and last.headers["Attachment-Id"]
+    settled = client.head(location, headers=TUS)
+    assert settled.headers["Upload-Offset"] == str(len(photo))
+    assert settled.headers["Attachment-Id"] == last.headers["Attachment-Id"] and parts(storage_dir) == []
+    whole = create(client, len(photo), data=photo, content_type=PART)  # creation-with-upload: before, 503, no Location
+    assert whole.status_code == 201 and whole.headers["Attachment-Id"] and whole.headers["Location"]
+    assert count(engine, attachments) == 2
+
+
 def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,
                                                                               data_file, photo):
     """Its first 64 bytes claim no accepted format: 415 at the first PATCH, not after the last of 10 MB."""

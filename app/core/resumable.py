@@ -43,7 +43,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable
 
@@ -58,6 +58,7 @@ from app.adapters.storage import Storage
 from app.core import intake
 from app.errors import (
     AttacheError,
+    DatabaseUnavailable,
     OffsetMismatch,
     PartsMissing,
     PermanentError,
@@ -146,6 +147,42 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
     to join the parts right now), which leaves the upload at ``offset``: the client's retry of the PATCH
     resumes it, and the part it stored is written again under the same key.
     """
+    handed_off: list[Upload] = []  # the upload as its committed handoff left it, whatever becomes of this transaction
+    try:
+        upload, settled = _append(services, upload_id, owner=owner, offset=offset, part=part, spool=spool,
+                                  traceparent=traceparent, tracestate=tracestate, handed_off=handed_off), True
+    except DatabaseUnavailable:
+        if not handed_off:
+            raise
+        # The handoff committed on its own connection and this one was lost after it: the attachment exists and
+        # is queued, so the upload is done and the answer says so. A 503 here left a client that gave up never
+        # told of an attachment that became ready, and a retried creation-with-upload made a second one (an
+        # adversarial run: the connection ended between the handoff and this COMMIT).
+        log.warning("upload %s handed off; the connection recording it was lost", upload_id,
+                    extra={"attachment_id": str(handed_off[0].attachment_id)})
+        upload, settled = _settle(services, handed_off[0])
+    if upload.complete and settled:
+        log.info("upload %s complete", upload_id, extra={"attachment_id": str(upload.attachment_id)})
+        _remove_parts(services.storage, upload_id)
+    return upload
+
+
+def _settle(services, upload: Upload) -> tuple[Upload, bool]:
+    """Record ``upload`` (complete) in its row; whether that was done. Not done (the database is gone again), the
+    parts stay: the client's retry of the last PATCH joins them again and the handoff's Idempotency-Key finds the
+    same attachment, or the upload expires with them."""
+    try:
+        with transaction(services.engine) as conn:
+            row = conn.execute(update(uploads).where(uploads.c.id == upload.id).values(
+                upload_offset=upload.length, attachment_id=upload.attachment_id, updated_at=_now(conn))
+                .returning(uploads)).one_or_none()
+    except DatabaseUnavailable:
+        return upload, False
+    return (Upload.of(row), True) if row is not None else (upload, False)
+
+
+def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: intake.Received,
+            spool: Callable[[], object], traceparent: str, tracestate: str | None, handed_off: list) -> Upload:
     refused: AttacheError | None = None
     with transaction(services.engine) as conn:
         upload = _visible(conn, upload_id, owner, lock=True)
@@ -163,6 +200,7 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
                 values["upload_offset"] = offset + part.size
             if values.get("upload_offset") == upload.length:
                 values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
+                handed_off.append(replace(upload, offset=upload.length, attachment_id=values["attachment_id"]))
         except (PermanentError, UploadRejected) as exc:
             if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
                 raise
@@ -175,9 +213,6 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
         log.info("upload %s refused at offset %d: %s", upload_id, offset, refused.error_code)
         _remove_parts(services.storage, upload_id)
         raise refused
-    if upload.complete:
-        log.info("upload %s complete", upload_id, extra={"attachment_id": str(upload.attachment_id)})
-        _remove_parts(services.storage, upload_id)
     return upload
 
 
