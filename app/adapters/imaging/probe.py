@@ -48,6 +48,7 @@ from . import (
     bmff,
     budget,
     plugins,  # noqa: F401  (registers pillow-heif's HEIF opener)
+    segments,
 )
 from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
 from .geometry import VariantSpec
@@ -158,6 +159,7 @@ def open_checked(
         family = claimed_family(fp.read(SNIFF_BYTES), limits)
         if family in ("HEIF", "AVIF"):
             _check_container(fp, limits)
+        segments.check(fp, family)  # what Pillow would walk in Python before the pixels, and a JPEG's scans
         fp.seek(0)
         try:
             with bomb_warnings_as_errors():

@@ -1,0 +1,67 @@
+"""Files made of what Pillow walks in Python before the pixels, and JPEGs of too many scans, are refused at probe.
+
+An adversarial review: a 40 MB JPEG of 10,000,000 empty COM segments around a
+64x64 image took 7 s and 430-720 MB an open and 1.46 GB in the worker; a PNG of
+3,500,000 empty private chunks 881 MB; a progressive JPEG of 20,000 scans
+175-190 s of CPU per variant (``app/adapters/imaging/segments.py``). The files
+here are the same shapes, smaller: each was taken before (the header is valid).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+
+import pytest
+from PIL import Image
+
+from app.adapters.imaging import Limits, probe, segments
+from app.errors import CorruptImage, DecompressionBomb
+
+
+def encoded(fmt: str, **params) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(out, fmt, **params)
+    return out.getvalue()
+
+
+def png_chunk(kind: bytes, data: bytes = b"") -> bytes:
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+
+def probed(tmp_path, name: str, data: bytes):
+    path = tmp_path / name
+    path.write_bytes(data)
+    return probe(path, Limits())
+
+
+def test_a_jpeg_of_countless_segments_before_its_pixels_is_a_bomb(tmp_path):
+    jpeg = encoded("JPEG")
+    with pytest.raises(DecompressionBomb, match="segments"):
+        probed(tmp_path, "com.jpg", jpeg[:2] + b"\xff\xfe\x00\x02" * 200_000 + jpeg[2:])
+    limit = segments.MAX_SEGMENTS - jpeg[:jpeg.index(b"\xff\xda")].count(b"\xff") + 1  # its own, plus COMs
+    assert probed(tmp_path, "some.jpg", jpeg[:2] + b"\xff\xfe\x00\x02" * limit + jpeg[2:]).width == 64
+
+
+def test_a_png_of_countless_chunks_before_its_pixels_is_a_bomb(tmp_path):
+    png = encoded("PNG")
+    with pytest.raises(DecompressionBomb, match="chunks"):
+        probed(tmp_path, "chunks.png", png[:33] + png_chunk(b"abCd") * 200_000 + png[33:])
+    assert probed(tmp_path, "text.png", png[:33] + png_chunk(b"tEXt", b"k\x00v") * 500 + png[33:]).width == 64
+
+
+def test_a_progressive_jpeg_of_too_many_scans_is_a_bomb(tmp_path):
+    jpeg = encoded("JPEG", progressive=True)
+    assert 2 < jpeg.count(b"\xff\xda") <= segments.MAX_SCANS and probed(tmp_path, "ok.jpg", jpeg).width == 64
+    last = jpeg.rindex(b"\xff\xda")  # its last scan, again and again
+    with pytest.raises(DecompressionBomb, match="scans"):
+        probed(tmp_path, "scans.jpg", jpeg[:-2] + jpeg[last:-2] * segments.MAX_SCANS + jpeg[-2:])
+
+
+def test_megabytes_outside_a_jpegs_segments_are_corrupt(tmp_path):
+    jpeg = encoded("JPEG")
+    app0_end = 4 + struct.unpack(">H", jpeg[4:6])[0]
+    with pytest.raises(CorruptImage, match="outside its segments"):
+        probed(tmp_path, "junk.jpg", jpeg[:app0_end] + b"\x00" * (segments.MAX_JUNK_BYTES + 10) + jpeg[app0_end:])
+    assert probed(tmp_path, "fill.jpg", jpeg[:app0_end] + b"\xff" * 1000 + jpeg[app0_end:]).width == 64
