@@ -65,3 +65,21 @@ def test_megabytes_outside_a_jpegs_segments_are_corrupt(tmp_path):
     with pytest.raises(CorruptImage, match="outside its segments"):
         probed(tmp_path, "junk.jpg", jpeg[:app0_end] + b"\x00" * (segments.MAX_JUNK_BYTES + 10) + jpeg[app0_end:])
     assert probed(tmp_path, "fill.jpg", jpeg[:app0_end] + b"\xff" * 1000 + jpeg[app0_end:]).width == 64
+
+
+def test_a_pngs_trailing_exif_is_read_without_decoding_its_pixels(tmp_path):
+    """``stripped_metadata`` (each variant's provenance) called Pillow's ``getexif()``, which for a PNG decodes every
+    pixel to reach an ``eXIf`` chunk after the image data: outside the memory budget, after the render gave its
+    reservation back (an adversarial review). The image data here is broken, so a decode fails and the record
+    said nothing at all; the chunk walk reads the tags."""
+    from app.adapters.imaging.provenance import stripped_metadata
+
+    exif = Image.Exif()
+    exif[0x010F], exif[0x8825] = "Camera", {1: "N", 2: (1.0, 2.0, 3.0)}
+    png = encoded("PNG")
+    pixels, end = png.index(b"IDAT") - 4, png.rindex(b"IEND") - 4
+    path = tmp_path / "trailing.png"
+    path.write_bytes(png[:pixels] + png_chunk(b"IDAT", b"x\x9c\x00\x01") + png_chunk(b"eXIf", exif.tobytes()[6:])
+                     + png[end:])
+    found = stripped_metadata(path)
+    assert found["exif_tags"] == ["GPSInfo", "Make"] and found["gps"] is True

@@ -98,3 +98,25 @@ def _png(fp: BinaryIO) -> None:
             return
         fp.seek(length + 4, 1)
     raise DecompressionBomb(f"the PNG has more than {MAX_SEGMENTS} chunks before its pixels")
+
+
+#: the most chunks walked to find a PNG's eXIf (a 50 MB PNG of 8 KiB IDAT chunks has some 6,000)
+MAX_PNG_CHUNKS = 100_000
+
+
+def png_exif(fp: BinaryIO) -> bytes | None:
+    """The payload of a PNG's first ``eXIf`` chunk, wherever it is, by walking the chunk headers (no pixel is
+    decoded: Pillow's ``getexif()`` decodes every pixel to reach one after the image data); ``None`` if it has none,
+    or if it is not found within :data:`MAX_PNG_CHUNKS` chunks."""
+    fp.seek(8)
+    for _ in range(MAX_PNG_CHUNKS):
+        head = fp.read(8)
+        if len(head) < 8:
+            return None
+        length, kind = struct.unpack(">I4s", head)
+        if kind == b"eXIf":
+            return fp.read(length)
+        if kind == b"IEND":
+            return None
+        fp.seek(length + 4, 1)
+    return None
