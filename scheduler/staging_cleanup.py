@@ -107,13 +107,18 @@ class StagingCleanup:
             if info.key in busy:  # current work: kept without a look under the lock (looked at again next round)
                 counts["kept"] += 1
                 continue
-            # the look and the delete under the object's lock: an upload holds it from its check that the
-            # object is there to its COMMIT, and a paused one is left alone (app.core.staging)
+            # the look under the object's lock, and the decision committed before the delete: an upload holds
+            # the lock from its check that the object is there (and not decided on) to its COMMIT, and a paused
+            # one is left alone; a decision made holds whatever becomes of this session (app.core.staging)
             with transaction(self.engine) as conn:
                 removable = staging.try_lock(conn, info.key) and self._removable(conn, info, now)
                 if removable and not dry_run:
-                    self.storage.delete(info.key)
-                    log.info("removed staged object %s", info.key, extra={"key": info.key})
+                    staging.decide_removal(conn, info.key)
+            if removable and not dry_run:
+                self.storage.delete(info.key)
+                log.info("removed staged object %s", info.key, extra={"key": info.key})
+                with transaction(self.engine) as conn:
+                    staging.removed(conn, info.key)
             counts["removed" if removable else "kept"] += 1
 
     def _removable(self, conn, info, now: datetime) -> bool:

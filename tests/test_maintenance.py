@@ -295,6 +295,36 @@ def test_an_upload_paused_past_the_grace_period_is_never_answered_without_its_by
         assert accepted is not None and committed == 1 and staged == [str(accepted.attachment_id)]
 
 
+def test_a_removal_the_cleanup_decided_holds_after_its_session_is_lost(services, engine, storage_dir, monkeypatch):
+    """The cleanup deleted under the object's lock, and a lock is its session's: a PostgreSQL restart, or the
+    cleanup paused past ``idle_in_transaction_session_timeout``, ended the session and freed the lock while the
+    cleanup went on to its delete. A web paused past the grace period then took the lock, found its bytes, committed
+    and answered 202, and the delete removed them: ``failed staging_missing`` (an adversarial run). The decision is
+    now committed before the delete, and an upload that finds it is refused."""
+    from app.core import staging
+
+    key = f"staging/{uuid.uuid4()}"
+    services.storage.put_bytes(key, b"x")
+    looked, delete = [], services.storage.delete
+
+    def delete_after_losing_the_session(doomed):
+        with engine.begin() as conn:  # the cleanup's session ends here; whatever lock it held is free
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_locks WHERE locktype = 'advisory' "
+                              "AND classid = :ns AND pid <> pg_backend_pid()"), {"ns": staging.NAMESPACE})
+        with engine.begin() as conn:  # the paused upload resumes: its lock, its look, then its COMMIT
+            staging.lock(conn, doomed)
+            looked.append(staging.usable(conn, services.storage, doomed))
+        delete(doomed)
+
+    monkeypatch.setattr(services.storage, "delete", delete_after_losing_the_session)
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=0))
+    assert cleanup.run_once()["removed"] == 1
+    assert looked == [False], "the upload must not commit bytes the cleanup is removing"
+    assert not exists(storage_dir, key)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM staging_removals")).scalar() == 0, "forgotten once gone"
+
+
 def test_staging_cleanup_removes_what_a_ready_version_left_once_no_other_version_runs(services, engine, storage_dir):
     """v1's publish keeps staging while v2 runs (v2 may be reading it); v2 failing must not keep it forever."""
     v1_ready, _, left_to_failed_v2 = seed(engine, services.storage, "ready")

@@ -140,8 +140,8 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
         with services.unit_of_work.begin(after_commit=_window_2, landed=landed, behind=True) as work:
             conn = work.conn
             staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
-            if services.storage.stat(key) is None:  # it did while this request was paused: no 202 without them
-                raise StorageUnavailable("the staged upload was removed while the request waited; retry")
+            if not staging.usable(conn, services.storage, key):  # it did, or decided to, while this request was
+                raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,

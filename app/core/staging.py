@@ -12,13 +12,25 @@ lock on the object's key:
 * intake takes it first in the upload's transaction, then checks that the
   staged object is still there (if not, the upload is refused with ``503``
   and nothing is committed), and holds it until COMMIT;
-* the cleanup looks for the attachment row and deletes while holding it,
-  and leaves the object for a later round if an upload holds it.
+* the cleanup looks for the attachment row under it, and leaves the object
+  for a later round if an upload holds it.
+
+A lock is its session's: a PostgreSQL restart, or a cleanup paused past
+``idle_in_transaction_session_timeout``, ended the cleanup's session and
+freed the lock while the cleanup went on to delete, and a web paused past
+the grace period took the lock, found the bytes, committed and answered
+``202`` for bytes the delete then removed (an adversarial run). So the
+cleanup's decision is committed before its delete (:func:`decide_removal`,
+a row of ``staging_removals``), and intake refuses an object that has one
+(:func:`usable`); the row is forgotten once the object is gone.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import text
+from sqlalchemy import delete, select, text
+from sqlalchemy.dialects.postgresql import insert
+
+from app.adapters.postgres.models import staging_removals
 
 #: the first key of the two-key advisory locks of staged objects (a key space of its own in PostgreSQL)
 NAMESPACE = 727275
@@ -33,3 +45,21 @@ def try_lock(conn, key: str) -> bool:
     """The lock of the staged object ``key`` if no one holds it (until the transaction ends); else False."""
     return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))"),
                              {"ns": NAMESPACE, "key": key}).scalar())
+
+
+def usable(conn, storage, key: str) -> bool:
+    """Under the object's lock (:func:`lock`): the staged object ``key`` is there, and the cleanup has not decided
+    to remove it."""
+    if conn.execute(select(staging_removals.c.key).where(staging_removals.c.key == key)).first() is not None:
+        return False
+    return storage.stat(key) is not None
+
+
+def decide_removal(conn, key: str) -> None:
+    """Under the object's lock, in a transaction that commits before the object is deleted."""
+    conn.execute(insert(staging_removals).values(key=key).on_conflict_do_nothing())
+
+
+def removed(conn, key: str) -> None:
+    """The object ``key`` is gone: its decision is forgotten."""
+    conn.execute(delete(staging_removals).where(staging_removals.c.key == key))

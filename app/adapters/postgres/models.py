@@ -250,6 +250,14 @@ pipeline_versions = Table(
     Column("recorded_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
+#: staged objects the staging cleanup decided to remove, from before its delete to after it (migration 0015)
+staging_removals = Table(
+    "staging_removals",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("decided_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
 idempotency_keys = Table(
     "idempotency_keys",
     metadata,
