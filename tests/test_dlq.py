@@ -261,6 +261,15 @@ def test_ids_with_control_characters_are_listed_named_and_acted_on_escaped(dlq, 
     assert depth(broker_url, XQ) == 0
 
 
+def test_no_two_message_ids_are_shown_alike():
+    """An id that spells an escape (``a\\x00``, published by anyone) was shown as the id with a NUL, so a requeue
+    or purge that named it acted on whichever came first (an adversarial review): the backslash is escaped too."""
+    from app.adapters.postgres.audit import storable
+
+    assert storable("a\x00", printable=True) != storable("a\\x00", printable=True)
+    assert storable("ok-id", printable=True) == "ok-id"
+
+
 def test_a_dead_letter_with_a_nul_in_its_id_or_body_is_recorded(engine):
     """The worker's record of why a message died was lost (logged only) when its id or body held a NUL."""
     from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder

@@ -83,3 +83,24 @@ def test_a_pngs_trailing_exif_is_read_without_decoding_its_pixels(tmp_path):
                      + png[end:])
     found = stripped_metadata(path)
     assert found["exif_tags"] == ["GPSInfo", "Make"] and found["gps"] is True
+
+
+def test_the_limits_are_not_walked_around(tmp_path):
+    """An adversarial review of the limits: a stuffed ``FF 00`` before a block of COM segments made the walk jump
+    over them by a false length, though Pillow walks each; an EOI inside a COM between scans stopped the count of
+    scans, though libjpeg skips the COM and decodes on; private chunks after a PNG's image data went uncounted,
+    though Pillow keeps each when it loads the pixels."""
+    jpeg = encoded("JPEG")
+    block = b"\xff\x00" + b"\xff\xfe\x00\x02" * 2000
+    with pytest.raises(DecompressionBomb, match="segments"):
+        probed(tmp_path, "stuffed.jpg", jpeg[:2] + block + jpeg[2:])
+    progressive = encoded("JPEG", progressive=True)
+    second, last = progressive.index(b"\xff\xda", progressive.index(b"\xff\xda") + 2), progressive.rindex(b"\xff\xda")
+    hidden = (progressive[:second] + b"\xff\xfe\x00\x04\xff\xd9" + progressive[second:-2]
+              + progressive[last:-2] * segments.MAX_SCANS + progressive[-2:])
+    with pytest.raises(DecompressionBomb, match="scans"):
+        probed(tmp_path, "hidden.jpg", hidden)
+    png = encoded("PNG")
+    end = png.rindex(b"IEND") - 4
+    with pytest.raises(DecompressionBomb, match="chunks"):
+        probed(tmp_path, "after.png", png[:end] + png_chunk(b"abCd") * (segments.MAX_SEGMENTS + 1) + png[end:])

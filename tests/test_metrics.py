@@ -131,3 +131,25 @@ def test_scrapes_that_arrive_together_share_one_read(settings, quiet_services, e
     samples(app)  # one that comes later reads again: never a result read before it arrived
     assert len(reads) == before + 1 and reads[-1] >= began
     app.extensions["attache"].close()
+
+
+def test_scrapes_that_arrive_together_share_a_failed_read_too(settings, monkeypatch):
+    """A read that failed was nobody's result, so each scrape waiting behind it read again in turn, PostgreSQL down,
+    and held its thread for as many timeouts (an adversarial review): they share the failure as they share a read."""
+    from app.errors import DatabaseUnavailable
+    from app.observability import metrics
+
+    app = create_app(settings)
+    reads = []
+
+    def failing_render(services):
+        reads.append(time.monotonic())
+        time.sleep(0.3)
+        raise DatabaseUnavailable("database unavailable")
+
+    monkeypatch.setattr(metrics, "render", failing_render)
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: authed(app, OPERATOR_TOKEN).get("/metrics"), range(8)))
+    assert {a.status_code for a in answers} == {503}
+    assert len(reads) <= 2, f"{len(reads)} reads for 8 scrapes at once"
+    app.extensions["attache"].close()

@@ -174,8 +174,8 @@ def _settle(services, upload: Upload) -> tuple[Upload, bool]:
     try:
         with transaction(services.engine) as conn:
             row = conn.execute(update(uploads).where(uploads.c.id == upload.id).values(
-                upload_offset=upload.length, attachment_id=upload.attachment_id, updated_at=_now(conn))
-                .returning(uploads)).one_or_none()
+                upload_offset=upload.length, attachment_id=upload.attachment_id, updated_at=_now(conn),
+                expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one_or_none()
     except DatabaseUnavailable:
         return upload, False
     return (Upload.of(row), True) if row is not None else (upload, False)

@@ -29,19 +29,27 @@ protect(bp, role="operator")
 
 
 class SharedReads:
-    """One read at a time; a caller takes the latest read that began after it arrived, or makes one."""
+    """One read at a time; a caller takes the outcome (its result, or its error) of the latest read that began after
+    it arrived, or makes one. A failed read is shared too: PostgreSQL down, the scrapes waiting behind a read would
+    otherwise each try again in turn, holding their threads for as many timeouts (an adversarial review)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._began = float("-inf")
-        self._body = b""
+        self._body: bytes = b""
+        self._error: Exception | None = None
 
     def get(self, read: Callable[[], bytes]) -> bytes:
         arrived = time.monotonic()
         with self._lock:
             if self._began < arrived:
-                began = time.monotonic()
-                self._body, self._began = read(), began  # a read that failed is nobody's result
+                self._began = time.monotonic()
+                try:
+                    self._body, self._error = read(), None
+                except Exception as exc:
+                    self._error = exc
+            if self._error is not None:
+                raise self._error
             return self._body
 
 

@@ -24,6 +24,7 @@ at the limits, and a JPEG's scans are found with ``mmap.find``.
 from __future__ import annotations
 
 import mmap
+import re
 import struct
 from typing import BinaryIO
 
@@ -35,8 +36,9 @@ MAX_SEGMENTS = 1000
 MAX_SCANS = 100
 #: bytes between a JPEG's segments that belong to none (fill bytes included)
 MAX_JUNK_BYTES = 1 << 20
+#: chunks of a PNG in all (a 50 MB PNG of libpng's 8 KiB IDAT chunks has some 6,000)
+MAX_PNG_CHUNKS = 100_000
 
-SOS, EOI = b"\xff\xda", b"\xff\xd9"
 #: JPEG markers without a length: TEM, RST0-7, SOI
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), 0xD8})
 
@@ -52,7 +54,7 @@ def check(fp: BinaryIO, family: str) -> None:
 def _jpeg(fp: BinaryIO) -> None:
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
         size, pos, segments, junk = len(data), 2, 0, 0
-        while True:
+        while True:  # the segments before the first scan, as Pillow walks them
             start = pos
             while pos < size and data[pos] != 0xFF:  # extraneous bytes: skipped in C, counted
                 found = data.find(b"\xff", pos, min(size, pos + MAX_JUNK_BYTES + 1))
@@ -66,6 +68,9 @@ def _jpeg(fp: BinaryIO) -> None:
             if pos >= size:
                 return  # cut off before its pixels: Pillow's to say
             marker, pos = data[pos], pos + 1
+            if marker == 0x00:  # a stuffed 0xFF: junk to Pillow, which walks on past it
+                junk += 2
+                continue
             if marker == 0xDA:
                 break
             if marker == 0xD9:
@@ -77,31 +82,62 @@ def _jpeg(fp: BinaryIO) -> None:
                 if pos + 2 > size:
                     return
                 pos += struct.unpack(">H", data[pos:pos + 2])[0]
-        end = data.find(EOI, pos)
-        end = size if end < 0 else end
-        scans, pos = 1, data.find(SOS, pos, end)  # the entropy-coded data stuffs every 0xFF: no SOS in it
-        while pos >= 0:
+        _scans(data, pos)
+
+
+#: a marker in or after a scan's entropy-coded data: 0xFF then neither a stuffed 0x00, a restart marker nor fill
+_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+
+
+def _scans(data: mmap.mmap, pos: int) -> None:
+    """Count the scans from the first SOS's length field at ``pos``: the markers between scans are walked (each
+    segment skipped by its length, as libjpeg does, so nothing hides in a COM), the entropy-coded data searched in
+    C."""
+    scans, markers, size, after = 1, 0, len(data), pos
+    while True:
+        if pos is not None:  # a segment's length field: past the segment
+            if pos + 2 > size:
+                return
+            pos += struct.unpack(">H", data[pos:pos + 2])[0]
+        found = _MARKER.search(data, pos if pos is not None else after)
+        if found is None:
+            return
+        marker, after = data[found.start() + 1], found.start() + 2
+        if marker == 0xD9:
+            return
+        markers += 1
+        if markers > MAX_SEGMENTS:
+            raise DecompressionBomb(f"the JPEG has more than {MAX_SEGMENTS} segments between its scans")
+        if marker == 0xDA:
             scans += 1
             if scans > MAX_SCANS:
                 raise DecompressionBomb(f"the JPEG has more than {MAX_SCANS} scans")
-            pos = data.find(SOS, pos + 2, end)
+        pos = None if marker in _STANDALONE else after
+
+
+#: PNG chunks that are the image's data, which Pillow decodes in C: counted only in :data:`MAX_PNG_CHUNKS`
+_PNG_DATA = frozenset({b"IDAT", b"fdAT", b"fcTL"})
 
 
 def _png(fp: BinaryIO) -> None:
+    """Every chunk to IEND: Pillow walks those after the image data too, when it loads it (``load_end``)."""
     fp.seek(8)
-    for _ in range(MAX_SEGMENTS + 1):
+    others = 0
+    for _ in range(MAX_PNG_CHUNKS):
         head = fp.read(8)
         if len(head) < 8:
             return
         length, kind = struct.unpack(">I4s", head)
-        if kind in (b"IDAT", b"IEND"):
+        if kind == b"IEND":
             return
+        if kind not in _PNG_DATA:
+            others += 1
+            if others > MAX_SEGMENTS:
+                raise DecompressionBomb(f"the PNG has more than {MAX_SEGMENTS} chunks besides its image data")
         fp.seek(length + 4, 1)
-    raise DecompressionBomb(f"the PNG has more than {MAX_SEGMENTS} chunks before its pixels")
+    raise DecompressionBomb(f"the PNG has more than {MAX_PNG_CHUNKS} chunks")
 
 
-#: the most chunks walked to find a PNG's eXIf (a 50 MB PNG of 8 KiB IDAT chunks has some 6,000)
-MAX_PNG_CHUNKS = 100_000
 
 
 def png_exif(fp: BinaryIO) -> bytes | None:

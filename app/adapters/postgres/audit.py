@@ -28,9 +28,9 @@ def _refused(ch: str) -> bool:
 def storable(text: str, *, printable: bool = False) -> str:
     """``text`` as PostgreSQL can hold it, every other character as it is: the characters it refuses (NUL, a lone
     surrogate) written as their escapes (``\\x00``, ``\\ud800``), and with ``printable`` every character that is
-    not printable. For what must stay recognisable, such as a message id someone else chose, where :func:`clean`
-    would drop them."""
-    escape = (lambda ch: not ch.isprintable()) if printable else _refused
+    not printable, and the backslash (so no two texts are written alike: ``a\\x00`` is not ``a`` and a NUL). For
+    what must stay recognisable, such as a message id someone else chose, where :func:`clean` would drop them."""
+    escape = (lambda ch: ch == "\\" or not ch.isprintable()) if printable else _refused
     if not any(map(escape, text)):
         return text
     return "".join(ch.encode("unicode_escape").decode("ascii") if escape(ch) else ch for ch in text)
