@@ -53,7 +53,8 @@ class HashingSpool:
         self.min_free_bytes = min_free_bytes
         directory = directory or tempfile.gettempdir()
         try:
-            self._keep_free(os.statvfs(directory), min(expected_bytes, max_bytes))
+            if min_free_bytes:
+                self._keep_free(os.statvfs(directory), min(expected_bytes, max_bytes))
             fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
@@ -83,7 +84,7 @@ class HashingSpool:
     def _keep_free(self, filesystem: os.statvfs_result, more: int) -> None:
         """Refuse ``more`` bytes that would leave less than ``min_free_bytes`` free (what an unprivileged
         writer may still use: a web running as root would otherwise eat the reserved blocks too)."""
-        if self.min_free_bytes and filesystem.f_bavail * filesystem.f_frsize - more < self.min_free_bytes:
+        if filesystem.f_bavail * filesystem.f_frsize - more < self.min_free_bytes:
             raise SpoolUnavailable("the server's disk is nearly full; retry later")
 
     # werkzeug treats the stream as a file object

@@ -123,40 +123,39 @@ def _scans(data: mmap.mmap, pos: int) -> None:
 _PNG_DATA = frozenset({b"IDAT", b"fdAT", b"fcTL"})
 
 
-def _png(fp: BinaryIO) -> None:
-    """Every chunk to IEND: Pillow walks those after the image data too, when it loads it (``load_end``)."""
-    fp.seek(8)
-    others = 0
-    for _ in range(MAX_PNG_CHUNKS):
+def _png_chunks(fp: BinaryIO):
+    """``(kind, length)`` of each chunk before IEND, at most :data:`MAX_PNG_CHUNKS` + 1 of them; ``fp`` is at the
+    chunk's data while the caller holds it (the walk reads only the chunk headers)."""
+    pos = 8
+    for _ in range(MAX_PNG_CHUNKS + 1):
+        fp.seek(pos)
         head = fp.read(8)
         if len(head) < 8:
             return
         length, kind = struct.unpack(">I4s", head)
         if kind == b"IEND":
             return
+        yield kind, length
+        pos += 12 + length
+
+
+def _png(fp: BinaryIO) -> None:
+    """Every chunk to IEND: Pillow walks those after the image data too, when it loads it (``load_end``)."""
+    others = 0
+    for count, (kind, _) in enumerate(_png_chunks(fp), 1):
+        if count > MAX_PNG_CHUNKS:
+            raise DecompressionBomb(f"the PNG has more than {MAX_PNG_CHUNKS} chunks")
         if kind not in _PNG_DATA:
             others += 1
             if others > MAX_SEGMENTS:
                 raise DecompressionBomb(f"the PNG has more than {MAX_SEGMENTS} chunks besides its image data")
-        fp.seek(length + 4, 1)
-    raise DecompressionBomb(f"the PNG has more than {MAX_PNG_CHUNKS} chunks")
-
-
 
 
 def png_exif(fp: BinaryIO) -> bytes | None:
     """The payload of a PNG's first ``eXIf`` chunk, wherever it is, by walking the chunk headers (no pixel is
     decoded: Pillow's ``getexif()`` decodes every pixel to reach one after the image data); ``None`` if it has none,
     or if it is not found within :data:`MAX_PNG_CHUNKS` chunks."""
-    fp.seek(8)
-    for _ in range(MAX_PNG_CHUNKS):
-        head = fp.read(8)
-        if len(head) < 8:
-            return None
-        length, kind = struct.unpack(">I4s", head)
+    for kind, length in _png_chunks(fp):
         if kind == b"eXIf":
             return fp.read(length)
-        if kind == b"IEND":
-            return None
-        fp.seek(length + 4, 1)
     return None
