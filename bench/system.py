@@ -21,7 +21,12 @@ because the same photo came earlier).
    reference is the mean of the two (the speed of this kind of machine
    drifts by 10 % or more over a minute, and both runs are printed).
    Beside it: the CPU seconds per image of the worker's and the web's
-   processes, and of the raw loop.
+   processes, and of the raw loop. Once, between the first configuration's
+   two raw loops, the **ceiling** (:func:`raw_uploads_rendered`): the same
+   uploads from the same clients to :mod:`bench.raw_ingest`, each rendered
+   by the raw loop as its ``202`` arrives. The raw loop receives no upload;
+   on the same cores the bytes must be received, so no pipeline reaches the
+   raw loop's figure, and the ceiling says how near one can come.
 2. **Idle upload -> ready** of a 512x512 JPEG, one upload at a time, with
    the mean time of each step from ``step_runs``.
 3. **Ingest** (worker stopped, so the figure is the web's): 5 MB uploads
@@ -261,6 +266,39 @@ def raw_render_loop(files: list[Path]) -> tuple[float, float]:
         return len(files) / (time.perf_counter() - began), cpu / len(files)
 
 
+def raw_uploads_rendered(files: list[Path], url: str) -> float:
+    """Images/s of the raw loop fed by uploads: ``CLIENTS`` clients post the files to the raw ingest server as
+    attache's clients do, and each file goes to the loop's pool when its ``202`` arrives. What a pipeline without
+    a database, a broker or a staged copy reaches on the same cores: the ceiling of end to end."""
+    cores = len(os.sched_getaffinity(0))
+    post = raw_poster(url)
+    with ProcessPoolExecutor(cores, mp_context=get_context("spawn")) as pool:
+        list(pool.map(_warm, range(cores * 2)))
+        began = time.perf_counter()
+
+        def upload_then_render(path: Path):
+            post(path)
+            return pool.submit(_render_job, str(path))
+
+        for rendered in _send_all(upload_then_render, files, CLIENTS):
+            rendered.result()
+        return len(files) / (time.perf_counter() - began)
+
+
+def raw_poster(url: str):
+    """A function that posts a file to the raw ingest server as attache's clients post theirs (a multipart form,
+    a session per client thread)."""
+    session = threading.local()
+
+    def post(path: Path) -> None:
+        if not hasattr(session, "http"):
+            session.http = requests.Session()
+        with open(path, "rb") as fh:
+            response = session.http.post(url, files={"file": (path.name, fh)}, timeout=60)
+        assert response.status_code == 202, response.status_code
+    return post
+
+
 @contextlib.contextmanager
 def raw_ingest_server(root: Path) -> Iterator[tuple[str, int]]:
     """:mod:`bench.raw_ingest` under the ``web`` entry of the Procfile, with its defaults: its URL and process
@@ -316,6 +354,11 @@ def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORK
             web_cpu = (group_cpu_seconds(web) - web_cpu) / len(files)
         finally:
             worker.stop()
+        ceiling = None
+        if not figures:  # once, between the first configuration's two raw loops
+            with raw_ingest_server(folder) as (url, _):
+                raw_poster(url)(files[0])  # warm
+                ceiling = raw_uploads_rendered(files, url)
         after = raw_render_loop(files)
         reference, raw_cpu = (before[0] + after[0]) / 2, (before[1] + after[1]) / 2
         figures.append(Figure(f"end to end, {SATURATION_UPLOADS} x 12 MP, v2, {CLIENTS} clients, "
@@ -323,7 +366,13 @@ def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORK
                               rate, "img/s", f"raw render loop, {cores} processes, just before and after", reference,
                               at_least=0.9,
                               note=f"raw loop {before[0]:.2f} and {after[0]:.2f} img/s; CPU s per image: worker "
-                                   f"{worker_cpu:.2f}, web {web_cpu:.2f}, raw loop {raw_cpu:.2f}"))
+                                   f"{worker_cpu:.2f}, web {web_cpu:.2f}, raw loop {raw_cpu:.2f}"
+                                   + (f"; {rate / ceiling:.2f} of the ceiling below" if ceiling else "")))
+        if ceiling:
+            figures.append(Figure(f"ceiling of end to end: the same {SATURATION_UPLOADS} uploads from {CLIENTS} "
+                                  "clients to a raw server (file + fsync, no database, broker or staged copy), each "
+                                  "rendered by the raw loop as its 202 arrives", ceiling, "img/s",
+                                  "raw render loop, the same two runs", reference))
         before = after
     return figures
 
@@ -359,16 +408,6 @@ def ingest(made: Stack, root: Path) -> list[Figure]:
     big = five_mb_jpeg()
     files = [unique_jpeg(big, folder / f"big-{i}.jpg", i) for i in range(FIVE_MB_UPLOADS)]
     megabytes = sum(f.stat().st_size for f in files) / 1e6
-    session = threading.local()
-
-    def post_raw(url: str):
-        def post(path: Path):
-            if not hasattr(session, "http"):
-                session.http = requests.Session()
-            with open(path, "rb") as fh:
-                response = session.http.post(url, files={"file": (path.name, fh)}, timeout=60)
-            assert response.status_code == 202, response.status_code
-        return post
 
     made.upload(unique_jpeg(big, folder / "warm.jpg", 10**6))
     half = len(files) // 2
@@ -376,12 +415,12 @@ def ingest(made: Stack, root: Path) -> list[Figure]:
     cpu = {"raw": 0.0, "ours": 0.0, "discard": 0.0}
     web = made.deployment.processes["web"].popen.pid
     with raw_ingest_server(root) as (url, server):
-        post_raw(url)(files[0])  # warm
+        raw_poster(url)(files[0])  # warm
         # raw, ours, ours, raw: a machine whose speed drifts over the minute weighs on both alike; then the raw
         # server deleting each file after its fsync, the reference before the third session of 2026-12-03
         for side, batch in (("raw", files[:half]), ("ours", files[:half]), ("ours", files[half:]),
                             ("raw", files[half:]), ("discard", files)):
-            send = {"raw": post_raw(url), "discard": post_raw(url + "discard"), "ours": made.upload}[side]
+            send = {"raw": raw_poster(url), "discard": raw_poster(url + "discard"), "ours": made.upload}[side]
             group = web if side == "ours" else server
             cpu[side] -= group_cpu_seconds(group)
             began = time.perf_counter()
