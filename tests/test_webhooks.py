@@ -267,3 +267,94 @@ def test_each_variant_records_its_provenance_and_it_never_changes(app, engine, d
     with engine.begin() as conn:  # other columns of a published variant may still change (retirement)
         conn.execute(variants.update().where(variants.c.variant == "thumbnail").values(retired_at=None))
     assert json.dumps(client.get(f"/v1/attachments/{attachment_id}?provenance=1").json) == json.dumps(status)
+
+
+# --- what an endpoint's answer asks of the sender (Standard Webhooks, "Delivery success and failure") --------------
+
+PATIENT = RetryPolicy(initial_interval=0, max_interval=3600, jitter=0)
+
+
+def _upload_three(app, engine, data_file):
+    for name in ("photos/chelsea.jpg", "photos/coffee.jpg", "pillow/hopper.jpg"):
+        upload_and_process(app, engine, data_file(name))
+
+
+def _rounds(engine, config, n):
+    deliverer = Deliverer(engine, config)
+    try:
+        for _ in range(n):
+            deliverer.run_once(wait=True)
+    finally:
+        deliverer.close()
+
+
+def test_a_410_disables_the_subscription_and_nothing_more_is_sent_to_it(app, engine, receivers, data_file):
+    """Before, a 410 was retried like a 500: the gone endpoint got every delivery, ten times each."""
+    gone, steady = receivers(status=410), receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (gone, steady)]
+    _upload_three(app, engine, data_file)
+    _rounds(engine, DelivererConfig(policy=NOW, max_attempts=10, concurrency=2, allow_private=True), 4)
+    assert len(gone.calls) == 1 and len(steady.calls) == 3
+    ops = authed(app, OPERATOR_TOKEN)
+    listed = {s["id"]: s for s in ops.get("/v1/ops/webhooks").json["webhooks"]}
+    assert listed[hooks[0]["id"]]["disabled_at"] is not None and listed[hooks[1]["id"]]["disabled_at"] is None
+    first = ops.get(f"/v1/ops/webhooks/{hooks[0]['id']}/deliveries").json["deliveries"]
+    assert {(d["state"], d["last_status"]) for d in first} >= {("pending", 410)}
+    with engine.connect() as conn:
+        audited = conn.execute(select(audit_log.c.actor, audit_log.c.action, audit_log.c.target)
+                               .where(audit_log.c.action == "webhook.disable")).all()
+    assert audited == [("attache webhooks", "webhook.disable", f"webhook:{hooks[0]['id']}")]
+
+
+@pytest.mark.parametrize("status, retry_after", [(429, "60"), (503, None), (500, "60")])
+def test_a_throttling_answer_holds_back_all_of_the_subscriptions_deliveries(app, engine, receivers, data_file,
+                                                                            status, retry_after):
+    """Before, only the delivery that got the 429 waited its backoff: the endpoint's next deliveries went out at
+    once, round after round. Now none is sent before its Retry-After (or, without one, the backoff), while the
+    other subscriptions go on."""
+    throttled = receivers(status=status, headers={"Retry-After": retry_after} if retry_after else {})
+    steady = receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (throttled, steady)]
+    _upload_three(app, engine, data_file)
+    policy = RetryPolicy(initial_interval=30, max_interval=3600, jitter=0) if retry_after is None else PATIENT
+    _rounds(engine, DelivererConfig(policy=policy, max_attempts=10, concurrency=2, allow_private=True), 4)
+    assert len(throttled.calls) == 1 and len(steady.calls) == 3
+    with engine.connect() as conn:
+        waits = conn.execute(text("SELECT extract(epoch FROM resume_at - now()), "
+                                  "(SELECT extract(epoch FROM min(next_attempt_at) - now()) FROM webhook_deliveries "
+                                  " WHERE subscription_id = e.subscription_id AND attempts > 0) "
+                                  "FROM webhook_endpoints e WHERE subscription_id = CAST(:id AS uuid)"),
+                             {"id": hooks[0]["id"]}).one()
+    expected = 60 if retry_after else 30
+    assert all(expected - 10 < wait <= expected for wait in waits), waits
+
+
+def test_retry_after_is_read_as_seconds_or_an_http_date():
+    from datetime import datetime, timedelta, timezone
+    from email.utils import format_datetime
+
+    from app.adapters.webhooks import retry_after_seconds
+
+    now = datetime(2026, 12, 4, 12, 0, tzinfo=timezone.utc)
+    assert retry_after_seconds("120", now) == 120
+    assert retry_after_seconds(format_datetime(now + timedelta(seconds=90), usegmt=True), now) == 90
+    assert retry_after_seconds(format_datetime(now - timedelta(seconds=90), usegmt=True), now) == 0
+    assert retry_after_seconds("soon", now) is None and retry_after_seconds("-5", now) is None
+    assert retry_after_seconds(None, now) is None
+
+
+def test_a_hanging_endpoint_whose_tried_delivery_failed_is_not_new_again(app, engine, receivers, data_file):
+    """A review found that the order came from the pending deliveries' own times: once a hanging endpoint's tried
+    delivery turned ``failed``, its next one counted as never tried and went before a healthy endpoint's again, so
+    four of them kept it waiting round after round. The order is now the endpoint's own: taken longest ago first."""
+    hanging, steady = [receivers(delay=3) for _ in range(4)], receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (*hanging, steady)]
+    _upload_three(app, engine, data_file)
+    with engine.begin() as conn:  # the hanging endpoints' deliveries were due first
+        conn.execute(text("UPDATE webhook_deliveries SET next_attempt_at = now() - CASE WHEN subscription_id = "
+                          "CAST(:steady AS uuid) THEN interval '1 second' ELSE interval '1 minute' END"),
+                     {"steady": hooks[-1]["id"]})
+    _rounds(engine, DelivererConfig(policy=NOW, max_attempts=1, timeout_seconds=0.5, concurrency=4,
+                                    allow_private=True), 3)
+    assert len(steady.calls) == 3
+    assert all(len(r.calls) <= 3 for r in hanging)

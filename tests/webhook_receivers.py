@@ -1,7 +1,8 @@
 """Small webhook receivers for the tests: http.server threads that record what they got.
 
 ``fail_first``: answer 500 to the first N calls; ``delay``: wait this long
-before answering (longer than the deliverer's timeout: a hanging endpoint).
+before answering (longer than the deliverer's timeout: a hanging endpoint);
+``status`` and ``headers``: the answer to the other calls (204, none).
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from standardwebhooks.webhooks import Webhook
 
 
 class Receiver:
-    def __init__(self, *, fail_first: int = 0, delay: float = 0.0):
-        self.fail_first, self.delay = fail_first, delay
+    def __init__(self, *, fail_first: int = 0, delay: float = 0.0, status: int = 204,
+                 headers: dict[str, str] | None = None):
+        self.fail_first, self.delay, self.status, self.headers = fail_first, delay, status, headers or {}
         self.calls: list[tuple[dict[str, str], str]] = []  # every request, answered or not
         self.lock = threading.Lock()
         receiver = self
@@ -29,7 +31,9 @@ class Receiver:
                 if receiver.delay:
                     time.sleep(receiver.delay)
                 try:
-                    self.send_response(500 if failing else 204)
+                    self.send_response(500 if failing else receiver.status)
+                    for name, value in ({} if failing else receiver.headers).items():
+                        self.send_header(name, value)
                     self.end_headers()
                 except OSError:  # the deliverer gave up waiting
                     pass

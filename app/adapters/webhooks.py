@@ -12,13 +12,16 @@
   ``standardwebhooks`` package from a ``whsec_`` secret.
 * :func:`post` - one POST, connected, sent and answered within a short
   timeout in all (a slow drip is cut like a hang); a redirect is an answer
-  like any other (never followed).
+  like any other (never followed). The :class:`Answer` says what Standard
+  Webhooks asks a sender to do with it: done (2xx), gone (410: disable the
+  endpoint), throttling (429, 502, 503, 504, or a ``Retry-After``).
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import email.utils
 import http.client
 import ipaddress
 import secrets
@@ -127,14 +130,47 @@ class _PinnedHTTPS(http.client.HTTPSConnection):
         self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
 
 
+#: answers that mean "send less" (Standard Webhooks: throttle on 429, 502 and 504; 503 is the server's own "not now")
+THROTTLING = frozenset({429, 502, 503, 504})
+#: the answer by which an endpoint says it wants no more deliveries (Standard Webhooks: disable the endpoint)
+GONE = 410
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int | None
     error: str | None
+    #: the seconds the endpoint's ``Retry-After`` asked for (delta-seconds or an HTTP date), when it sent one
+    retry_after: float | None = None
 
     @property
     def ok(self) -> bool:
         return self.status is not None and 200 <= self.status < 300
+
+    @property
+    def gone(self) -> bool:
+        return self.status == GONE
+
+    @property
+    def throttling(self) -> bool:
+        return self.status in THROTTLING or self.retry_after is not None
+
+
+def retry_after_seconds(value: str | None, now: datetime | None = None) -> float | None:
+    """``Retry-After`` (RFC 9110: delta-seconds or an HTTP date) as seconds from now; ``None`` when absent or not
+    one of the two forms."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        at = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError, IndexError):
+        return None
+    if at.tzinfo is None:  # an HTTP date is GMT; parsedate_to_datetime leaves "-0000" naive
+        at = at.replace(tzinfo=timezone.utc)
+    return max(0.0, (at - (now or datetime.now(timezone.utc))).total_seconds())
 
 
 def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
@@ -183,4 +219,6 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
         connection.close()
     if 300 <= status < 400:
         return Answer(status, f"redirect to {response.getheader('location', '?')[:200]} not followed")
-    return Answer(status, None if 200 <= status < 300 else f"HTTP {status}")
+    if 200 <= status < 300:
+        return Answer(status, None)
+    return Answer(status, f"HTTP {status}", retry_after_seconds(response.getheader("retry-after")))

@@ -11,8 +11,11 @@
   deliveries, at most one in flight per subscription, posts them from its
   own bounded thread pool with a short timeout (a dead endpoint holds one
   thread, never the pipeline and never another subscription), and records
-  each outcome: ``delivered`` on a 2xx; otherwise the next attempt after
-  the retry policy's backoff, or ``failed`` once the attempts are spent.
+  each outcome: ``delivered`` on a 2xx; a ``410 Gone`` disables the
+  subscription (audited); a throttling answer (``429``, ``502``, ``503``,
+  ``504``, or any ``Retry-After``) holds all of the subscription's
+  deliveries back; otherwise the next attempt after the retry policy's
+  backoff, or ``failed`` once the attempts are spent.
 * :func:`redeliver` - an operator sends a delivery again (``failed`` or
   ``delivered`` -> ``pending`` with a fresh budget), audited.
 
@@ -38,7 +41,7 @@ from sqlalchemy.engine import Connection, Engine
 from app.adapters import webhooks as endpoints
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import events, webhook_deliveries, webhook_subscriptions
+from app.adapters.postgres.models import events, webhook_deliveries, webhook_endpoints, webhook_subscriptions
 from app.core.events import TYPES, body
 from app.core.retry import RetryPolicy
 from app.errors import InvalidWebhook, MissingReason, WebhookNotFound
@@ -218,14 +221,14 @@ class DelivererConfig:
         return 3 * self.timeout_seconds + 30.0
 
 
-#: each subscription's first due delivery (one in flight per subscription), the subscription whose endpoint was
-#: tried longest ago first: one with no pending delivery tried yet (an endpoint that answers) before one whose
-#: pending deliveries have failed, and among those the least recently tried. In the order of the subscriptions'
-#: ids, those sorted first took every thread whenever they had something due, and a backlog always has: four
-#: hanging endpoints sorted before a healthy one kept it from all of its deliveries (an adversarial run).
+#: each subscription's first due delivery (one in flight per subscription), the endpoint taken longest ago first
+#: (``webhook_endpoints.last_claimed_at``; never taken first), none of an endpoint that asked to be left alone
+#: (``resume_at``). In the order of the subscriptions' ids, those sorted first took every thread whenever they had
+#: something due, and a backlog always has: four hanging endpoints sorted before a healthy one kept it from all of
+#: its deliveries (an adversarial run). The order was then read from the pending deliveries' own times, which
+#: forgot a hanging endpoint whose tried delivery had ended ``failed``. The claim stamps the endpoints it took.
 _CLAIM = text("""
-    UPDATE webhook_deliveries d SET claimed_until = now() + make_interval(secs => :claim), updated_at = now()
-    FROM (
+    WITH due AS (
         SELECT first_due.id FROM (
             SELECT DISTINCT ON (w.subscription_id) w.id, w.subscription_id, w.next_attempt_at
             FROM webhook_deliveries w JOIN webhook_subscriptions s ON s.id = w.subscription_id
@@ -233,15 +236,28 @@ _CLAIM = text("""
               AND (CAST(:subscription AS uuid) IS NULL OR w.subscription_id = CAST(:subscription AS uuid))
               AND NOT EXISTS (SELECT 1 FROM webhook_deliveries c WHERE c.subscription_id = w.subscription_id
                               AND c.state = 'pending' AND c.claimed_until > now())
+              AND NOT EXISTS (SELECT 1 FROM webhook_endpoints r WHERE r.subscription_id = w.subscription_id
+                              AND r.resume_at > now())
             ORDER BY w.subscription_id, w.sequence
         ) first_due
-        ORDER BY (SELECT max(t.updated_at) FROM webhook_deliveries t WHERE t.subscription_id = first_due.subscription_id
-                  AND t.state = 'pending' AND t.attempts > 0) NULLS FIRST, first_due.next_attempt_at
+        LEFT JOIN webhook_endpoints e ON e.subscription_id = first_due.subscription_id
+        ORDER BY e.last_claimed_at NULLS FIRST, first_due.next_attempt_at
         LIMIT :n
-    ) due
-    WHERE d.id = due.id AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until <= now())
-    RETURNING d.id, d.subscription_id, d.sequence, d.attempts, d.event_sequence
+    ), claimed AS (
+        UPDATE webhook_deliveries d SET claimed_until = now() + make_interval(secs => :claim), updated_at = now()
+        FROM due
+        WHERE d.id = due.id AND d.state = 'pending' AND (d.claimed_until IS NULL OR d.claimed_until <= now())
+        RETURNING d.id, d.subscription_id, d.sequence, d.attempts, d.event_sequence
+    ), stamped AS (
+        INSERT INTO webhook_endpoints (subscription_id, last_claimed_at)
+        SELECT subscription_id, now() FROM claimed
+        ON CONFLICT (subscription_id) DO UPDATE SET last_claimed_at = excluded.last_claimed_at
+    )
+    SELECT * FROM claimed
 """)
+
+#: who disables a subscription whose endpoint answered 410 Gone, in the audit log
+DELIVERER_ACTOR = "attache webhooks"
 
 
 class Deliverer:
@@ -314,24 +330,48 @@ class Deliverer:
         return self._record(row, answer)
 
     def _record(self, row, answer: endpoints.Answer) -> str:
+        """The attempt's outcome, as Standard Webhooks asks: a 2xx is done; a 410 disables the subscription (its
+        pending deliveries stay, unsent, as an operator's disable leaves them); a throttling answer keeps every
+        delivery of the subscription back for its ``Retry-After`` (at most the policy's longest interval), or for
+        the backoff when it gave none; anything else is tried again after the backoff, or fails once the attempts
+        are spent."""
         attempts = row.attempts + 1
         values = {"attempts": attempts, "claimed_until": None, "last_status": answer.status,
                   "last_error": answer.error, "updated_at": func.now()}
+        pause = None
         if answer.ok:
             outcome, values = DELIVERED, {**values, "state": DELIVERED, "delivered_at": func.now()}
+        elif answer.gone:
+            outcome, values["last_error"] = "retrying", "HTTP 410: the endpoint is gone; its subscription is disabled"
         elif attempts >= self.config.max_attempts:
             outcome, values = FAILED, {**values, "state": FAILED}
             log.warning("webhook delivery %s failed for good after %d attempts: %s", row.id, attempts, answer.error)
         else:
             delay = self.config.policy.delay(attempts)
+            if answer.throttling:
+                pause = min(self.config.policy.max_interval,
+                            answer.retry_after if answer.retry_after is not None else delay)
+                delay = max(delay, pause)
             outcome = "retrying"
-            values["next_attempt_at"] = func.now() + text(f"interval '{delay:.3f} seconds'")
+            values["next_attempt_at"] = func.now() + _seconds(delay)
         with transaction(self.engine) as conn:
-            conn.execute(update(webhook_deliveries)
-                         .where(and_(webhook_deliveries.c.id == row.id, webhook_deliveries.c.state == PENDING,
-                                     webhook_deliveries.c.attempts == row.attempts))
-                         .values(**values))
+            recorded = conn.execute(update(webhook_deliveries)
+                                    .where(and_(webhook_deliveries.c.id == row.id,
+                                                webhook_deliveries.c.state == PENDING,
+                                                webhook_deliveries.c.attempts == row.attempts))
+                                    .values(**values)).rowcount
+            if recorded and answer.gone:
+                disable(conn, row.subscription_id, actor=DELIVERER_ACTOR,
+                        reason="the endpoint answered 410 Gone (Standard Webhooks: stop sending to it)")
+                log.warning("webhook subscription %s disabled: its endpoint answered 410 Gone", row.subscription_id)
+            if recorded and pause:
+                conn.execute(update(webhook_endpoints).where(webhook_endpoints.c.subscription_id == row.subscription_id)
+                             .values(resume_at=func.now() + _seconds(pause)))
         return outcome
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _seconds(seconds: float):
+    return text(f"interval '{seconds:.3f} seconds'")

@@ -366,6 +366,17 @@ webhook_subscriptions = Table(
     Column("last_sequence", BigInteger, nullable=False, server_default=text("0")),
 )
 
+#: the deliverer's own record of each subscription's endpoint (written by the deliverer only, so a claim never waits
+#: on the subscription's row, which every event's transaction updates): when it last took one of its deliveries, and
+#: the time before which the endpoint asked to be left alone (``Retry-After``, ``429``/``502``/``503``/``504``)
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("subscription_id", UUID(as_uuid=True), ForeignKey("webhook_subscriptions.id"), primary_key=True),
+    Column("last_claimed_at", DateTime(timezone=True)),
+    Column("resume_at", DateTime(timezone=True)),
+)
+
 #: the states of ``webhook_deliveries.state``
 WEBHOOK_DELIVERY_STATES = ("pending", "delivered", "failed")
 
