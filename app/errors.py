@@ -154,6 +154,13 @@ class ObjectNotFound(StorageError):
     error_code = "object_not_found"
 
 
+class RemovalUnderWay(TransientError):
+    """A job's claim met the object GC removing one of its attachment's objects (``app/core/objects.py``): the
+    step runs again when the removal is done; the job is not charged an attempt."""
+
+    error_code = "removal_under_way"
+
+
 class DatabaseUnavailable(TransientError):
     """PostgreSQL cannot be reached."""
 

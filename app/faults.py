@@ -29,6 +29,8 @@ name                            #   where
                                     yet touched
 ``during_commit``               2   web: the upload's COMMIT reached the server and
                                     the answer was lost (raises, see below)
+``object_gc_before_delete``     -   scheduler: the object GC committed its decision
+                                    to remove an object, not yet deleted it
 ==============================  ==  ==============================================
 
 Most points kill. A point in :data:`RAISES` instead raises its error, once
@@ -62,6 +64,8 @@ POINTS = {
     "dlq_after_intent": 0,
     # window 2 entered with an error instead of a crash: the COMMIT's outcome is unknown to the web
     "during_commit": 2,
+    # not a contract window: the object GC committed its decision to remove an object, not yet deleted it
+    "object_gc_before_delete": 0,
 }
 
 #: points that raise this error (once per process) instead of killing

@@ -11,6 +11,12 @@ then) and, on a fresh query right before the delete, no row of
 there (from an earlier try) records it without rewriting it, so an old,
 unreferenced object may be about to be referenced while its job runs.
 
+That last check and the delete are two steps, and a job may come back in
+between (an operator's replay, a backfill): the decision to remove is
+committed before the delete, under the attachment's lock, and a job's claim
+waits while its attachment has one (``app/core/objects.py``). A decision
+left by a GC that died before forgetting it is finished by the next round.
+
 Each round, still under its lock, also removes what crashes and deletes
 left behind in storage, once untouched for the same grace
 (:meth:`Storage.remove_leftovers`): a worker killed mid-write leaves a
@@ -29,9 +35,11 @@ from datetime import datetime, timedelta, timezone
 from sqlalchemy import select
 from sqlalchemy.engine import Engine
 
+from app import faults
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import UNFINISHED, jobs, variants
 from app.adapters.storage import Storage
+from app.core import objects
 from scheduler.locking import sweep_storage
 
 log = logging.getLogger("attache.scheduler.objects")
@@ -79,6 +87,8 @@ class ObjectGc:
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "abandoned_writes": 0,
                   "empty_directories": 0, "skipped": 0}
+        if not dry_run:
+            self._finish_decided(counts)
         sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts,
                       then=lambda: counts.update(self.storage.remove_leftovers(self.config.grace_seconds,
@@ -111,24 +121,56 @@ class ObjectGc:
         candidates = [info for info in old if info.key not in referenced]
         if not candidates:
             return
-        with transaction(self.engine) as conn:  # one connection for the batch's re-checks
+        with transaction(self.engine) as conn:  # a first look at the candidates' jobs, for the batch at once
             busy = self._in_flight([info.key for info in candidates], conn)
-            counts["in_flight"] += len(busy)
-            for info in candidates:
-                if info.key in busy:
-                    continue
-                # re-check this one key, its attachment's jobs, and that it was not rewritten since it was listed
-                if self._referenced([info.key], conn):
-                    counts["referenced"] += 1
-                    continue
-                if self._in_flight([info.key], conn):
-                    counts["in_flight"] += 1
-                    continue
-                current = self.storage.stat(info.key)
-                if current is None or (current.last_modified and now - current.last_modified < grace):
-                    counts["young"] += 1
-                    continue
-                if not dry_run:
-                    self.storage.delete(info.key)
-                    log.info("removed unreferenced object %s", info.key, extra={"key": info.key})
-                counts["removed"] += 1
+        counts["in_flight"] += len(busy)
+        for info in candidates:
+            if info.key in busy:
+                continue
+            verdict = self._decide(info.key, now, grace, dry_run)
+            if verdict != "removed":
+                counts[verdict] += 1
+                continue
+            if not dry_run:
+                self._remove(info.key)
+            counts["removed"] += 1
+
+    def _decide(self, key: str, now: datetime, grace: timedelta, dry_run: bool) -> str:
+        """Under the lock of the key's attachment, check the key again (a reference, an unfinished job of its
+        attachment, a rewrite since it was listed) and commit the decision to remove it: ``removed``, or the
+        count the key goes to instead."""
+        with transaction(self.engine) as conn:
+            objects.lock_for_removal(conn, _owner(key))
+            if self._referenced([key], conn):
+                return "referenced"
+            if self._in_flight([key], conn):
+                return "in_flight"
+            current = self.storage.stat(key)
+            if current is None or (current.last_modified and now - current.last_modified < grace):
+                return "young"
+            if not dry_run:
+                objects.decide_removal(conn, key, _owner(key))
+        return "removed"
+
+    def _remove(self, key: str) -> None:
+        """Delete an object whose removal is decided (committed), then forget the decision."""
+        faults.point("object_gc_before_delete")
+        self.storage.delete(key)
+        log.info("removed unreferenced object %s", key, extra={"key": key})
+        with transaction(self.engine) as conn:
+            objects.removed(conn, key)
+
+    def _finish_decided(self, counts) -> None:
+        """Removals a GC decided and did not finish (it died, or its storage call outlasted it): no job of their
+        attachments has been claimed since, so they are removed as decided."""
+        with transaction(self.engine) as conn:
+            keys = objects.decided(conn)
+        for key in keys:
+            self._remove(key)
+            counts["removed"] += 1
+
+
+def _owner(key: str) -> str:
+    """What the key's removal is locked and recorded by: its attachment's id, or the key itself."""
+    attachment = attachment_of(key)
+    return str(attachment) if attachment is not None else key

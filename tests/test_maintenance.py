@@ -599,3 +599,109 @@ def test_lease_recovery_takes_no_lease_back_before_it_has_watched_a_heartbeat_pe
         release.join()
     wait_for(lambda: recovery.run_once()["requeued"] == 1, timeout=10, interval=0.1,
              message="taken back after rounds without a break")
+
+
+class _SlowDelete:
+    """Storage whose ``delete`` waits until the test lets it go (a slow storage call, as an adversarial run made
+    one with a 15 s ``unlink``); everything else is the real storage's."""
+
+    def __init__(self, storage):
+        self.storage, self.entered, self.release, self.deleting = storage, threading.Event(), threading.Event(), None
+
+    def __getattr__(self, name):
+        return getattr(self.storage, name)
+
+    def delete(self, key):
+        self.deleting = key
+        self.entered.set()
+        assert self.release.wait(60)
+        return self.storage.delete(key)
+
+
+def test_a_replay_during_the_object_gcs_delete_never_loses_the_ready_jobs_object(quiet_services, storage_dir,
+                                                                                data_file, caplog):
+    """An adversarial run: an attempt lost its lease after writing its objects (``worker_lost``, nothing
+    recorded); the GC found one of them unreferenced, with no unfinished job, and began to delete it; an operator
+    replayed the job meanwhile, and the new attempt rendered the same key, recorded it and was published ``ready``
+    before the slow delete returned and removed it: a ready variant gone for good (``500 effect_missing``). The GC
+    now commits its decision before it deletes, and the replayed attempt's claim waits for the delete."""
+    from app.core.operations import replay
+    from app.core.workflow import Workflow
+    from tests.driver import job, run, upload
+
+    services = quiet_services
+    engine = services.engine
+    caplog.set_level("INFO", logger="attache.workflow")
+    source = data_file("photos/chelsea.jpg")
+    accepted = upload(services, source)
+    workflow = Workflow(services)
+    # what a lost attempt leaves: its objects written, no row recorded, the job failed worker_lost
+    with engine.begin() as conn:
+        attachment = workflow._attachment(conn, accepted.attachment_id)
+        version = pipeline.get(accepted.pipeline_version)
+    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
+        made, failed = workflow._make_objects(attachment, version, list(version.variants), path)
+    assert failed is None and len(made) == len(version.variants)
+    keys = [effect["storage_key"] for effect in made.values()]
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
+                     .values(state="failed", attempt=1, error_code="worker_lost"))
+    for key in keys:
+        age(storage_dir, key, 2 * HOUR)
+
+    slow = _SlowDelete(services.storage)
+    gc = ObjectGc(services.engine, slow, ObjectGcConfig(grace_seconds=HOUR))
+    collecting = threading.Thread(target=gc.run_once)
+    collecting.start()
+    try:
+        assert slow.entered.wait(30), "the GC reached its first delete"
+        replay(services, accepted.job_id, operator="alice", reason="worker lost")
+        done = []
+        def work():
+            try:
+                done.append(run(workflow, engine, accepted.job_id))
+            except BaseException as error:
+                done.append(error)
+                raise
+
+        worker = threading.Thread(target=work)
+        worker.start()
+        wait_for(lambda: done or job(engine, accepted.job_id).state != "queued"
+                 or "the step waits for it" in caplog.text, timeout=30, message="the replayed attempt ran or waits")
+        waited = job(engine, accepted.job_id).state
+    finally:
+        slow.release.set()
+        collecting.join(60)
+    worker.join(60)
+    assert waited == "queued", "the replayed attempt is not claimed while the GC deletes one of its objects"
+    assert done and not isinstance(done[0], BaseException), done
+    assert job(engine, accepted.job_id).state == "ready", (done, caplog.text[-3000:])
+    with engine.connect() as conn:
+        published = list(conn.execute(select(variants.c.storage_key)
+                                      .where(variants.c.job_id == accepted.job_id)).scalars())
+        left = conn.execute(text("SELECT count(*) FROM object_removals")).scalar()
+    assert slow.deleting in published and left == 0
+    assert all(exists(storage_dir, key) for key in published), "every object of the ready job is there"
+
+
+def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(services, engine, storage_dir):
+    """A GC killed between its committed decision and its delete (``object_gc_before_delete``) leaves the decision;
+    claims of the attachment's jobs wait on it, so the next round removes the object as decided and forgets it."""
+    from app.core import objects
+    from app.errors import RemovalUnderWay
+
+    attachment_id, job_id, _ = seed(engine, services.storage, "queued")
+    key = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
+    services.storage.put_bytes(key, b"bytes")
+    with engine.begin() as conn:
+        objects.decide_removal(conn, key, str(attachment_id))
+    lease = states.Lease("worker:test", 30)
+    with pytest.raises(RemovalUnderWay), engine.begin() as conn:
+        assert states.claim(conn, job_id, 1, lease) is not None
+        objects.await_removals(conn, attachment_id)
+    counts = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR)).run_once()
+    assert counts["removed"] == 1 and not exists(storage_dir, key)
+    with engine.begin() as conn:
+        assert states.claim(conn, job_id, 1, lease) is not None, "the claim rolled back, and now goes through"
+        objects.await_removals(conn, attachment_id)
+        assert not conn.execute(text("SELECT count(*) FROM object_removals")).scalar()

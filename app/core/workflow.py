@@ -62,7 +62,7 @@ from app.adapters.imaging.shared import content_key
 from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
-from app.core import messages, outbox, pipeline, provenance, states
+from app.core import messages, objects, outbox, pipeline, provenance, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
@@ -75,6 +75,7 @@ from app.errors import (
     ObjectNotFound,
     OriginalCorrupted,
     PoisonMessage,
+    RemovalUnderWay,
     StagingMissing,
     StorageError,
     StorageUnavailable,
@@ -94,6 +95,9 @@ T = TypeVar("T")
 
 #: how often a step runs again while PostgreSQL is short of disk, memory or connections (within its database wait)
 SHORT_OF_RESOURCES_RETRY_SECONDS = 1.0
+#: how often a claim that met the object GC removing one of its attachment's objects is tried again (a removal is
+#: one storage call; within the step's database wait)
+REMOVAL_RETRY_SECONDS = 0.2
 #: how soon a heartbeat that could not be written is tried again (one that was, a third of the lease later): a
 #: lease that lapsed in an outage is renewed within a second of PostgreSQL taking writes again (states.held_by)
 HEARTBEAT_RETRY_SECONDS = 1.0
@@ -245,15 +249,25 @@ class Workflow:
         second within the same wait. Before, its disk full for 20 s sent the
         steps through Dramatiq's retries to the dead letters and left a job
         waiting minutes for the reconciler (an adversarial run).
+        A claim that meets the object GC removing one of its attachment's
+        objects (:class:`RemovalUnderWay`, ``app/core/objects.py``) runs again
+        every ``REMOVAL_RETRY_SECONDS`` within the same wait.
         The step's timing (``step_runs``) is the run's after the wait: the
         wait is in the worker's log, not in the step's duration.
         """
         engine = self.services.engine
         deadline = time.monotonic() + self.services.settings.database_wait_seconds
-        short = False
+        short = waited_for_removal = False
         while True:
             try:
                 return self._handle(body)
+            except RemovalUnderWay as error:
+                if not waited_for_removal:
+                    log.info("%s: the step waits for it", error)
+                waited_for_removal = True
+                if time.monotonic() >= deadline or self.stopping.wait(REMOVAL_RETRY_SECONDS):
+                    raise
+                continue
             except DatabaseUnavailable as error:
                 if time.monotonic() >= deadline:
                     raise
@@ -289,7 +303,7 @@ class Workflow:
                     outcome = self.render(body, attempt, body["variant"], lease)
                 case Step.PUBLISH:
                     outcome = self.publish(body, attempt, lease)
-        except (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted):
+        except (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted, RemovalUnderWay):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
             return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
@@ -330,8 +344,10 @@ class Workflow:
     def inspect(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
         job_id = uuid.UUID(body["job_id"])
         with transaction(self.services.engine) as conn:
-            job = self._held(conn, body, states.claim(conn, job_id, attempt, lease)
-                             or states.fence(conn, job_id, attempt, lease))
+            claimed = states.claim(conn, job_id, attempt, lease)
+            if claimed is not None:  # an attempt starts: not while the object GC removes one of its objects
+                objects.await_removals(conn, claimed.attachment_id)
+            job = self._held(conn, body, claimed or states.fence(conn, job_id, attempt, lease))
             if isinstance(job, Unheld):
                 return job
             attachment = self._attachment(conn, job.attachment_id)

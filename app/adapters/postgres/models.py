@@ -258,6 +258,17 @@ staging_removals = Table(
     Column("decided_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 
+#: the object GC's decisions to remove an object under ``attachments/``, committed before it deletes and forgotten
+#: after (``app/core/objects.py``); ``owner`` is the object's attachment id (or its key, for a key of no attachment)
+object_removals = Table(
+    "object_removals",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("decided_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("object_removals_owner_idx", object_removals.c.owner)
+
 idempotency_keys = Table(
     "idempotency_keys",
     metadata,

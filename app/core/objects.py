@@ -1,0 +1,73 @@
+"""A stored object's removal and its attachment's jobs exclude each other.
+
+The object GC (``scheduler/object_gc.py``) removes an object under
+``attachments/{id}/`` that no variant row references once no job of the
+attachment is ``queued`` or ``processing``. It checked, then deleted: a job
+that came back between the two (an operator's replay of a ``worker_lost``
+job; a backfill) was claimed, rendered the same content-addressed key,
+recorded it and was published ``ready``, and the GC's delete, slow on its
+storage, then removed the fresh object: a ready attachment's variant gone
+for good (an adversarial run, with a 15 s ``unlink``). A lock held across
+the delete is no answer: a lock is its session's, and a session ends under
+a slow delete (``idle_in_transaction_session_timeout``) or a PostgreSQL
+restart (``app/core/staging.py`` met the same).
+
+So the GC commits its decision before it deletes, and a claim respects it:
+
+* :func:`decide_removal` - the GC, under the attachment's lock
+  (:func:`lock_for_removal`, exclusive), checks again that nothing
+  references the key and no job of the attachment is unfinished, and
+  commits a row of ``object_removals``; then it deletes the object, then
+  forgets the row (:func:`removed`). A row whose GC died before forgetting
+  it is finished by the next round (:func:`decided`: the object is deleted
+  again, which is harmless, and the row forgotten).
+* :func:`await_removals` - a job's claim (``queued`` -> ``processing``),
+  in the claim's transaction, under the same lock (shared: claims do not
+  wait for each other), raises :class:`RemovalUnderWay` while a decision
+  of its attachment stands. The step runs again when the GC is done
+  (``Workflow._outlasting_outages``); a claim that commits first is seen
+  by the GC's check, which then leaves the object alone.
+
+Only a claim needs it: an attachment's objects are written by its jobs'
+steps, and every attempt starts with its claim.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import delete, select, text
+from sqlalchemy.dialects.postgresql import insert
+
+from app.adapters.postgres.models import object_removals
+from app.errors import RemovalUnderWay
+
+#: the first key of the two-key advisory locks of attachments' objects (a key space of its own in PostgreSQL)
+NAMESPACE = 727276
+
+
+def lock_for_removal(conn, owner: str) -> None:
+    """The GC's lock on the objects of ``owner`` (an attachment id, or the key of an object of no attachment)."""
+    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+
+
+def decide_removal(conn, key: str, owner: str) -> None:
+    """Under :func:`lock_for_removal`, in a transaction that commits before the object is deleted."""
+    conn.execute(insert(object_removals).values(key=key, owner=owner).on_conflict_do_nothing())
+
+
+def removed(conn, key: str) -> None:
+    """The object ``key`` is gone: its decision is forgotten."""
+    conn.execute(delete(object_removals).where(object_removals.c.key == key))
+
+
+def decided(conn) -> list[str]:
+    """The keys whose removal was decided and not yet forgotten (a GC died, or lost its session, in between)."""
+    return list(conn.execute(select(object_removals.c.key).order_by(object_removals.c.decided_at)).scalars())
+
+
+def await_removals(conn, attachment_id) -> None:
+    """In a claim's transaction: raise :class:`RemovalUnderWay` while the GC removes one of the attachment's
+    objects; once this returns, the GC sees the claim (its check waits for this transaction's lock)."""
+    owner = str(attachment_id)
+    conn.execute(text("SELECT pg_advisory_xact_lock_shared(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+    if conn.execute(select(object_removals.c.key).where(object_removals.c.owner == owner).limit(1)).first():
+        raise RemovalUnderWay(f"the object GC is removing an object of attachment {owner}")
