@@ -87,12 +87,9 @@ class ObjectGc:
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "abandoned_writes": 0,
                   "empty_directories": 0, "skipped": 0}
-        if not dry_run:
-            self._finish_decided(counts)
         sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts,
-                      then=lambda: counts.update(self.storage.remove_leftovers(self.config.grace_seconds,
-                                                                               dry_run=dry_run)))
+                      then=lambda: self._then(counts, dry_run))
         if counts["removed"] or counts["abandoned_writes"] or counts["empty_directories"]:
             log.info("object gc removed %(removed)d unreferenced objects, %(abandoned_writes)d abandoned writes "
                      "and %(empty_directories)d empty directories", counts, extra=counts)
@@ -160,11 +157,19 @@ class ObjectGc:
         with transaction(self.engine) as conn:
             objects.removed(conn, key)
 
+    def _then(self, counts, dry_run: bool) -> None:
+        """Still under the lock: the removals left undone, then storage's leftovers."""
+        if not dry_run:
+            self._finish_decided(counts)
+        counts.update(self.storage.remove_leftovers(self.config.grace_seconds, dry_run=dry_run))
+
     def _finish_decided(self, counts) -> None:
-        """Removals a GC decided and did not finish (it died, or its storage call outlasted it): no job of their
-        attachments has been claimed since, so they are removed as decided."""
+        """Removals a GC decided and did not finish (it died between its decision and its delete): no job of their
+        attachments has been claimed since, so they are removed as decided. Only those decided a grace period ago:
+        a GC whose session was lost (a PostgreSQL restart) may still be in its delete, and a second delete after
+        the claims went on would remove what they write."""
         with transaction(self.engine) as conn:
-            keys = objects.decided(conn)
+            keys = objects.decided(conn, older_than_seconds=self.config.grace_seconds)
         for key in keys:
             self._remove(key)
             counts["removed"] += 1

@@ -686,7 +686,8 @@ def test_a_replay_during_the_object_gcs_delete_never_loses_the_ready_jobs_object
 
 def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(services, engine, storage_dir):
     """A GC killed between its committed decision and its delete (``object_gc_before_delete``) leaves the decision;
-    claims of the attachment's jobs wait on it, so the next round removes the object as decided and forgets it."""
+    claims of the attachment's jobs wait on it, so a round a grace period later removes the object as decided and
+    forgets it."""
     from app.core import objects
     from app.errors import RemovalUnderWay
 
@@ -696,10 +697,14 @@ def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(servi
     with engine.begin() as conn:
         objects.decide_removal(conn, key, str(attachment_id))
     lease = states.Lease("worker:test", 30)
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
+    assert gc.run_once()["removed"] == 0 and exists(storage_dir, key), "a GC that lost its session may be deleting"
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE object_removals SET decided_at = now() - interval '2 hours'"))
     with pytest.raises(RemovalUnderWay), engine.begin() as conn:
         assert states.claim(conn, job_id, 1, lease) is not None
         objects.await_removals(conn, attachment_id)
-    counts = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR)).run_once()
+    counts = gc.run_once()
     assert counts["removed"] == 1 and not exists(storage_dir, key)
     with engine.begin() as conn:
         assert states.claim(conn, job_id, 1, lease) is not None, "the claim rolled back, and now goes through"

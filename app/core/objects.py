@@ -19,8 +19,9 @@ So the GC commits its decision before it deletes, and a claim respects it:
   references the key and no job of the attachment is unfinished, and
   commits a row of ``object_removals``; then it deletes the object, then
   forgets the row (:func:`removed`). A row whose GC died before forgetting
-  it is finished by the next round (:func:`decided`: the object is deleted
-  again, which is harmless, and the row forgotten).
+  it is finished by a round a grace period later (:func:`decided`: the
+  object is deleted again, which is harmless, and the row forgotten); the
+  attachment's claims wait until then.
 * :func:`await_removals` - a job's claim (``queued`` -> ``processing``),
   in the claim's transaction, under the same lock (shared: claims do not
   wait for each other), raises :class:`RemovalUnderWay` while a decision
@@ -34,7 +35,7 @@ steps, and every attempt starts with its claim.
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from app.adapters.postgres.models import object_removals
@@ -59,9 +60,12 @@ def removed(conn, key: str) -> None:
     conn.execute(delete(object_removals).where(object_removals.c.key == key))
 
 
-def decided(conn) -> list[str]:
-    """The keys whose removal was decided and not yet forgotten (a GC died, or lost its session, in between)."""
-    return list(conn.execute(select(object_removals.c.key).order_by(object_removals.c.decided_at)).scalars())
+def decided(conn, *, older_than_seconds: float) -> list[str]:
+    """The keys whose removal was decided that long ago and not yet forgotten (a GC died in between)."""
+    return list(conn.execute(select(object_removals.c.key)
+                             .where(object_removals.c.decided_at <= func.now() - func.make_interval(
+                                 0, 0, 0, 0, 0, 0, older_than_seconds))
+                             .order_by(object_removals.c.decided_at)).scalars())
 
 
 def await_removals(conn, attachment_id) -> None:
