@@ -530,6 +530,36 @@ def test_a_worker_killed_mid_write_leaves_a_temp_file_the_object_gc_removes(env,
         deployment.stop_all()
 
 
+
+def _decisions(engine) -> int:
+    with engine.connect() as conn:
+        return conn.execute(text("SELECT count(*) FROM object_removals")).scalar()
+
+
+def test_a_scheduler_killed_between_its_gc_decision_and_the_delete(env, tmp_path, services, engine, storage_dir):
+    """SIGKILL at ``object_gc_before_delete``: the decision is committed, the object still there; a scheduler
+    started again removes it as decided once the decision is a grace period old, and forgets the decision."""
+    from tests.processes import Deployment
+
+    attachment_id, _, _ = seed(engine, services.storage, "failed")
+    key = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
+    services.storage.put_bytes(key, b"bytes")
+    age(storage_dir, key, 2 * HOUR)
+    fast = {"ATTACHE_OBJECT_GRACE_SECONDS": "1", "ATTACHE_CLEANUP_INTERVAL_SECONDS": "0.5"}
+    deployment = Deployment(env, tmp_path)
+    try:
+        scheduler = deployment.start("scheduler", wait=False, ATTACHE_FAULT="object_gc_before_delete", **fast)
+        assert scheduler.wait_dead(timeout=60) != 0
+        with engine.connect() as conn:
+            decided = conn.execute(text("SELECT key, owner FROM object_removals")).all()
+        assert decided == [(key, str(attachment_id))] and exists(storage_dir, key)
+        deployment.start("scheduler", wait=False, **fast)
+        wait_for(lambda: not exists(storage_dir, key), timeout=60, message="the decided removal finished")
+        wait_for(lambda: not _decisions(engine), timeout=30, message="the decision forgotten")
+    finally:
+        deployment.stop_all()
+
+
 # --- indexes ----------------------------------------------------------------------
 
 
