@@ -104,3 +104,40 @@ def test_the_limits_are_not_walked_around(tmp_path):
     end = png.rindex(b"IEND") - 4
     with pytest.raises(DecompressionBomb, match="chunks"):
         probed(tmp_path, "after.png", png[:end] + png_chunk(b"abCd") * (segments.MAX_SEGMENTS + 1) + png[end:])
+
+
+def _itxt(text: str) -> bytes:
+    """An iTXt chunk, compressed: keyword, compression flag and method, language and translated keyword, text."""
+    return png_chunk(b"iTXt", b"Comment\x00\x01\x00\x00\x00" + zlib.compress(text.encode(), 9))
+
+
+def test_a_png_whose_text_inflates_to_hundreds_of_megabytes_is_a_bomb(tmp_path):
+    """An adversarial run: 255 iTXt chunks of 1 Mi emoji each (a 274 KB PNG of 1024x768) held 270 MB an open
+    (Pillow counts characters, an emoji takes 4 bytes), 592 MB in the worker and 2 GB for four at once, outside
+    the memory budget. Pillow's limit on a PNG's text is now 4 Mi characters (``plugins.PNG_TEXT_CHARACTERS``)."""
+    png = encoded("PNG")
+    chunk = _itxt("\U0001F600" * 200_000)  # 800 KB inflated, under Pillow's 1 MiB a chunk; 800 KB in memory
+    bomb = png[:33] + chunk * 30 + png[33:]
+    assert len(bomb) < 100_000
+    with pytest.raises(DecompressionBomb):
+        probed(tmp_path, "text.png", bomb)
+    # a photo's XMP, a few hundred KB of text, is not one
+    xmp = png[:33] + _itxt("<x:xmpmeta>" + "x" * 300_000 + "</x:xmpmeta>") + png[33:]
+    assert probed(tmp_path, "xmp.png", xmp).width == 64
+
+
+def _rle8_bmp(width: int, height: int, rows: bytes) -> bytes:
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256))
+    offset = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(rows), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", offset + len(rows), 0, 0, offset) + info + palette + rows
+
+
+def test_a_run_length_encoded_bmp_of_many_megapixels_is_a_bomb(tmp_path):
+    """An adversarial run: a 33 KB BMP of 8000x8000 made of RLE8 end-of-line codes took 8 s of CPU a decode with
+    the GIL held (Pillow decodes RLE in Python), 22-33 s a job; four at once held every upload behind them. More
+    than ``segments.MAX_RLE_BMP_PIXELS`` pixels of RLE is refused at probe; a small RLE BMP is read."""
+    with pytest.raises(DecompressionBomb):
+        probed(tmp_path, "rle.bmp", _rle8_bmp(8000, 8000, b"\x01\x07\x00\x00" * 8000 + b"\x00\x01"))
+    small = probed(tmp_path, "small.bmp", _rle8_bmp(100, 100, b"\x64\x07\x00\x00" * 100 + b"\x00\x01"))
+    assert (small.width, small.height) == (100, 100)

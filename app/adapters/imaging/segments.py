@@ -15,7 +15,9 @@ CPU per variant, in 73 MB, out of reach of the memory budget.
 A photo has a few dozen segments before its pixels, and a progressive
 JPEG 10-12 scans (libjpeg's and mozjpeg's defaults). More than
 :data:`MAX_SEGMENTS` or :data:`MAX_SCANS` is refused as a decompression
-bomb; more than :data:`MAX_JUNK_BYTES` of bytes that belong to no JPEG
+bomb, as is a run-length-encoded BMP of more than :data:`MAX_RLE_BMP_PIXELS`
+(Pillow decodes those in Python, at some 0.12 s a megapixel); more than
+:data:`MAX_JUNK_BYTES` of bytes that belong to no JPEG
 segment (libjpeg's "extraneous bytes", which Pillow also walks one by one)
 as a corrupt image. The walk is as cheap as the file is honest: it stops
 at the limits, and a JPEG's scans are found with ``mmap.find``.
@@ -38,6 +40,14 @@ MAX_SCANS = 100
 MAX_JUNK_BYTES = 1 << 20
 #: chunks of a PNG in all (a 50 MB PNG of libpng's 8 KiB IDAT chunks has some 6,000)
 MAX_PNG_CHUNKS = 100_000
+#: pixels of a run-length-encoded BMP (RLE8, RLE4): Pillow decodes those in Python, some 0.12 s of CPU per
+#: megapixel with the GIL held whatever the file's size (a 33 KB BMP of 8000x8000 end-of-line codes took 8 s a
+#: decode, 22-33 s a job; four at once held every upload behind them: an adversarial run)
+MAX_RLE_BMP_PIXELS = 4_000_000
+#: BITMAPINFOHEADER (and its successors): width, height, planes, bits per pixel, compression, after the file header
+_BMP_INFO = struct.Struct("<IiiHHI")
+#: BMP compressions Pillow decodes in Python
+_BMP_RLE = frozenset({1, 2})
 
 #: the frames of a progressive JPEG (SOF2, SOF6, SOF10, SOF14): a pass over the image per scan
 _PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
@@ -51,6 +61,18 @@ def check(fp: BinaryIO, family: str) -> None:
         _jpeg(fp)
     elif family == "PNG":
         _png(fp)
+    elif family == "BMP":
+        _bmp(fp)
+
+
+def _bmp(fp: BinaryIO) -> None:
+    fp.seek(14)
+    header = fp.read(_BMP_INFO.size)
+    if len(header) < _BMP_INFO.size or _BMP_INFO.unpack(header)[0] < 40:
+        return  # an OS/2 header (no compression), or cut short: Pillow's to say
+    _, width, height, _, _, compression = _BMP_INFO.unpack(header)
+    if compression in _BMP_RLE and abs(width) * abs(height) > MAX_RLE_BMP_PIXELS:
+        raise DecompressionBomb(f"a run-length-encoded BMP of more than {MAX_RLE_BMP_PIXELS} pixels")
 
 
 def _jpeg(fp: BinaryIO) -> None:
