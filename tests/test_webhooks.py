@@ -358,3 +358,21 @@ def test_a_hanging_endpoint_whose_tried_delivery_failed_is_not_new_again(app, en
                                     allow_private=True), 3)
     assert len(steady.calls) == 3
     assert all(len(r.calls) <= 3 for r in hanging)
+
+
+def test_slow_endpoints_that_answer_never_keep_a_fast_one_waiting(app, engine, receivers, data_file):
+    """An adversarial run: four endpoints answering 200 in 2 s (inside the timeout) and a fast one; each thread went
+    on with its own subscription's backlog after every 2xx and never came back to the claim's order, and the fast
+    endpoint got 1 of 179 deliveries in 3 minutes. After a 2xx a thread goes on with the same subscription only
+    within ``follow_on_seconds``, then takes whichever endpoint was taken longest ago."""
+    slow, fast = [receivers(delay=0.3) for _ in range(4)], receivers()
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (*slow, fast)]
+    _upload_three(app, engine, data_file)
+    with engine.begin() as conn:  # the slow endpoints' deliveries were due first
+        conn.execute(text("UPDATE webhook_deliveries SET next_attempt_at = now() - CASE WHEN subscription_id = "
+                          "CAST(:fast AS uuid) THEN interval '1 second' ELSE interval '1 minute' END"),
+                     {"fast": hooks[-1]["id"]})
+    _rounds(engine, DelivererConfig(policy=NOW, max_attempts=3, concurrency=4, allow_private=True,
+                                    follow_on_seconds=0.2), 1)
+    assert len(fast.calls) == 3 and all(len(r.calls) == 3 for r in slow)
+    assert fast.times[0] < min(r.times[1] for r in slow), "the fast endpoint waited for every slow one's backlog"

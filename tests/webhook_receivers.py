@@ -19,6 +19,7 @@ class Receiver:
                  headers: dict[str, str] | None = None):
         self.fail_first, self.delay, self.status, self.headers = fail_first, delay, status, headers or {}
         self.calls: list[tuple[dict[str, str], str]] = []  # every request, answered or not
+        self.times: list[float] = []  # when each arrived (time.monotonic())
         self.lock = threading.Lock()
         receiver = self
 
@@ -27,6 +28,7 @@ class Receiver:
                 body = self.rfile.read(int(self.headers.get("content-length", 0))).decode()
                 with receiver.lock:
                     receiver.calls.append(({k.lower(): v for k, v in self.headers.items()}, body))
+                    receiver.times.append(time.monotonic())
                     failing = len(receiver.calls) <= receiver.fail_first
                 if receiver.delay:
                     time.sleep(receiver.delay)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -214,6 +215,10 @@ class DelivererConfig:
     max_attempts: int = 10
     policy: RetryPolicy = RetryPolicy(initial_interval=5.0, max_interval=3600.0)
     allow_private: bool = False
+    #: how long a thread goes on with one subscription's backlog while its endpoint answers 2xx, before it takes
+    #: the endpoint taken longest ago instead: a quick endpoint drains its backlog at once, a slow one gives its
+    #: thread back after each delivery
+    follow_on_seconds: float = 1.0
 
     @property
     def claim_seconds(self) -> float:
@@ -298,13 +303,23 @@ class Deliverer:
                                          "subscription": str(subscription_id) if subscription_id else None}).all()
 
     def _run(self, row) -> None:
-        """Deliver ``row``, then the subscription's next due deliveries while its endpoint answers 2xx."""
+        """Deliver ``row``, then, while endpoints answer 2xx: the same subscription's next due delivery within
+        ``follow_on_seconds`` of taking it, then the next due delivery of whichever endpoint was taken longest
+        ago (``_CLAIM``'s order). It went on with the same subscription for as long as it answered 2xx: four
+        endpoints answering in 2 s kept all four threads, each on its own backlog, and a fast one got 1 of 179
+        deliveries in 3 minutes (an adversarial run)."""
         try:
+            taken = time.monotonic()
             while row is not None:
                 outcome = self.attempt(row)
                 with self._lock:
                     self._done[outcome] += 1
-                following = self._claim(1, row.subscription_id) if outcome == DELIVERED else []
+                if outcome != DELIVERED:
+                    break
+                same = time.monotonic() - taken < self.config.follow_on_seconds
+                following = self._claim(1, row.subscription_id if same else None)
+                if following and following[0].subscription_id != row.subscription_id:
+                    taken = time.monotonic()
                 row = following[0] if following else None
         except Exception:
             log.exception("webhook delivery failed to record")
