@@ -70,6 +70,14 @@ def test_bad_keys_are_400(app, data_file):
 
 
 @pytest.mark.processes
+def test_a_key_of_a_resumable_uploads_own_shape_is_refused(app, engine, data_file):
+    """An adversarial run: a POST under ``tus:<upload id>`` took the key a tus upload's last byte hands off under,
+    and that PATCH then failed ``422`` and terminated the upload, its bytes gone. The prefix is the uploads' own."""
+    refused = post(authed(app), data_file("photos/chelsea.jpg"), "tus:7f2b3c4d-0000-4000-8000-000000000000")
+    assert refused.status_code == 400 and refused.json["error"] == "bad_idempotency_key"
+    assert count(engine, attachments) == 0 and count(engine, idempotency_keys) == 0
+
+
 def test_parallel_posts_with_one_key_make_one_attachment(env, tmp_path, engine, storage_dir, data_file):
     deployment = Deployment(env, tmp_path)
     deployment.start("web", WEB_CONCURRENCY="2")

@@ -84,9 +84,13 @@ def part_key(upload_id: uuid.UUID, offset: int) -> str:
     return f"{parts_prefix(upload_id)}{offset:020d}"
 
 
+#: the Idempotency-Keys of resumable uploads' hand-offs; a client's key may not begin with it
+HANDOFF_KEY_PREFIX = "tus:"
+
+
 def handoff_key(upload_id: uuid.UUID) -> str:
     """The Idempotency-Key under which the upload's last byte makes its attachment."""
-    return f"tus:{upload_id}"
+    return f"{HANDOFF_KEY_PREFIX}{upload_id}"
 
 
 def lifetime(settings) -> timedelta:

@@ -14,7 +14,7 @@ from werkzeug.http import parse_options_header
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, jobs, variants
-from app.core import filenames, intake
+from app.core import filenames, intake, resumable
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -88,7 +88,7 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
         in_header("Idempotency-Key", "1-255 printable characters (surrounding quotes are dropped). A retry of the same "
                                   "content by the same principal while the key is remembered returns the first "
                                   "attachment with `Idempotent-Replayed: true`; the same key with other content is "
-                                  "refused (422)."),
+                                  "refused (422). Keys beginning with `tus:` are resumable uploads' own (400)."),
         in_header("traceparent", "W3C trace context, kept with the job and carried to the workers; an invalid one is "
                               "replaced by a fresh trace."),
         in_header("tracestate", "W3C vendor trace state, kept with the job."),
@@ -162,6 +162,9 @@ def _idempotency_key() -> str | None:
     key = raw.strip().strip('"')
     if not key or len(key) > 255 or not key.isprintable():
         raise UploadRejected("Idempotency-Key must be 1-255 printable characters", error_code="bad_idempotency_key")
+    if key.startswith(resumable.HANDOFF_KEY_PREFIX):  # a POST under a tus upload's key made its last PATCH fail
+        raise UploadRejected(f"an Idempotency-Key may not begin with {resumable.HANDOFF_KEY_PREFIX!r} (resumable "
+                             "uploads' own)", error_code="bad_idempotency_key")
     return key
 
 
