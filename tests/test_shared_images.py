@@ -199,9 +199,8 @@ def _rocket_and_the_price_of_its_optimized() -> tuple:
 
 
 def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_price(monkeypatch) -> None:
-    """It reserved the encoding's price to share pixels being made; their make failed, so it makes them itself and
-    gives that part back before waiting for the whole price (the budget is one render's price: holding on to the
-    part would wait for ever)."""
+    """It waited to share pixels being made; their make failed, so it makes them itself at the whole price (the
+    budget is one render's price: holding any part of it while waiting for the rest would wait for ever)."""
     renderer = sys.modules["app.adapters.imaging.render"]
     path, price = _rocket_and_the_price_of_its_optimized()
     limits = Limits(max_decode_bytes=price.total)
@@ -212,7 +211,7 @@ def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_pric
         if threading.current_thread().name != "first":
             return upright(img, family, spec)
         making.set()
-        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)  # the other waits for its encoding's price
+        _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))  # the other waits for them
         raise CorruptImage("image data cannot be decoded")
 
     monkeypatch.setattr(renderer, "_upright", fails_once_the_other_waits)
@@ -263,27 +262,61 @@ def _second_render_while_the_first_makes(monkeypatch, path, limits: Limits):
             thread.join(30)
 
 
-def test_a_render_waiting_for_pixels_being_made_has_reserved_its_encoding_first(monkeypatch) -> None:
-    """Pixels taken before the reservation could wait in the budget's line priced by no one (the LRU may have let
-    them go): the encoding's price is reserved before the render waits for the pixels or takes them."""
+def test_a_render_waiting_for_pixels_being_made_holds_none_of_the_budget(monkeypatch) -> None:
+    """The pixels' maker reserves its decode's price in its make: a render that had reserved its encoding's before
+    waiting for the pixels could leave the maker short for ever (an adversarial run). It reserves once they are
+    there to take."""
     path, price = _rocket_and_the_price_of_its_optimized()
     SHARED.clear()
     with _second_render_while_the_first_makes(monkeypatch, path, Limits(max_decode_bytes=price.total + price.output)
                                               ) as (makes, results):
         _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))
-        assert budget.RESERVATIONS.in_use == price.total + price.output
+        assert budget.RESERVATIONS.in_use == price.total
     assert len(results) == 2 and budget.RESERVATIONS.in_use == 0
 
 
+def test_a_render_waiting_for_pixels_being_made_never_leaves_their_maker_short() -> None:
+    """An adversarial run: v2's webp and optimized of a 12 MP WebP share their pixels; the one that only encodes
+    reserved its price (44-96 MiB) before its sibling, which makes them, reserved the decode's (252-267 MiB), which
+    then never fitted under 288 MiB: each waited on the other for ever, and every later render of the worker
+    process queued behind them, the heartbeat keeping the job's lease alive."""
+    pool, shared = budget.Reservations(), SharedImages()
+    making, results = threading.Event(), []
+
+    def maker():
+        with pool.scope(100) as reserve:
+            def make():
+                making.set()
+                _wait_until(lambda: shared._making["key"].waiters or pool.in_use)  # the other waits, or reserved
+                reserve.release()
+                reserve(80)  # the decode's price
+                return Image.new("L", (4, 4))
+
+            results.append(shared.get_or_make("key", make))
+
+    def sharer():
+        with pool.scope(100) as reserve:
+            results.append(shared.get_or_make("key", lambda: pytest.fail("made twice"), lambda: reserve(40)))
+
+    threads = [threading.Thread(target=maker, daemon=True), threading.Thread(target=sharer, daemon=True)]
+    threads[0].start()
+    assert making.wait(5)
+    threads[1].start()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads), "the two renders wait on each other"
+    assert len(results) == 2 and results[0] is results[1] and pool.in_use == 0
+
+
 def test_pixels_made_while_a_render_waited_to_share_them_are_taken_even_if_the_lru_let_them_go(monkeypatch) -> None:
-    """It waits for its encoding's price before it takes them; meanwhile they are made and let go (other jobs' images
-    push them out): made again, they would cost a second decode at the full price."""
+    """It waits for them, then for its encoding's price before it takes them; they were let go meanwhile (other
+    jobs' images push them out): made again, they would cost a second decode at the full price."""
     path, price = _rocket_and_the_price_of_its_optimized()
     SHARED.clear()
     monkeypatch.setattr(SHARED, "capacity_bytes", 0)  # keeps nothing: let go at once
     # a budget of one render's price: the second one's encoding waits until the first is done
     with _second_render_while_the_first_makes(monkeypatch, path, Limits(max_decode_bytes=price.total)
                                               ) as (makes, results):
-        _wait_until(lambda: len(budget.RESERVATIONS._queue) == 1)
+        _wait_until(lambda: any(flight.waiters for flight in SHARED._making.values()))
     assert len(results) == 2 and makes == ["optimized"]
     assert budget.RESERVATIONS.in_use == 0

@@ -161,8 +161,8 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
             key = (sha256 or content_key(path), *_geometry_key(spec))
 
             def share() -> None:
-                # pixels kept or being made by another render (v2's optimized and webp share theirs) cost this
-                # render only its encoding, reserved before it takes them or waits for them
+                # pixels kept or made by another render (v2's optimized and webp share theirs) cost this render
+                # only its encoding, reserved before it takes them (never while it waits for their maker)
                 reserve(priced.output)
 
             def make() -> Image.Image:

@@ -71,41 +71,39 @@ class SharedImages:
         did not keep it (too large, or pushed out by other renders' images
         in the meantime, as happens with several jobs at once). If the
         thread making it fails, a waiting one makes it itself (and meets
-        the same error). *share*, if given, is called the first time the
-        image is found kept or being made, before it is taken or waited
-        for and outside the lock (the renderer reserves the encoding's
-        memory there); then the image is looked for again, and an image
-        that was being made is taken even if the LRU let it go meanwhile:
-        while it waits in ``share``, a render may keep one made image
-        alive beyond the LRU's bytes, which costs less than making it
-        again.
+        the same error). *share*, if given, is called when the image is
+        there to be taken (kept, or made by the thread waited for), outside
+        the lock and before it is returned: the renderer reserves the
+        encoding's memory there. A thread waits for another's making
+        holding none of the budget: the maker reserves its decode's price
+        in ``make``, and a waiter that had reserved its encoding's first
+        could leave it short for ever, both waiting on each other, and
+        every later render of the process queued behind them (an
+        adversarial run, with 12 MP WebPs). While its encoding waits for
+        the budget, the image it will take is held (the LRU may have let
+        it go): at most one bounded image per waiting thread, which costs
+        less than making it again.
         """
-        shared = share is None
-        seen: _Flight | None = None
         while True:
             with self._lock:
+                flight = self._making.get(key)
                 if key in self._entries:
-                    if shared:
-                        self._entries.move_to_end(key)
-                        return self._entries[key]
+                    self._entries.move_to_end(key)
+                    image = self._entries[key]
+                elif flight is None:
+                    flight = self._making[key] = _Flight()
+                    break
                 else:
-                    flight = self._making.get(key)
-                    if flight is None:
-                        if seen is not None and seen.image is not None:
-                            return seen.image  # made, and let go by the LRU, while this render waited to share it
-                        flight = self._making[key] = _Flight()
-                        break
-                    if shared:
-                        flight.waiters += 1
-                    else:
-                        seen = flight
-            if not shared:
+                    flight.waiters += 1
+                    image = None
+            if image is None:
+                flight.done.wait()
+                if flight.image is None:
+                    continue  # its maker failed: look again (and make it here, or wait for another)
+                image = flight.image
+            if share is not None:
                 share()
-                shared = True
-                continue
-            flight.done.wait()
-            if flight.image is not None:
-                return flight.image
+            return image
         try:
             flight.image = make()
             self._keep(key, flight.image)
