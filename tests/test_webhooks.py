@@ -343,17 +343,22 @@ def test_retry_after_is_read_as_seconds_or_an_http_date():
     assert retry_after_seconds(None, now) is None
 
 
+def _four_due_before_the_fifth(app, engine, data_file, endpoints):
+    """A subscription per receiver, three deliveries each; every receiver's but the last's due first."""
+    hooks = [register(app, r.url, events=["attachment.ready"]) for r in endpoints]
+    _upload_three(app, engine, data_file)
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE webhook_deliveries SET next_attempt_at = now() - CASE WHEN subscription_id = "
+                          "CAST(:last AS uuid) THEN interval '1 second' ELSE interval '1 minute' END"),
+                     {"last": hooks[-1]["id"]})
+
+
 def test_a_hanging_endpoint_whose_tried_delivery_failed_is_not_new_again(app, engine, receivers, data_file):
     """A review found that the order came from the pending deliveries' own times: once a hanging endpoint's tried
     delivery turned ``failed``, its next one counted as never tried and went before a healthy endpoint's again, so
     four of them kept it waiting round after round. The order is now the endpoint's own: taken longest ago first."""
     hanging, steady = [receivers(delay=3) for _ in range(4)], receivers()
-    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (*hanging, steady)]
-    _upload_three(app, engine, data_file)
-    with engine.begin() as conn:  # the hanging endpoints' deliveries were due first
-        conn.execute(text("UPDATE webhook_deliveries SET next_attempt_at = now() - CASE WHEN subscription_id = "
-                          "CAST(:steady AS uuid) THEN interval '1 second' ELSE interval '1 minute' END"),
-                     {"steady": hooks[-1]["id"]})
+    _four_due_before_the_fifth(app, engine, data_file, [*hanging, steady])
     _rounds(engine, DelivererConfig(policy=NOW, max_attempts=1, timeout_seconds=0.5, concurrency=4,
                                     allow_private=True), 3)
     assert len(steady.calls) == 3
@@ -366,12 +371,7 @@ def test_slow_endpoints_that_answer_never_keep_a_fast_one_waiting(app, engine, r
     endpoint got 1 of 179 deliveries in 3 minutes. After a 2xx a thread goes on with the same subscription only
     within ``follow_on_seconds``, then takes whichever endpoint was taken longest ago."""
     slow, fast = [receivers(delay=0.3) for _ in range(4)], receivers()
-    hooks = [register(app, r.url, events=["attachment.ready"]) for r in (*slow, fast)]
-    _upload_three(app, engine, data_file)
-    with engine.begin() as conn:  # the slow endpoints' deliveries were due first
-        conn.execute(text("UPDATE webhook_deliveries SET next_attempt_at = now() - CASE WHEN subscription_id = "
-                          "CAST(:fast AS uuid) THEN interval '1 second' ELSE interval '1 minute' END"),
-                     {"fast": hooks[-1]["id"]})
+    _four_due_before_the_fifth(app, engine, data_file, [*slow, fast])
     _rounds(engine, DelivererConfig(policy=NOW, max_attempts=3, concurrency=4, allow_private=True,
                                     follow_on_seconds=0.2), 1)
     assert len(fast.calls) == 3 and all(len(r.calls) == 3 for r in slow)
