@@ -174,6 +174,11 @@ class Settings:
     object_grace_seconds: float = setting(
         "ATTACHE_OBJECT_GRACE_SECONDS", 3600.0, _float(0),
         "an object under attachments/ that no variant row references is removed after this long")
+    object_decision_grace_seconds: float = setting(
+        "ATTACHE_OBJECT_DECISION_GRACE_SECONDS", 300.0, _float(0),
+        "a decision of the object GC to remove an object, left by a GC that died before its delete, is finished "
+        "this long after it (not sooner: a GC whose database session was lost may still be deleting); the claims "
+        "of the attachment's jobs wait meanwhile")
     presign_seconds: int = setting(
         "ATTACHE_PRESIGN_SECONDS", 300, _int(0, 7 * 24 * 3600),
         "on S3, downloads redirect to a presigned URL valid this long; 0 streams through the web instead")

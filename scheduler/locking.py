@@ -37,9 +37,9 @@ def exclusive(engine: Engine, name: str) -> Iterator[bool]:
 
 def sweep_storage(engine: Engine, name: str, objects: Iterable, batch: int,
                   process: Callable[[list], None], counts: dict[str, int],
-                  then: Callable[[], None] | None = None) -> dict[str, int]:
-    """The common shape of the storage cleanups: under ``name``'s lock, hand listed objects on in batches,
-    then call ``then`` (still under the lock).
+                  then: Callable[[], None] | None = None, first: Callable[[], None] | None = None) -> dict[str, int]:
+    """The common shape of the storage cleanups: under ``name``'s lock, call ``first``, hand listed objects on in
+    batches, then call ``then`` (all under the lock).
 
     ``counts["skipped"]`` is 1 when another scheduler holds the lock (this round does nothing).
     """
@@ -47,6 +47,8 @@ def sweep_storage(engine: Engine, name: str, objects: Iterable, batch: int,
         if not held:
             counts["skipped"] = 1
             return counts
+        if first is not None:
+            first()
         listing = iter(objects)
         while chunk := list(itertools.islice(listing, batch)):
             process(chunk)

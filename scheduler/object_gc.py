@@ -15,7 +15,8 @@ That last check and the delete are two steps, and a job may come back in
 between (an operator's replay, a backfill): the decision to remove is
 committed before the delete, under the attachment's lock, and a job's claim
 waits while its attachment has one (``app/core/objects.py``). A decision
-left by a GC that died before forgetting it is finished by the next round.
+left by a GC that died before its delete is finished by the first round
+``decision_grace_seconds`` after it.
 
 Each round, still under its lock, also removes what crashes and deletes
 left behind in storage, once untouched for the same grace
@@ -74,6 +75,9 @@ def attachment_of(key: str) -> uuid.UUID | None:
 class ObjectGcConfig:
     grace_seconds: float = 3600.0
     batch: int = 500
+    #: how old a removal decision must be before a round finishes it for a GC that did not
+    #: (``ATTACHE_OBJECT_DECISION_GRACE_SECONDS``)
+    decision_grace_seconds: float = 300.0
 
 
 class ObjectGc:
@@ -85,11 +89,13 @@ class ObjectGc:
         self.config = config
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
-        counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "abandoned_writes": 0,
-                  "empty_directories": 0, "skipped": 0}
+        counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "decided_elsewhere": 0,
+                  "abandoned_writes": 0, "empty_directories": 0, "skipped": 0}
         sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
                       lambda chunk: self._process(chunk, counts, dry_run), counts,
-                      then=lambda: self._then(counts, dry_run))
+                      first=None if dry_run else lambda: self._finish_decided(counts),
+                      then=lambda: counts.update(self.storage.remove_leftovers(self.config.grace_seconds,
+                                                                               dry_run=dry_run)))
         if counts["removed"] or counts["abandoned_writes"] or counts["empty_directories"]:
             log.info("object gc removed %(removed)d unreferenced objects, %(abandoned_writes)d abandoned writes "
                      "and %(empty_directories)d empty directories", counts, extra=counts)
@@ -133,20 +139,22 @@ class ObjectGc:
             counts["removed"] += 1
 
     def _decide(self, key: str, now: datetime, grace: timedelta, dry_run: bool) -> str:
-        """Under the lock of the key's attachment, check the key again (a reference, an unfinished job of its
-        attachment, a rewrite since it was listed) and commit the decision to remove it: ``removed``, or the
-        count the key goes to instead."""
+        """Check the key again (a rewrite since it was listed; then, under the lock of its attachment, a reference
+        and an unfinished job of its attachment) and commit the decision to remove it: ``removed``, or the count
+        the key goes to instead. A key with a decision already is another GC's, which may still be deleting it
+        (its session lost): it is left to :meth:`_finish_decided`. The object is looked at before the lock: a
+        claim of the attachment would wait for a slow storage call with its job's row locked."""
+        current = self.storage.stat(key)
+        if current is None or (current.last_modified and now - current.last_modified < grace):
+            return "young"
         with transaction(self.engine) as conn:
             objects.lock_for_removal(conn, _owner(key))
             if self._referenced([key], conn):
                 return "referenced"
             if self._in_flight([key], conn):
                 return "in_flight"
-            current = self.storage.stat(key)
-            if current is None or (current.last_modified and now - current.last_modified < grace):
-                return "young"
-            if not dry_run:
-                objects.decide_removal(conn, key, _owner(key))
+            if not dry_run and not objects.decide_removal(conn, key, _owner(key)):
+                return "decided_elsewhere"
         return "removed"
 
     def _remove(self, key: str) -> None:
@@ -157,19 +165,14 @@ class ObjectGc:
         with transaction(self.engine) as conn:
             objects.removed(conn, key)
 
-    def _then(self, counts, dry_run: bool) -> None:
-        """Still under the lock: the removals left undone, then storage's leftovers."""
-        if not dry_run:
-            self._finish_decided(counts)
-        counts.update(self.storage.remove_leftovers(self.config.grace_seconds, dry_run=dry_run))
-
     def _finish_decided(self, counts) -> None:
-        """Removals a GC decided and did not finish (it died between its decision and its delete): no job of their
-        attachments has been claimed since, so they are removed as decided. Only those decided a grace period ago:
-        a GC whose session was lost (a PostgreSQL restart) may still be in its delete, and a second delete after
-        the claims went on would remove what they write."""
+        """First in a round, under the GC's lock: removals a GC decided and did not finish (it died between its
+        decision and its delete). No job of their attachments has been claimed since, so they are removed as
+        decided. Only those decided ``decision_grace_seconds`` ago: a GC whose session was lost (a PostgreSQL
+        restart) may still be in its delete, and a second delete after the claims went on would remove what they
+        write."""
         with transaction(self.engine) as conn:
-            keys = objects.decided(conn, older_than_seconds=self.config.grace_seconds)
+            keys = objects.decided(conn, older_than_seconds=self.config.decision_grace_seconds)
         for key in keys:
             self._remove(key)
             counts["removed"] += 1

@@ -47,8 +47,9 @@ def sweepers(services: Services) -> list[Sweeper]:
         Sweeper(StagingCleanup(engine, storage, StagingCleanupConfig(
             grace_seconds=settings.staging_grace_seconds, failed_retention_seconds=settings.failed_retention_seconds)),
                 settings.cleanup_interval_seconds),
-        Sweeper(ObjectGc(engine, storage, ObjectGcConfig(grace_seconds=settings.object_grace_seconds)),
-                settings.cleanup_interval_seconds),
+        Sweeper(ObjectGc(engine, storage, ObjectGcConfig(
+            grace_seconds=settings.object_grace_seconds,
+            decision_grace_seconds=settings.object_decision_grace_seconds)), settings.cleanup_interval_seconds),
         Sweeper(Retirement(engine, storage, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
                 settings.cleanup_interval_seconds),
         Sweeper(Deliverer(engine, webhook_config(settings)), settings.webhook_interval_seconds),

@@ -545,7 +545,8 @@ def test_a_scheduler_killed_between_its_gc_decision_and_the_delete(env, tmp_path
     key = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
     services.storage.put_bytes(key, b"bytes")
     age(storage_dir, key, 2 * HOUR)
-    fast = {"ATTACHE_OBJECT_GRACE_SECONDS": "1", "ATTACHE_CLEANUP_INTERVAL_SECONDS": "0.5"}
+    fast = {"ATTACHE_OBJECT_GRACE_SECONDS": "1", "ATTACHE_OBJECT_DECISION_GRACE_SECONDS": "1",
+            "ATTACHE_CLEANUP_INTERVAL_SECONDS": "0.5"}
     deployment = Deployment(env, tmp_path)
     try:
         scheduler = deployment.start("scheduler", wait=False, ATTACHE_FAULT="object_gc_before_delete", **fast)
@@ -716,21 +717,28 @@ def test_a_replay_during_the_object_gcs_delete_never_loses_the_ready_jobs_object
 
 def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(services, engine, storage_dir):
     """A GC killed between its committed decision and its delete (``object_gc_before_delete``) leaves the decision;
-    claims of the attachment's jobs wait on it, so a round a grace period later removes the object as decided and
-    forgets it."""
+    claims of the attachment's jobs wait on it, so a round ``decision_grace_seconds`` later removes the object as
+    decided and forgets it; a round before that leaves it, even with no job of the attachment unfinished (its GC
+    may still be deleting: a second GC took the decision as its own, deleted and forgot it, and a replay's render
+    then lost its object to the first GC's delete, a review found)."""
     from app.core import objects
     from app.errors import RemovalUnderWay
 
-    attachment_id, job_id, _ = seed(engine, services.storage, "queued")
+    attachment_id, job_id, _ = seed(engine, services.storage, "failed")
     key = pipeline.variant_key(attachment_id, 1, "thumbnail", "b" * 64, "jpg")
     services.storage.put_bytes(key, b"bytes")
+    age(storage_dir, key, 2 * HOUR)
     with engine.begin() as conn:
         objects.decide_removal(conn, key, str(attachment_id))
     lease = states.Lease("worker:test", 30)
     gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR))
-    assert gc.run_once()["removed"] == 0 and exists(storage_dir, key), "a GC that lost its session may be deleting"
+    counts = gc.run_once()
+    assert (counts["removed"], counts["decided_elsewhere"]) == (0, 1) and exists(storage_dir, key), \
+        "a GC that lost its session may be deleting it"
+    with engine.begin() as conn:  # an operator's replay
+        conn.execute(update(jobs).where(jobs.c.id == job_id).values(state="queued", attempt=0, error_code=None))
     with engine.begin() as conn:
-        conn.execute(text("UPDATE object_removals SET decided_at = now() - interval '2 hours'"))
+        conn.execute(text("UPDATE object_removals SET decided_at = now() - interval '10 minutes'"))
     with pytest.raises(RemovalUnderWay), engine.begin() as conn:
         assert states.claim(conn, job_id, 1, lease) is not None
         objects.await_removals(conn, attachment_id)

@@ -162,7 +162,7 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # str.isdigit() is also True for "²": float() would raise
         return float(value)
     try:
         at = email.utils.parsedate_to_datetime(value)

@@ -19,9 +19,10 @@ So the GC commits its decision before it deletes, and a claim respects it:
   references the key and no job of the attachment is unfinished, and
   commits a row of ``object_removals``; then it deletes the object, then
   forgets the row (:func:`removed`). A row whose GC died before forgetting
-  it is finished by a round a grace period later (:func:`decided`: the
+  it is finished by a round a few minutes later (:func:`decided`: the
   object is deleted again, which is harmless, and the row forgotten); the
-  attachment's claims wait until then.
+  attachment's claims wait until then. A GC that finds a row for a key
+  leaves it: its GC may still be deleting.
 * :func:`await_removals` - a job's claim (``queued`` -> ``processing``),
   in the claim's transaction, under the same lock (shared: claims do not
   wait for each other), raises :class:`RemovalUnderWay` while a decision
@@ -50,9 +51,11 @@ def lock_for_removal(conn, owner: str) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
 
 
-def decide_removal(conn, key: str, owner: str) -> None:
-    """Under :func:`lock_for_removal`, in a transaction that commits before the object is deleted."""
-    conn.execute(insert(object_removals).values(key=key, owner=owner).on_conflict_do_nothing())
+def decide_removal(conn, key: str, owner: str) -> bool:
+    """Under :func:`lock_for_removal`, in a transaction that commits before the object is deleted. False if the key
+    has a decision already (another GC's, which may still be deleting it)."""
+    return conn.execute(insert(object_removals).values(key=key, owner=owner).on_conflict_do_nothing()
+                        .returning(object_removals.c.key)).first() is not None
 
 
 def removed(conn, key: str) -> None:

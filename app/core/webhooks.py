@@ -353,7 +353,10 @@ class Deliverer:
         attempts = row.attempts + 1
         values = {"attempts": attempts, "claimed_until": None, "last_status": answer.status,
                   "last_error": answer.error, "updated_at": func.now()}
-        pause = None
+        delay = self.config.policy.delay(attempts)
+        pause = None  # a throttling answer holds the subscription back, whatever becomes of this delivery
+        if not answer.ok and not answer.gone and answer.throttling:
+            pause = min(self.config.policy.max_interval, answer.retry_after if answer.retry_after is not None else delay)
         if answer.ok:
             outcome, values = DELIVERED, {**values, "state": DELIVERED, "delivered_at": func.now()}
         elif answer.gone:
@@ -362,13 +365,8 @@ class Deliverer:
             outcome, values = FAILED, {**values, "state": FAILED}
             log.warning("webhook delivery %s failed for good after %d attempts: %s", row.id, attempts, answer.error)
         else:
-            delay = self.config.policy.delay(attempts)
-            if answer.throttling:
-                pause = min(self.config.policy.max_interval,
-                            answer.retry_after if answer.retry_after is not None else delay)
-                delay = max(delay, pause)
             outcome = "retrying"
-            values["next_attempt_at"] = func.now() + _seconds(delay)
+            values["next_attempt_at"] = func.now() + _seconds(max(delay, pause or 0))
         with transaction(self.engine) as conn:
             recorded = conn.execute(update(webhook_deliveries)
                                     .where(and_(webhook_deliveries.c.id == row.id,
