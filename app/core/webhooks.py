@@ -340,8 +340,12 @@ class Deliverer:
         payload = body(delivered(target.document, row.subscription_id, row.sequence))
         headers = endpoints.sign(target.secret, target.document["id"], datetime.now(timezone.utc), payload)
         headers["webhook-sequence"] = str(row.sequence)
-        answer = endpoints.post(target.url, payload, headers, timeout=self.config.timeout_seconds,
-                                allow_private=self.config.allow_private)
+        try:
+            answer = endpoints.post(target.url, payload, headers, timeout=self.config.timeout_seconds,
+                                    allow_private=self.config.allow_private)
+        except Exception as exc:  # an answer the sender could not read is an attempt like any other, counted
+            log.exception("webhook delivery %s: the answer could not be read", row.id)
+            answer = endpoints.Answer(None, f"the answer could not be read: {type(exc).__name__}")
         return self._record(row, answer)
 
     def _record(self, row, answer: endpoints.Answer) -> str:
