@@ -77,7 +77,7 @@ def beside(figure: Figure, rabbitmq: list[Figure]) -> Figure:
 def main(rabbitmq: list[Figure]) -> list[Figure]:
     with stack() as (made, root):
         figures = small_photo_latency(made, root)
-        figures = saturation(made, root, worker_processes=(1,)) + figures
+        figures = saturation(made, root, worker_processes=(1,), with_ceiling=False) + figures
     return [beside(figure, rabbitmq) for figure in figures]
 
 

@@ -329,7 +329,8 @@ def _send_all(post, files: list[Path], clients: int) -> list:
         return list(pool.map(post, files))
 
 
-def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORKER_PROCESSES) -> list[Figure]:
+def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORKER_PROCESSES,
+               with_ceiling: bool = True) -> list[Figure]:
     photos = sorted(PHOTOS.glob("*_12mp_*.jpg"))
     figures = []
     web = made.deployment.processes["web"].popen.pid
@@ -355,7 +356,7 @@ def saturation(made: Stack, root: Path, worker_processes: tuple[int, ...] = WORK
         finally:
             worker.stop()
         ceiling = None
-        if not figures:  # once, between the first configuration's two raw loops
+        if with_ceiling and not figures:  # once, between the first configuration's two raw loops
             with raw_ingest_server(folder) as (url, _):
                 raw_poster(url)(files[0])  # warm
                 ceiling = raw_uploads_rendered(files, url)
