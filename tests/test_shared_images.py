@@ -198,6 +198,16 @@ def _rocket_and_the_price_of_its_optimized() -> tuple:
         return path, budget.estimate(img, "JPEG", fp, V2["optimized"])
 
 
+def _second_while_the_first_makes(threads: list[threading.Thread], making: threading.Event, timeout: float) -> bool:
+    """Start the first thread, the second once the first makes the pixels; whether both ended within *timeout*."""
+    threads[0].start()
+    assert making.wait(5)
+    threads[1].start()
+    for thread in threads:
+        thread.join(timeout)
+    return not any(thread.is_alive() for thread in threads)
+
+
 def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_price(monkeypatch) -> None:
     """It waited to share pixels being made; their make failed, so it makes them itself at the whole price (the
     budget is one render's price: holding any part of it while waiting for the rest would wait for ever)."""
@@ -225,12 +235,7 @@ def test_a_render_whose_shared_pixels_failed_to_come_makes_them_at_the_full_pric
 
     threads = [threading.Thread(target=first, name="first"),
                threading.Thread(target=lambda: results.append(render(path, V2["optimized"], limits)), name="second")]
-    threads[0].start()
-    assert making.wait(5)
-    threads[1].start()
-    for thread in threads:
-        thread.join(30)
-    assert not any(thread.is_alive() for thread in threads), "waited for ever for the budget it held part of"
+    assert _second_while_the_first_makes(threads, making, 30), "waited for ever for the budget it held part of"
     assert len(errors) == 1 and results[0].width == 2048
     assert budget.RESERVATIONS.in_use == 0
 
@@ -299,12 +304,7 @@ def test_a_render_waiting_for_pixels_being_made_never_leaves_their_maker_short()
             results.append(shared.get_or_make("key", lambda: pytest.fail("made twice"), lambda: reserve(40)))
 
     threads = [threading.Thread(target=maker, daemon=True), threading.Thread(target=sharer, daemon=True)]
-    threads[0].start()
-    assert making.wait(5)
-    threads[1].start()
-    for thread in threads:
-        thread.join(10)
-    assert not any(thread.is_alive() for thread in threads), "the two renders wait on each other"
+    assert _second_while_the_first_makes(threads, making, 10), "the two renders wait on each other"
     assert len(results) == 2 and results[0] is results[1] and pool.in_use == 0
 
 
