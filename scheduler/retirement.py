@@ -15,11 +15,11 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, func, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import aliased
 
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import JobState, jobs, variants
 from app.adapters.storage import Storage
 from scheduler.locking import exclusive
@@ -47,7 +47,7 @@ def candidates_query(grace_seconds: float, batch: int, oldest_live_version: int)
             .join(newer, and_(newer.c.attachment_id == variants.c.attachment_id,
                               newer.c.pipeline_version > variants.c.pipeline_version))
             .where(newer.c.state == JobState.READY, newer.c.pipeline_version > oldest_live_version,
-                   newer.c.ready_at <= func.now() - text(f"interval '{float(grace_seconds):.3f} seconds'"),
+                   newer.c.ready_at <= func.now() - interval(grace_seconds),
                    variants.c.published_at.is_not(None), variants.c.retired_at.is_(None))
             .limit(batch).with_for_update(of=variants, skip_locked=True))
 

@@ -34,13 +34,13 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sqlalchemy import func, insert, select, text
+from sqlalchemy import func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import faults
 from app.adapters import imaging
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
 from app.core import pipeline, staging, states
 from app.core.needs import Database, ImageProducer, Producer
@@ -83,7 +83,7 @@ class _LostRace(Exception):
 
 def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
     """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
-    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    ttl = interval(services.settings.idempotency_ttl_seconds)
     with transaction(services.engine) as conn:
         row = conn.execute(select(idempotency_keys, jobs.c.id.label("job_id"), jobs.c.pipeline_version)
                            .join(jobs, jobs.c.attachment_id == idempotency_keys.c.attachment_id)
@@ -99,7 +99,7 @@ def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) 
 
 def _claim_key(conn, services: Producer, owner: str, idempotency_key: str, sha256: str, attachment_id) -> None:
     """Take the key in the upload's transaction; an expired key is taken over."""
-    ttl = text(f"interval '{float(services.settings.idempotency_ttl_seconds):.3f} seconds'")
+    ttl = interval(services.settings.idempotency_ttl_seconds)
     statement = pg_insert(idempotency_keys).values(principal=owner, key=idempotency_key, request_sha256=sha256,
                                                    attachment_id=attachment_id)
     statement = statement.on_conflict_do_update(

@@ -39,6 +39,7 @@ from __future__ import annotations
 from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
+from app.adapters.postgres.db import interval
 from app.adapters.postgres.models import object_removals
 from app.errors import RemovalUnderWay
 
@@ -66,8 +67,7 @@ def removed(conn, key: str) -> None:
 def decided(conn, *, older_than_seconds: float) -> list[str]:
     """The keys whose removal was decided that long ago and not yet forgotten (a GC died in between)."""
     return list(conn.execute(select(object_removals.c.key)
-                             .where(object_removals.c.decided_at <= func.now() - func.make_interval(
-                                 0, 0, 0, 0, 0, 0, older_than_seconds))
+                             .where(object_removals.c.decided_at <= func.now() - interval(older_than_seconds))
                              .order_by(object_removals.c.decided_at)).scalars())
 
 

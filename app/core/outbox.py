@@ -24,10 +24,10 @@ from datetime import datetime, timezone
 from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
-from sqlalchemy import bindparam, func, insert, or_, select, text, update
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.engine import Connection, Engine
 
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import outbox
 from app.core import messages
 from app.core.steps import Step
@@ -166,11 +166,11 @@ class OutboxPublisher:
             outbox.c.available_at <= func.now(),
             or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until <= func.now()),
             or_(outbox.c.available_at > outbox.c.created_at,
-                outbox.c.created_at <= func.now() - _seconds(older_than_seconds)),
+                outbox.c.created_at <= func.now() - interval(older_than_seconds)),
         ).order_by(outbox.c.available_at, outbox.c.id).limit(batch).with_for_update(skip_locked=True)
         with transaction(self.engine) as conn:
             rows = conn.execute(update(outbox).where(outbox.c.id.in_(due.scalar_subquery()))
-                                .values(claimed_until=func.now() + _seconds(claim_seconds)).returning(outbox)).all()
+                                .values(claimed_until=func.now() + interval(claim_seconds)).returning(outbox)).all()
         published = self.send(sorted(rows, key=lambda row: (row.available_at, row.id)))
         return {"published": published, "pending": len(rows) - published}
 
@@ -219,10 +219,6 @@ class OutboxPublisher:
         if row_ids:
             with transaction(self.engine) as conn:
                 conn.execute(update(outbox).where(outbox.c.id.in_(row_ids)).values(claimed_until=None))
-
-
-def _seconds(seconds: float):
-    return text(f"interval '{float(seconds):.3f} seconds'")
 
 
 def status(conn: Connection) -> dict:

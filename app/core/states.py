@@ -51,7 +51,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.adapters.postgres.models import UNFINISHED, JobState, attachments, job_history, jobs, variants
-from app.core import events, outbox
+from app.core import events, objects, outbox
 from app.core.steps import Step
 
 WORKER_LOST = "worker_lost"
@@ -161,11 +161,14 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     """queued -> processing for the message of attempt ``attempt`` (= stored attempt + 1).
 
     A message for any other attempt is stale and claims nothing. A job
-    whose ``next_attempt_at`` lies in the future is not claimable yet.
+    whose ``next_attempt_at`` lies in the future is not claimable yet. An
+    attempt does not start while the object GC removes one of its
+    attachment's objects (:func:`app.core.objects.await_removals` raises).
     """
     row = conn.execute(_CLAIM, {"b_job_id": job_id, "b_previous": attempt - 1, "b_attempt": attempt,
                                 **_lease(lease)}).one_or_none()
     if row is not None:
+        objects.await_removals(conn, row.attachment_id)
         _history(conn, job_id, JobState.QUEUED, JobState.PROCESSING, attempt, lease.owner)
     return row
 

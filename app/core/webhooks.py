@@ -41,7 +41,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.adapters import webhooks as endpoints
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import events, webhook_deliveries, webhook_endpoints, webhook_subscriptions
 from app.core.events import TYPES, body
 from app.core.retry import RetryPolicy
@@ -359,7 +359,7 @@ class Deliverer:
                   "last_error": answer.error, "updated_at": func.now()}
         delay = self.config.policy.delay(attempts)
         pause = None  # a throttling answer holds the subscription back, whatever becomes of this delivery
-        if not answer.ok and not answer.gone and answer.throttling:
+        if answer.throttling and not answer.gone:
             pause = min(self.config.policy.max_interval, answer.retry_after if answer.retry_after is not None else delay)
         if answer.ok:
             outcome, values = DELIVERED, {**values, "state": DELIVERED, "delivered_at": func.now()}
@@ -370,7 +370,7 @@ class Deliverer:
             log.warning("webhook delivery %s failed for good after %d attempts: %s", row.id, attempts, answer.error)
         else:
             outcome = "retrying"
-            values["next_attempt_at"] = func.now() + _seconds(max(delay, pause or 0))
+            values["next_attempt_at"] = func.now() + interval(max(delay, pause or 0))
         with transaction(self.engine) as conn:
             recorded = conn.execute(update(webhook_deliveries)
                                     .where(and_(webhook_deliveries.c.id == row.id,
@@ -383,12 +383,8 @@ class Deliverer:
                 log.warning("webhook subscription %s disabled: its endpoint answered 410 Gone", row.subscription_id)
             if recorded and pause:
                 conn.execute(update(webhook_endpoints).where(webhook_endpoints.c.subscription_id == row.subscription_id)
-                             .values(resume_at=func.now() + _seconds(pause)))
+                             .values(resume_at=func.now() + interval(pause)))
         return outcome
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _seconds(seconds: float):
-    return text(f"interval '{seconds:.3f} seconds'")

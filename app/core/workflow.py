@@ -62,7 +62,7 @@ from app.adapters.imaging.shared import content_key
 from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, step_runs, variants
-from app.core import messages, objects, outbox, pipeline, provenance, states
+from app.core import messages, outbox, pipeline, provenance, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
@@ -344,10 +344,8 @@ class Workflow:
     def inspect(self, body: dict, attempt: int, lease: states.Lease) -> Outcome | Unheld:
         job_id = uuid.UUID(body["job_id"])
         with transaction(self.services.engine) as conn:
-            claimed = states.claim(conn, job_id, attempt, lease)
-            if claimed is not None:  # an attempt starts: not while the object GC removes one of its objects
-                objects.await_removals(conn, claimed.attachment_id)
-            job = self._held(conn, body, claimed or states.fence(conn, job_id, attempt, lease))
+            job = self._held(conn, body, states.claim(conn, job_id, attempt, lease)
+                             or states.fence(conn, job_id, attempt, lease))
             if isinstance(job, Unheld):
                 return job
             attachment = self._attachment(conn, job.attachment_id)

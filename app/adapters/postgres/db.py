@@ -61,6 +61,11 @@ def _read_only_is_a_lost_server(context) -> None:
         context.is_disconnect = True
 
 
+def interval(seconds: float):
+    """A PostgreSQL interval of ``seconds`` (to the millisecond), for ``now() + interval(...)`` in a statement."""
+    return text(f"interval '{float(seconds):.3f} seconds'")
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
     """``BEGIN ... COMMIT`` that turns a lost database, or a pool with no connection free in time, into
