@@ -261,7 +261,7 @@ def test_webhooks_add_prints_the_secret_once_and_list_never(cli, engine):
     assert audited.action == "webhook.register" and audited.actor.startswith("operator:cli:")
 
 
-def test_webhooks_deliveries_redeliver_and_disable_are_audited(cli, engine):
+def test_webhooks_deliveries_redeliver_disable_and_enable_are_audited(cli, engine):
     from tests.test_console_webhooks import failed_delivery
 
     delivery_id = failed_delivery(engine)
@@ -281,11 +281,15 @@ def test_webhooks_deliveries_redeliver_and_disable_are_audited(cli, engine):
 
     disabled = cli("webhooks", "disable", subscription_id, "--reason", "moved", "--json")
     assert disabled.exit_code == 0 and json.loads(disabled.output)["disabled_at"]
+    enabled = cli("webhooks", "enable", subscription_id, "--reason", "back")
+    assert enabled.exit_code == 0 and "enabled: 1 deliveries pending" in enabled.output
+    assert json.loads(cli("webhooks", "list", "--json").output)[0]["disabled_at"] is None
+    assert cli("webhooks", "enable", "00000000-0000-0000-0000-000000000000").exit_code == 1
     with engine.connect() as conn:
         rows = conn.execute(select(audit_log).order_by(audit_log.c.id)).all()
     mine = [(r.action, r.reason) for r in rows if r.actor.startswith("operator:cli:")]
-    assert mine == [("webhook.redeliver", "endpoint fixed"), ("webhook.disable", "moved")]
-    assert rows[-2].details["delivery_id"] == delivery_id
+    assert mine == [("webhook.redeliver", "endpoint fixed"), ("webhook.disable", "moved"), ("webhook.enable", "back")]
+    assert rows[-3].details["delivery_id"] == delivery_id and rows[-1].details["recovered_deliveries"] == 0
 
 
 def test_jobs_show_prints_each_variants_provenance(cli, quiet_services, engine, data_file):

@@ -110,7 +110,7 @@ def test_a_failing_delivery_is_listed_and_redelivered_with_a_reason_audited(app,
                        data={"csrf_token": token, "reason": "x"}).status_code == 404
 
 
-def test_disable_needs_its_confirmation_then_stops_the_subscription_audited(app, engine):
+def test_disable_needs_its_confirmation_then_stops_the_subscription_until_enabled_audited(app, engine):
     client = signed_in(app)
     assert register_form(client, PUBLIC).status_code == 201
     with engine.connect() as conn:
@@ -129,3 +129,16 @@ def test_disable_needs_its_confirmation_then_stops_the_subscription_audited(app,
     assert "is disabled" in listing.text and f'action="{path}"' not in listing.text and ">disabled<" in listing.text
     entry = audit_rows(engine)[-1]
     assert (entry.actor, entry.action, entry.reason) == ("operator:olga", "webhook.disable", "endpoint moved")
+
+    enable = f"/ops/webhooks/{subscription_id}/enable"
+    assert f'action="{enable}"' in listing.text
+    assert client.post(enable, data={"csrf_token": token, "reason": "endpoint back"}).status_code == 303
+    with engine.connect() as conn:
+        assert conn.execute(select(webhook_subscriptions.c.disabled_at)).scalar_one() is None
+    listing = client.get("/ops/webhooks")
+    assert "is enabled" in listing.text and f'action="{path}"' in listing.text
+    assert f'action="{enable}"' not in listing.text
+    entry = audit_rows(engine)[-1]
+    assert (entry.actor, entry.action, entry.reason) == ("operator:olga", "webhook.enable", "endpoint back")
+    assert client.post("/ops/webhooks/00000000-0000-0000-0000-000000000000/enable",
+                       data={"csrf_token": token}).status_code == 404

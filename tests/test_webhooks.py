@@ -306,6 +306,50 @@ def test_a_410_disables_the_subscription_and_nothing_more_is_sent_to_it(app, eng
     assert audited == [("attache webhooks", "webhook.disable", f"webhook:{hooks[0]['id']}")]
 
 
+def test_enable_resumes_a_disabled_subscription_with_the_events_it_missed_once_each(app, engine, receivers,
+                                                                                      data_file):
+    """Before, a disable (an operator's, or a 410's) was final: the events of the gap got no delivery and the only
+    way back was registering the URL again, with a new secret. Now enable sends the pending delivery and makes the
+    gap's, in event order, numbered on; an event that has its delivery already is not made again."""
+    gone, other = receivers(status=410), receivers()
+    hook, steady = (register(app, r.url, events=["attachment.ready"]) for r in (gone, other))
+    config = DelivererConfig(policy=NOW, max_attempts=10, concurrency=2, allow_private=True)
+    upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    _rounds(engine, config, 2)
+    ops = authed(app, OPERATOR_TOKEN)
+    assert ops.get("/v1/ops/webhooks").json["webhooks"][0]["disabled_at"] is not None, "the 410 disabled it"
+    for name in ("photos/coffee.jpg", "pillow/hopper.jpg"):  # the gap: no delivery is made for these
+        upload_and_process(app, engine, data_file(name))
+    with engine.begin() as conn:
+        assert conn.execute(select(webhook_deliveries.c.id).where(
+            webhook_deliveries.c.subscription_id == hook["id"])).all() != []
+        # as if the first event's transaction had reached the subscription's row just before the disable took it
+        conn.execute(text("UPDATE webhook_subscriptions SET disabled_after_event = 0 WHERE id = CAST(:id AS uuid)"),
+                     {"id": hook["id"]})
+
+    gone.status = 204  # the endpoint is back
+    assert ops.post("/v1/ops/webhooks/00000000-0000-0000-0000-000000000000/enable", json={}).status_code == 404
+    enabled = ops.post(f"/v1/ops/webhooks/{hook['id']}/enable", json={"reason": "endpoint redeployed"})
+    assert enabled.status_code == 200, enabled.json
+    assert enabled.json["disabled_at"] is None and enabled.json["deliveries"]["pending"] == 3
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/enable", json={}).json["deliveries"]["pending"] == 3, \
+        "enabling an enabled subscription changes nothing"
+    _rounds(engine, config, 4)
+
+    received = [document for _, document in gone.verified(hook["secret"])]
+    assert len(received) == 4, "the 410'd attempt, then the three events once each"
+    sent = received[1:]
+    with engine.connect() as conn:
+        ready = conn.execute(text("SELECT document->>'id' FROM events WHERE type = 'attachment.ready' "
+                                  "ORDER BY sequence")).scalars().all()
+        audited = conn.execute(select(audit_log.c.action, audit_log.c.reason, audit_log.c.details)
+                               .where(audit_log.c.action == "webhook.enable")).all()
+    assert [d["id"] for d in sent] == ready and [d["delivery"]["sequence"] for d in sent] == [1, 2, 3]
+    assert [d["id"] for _, d in other.verified(steady["secret"])] == ready, "the other subscription had each once"
+    assert [(a, r, d["recovered_deliveries"]) for a, r, d in audited] == [
+        ("webhook.enable", "endpoint redeployed", 2)]
+
+
 @pytest.mark.parametrize("status, retry_after, max_attempts", [(429, "60", 10), (503, None, 10), (500, "60", 10),
                                                                (429, "60", 1)])
 def test_a_throttling_answer_holds_back_all_of_the_subscriptions_deliveries(app, engine, receivers, data_file,

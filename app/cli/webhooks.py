@@ -108,3 +108,17 @@ def webhooks_disable(subscription_id: uuid.UUID, reason: str | None, as_json: bo
     with _conn() as conn:
         row = core.disable(conn, subscription_id, actor=f"operator:{operator()}", reason=reason)
     emit(row, as_json, lambda r: say(f"webhook {r['id']} disabled at {r['disabled_at']}"))
+
+
+@webhooks.command("enable")
+@click.argument("subscription_id", type=click.UUID)
+@click.option("--reason", help="Why; kept in the audit trail.")
+@json_option
+@fail_on_attache_errors
+def webhooks_enable(subscription_id: uuid.UUID, reason: str | None, as_json: bool) -> None:
+    """Deliver to a disabled subscription again, with the events it missed meanwhile."""
+    from app.core import webhooks as core
+
+    with _conn() as conn:
+        row = core.enable(conn, subscription_id, actor=f"operator:{operator()}", reason=reason)
+    emit(row, as_json, lambda r: say(f"webhook {r['id']} enabled: {r['deliveries']['pending']} deliveries pending"))

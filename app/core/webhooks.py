@@ -2,7 +2,8 @@
 
 * :func:`register` - an operator's endpoint (URL checked against SSRF,
   events, an optional uploader), with a fresh ``whsec_`` secret shown
-  once; audited. :func:`disable` stops it, audited.
+  once; audited. :func:`disable` stops it, :func:`enable` resumes it and
+  makes the deliveries of the events it missed meanwhile; both audited.
 * :func:`fan_out` - called by :func:`app.core.events.emit` in the
   transaction of the transition: one ``pending`` delivery per matching
   subscription, numbered from the subscription's own counter
@@ -36,13 +37,19 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from sqlalchemy import and_, func, select, text, update
+from sqlalchemy import and_, case, func, select, text, update
 from sqlalchemy.engine import Connection, Engine
 
 from app.adapters import webhooks as endpoints
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import interval, transaction
-from app.adapters.postgres.models import events, webhook_deliveries, webhook_endpoints, webhook_subscriptions
+from app.adapters.postgres.models import (
+    event_counter,
+    events,
+    webhook_deliveries,
+    webhook_endpoints,
+    webhook_subscriptions,
+)
 from app.core.events import TYPES, body
 from app.core.retry import RetryPolicy
 from app.errors import InvalidWebhook, MissingReason, WebhookNotFound
@@ -120,14 +127,66 @@ def subscription(conn: Connection, subscription_id) -> dict:
 
 
 def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
-    """No new deliveries, and pending ones are no longer sent; audited. Disabling twice is harmless."""
-    found = conn.execute(update(webhook_subscriptions).where(webhook_subscriptions.c.id == subscription_id)
-                         .values(disabled_at=func.coalesce(webhook_subscriptions.c.disabled_at, func.now()))
-                         .returning(webhook_subscriptions.c.id)).first()
+    """No new deliveries, and pending ones are no longer sent; audited. Disabling twice is harmless.
+
+    The first disable keeps the event counter as it stands (``disabled_after_event``): the events after it are the
+    gap :func:`enable` makes deliveries for.
+    """
+    table = webhook_subscriptions.c
+    found = conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
+                         .values(disabled_at=func.coalesce(table.disabled_at, func.now()),
+                                 disabled_after_event=case((table.disabled_at.is_(None), _EVENT_COUNTER),
+                                                           else_=table.disabled_after_event))
+                         .returning(table.id)).first()
     if found is None:
         raise WebhookNotFound(f"no webhook subscription {subscription_id}")
     audit.record(conn, actor=actor, action="webhook.disable", target=AUDIT_TARGET.format(subscription_id),
                  reason=reason)
+    return subscription(conn, subscription_id)
+
+
+_EVENT_COUNTER = select(event_counter.c.last_sequence).where(event_counter.c.id == 1).scalar_subquery()
+
+#: the deliveries a disabled subscription's events after ``:after`` would have had, numbered on from ``:last``; an
+#: event that has its delivery (made by a transaction that took the subscription's row before the disable) is left
+_RECOVER = text("""
+    INSERT INTO webhook_deliveries (subscription_id, event_sequence, sequence)
+    SELECT :id, e.sequence, :last + row_number() OVER (ORDER BY e.sequence)
+    FROM events e
+    WHERE e.sequence > :after AND e.type = ANY(:kinds)
+      AND (CAST(:uploader AS text) IS NULL OR e.owner = :uploader)
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.subscription_id = :id AND d.event_sequence = e.sequence)
+    ORDER BY e.sequence
+""")
+
+
+def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
+    """Deliver to a disabled subscription again (an operator's disable, or the deliverer's on ``410 Gone``); audited.
+
+    Its pending deliveries go out, and the events it missed while disabled get their deliveries, numbered on from
+    its last one, in event order: the endpoint sees what it would have seen, later. A subscription disabled before
+    the gap was recorded (``disabled_after_event`` is NULL: before migration 0018) recovers nothing; the audit
+    entry says so. Enabling an enabled subscription changes nothing.
+    """
+    table = webhook_subscriptions.c
+    row = conn.execute(select(table.disabled_at, table.disabled_after_event, table.events, table.uploader,
+                              table.last_sequence)
+                       .where(table.id == subscription_id).with_for_update()).one_or_none()
+    if row is None:
+        raise WebhookNotFound(f"no webhook subscription {subscription_id}")
+    if row.disabled_at is None:
+        return subscription(conn, subscription_id)
+    recovered = None
+    if row.disabled_after_event is not None:
+        recovered = conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event,
+                                                kinds=list(row.events), uploader=row.uploader,
+                                                last=row.last_sequence)).rowcount
+    conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
+                 .values(disabled_at=None, disabled_after_event=None,
+                         last_sequence=table.last_sequence + (recovered or 0)))
+    audit.record(conn, actor=actor, action="webhook.enable", target=AUDIT_TARGET.format(subscription_id),
+                 reason=reason, details={"disabled_at": row.disabled_at.isoformat(),
+                                         "recovered_deliveries": recovered})
     return subscription(conn, subscription_id)
 
 

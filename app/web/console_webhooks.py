@@ -13,8 +13,13 @@ Register
     internal (SSRF) answers ``422`` with the reason on the form, an invalid
     form ``400``; nothing is registered either way.
 Disable
-    Has no undo, so it needs its ``confirm`` box ticked; the reason is
-    optional and audited (as for the dead letters).
+    Stops every delivery until the subscription is enabled again, so it
+    needs its ``confirm`` box ticked; the reason is optional and audited
+    (as for the dead letters).
+Enable
+    On a disabled subscription (an operator's disable, or a ``410 Gone``):
+    its pending deliveries go out, with the events it missed meanwhile;
+    the reason is optional, audited.
 Redeliver
     Needs a reason (as the API does), audited.
 """
@@ -84,7 +89,7 @@ def webhook_register():
 def webhook_disable(subscription_id: uuid.UUID):
     if request.form.get("confirm") != "yes":
         return _message(400, "Not confirmed",
-                        "Disabling cannot be undone (register the URL again for a new subscription): "
+                        "Disabling stops every delivery to the endpoint until it is enabled again: "
                         "tick the confirmation box.")
     try:
         with transaction(_engine()) as conn:
@@ -93,6 +98,19 @@ def webhook_disable(subscription_id: uuid.UUID):
         return _message(status_of(exc), "No such webhook", str(exc))
     log.info("console: %s disabled webhook %s", principal(), subscription_id)
     flash(f"Webhook {subscription_id} ({disabled['url']}) is disabled: nothing more is delivered to it.")
+    return redirect(url_for("console.webhooks_page"), code=303)
+
+
+@bp.post("/webhooks/<uuid:subscription_id>/enable")
+def webhook_enable(subscription_id: uuid.UUID):
+    try:
+        with transaction(_engine()) as conn:
+            enabled = webhooks.enable(conn, subscription_id, actor=_actor(), reason=_reason())
+    except WebhookNotFound as exc:
+        return _message(status_of(exc), "No such webhook", str(exc))
+    log.info("console: %s enabled webhook %s", principal(), subscription_id)
+    flash(f"Webhook {subscription_id} ({enabled['url']}) is enabled: {enabled['deliveries']['pending']} "
+          "deliveries pending, the events it missed while disabled among them.")
     return redirect(url_for("console.webhooks_page"), code=303)
 
 

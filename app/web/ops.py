@@ -39,6 +39,7 @@ from app.web.schemas import (
     DeadLetterMessages,
     DeadLetterQueues,
     DisableRequest,
+    EnableRequest,
     Job,
     JobList,
     LeaseStatus,
@@ -400,6 +401,24 @@ def disable_webhook(subscription_id: uuid.UUID):
     reason = _reason(request.get_json(silent=True))
     with _webhook_conn() as conn:
         return answer(WebhookSubscription.model_validate(webhooks.disable(
+            conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
+
+
+@bp.post("/webhooks/<uuid:subscription_id>/enable")
+@operation("enableWebhook", "Deliver to a disabled webhook endpoint again", tag="webhooks",
+           description="Undoes a disable (an operator's, or the one a `410 Gone` answer makes): its pending "
+                       "deliveries are sent, and the events it missed while disabled get their deliveries, numbered "
+                       "on from its last one, in event order. Enabling an enabled subscription changes nothing. "
+                       "Audited (`webhook.enable`, with the number of deliveries recovered).",
+           body=EnableRequest,
+           answers={200: ok("The subscription, enabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
+                    400: refused("`reason` is not a string.", "bad_request")})
+def enable_webhook(subscription_id: uuid.UUID):
+    from app.core import webhooks
+
+    reason = _reason(request.get_json(silent=True))
+    with _webhook_conn() as conn:
+        return answer(WebhookSubscription.model_validate(webhooks.enable(
             conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
 
 

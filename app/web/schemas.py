@@ -547,6 +547,12 @@ class DisableRequest(BaseModel):
     reason: AuditReason = None
 
 
+class EnableRequest(BaseModel):
+    """Why deliveries resume (optional, kept in the audit log)."""
+
+    reason: AuditReason = None
+
+
 class EventData(Body):
     attachment_id: UUID
     job_id: UUID

@@ -374,6 +374,8 @@ webhook_subscriptions = Table(
     Column("created_by", Text, nullable=False),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("disabled_at", DateTime(timezone=True)),
+    #: the event counter when it was disabled: its later events have no delivery until ``enable`` makes them
+    Column("disabled_after_event", BigInteger),
     Column("last_sequence", BigInteger, nullable=False, server_default=text("0")),
 )
 
