@@ -248,12 +248,14 @@ class Settings:
         "ATTACHE_WEBHOOK_CONCURRENCY", 4, _int(1, 64),
         "webhook deliveries in flight at once in the scheduler (one per subscription at a time)")
     webhook_max_attempts: int = setting(
-        "ATTACHE_WEBHOOK_MAX_ATTEMPTS", 10, _int(1, 100), "attempts per webhook delivery before it is failed")
+        "ATTACHE_WEBHOOK_MAX_ATTEMPTS", 17, _int(1, 100),
+        "attempts per webhook delivery before it is failed; with the default delays they span about 29 hours (at "
+        "least 23 with jitter), as Standard Webhooks' example schedule does (27.6 hours)")
     webhook_retry_initial_seconds: float = setting(
         "ATTACHE_WEBHOOK_RETRY_INITIAL_SECONDS", 5.0, _float(0),
         "first delay before a failed webhook delivery is tried again (doubling, with jitter)")
     webhook_retry_max_seconds: float = setting(
-        "ATTACHE_WEBHOOK_RETRY_MAX_SECONDS", 3600.0, _float(0), "longest delay between webhook delivery attempts")
+        "ATTACHE_WEBHOOK_RETRY_MAX_SECONDS", 21600.0, _float(0), "longest delay between webhook delivery attempts")
     webhook_interval_seconds: float = setting(
         "ATTACHE_WEBHOOK_INTERVAL_SECONDS", 1.0, _float(0.1),
         "how often the scheduler looks for webhook deliveries that are due")

@@ -306,6 +306,20 @@ def test_a_410_disables_the_subscription_and_nothing_more_is_sent_to_it(app, eng
     assert audited == [("attache webhooks", "webhook.disable", f"webhook:{hooks[0]['id']}")]
 
 
+def test_the_default_retries_span_about_a_day_as_standard_webhooks_schedules_them(env):
+    """Before, ten attempts a doubling 5 s apart, at most an hour, gave up after 43 minutes: an endpoint down for a
+    lunch break lost its events. Standard Webhooks' example schedule spans 27.6 hours."""
+    from dataclasses import replace
+
+    from scheduler.sweepers import webhook_config
+
+    config = webhook_config(Settings.from_env(env))
+    waits = [config.policy.delay(attempt) for attempt in range(1, config.max_attempts)]
+    steady = [replace(config.policy, jitter=0).delay(attempt) for attempt in range(1, config.max_attempts)]
+    assert 23 * 3600 < sum(waits) and 24 * 3600 < sum(steady) < 36 * 3600
+    assert max(steady) <= 6 * 3600, "an endpoint back after a long outage waits at most six hours for its events"
+
+
 def test_enable_resumes_a_disabled_subscription_with_the_events_it_missed_once_each(app, engine, receivers,
                                                                                       data_file):
     """Before, a disable (an operator's, or a 410's) was final: the events of the gap got no delivery and the only
