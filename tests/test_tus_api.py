@@ -210,6 +210,19 @@ def test_checksums_are_verified_and_a_mismatch_keeps_nothing(client, storage_dir
     assert client.head(location, headers=TUS).headers["Upload-Offset"] == "5000"
 
 
+def test_a_refused_creation_with_upload_leaves_no_upload_behind(client, engine, storage_dir, photo):
+    """Before, the upload was made, its body refused (a checksum mismatch, a body past Upload-Length) and the answer
+    carried no Location: an upload nobody could reach, counted against its uploader until it expired."""
+    bad = f"sha256 {b64(hashlib.sha256(b'other').digest())}"
+    mismatch = create(client, len(photo), data=photo[:5000], content_type=PART, headers={"Upload-Checksum": bad})
+    assert mismatch.status_code == 460 and "Location" not in mismatch.headers
+    past = create(client, 10, data=photo[:5000], content_type=PART)
+    assert past.status_code == 413 and "Location" not in past.headers
+    assert count(engine, uploads) == 0 and parts(storage_dir) == []
+    kept = create(client, len(photo), data=photo[:5000], content_type=PART)
+    assert kept.status_code == 201 and count(engine, uploads) == 1, "an accepted creation's upload stays"
+
+
 def test_an_image_refused_at_the_last_byte_ends_the_upload(client, engine, storage_dir, data_file):
     svg = data_file("synthetic/vector_logo.svg").read_bytes()
     location = create(client, len(svg)).headers["Location"]

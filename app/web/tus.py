@@ -39,6 +39,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import logging
 import re
 
 from flask import Blueprint, Response, current_app, request, url_for
@@ -52,6 +53,7 @@ from app.errors import (
     PermanentError,
     StorageUnavailable,
     UnsupportedMediaType,
+    UploadNotFound,
     UploadRejected,
     UploadTooLarge,
 )
@@ -60,6 +62,8 @@ from app.observability.tracing import accept_traceparent, accept_tracestate, tra
 from app.web.access import identity, protect
 from app.web.responses import error, refusal
 from app.web.spool import spool_stream
+
+log = logging.getLogger("attache.tus")
 
 bp = Blueprint("tus", __name__, url_prefix="/v1/uploads")
 #: OPTIONS only, without a token: what a client may ask before it has one
@@ -160,6 +164,9 @@ def create():
             response = refusal(exc)
             response.headers.update({**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
             return response
+        except Exception:
+            _forget(upload)  # a refusal carries no Location: nobody could reach the upload again
+            raise
         headers["Upload-Offset"] = str(upload.offset)
     return Response(status=201, headers={**headers, **_state(upload)})
 
@@ -220,6 +227,17 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
         raise IncompleteBody(f"the body ended early; the {part.size} bytes that arrived were kept: resume at "
                              f"Upload-Offset {upload.offset}")
     return upload
+
+
+def _forget(upload: resumable.Upload) -> None:
+    """Terminate an upload whose creation is refused, as far as that can be done now: one left behind counted
+    against its uploader until it expired (the refusals of the hand-off terminate it themselves)."""
+    try:
+        resumable.terminate(_services(), upload.id, upload.owner)
+    except UploadNotFound:
+        pass
+    except Exception as exc:  # the refusal being answered matters more; expiry removes the upload later
+        log.warning("upload %s of a refused creation not terminated (%s): it expires", upload.id, exc)
 
 
 def _state(upload: resumable.Upload) -> dict[str, str]:
