@@ -59,6 +59,32 @@ def test_a_progressive_jpeg_of_too_many_scans_is_a_bomb(tmp_path):
         probed(tmp_path, "scans.jpg", jpeg[:-2] + jpeg[last:-2] * segments.MAX_SCANS + jpeg[-2:])
 
 
+def test_a_large_progressive_jpeg_gets_fewer_scans(tmp_path):
+    """An adversarial run: 99 scans (under MAX_SCANS) of an 8000x8000 photo took 4.3 s of CPU per decode, each scan a
+    pass over the whole image. The header here says 8000x8000; the walk reads no pixel."""
+    jpeg = encoded("JPEG", progressive=True)
+    sof = jpeg.index(b"\xff\xc2")
+    large = jpeg[:sof + 5] + struct.pack(">HH", 8000, 8000) + jpeg[sof + 9:]
+    last = large.rindex(b"\xff\xda")
+    allowed = segments.MAX_SCAN_PIXELS // (8000 * 8000)
+    assert 12 <= allowed < segments.MAX_SCANS
+
+    def with_scans(n: int) -> bytes:
+        return large[:-2] + large[last:-2] * (n - large.count(b"\xff\xda")) + large[-2:]
+
+    path = tmp_path / "scans.jpg"
+    for scans, refused in ((allowed, False), (allowed + 1, True)):
+        path.write_bytes(with_scans(scans))
+        with open(path, "rb") as fp:
+            if refused:
+                with pytest.raises(DecompressionBomb, match="8000x8000"):
+                    segments.check(fp, "JPEG")
+            else:
+                segments.check(fp, "JPEG")
+    with pytest.raises(DecompressionBomb, match="scans"):
+        probed(tmp_path, "probed.jpg", with_scans(allowed + 1))
+
+
 def test_megabytes_outside_a_jpegs_segments_are_corrupt(tmp_path):
     jpeg = encoded("JPEG")
     app0_end = 4 + struct.unpack(">H", jpeg[4:6])[0]
