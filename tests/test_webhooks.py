@@ -8,6 +8,7 @@ verified with the ``standardwebhooks`` reference library, as a receiver would.
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -16,13 +17,14 @@ from sqlalchemy.exc import IntegrityError, InternalError
 
 from app.adapters.postgres.models import audit_log, jobs, variants, webhook_deliveries
 from app.config import Settings
-from app.core import backfill, pipeline
+from app.core import backfill, events, pipeline
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.core.workflow import Workflow
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, OTHER_UPLOADER_TOKEN, authed
 from tests.driver import run
+from tests.processes import wait_for
 from tests.webhook_receivers import Receiver
 
 NOW = RetryPolicy(initial_interval=0, max_interval=0, jitter=0)
@@ -362,6 +364,37 @@ def test_enable_resumes_a_disabled_subscription_with_the_events_it_missed_once_e
     assert [d["id"] for _, d in other.verified(steady["secret"])] == ready, "the other subscription had each once"
     assert [(a, r, d["recovered_deliveries"]) for a, r, d in audited] == [
         ("webhook.enable", "endpoint redeployed", 2)]
+
+
+def test_enable_waits_for_an_event_still_being_written_and_makes_its_delivery(app, engine, receivers, data_file):
+    """An adversarial review: an event's transaction whose fan_out found the subscription disabled, still open when
+    enable looked for the gap's events, committed after it: its event had no delivery, ever (a silent hole in the
+    endpoint's sequence). Enable now waits for it (the event counter's row, taken first, as an event takes it)."""
+    hook = register(app, receivers().url, events=["attachment.ready"])
+    ops = authed(app, OPERATOR_TOKEN)
+    attachment = upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/disable", json={}).status_code == 200
+    for body in ("not json", "[]"):  # was taken for no body: enabled, no reason recorded
+        refused = ops.post(f"/v1/ops/webhooks/{hook['id']}/enable", data=body, content_type="application/json")
+        assert refused.status_code == 400, refused.json
+    with engine.connect() as writer, writer.begin():
+        job = writer.execute(select(jobs).where(jobs.c.attachment_id == attachment)).one()
+        events.emit(writer, job, "attachment.ready")  # its fan_out finds the subscription disabled; not committed
+        answers = []
+        enabling = threading.Thread(target=lambda: answers.append(ops.post(f"/v1/ops/webhooks/{hook['id']}/enable")))
+        enabling.start()
+        with engine.connect() as look:
+            wait_for(lambda: look.execute(text("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                                               "WHERE NOT l.granted AND a.datname = current_database()")).scalar(),
+                     timeout=10, message="the enable to wait for the event's transaction")
+    enabling.join(timeout=30)
+    assert answers and answers[0].status_code == 200 and answers[0].json["deliveries"]["pending"] == 2
+    with engine.connect() as conn:
+        made = conn.execute(select(webhook_deliveries.c.event_sequence, webhook_deliveries.c.sequence)
+                            .where(webhook_deliveries.c.subscription_id == hook["id"])
+                            .order_by(webhook_deliveries.c.sequence)).all()
+        ready = conn.execute(text("SELECT sequence FROM events WHERE type = 'attachment.ready' ORDER BY sequence"))
+        assert made == [(event, number) for number, event in enumerate(ready.scalars(), start=1)]
 
 
 @pytest.mark.parametrize("status, retry_after, max_attempts", [(429, "60", 10), (503, None, 10), (500, "60", 10),

@@ -168,6 +168,11 @@ def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None)
     the gap was recorded (``disabled_after_event`` is NULL: before migration 0018) recovers nothing; the audit
     entry says so. Enabling an enabled subscription changes nothing.
     """
+    # the event counter first, as an event's transaction takes it (then the subscriptions' rows, in fan_out): one
+    # still open, whose fan_out found the subscription disabled, is waited for and its event recovered; any later
+    # event waits for this transaction and finds the subscription enabled. Without it, an event committed after the
+    # recovery's look and before the enable had no delivery, ever (an adversarial review)
+    conn.execute(select(event_counter.c.id).where(event_counter.c.id == 1).with_for_update())
     table = webhook_subscriptions.c
     row = conn.execute(select(table.disabled_at, table.disabled_after_event, table.events, table.uploader,
                               table.last_sequence)

@@ -201,6 +201,17 @@ def _reason(body) -> str | None:
     return reason
 
 
+def _optional_reason() -> str | None:
+    """The ``reason`` of an audited action whose JSON body is optional: no body, no reason; a body that is not a JSON
+    object is refused (it was taken for no body, and the action done with no reason recorded)."""
+    if not request.get_data(cache=True):
+        return None
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise BadRequest('the body must be a JSON object, such as {"reason": "..."}, or empty')
+    return _reason(body)
+
+
 BROKER_DOWN = refused("RabbitMQ is unavailable; retry later.", "broker_unavailable", retry_after=True)
 BROKER_OR_DATABASE_DOWN = refused("RabbitMQ or PostgreSQL is unavailable; retry later.",
                                   "broker_unavailable", "database_unavailable", retry_after=True)
@@ -394,11 +405,11 @@ def list_webhooks():
                        "(`webhook.disable`).",
            body=DisableRequest,
            answers={200: ok("The subscription, disabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
-                    400: refused("`reason` is not a string.", "bad_request")})
+                    400: refused("The body is not a JSON object, or its `reason` is not a string.", "bad_request")})
 def disable_webhook(subscription_id: uuid.UUID):
     from app.core import webhooks
 
-    reason = _reason(request.get_json(silent=True))
+    reason = _optional_reason()
     with _webhook_conn() as conn:
         return answer(WebhookSubscription.model_validate(webhooks.disable(
             conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
@@ -412,11 +423,11 @@ def disable_webhook(subscription_id: uuid.UUID):
                        "Audited (`webhook.enable`, with the number of deliveries recovered).",
            body=EnableRequest,
            answers={200: ok("The subscription, enabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
-                    400: refused("`reason` is not a string.", "bad_request")})
+                    400: refused("The body is not a JSON object, or its `reason` is not a string.", "bad_request")})
 def enable_webhook(subscription_id: uuid.UUID):
     from app.core import webhooks
 
-    reason = _reason(request.get_json(silent=True))
+    reason = _optional_reason()
     with _webhook_conn() as conn:
         return answer(WebhookSubscription.model_validate(webhooks.enable(
             conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
