@@ -61,12 +61,13 @@ def test_a_progressive_jpeg_of_too_many_scans_is_a_bomb(tmp_path):
 
 def test_a_large_progressive_jpeg_gets_fewer_scans(tmp_path):
     """An adversarial run: 99 scans (under MAX_SCANS) of an 8000x8000 photo took 4.3 s of CPU per decode, each scan a
-    pass over the whole image. The header here says 8000x8000; the walk reads no pixel."""
+    pass over the whole image. The header here says 10000x6000; the walk reads no pixel. A height of 0 (a DNL
+    marker's, which libjpeg refuses) counts as the largest."""
     jpeg = encoded("JPEG", progressive=True)
     sof = jpeg.index(b"\xff\xc2")
-    large = jpeg[:sof + 5] + struct.pack(">HH", 8000, 8000) + jpeg[sof + 9:]
+    large = jpeg[:sof + 5] + struct.pack(">HH", 6000, 10000) + jpeg[sof + 9:]  # height, then width
     last = large.rindex(b"\xff\xda")
-    allowed = segments.MAX_SCAN_PIXELS // (8000 * 8000)
+    allowed = segments.MAX_SCAN_PIXELS // (6000 * 10000)
     assert 12 <= allowed < segments.MAX_SCANS
 
     def with_scans(n: int) -> bytes:
@@ -77,12 +78,17 @@ def test_a_large_progressive_jpeg_gets_fewer_scans(tmp_path):
         path.write_bytes(with_scans(scans))
         with open(path, "rb") as fp:
             if refused:
-                with pytest.raises(DecompressionBomb, match="8000x8000"):
+                with pytest.raises(DecompressionBomb, match="60,000,000 pixels"):
                     segments.check(fp, "JPEG")
             else:
                 segments.check(fp, "JPEG")
     with pytest.raises(DecompressionBomb, match="scans"):
         probed(tmp_path, "probed.jpg", with_scans(allowed + 1))
+    unknown = jpeg[:sof + 5] + struct.pack(">HH", 0, 8000) + jpeg[sof + 9:]  # up to 65535 x 8000: 3 scans
+    assert 3 < unknown.count(b"\xff\xda") < segments.MAX_SCANS
+    path.write_bytes(unknown)
+    with open(path, "rb") as fp, pytest.raises(DecompressionBomb, match="scans"):
+        segments.check(fp, "JPEG")
 
 
 def test_megabytes_outside_a_jpegs_segments_are_corrupt(tmp_path):

@@ -334,6 +334,10 @@ def test_enable_resumes_a_disabled_subscription_with_the_events_it_missed_once_e
     _rounds(engine, config, 2)
     ops = authed(app, OPERATOR_TOKEN)
     assert ops.get("/v1/ops/webhooks").json["webhooks"][0]["disabled_at"] is not None, "the 410 disabled it"
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT disabled_after_event = (SELECT max(sequence) FROM events) "
+                                 "FROM webhook_subscriptions WHERE id = CAST(:id AS uuid)"), {"id": hook["id"]}).scalar(), \
+            "the 410's disable recorded where the gap begins"
     for name in ("photos/coffee.jpg", "pillow/hopper.jpg"):  # the gap: no delivery is made for these
         upload_and_process(app, engine, data_file(name))
     with engine.begin() as conn:

@@ -155,7 +155,8 @@ _RECOVER = text("""
     FROM events e
     WHERE e.sequence > :after AND e.type = ANY(:kinds)
       AND (CAST(:uploader AS text) IS NULL OR e.owner = :uploader)
-      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.subscription_id = :id AND d.event_sequence = e.sequence)
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
+                      WHERE d.subscription_id = :id AND d.event_sequence = e.sequence)
     ORDER BY e.sequence
 """)
 
@@ -168,11 +169,6 @@ def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None)
     the gap was recorded (``disabled_after_event`` is NULL: before migration 0018) recovers nothing; the audit
     entry says so. Enabling an enabled subscription changes nothing.
     """
-    # the event counter first, as an event's transaction takes it (then the subscriptions' rows, in fan_out): one
-    # still open, whose fan_out found the subscription disabled, is waited for and its event recovered; any later
-    # event waits for this transaction and finds the subscription enabled. Without it, an event committed after the
-    # recovery's look and before the enable had no delivery, ever (an adversarial review)
-    conn.execute(select(event_counter.c.id).where(event_counter.c.id == 1).with_for_update())
     table = webhook_subscriptions.c
     row = conn.execute(select(table.disabled_at, table.disabled_after_event, table.events, table.uploader,
                               table.last_sequence)
@@ -183,9 +179,19 @@ def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None)
         return subscription(conn, subscription_id)
     recovered = None
     if row.disabled_after_event is not None:
-        recovered = conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event,
-                                                kinds=list(row.events), uploader=row.uploader,
-                                                last=row.last_sequence)).rowcount
+        recovered = 0
+        # twice: the gap as committed, however long, without holding up anyone's events; then, holding the event
+        # counter's row as an event's transaction takes it, what came since. An event still open then (its fan_out
+        # found the subscription disabled) is waited for and recovered, and a later one waits for this transaction
+        # and finds the subscription enabled: without the lock, an event committed after the look and before the
+        # enable had no delivery, ever (an adversarial review). An event's fan_out never waits on this row: it
+        # passes over a disabled subscription, so the two locks, taken in this order, meet no cycle
+        for holding_the_counter in (False, True):
+            if holding_the_counter:
+                conn.execute(select(event_counter.c.id).where(event_counter.c.id == 1).with_for_update())
+            recovered += conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event,
+                                                     kinds=list(row.events), uploader=row.uploader,
+                                                     last=row.last_sequence + recovered)).rowcount
     conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                  .values(disabled_at=None, disabled_after_event=None,
                          last_sequence=table.last_sequence + (recovered or 0)))
@@ -276,8 +282,8 @@ def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | N
 class DelivererConfig:
     timeout_seconds: float = 5.0
     concurrency: int = 4
-    max_attempts: int = 10
-    policy: RetryPolicy = RetryPolicy(initial_interval=5.0, max_interval=3600.0)
+    max_attempts: int = 17
+    policy: RetryPolicy = RetryPolicy(initial_interval=5.0, max_interval=21600.0)
     allow_private: bool = False
     #: how long a thread goes on with one subscription's backlog while its endpoint answers 2xx, before it takes
     #: the endpoint taken longest ago instead: a quick endpoint drains its backlog at once, a slow one gives its

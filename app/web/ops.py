@@ -208,7 +208,8 @@ def _optional_reason() -> str | None:
         return None
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
-        raise BadRequest('the body must be a JSON object, such as {"reason": "..."}, or empty')
+        raise BadRequest('the body must be a JSON object sent as application/json, such as {"reason": "..."}, '
+                         'or empty')
     return _reason(body)
 
 

@@ -160,7 +160,11 @@ def create():
         try:
             upload = _append(upload, 0)
         except IncompleteBody as exc:  # the upload was made: without its Location the client could not resume it
-            upload = resumable.find(_services(), upload.id, upload.owner)
+            try:
+                upload = resumable.find(_services(), upload.id, upload.owner)
+            except Exception:
+                _forget(upload)
+                raise
             response = refusal(exc)
             response.headers.update({**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
             return response

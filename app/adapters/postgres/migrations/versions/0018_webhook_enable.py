@@ -5,10 +5,10 @@ the subscription's later events got no delivery, and the only way back
 was registering the URL again, with a new secret, losing the gap's
 events. ``enable`` now resumes a subscription and makes the deliveries
 its events after this number would have had (``app/core/webhooks.py``).
-The number is the event counter as the disable's transaction read it
-after taking the subscription's row: every event numbered at or below it
-had its deliveries made already, every later one found the subscription
-disabled. ``NULL`` on subscriptions disabled before this migration: their
+The number is the event counter as the disable's statement read it: every
+event numbered at or below it had its deliveries made already; a later
+one may have (its transaction took the subscription's row before the
+disable), and enable leaves an event that has its delivery. ``NULL`` on subscriptions disabled before this migration: their
 enable recovers nothing (their gap is unknown) and says so.
 
 Revision ID: 0018
