@@ -126,6 +126,10 @@ def subscription(conn: Connection, subscription_id) -> dict:
     return _subscription_view(row)
 
 
+#: the events' counter (its one row): read by a disable, locked by an enable as an event's transaction locks it
+_EVENT_COUNTER = select(event_counter.c.last_sequence).where(event_counter.c.id == 1)
+
+
 def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
     """No new deliveries, and pending ones are no longer sent; audited. Disabling twice is harmless.
 
@@ -135,8 +139,9 @@ def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None
     table = webhook_subscriptions.c
     found = conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                          .values(disabled_at=func.coalesce(table.disabled_at, func.now()),
-                                 disabled_after_event=case((table.disabled_at.is_(None), _EVENT_COUNTER),
-                                                           else_=table.disabled_after_event))
+                                 disabled_after_event=case(
+                                     (table.disabled_at.is_(None), _EVENT_COUNTER.scalar_subquery()),
+                                     else_=table.disabled_after_event))
                          .returning(table.id)).first()
     if found is None:
         raise WebhookNotFound(f"no webhook subscription {subscription_id}")
@@ -144,8 +149,6 @@ def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None
                  reason=reason)
     return subscription(conn, subscription_id)
 
-
-_EVENT_COUNTER = select(event_counter.c.last_sequence).where(event_counter.c.id == 1).scalar_subquery()
 
 #: the deliveries a disabled subscription's events after ``:after`` would have had, numbered on from ``:last``; an
 #: event that has its delivery (made by a transaction that took the subscription's row before the disable) is left
@@ -188,7 +191,7 @@ def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None)
         # passes over a disabled subscription, so the two locks, taken in this order, meet no cycle
         for holding_the_counter in (False, True):
             if holding_the_counter:
-                conn.execute(select(event_counter.c.id).where(event_counter.c.id == 1).with_for_update())
+                conn.execute(_EVENT_COUNTER.with_for_update())
             recovered += conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event,
                                                      kinds=list(row.events), uploader=row.uploader,
                                                      last=row.last_sequence + recovered)).rowcount

@@ -38,11 +38,10 @@ from app.web.schemas import (
     DeadLetterChoice,
     DeadLetterMessages,
     DeadLetterQueues,
-    DisableRequest,
-    EnableRequest,
     Job,
     JobList,
     LeaseStatus,
+    OptionalReason,
     OutboxStatus,
     PurgeResult,
     RedeliverRequest,
@@ -404,7 +403,7 @@ def list_webhooks():
 @operation("disableWebhook", "Stop delivering to a webhook endpoint", tag="webhooks",
            description="No new deliveries are made for it and pending ones are no longer sent. Audited "
                        "(`webhook.disable`).",
-           body=DisableRequest,
+           body=OptionalReason,
            answers={200: ok("The subscription, disabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
                     400: refused("The body is not a JSON object, or its `reason` is not a string.", "bad_request")})
 def disable_webhook(subscription_id: uuid.UUID):
@@ -422,7 +421,7 @@ def disable_webhook(subscription_id: uuid.UUID):
                        "deliveries are sent, and the events it missed while disabled get their deliveries, numbered "
                        "on from its last one, in event order. Enabling an enabled subscription changes nothing. "
                        "Audited (`webhook.enable`, with the number of deliveries recovered).",
-           body=EnableRequest,
+           body=OptionalReason,
            answers={200: ok("The subscription, enabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
                     400: refused("The body is not a JSON object, or its `reason` is not a string.", "bad_request")})
 def enable_webhook(subscription_id: uuid.UUID):

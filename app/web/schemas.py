@@ -543,12 +543,8 @@ class RedeliverRequest(BaseModel):
     reason: str = Field(min_length=1, pattern=r"\S", description="Why; required, kept in the audit log.")
 
 
-class DisableRequest(BaseModel):
-    reason: AuditReason = None
-
-
-class EnableRequest(BaseModel):
-    """Why deliveries resume (optional, kept in the audit log)."""
+class OptionalReason(BaseModel):
+    """Why (optional, kept in the audit log): the body of a webhook subscription's disable and enable."""
 
     reason: AuditReason = None
 
