@@ -20,8 +20,9 @@ from app.errors import ConfigError
 #: the ``BROKER_URL`` schemes of each broker kind (unset: the PostgreSQL broker in the database)
 BROKER_SCHEMES = {"rabbitmq": ("amqp", "amqps"), "postgres": ("postgresql",)}
 DEFAULT_DATA_DIR = "var"
-#: a worker's step is cut after this long (Dramatiq's TimeLimit); a wait for PostgreSQL may take half of it
-STEP_TIME_LIMIT_SECONDS = 600
+#: Dramatiq's TimeLimit interrupts a step's Python code this long after ATTACHE_STEP_TIME_LIMIT_SECONDS, by which
+#: time the step's heartbeat has recorded the attempt's timeout (the interrupt cannot reach a call into C)
+STEP_INTERRUPT_GRACE_SECONDS = 30
 DEFAULT_STORAGE_URL = "file://./var/storage"
 
 
@@ -216,16 +217,22 @@ class Settings:
     broker_retries: int = setting(
         "ATTACHE_BROKER_RETRIES", 5, _int(0, 50),
         "Dramatiq retries for a step whose outcome could not be recorded (then .XQ)")
+    step_time_limit_seconds: float = setting(
+        "ATTACHE_STEP_TIME_LIMIT_SECONDS", 600.0, _float(1),
+        "a worker's step that runs longer than this (wall-clock, from the message's delivery) stops holding its "
+        "job: the attempt ends `step_timeout` and is retried as a lost worker's is; the step's own thread is left "
+        "to finish a call into C (a render) and is then stale; the waits for PostgreSQL and for storage may take "
+        "at most half of it")
     database_wait_seconds: float = setting(
         "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "
-        "runs again, before the failure costs one of its Dramatiq retries; 0: no wait, at most 300 (half a step's "
-        "time limit)")
+        "runs again, before the failure costs one of its Dramatiq retries; 0: no wait; at most half of "
+        "ATTACHE_STEP_TIME_LIMIT_SECONDS")
     storage_wait_seconds: float = setting(
         "ATTACHE_STORAGE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds storage unavailable (full, unreachable, refusing writes) tries its "
         "storage call again, holding its lease, from 1 s apart to 30 s, before the failure costs the job an "
-        "attempt (a managed retry); 0: no wait, at most 300 (half a step's time limit)")
+        "attempt (a managed retry); 0: no wait; at most half of ATTACHE_STEP_TIME_LIMIT_SECONDS")
     broker_min_backoff_ms: int = setting(
         "ATTACHE_BROKER_MIN_BACKOFF_MS", 1000, _int(1), "first Dramatiq retry delay, ms")
     broker_delivery_limit: int = setting(
@@ -301,12 +308,12 @@ class Settings:
                               + ", ".join(str(v) for v in sorted(REGISTRY)))
         if self.retry_max_seconds < self.retry_initial_seconds:
             raise ConfigError("ATTACHE_RETRY_MAX_SECONDS must be >= ATTACHE_RETRY_INITIAL_SECONDS")
-        if self.database_wait_seconds > STEP_TIME_LIMIT_SECONDS / 2:
-            raise ConfigError(f"ATTACHE_DATABASE_WAIT_SECONDS must be at most {STEP_TIME_LIMIT_SECONDS // 2}: half of "
-                              f"a step's time limit ({STEP_TIME_LIMIT_SECONDS} s), which also holds its run after it")
-        if self.storage_wait_seconds > STEP_TIME_LIMIT_SECONDS / 2:
-            raise ConfigError(f"ATTACHE_STORAGE_WAIT_SECONDS must be at most {STEP_TIME_LIMIT_SECONDS // 2}: half of "
-                              f"a step's time limit ({STEP_TIME_LIMIT_SECONDS} s), which also holds its run after it")
+        for name, wait in (("ATTACHE_DATABASE_WAIT_SECONDS", self.database_wait_seconds),
+                           ("ATTACHE_STORAGE_WAIT_SECONDS", self.storage_wait_seconds)):
+            if wait > self.step_time_limit_seconds / 2:
+                raise ConfigError(f"{name} must be at most {self.step_time_limit_seconds / 2:g}: half of a step's "
+                                  f"time limit (ATTACHE_STEP_TIME_LIMIT_SECONDS, {self.step_time_limit_seconds:g} s), "
+                                  "which also holds its run after it")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
 

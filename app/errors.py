@@ -173,6 +173,15 @@ class BrokerUnavailable(TransientError):
     error_code = "broker_unavailable"
 
 
+class StepTimedOut(TransientError):
+    """A step ran longer than its time limit (``ATTACHE_STEP_TIME_LIMIT_SECONDS``): its heartbeat stops renewing
+    the lease and records this as the attempt's outcome (``Workflow._lease_kept``). Retried as a lost worker is: the
+    limit is wall-clock time, which a loaded or paused machine also spends; a render that never ends costs at most
+    one thread per attempt."""
+
+    error_code = "step_timeout"
+
+
 # --- messages -------------------------------------------------------------
 
 

@@ -31,12 +31,18 @@ name                            #   where
                                     the answer was lost (raises, see below)
 ``object_gc_before_delete``     -   scheduler: the object GC committed its decision
                                     to remove an object, not yet deleted it
+``render_hangs``                -   worker: where ``during_render`` is, a render
+                                    that does not return (hangs, see below)
 ==============================  ==  ==============================================
 
 Most points kill. A point in :data:`RAISES` instead raises its error, once
 per process, and the process lives on: ``during_commit`` is the server
 having committed while the client sees the connection drop, which is an
-error the web must handle, not a crash.
+error the web must handle, not a crash. A point in :data:`HANGS` blocks
+the thread that reaches it first in a call into C that does not return for
+:data:`HANG_SECONDS` (a decoder caught in a loop), once per process: no
+Python exception can reach that thread meanwhile, as none reaches a
+render in libjpeg or libwebp.
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
 """
@@ -46,6 +52,8 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
+import time
 
 from app.errors import DatabaseUnavailable
 
@@ -66,6 +74,8 @@ POINTS = {
     "during_commit": 2,
     # not a contract window: the object GC committed its decision to remove an object, not yet deleted it
     "object_gc_before_delete": 0,
+    # not a contract window: a render that never returns (a decoder caught in a loop on a hostile file)
+    "render_hangs": 0,
 }
 
 #: points that raise this error (once per process) instead of killing
@@ -73,6 +83,11 @@ RAISES = {
     "during_commit": lambda: DatabaseUnavailable("database connection lost during COMMIT (fault point)"),
 }
 _raised: set[str] = set()
+#: points that block their first caller (once per process) instead of killing, for this long
+HANGS = {"render_hangs"}
+HANG_SECONDS = 3600.0
+_hung: set[str] = set()
+_hung_lock = threading.Lock()
 
 log = logging.getLogger("attache.faults")
 
@@ -93,6 +108,14 @@ def point(name: str) -> None:
         _raised.add(name)
         log.critical("fault point %s reached: raising", name, extra={"fault": name})
         raise RAISES[name]()
+    if name in HANGS:
+        with _hung_lock:
+            if name in _hung:
+                return
+            _hung.add(name)
+        log.critical("fault point %s reached: hanging for %g s", name, HANG_SECONDS, extra={"fault": name})
+        time.sleep(HANG_SECONDS)  # one call into C: an asynchronous exception waits for its return
+        return
     log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
     for handler in logging.getLogger().handlers:
         try:

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from functools import cached_property
 from typing import Mapping
 
-from app.config import STEP_TIME_LIMIT_SECONDS, Settings
+from app.config import STEP_INTERRUPT_GRACE_SECONDS, Settings
 from app.errors import ConfigError
 
 
@@ -141,7 +141,7 @@ class Services:
         from app.adapters.broker.worker_stopping import WorkerStopping
 
         return [
-            TimeLimit(time_limit=STEP_TIME_LIMIT_SECONDS * 1000),
+            TimeLimit(time_limit=int((self.settings.step_time_limit_seconds + STEP_INTERRUPT_GRACE_SECONDS) * 1000)),
             ShutdownNotifications(),
             WorkerStopping(self.stopping),
             CurrentMessage(),

@@ -89,6 +89,42 @@ def test_a_file_that_kills_every_worker_ends_failed_worker_lost(deployment, engi
     assert status["variants"] == {}
 
 
+#: a step time limit a test waits for (the waits for PostgreSQL and storage may take at most half of it)
+SHORT_STEP_LIMIT = {"ATTACHE_STEP_TIME_LIMIT_SECONDS": "4", "ATTACHE_DATABASE_WAIT_SECONDS": "2",
+                    "ATTACHE_STORAGE_WAIT_SECONDS": "2", "ATTACHE_RETRY_INITIAL_SECONDS": "0"}
+
+
+@pytest.mark.parametrize("one_step", [True, False], ids=["made_in_inspect", "a_render_message_per_variant"])
+def test_a_render_that_never_returns_ends_its_attempt_at_the_step_time_limit(deployment, engine, storage_dir,
+                                                                              data_file, one_step):
+    # The first render hangs in a call into C (the fault point sleeps in time.sleep), where no Python exception
+    # reaches it: before, its heartbeat renewed the lease for ever and the job stayed processing. The worker lives
+    # on (another thread takes the next attempt), so only the step's own time limit can end the attempt.
+    deployment.start("web")
+    deployment.start("scheduler")
+    deployment.start("worker", ATTACHE_FAULT="render_hangs", **SHORT_STEP_LIMIT,
+                     **({"ATTACHE_ONE_STEP_MAX_PIXELS": "64000000"} if one_step else {}))
+    response = deployment.upload(data_file("photos/coffee.jpg"))
+    attachment_id, job_id = response.json()["id"], uuid.UUID(response.json()["job_id"])
+    status = deployment.wait_state(attachment_id, timeout=60)
+    assert (status["state"], status["attempt"]) == ("ready", 2), status
+    assert ("processing", "queued", "step_timeout") in [tuple(h) for h in history(engine, job_id)]
+    assert "worker_lost" not in [h.error_code for h in history(engine, job_id)]
+    assert_invariants(engine, storage_dir, [attachment_id])
+    assert "step ran longer than its time limit of 4 s" in deployment.processes["worker"].output()
+
+
+def test_a_render_that_never_returns_on_the_last_attempt_fails_the_job_with_its_code(deployment, engine, data_file):
+    deployment.env["ATTACHE_MAX_ATTEMPTS"] = "1"  # the web writes it on the job
+    deployment.start("web")
+    deployment.start("scheduler")
+    deployment.start("worker", ATTACHE_FAULT="render_hangs", **SHORT_STEP_LIMIT)
+    response = deployment.upload(data_file("photos/coffee.jpg"))
+    status = deployment.wait_state(response.json()["id"], timeout=60)
+    assert (status["state"], status["error_code"], status["attempt"]) == ("failed", "step_timeout", 1), status
+    assert "time limit of 4 s" in status["error_reason"]
+
+
 def test_rabbitmq_outage_loses_nothing_and_uploads_keep_being_accepted(deployment, engine, storage_dir, data_file):
     deployment.start("web")
     deployment.start("worker")

@@ -77,6 +77,7 @@ from app.errors import (
     PoisonMessage,
     RemovalUnderWay,
     StagingMissing,
+    StepTimedOut,
     StorageError,
     StorageUnavailable,
     StorageWaitInterrupted,
@@ -148,6 +149,9 @@ class _Run:
     #: until when its storage calls are tried again while storage is unavailable (``ATTACHE_STORAGE_WAIT_SECONDS``
     #: from the step's start: its waits for PostgreSQL and for storage overlap, within the step's time limit)
     storage_deadline: float
+    #: when the step has run for ``ATTACHE_STEP_TIME_LIMIT_SECONDS`` (from the delivery; a wait for PostgreSQL
+    #: does not move it): its heartbeat then records the attempt's timeout instead of renewing the lease
+    deadline: float = float("inf")
     recorded: bool = False
     #: the storage error a call of this step met, once its deadline has passed: later calls raise it at once
     storage_failed: StorageUnavailable | None = None
@@ -192,8 +196,8 @@ class Workflow:
         with bound(job_id=body["job_id"], attempt=body["attempt"], step=body["step"],
                    trace_id=trace_id(body["traceparent"]), variant=body.get("variant")), \
                 telemetry.consuming(body, step.queue):
-            began = time.monotonic()
-            run = _Run(body, began, began + self.services.settings.storage_wait_seconds)
+            began, settings = time.monotonic(), self.services.settings
+            run = _Run(body, began, began + settings.storage_wait_seconds, began + settings.step_time_limit_seconds)
             token = _running.set(run)
             try:
                 outcome = self._outlasting_outages(body)
@@ -426,6 +430,7 @@ class Workflow:
         if not done:
             faults.point("during_render")
             with self._lease_kept(job.id, attempt, lease), self._staged_or_none(source, attachment.sha256) as path:
+                faults.point("render_hangs")
                 effect = self._make_object(attachment, version, variant, path)
             faults.point("after_object_write")
         with self.services.unit_of_work.begin() as work:
@@ -595,6 +600,7 @@ class Workflow:
         def make(name: str) -> dict:
             with bound(variant=name):
                 faults.point("during_render")
+                faults.point("render_hangs")
                 return self._make_object(attachment, version, name, path)
 
         if not names:
@@ -659,6 +665,17 @@ class Workflow:
             return [outbox.announce(conn, job, attempt, Step.PUBLISH)]
         return []
 
+    def _time_out(self, job_id, attempt: int, lease: states.Lease, run: _Run) -> None:
+        """The step ran past its time limit: its attempt's outcome is :class:`StepTimedOut` (raises while
+        PostgreSQL does not take it: the heartbeat tries again)."""
+        limit = self.services.settings.step_time_limit_seconds
+        step = run.body["step"]
+        outcome = self.record_failure(job_id, attempt, step, StepTimedOut(
+            f"the {step} step ran longer than its time limit of {limit:g} s"), lease.owner)
+        log.log(logging.INFO if outcome.status == "stale" else logging.ERROR,
+                "step ran longer than its time limit of %g s: its attempt is %s (%s); the thread running it stays "
+                "busy until its call returns", limit, outcome.status, outcome.detail)
+
     def _hand_off(self, conn, job_id, attempt: int, lease: states.Lease) -> None:
         """The step is done: the job waits for its next message without a short lease (see states.hand_off)."""
         states.hand_off(conn, job_id, attempt, lease.owner)
@@ -666,17 +683,43 @@ class Workflow:
     @contextlib.contextmanager
     def _lease_kept(self, job_id, attempt: int, lease: states.Lease) -> Iterator[None]:
         """Heartbeat: extend the lease every third of its length while a long step runs; a missed beat is tried
-        again every second (:data:`HEARTBEAT_RETRY_SECONDS`)."""
+        again every second (:data:`HEARTBEAT_RETRY_SECONDS`).
+
+        Past the step's time limit (:attr:`_Run.deadline`) the heartbeat renews no more: it records the attempt's
+        outcome, :class:`StepTimedOut` (retried as a lost worker is), and stops. The step's thread cannot be
+        interrupted inside a call into C (a decoder, an encoder; Dramatiq's ``TimeLimit`` raises only between
+        Python bytecodes, and an image made in inspect is waited for in a thread pool's join): before, a render
+        that never returned renewed its lease for ever and its job stayed ``processing``. Should the call return,
+        the step's fence finds the attempt taken back and it commits nothing (its objects are the object GC's).
+        """
         stop = threading.Event()
+        run = _running.get()
+        deadline = run.deadline if run is not None else float("inf")
+
+        every = states.heartbeat_seconds(lease.seconds)
+        missed, holding = False, True
+
+        def pause() -> float | None:
+            """Until the next beat (a missed one, or the timeout's record: a second), or the deadline."""
+            if missed:
+                return min(HEARTBEAT_RETRY_SECONDS, every)
+            if deadline == float("inf"):
+                return every if holding else None
+            left = max(0.0, deadline - time.monotonic())
+            return min(every, left) if holding else left
 
         def beat() -> None:
-            missed = False
-            every = states.heartbeat_seconds(lease.seconds)
-            while not stop.wait(min(HEARTBEAT_RETRY_SECONDS, every) if missed else every):
+            nonlocal missed, holding
+            while not stop.wait(pause()):
                 try:
-                    with transaction(self.services.engine) as conn:
-                        if not states.renew(conn, job_id, attempt, lease):
-                            return
+                    if time.monotonic() >= deadline:
+                        self._time_out(job_id, attempt, lease, run)
+                        return
+                    # a lease this step no longer holds (a sibling render of its attempt handed off, or lease
+                    # recovery took the attempt back) is not renewed, but the step's time limit still holds
+                    if holding:
+                        with transaction(self.services.engine) as conn:
+                            holding = states.renew(conn, job_id, attempt, lease)
                 except Exception:  # a missed beat is not fatal; the fence decides at commit
                     if not missed:
                         log.warning("lease heartbeat failed; tried again every %g s", HEARTBEAT_RETRY_SECONDS,
@@ -685,7 +728,9 @@ class Workflow:
                 else:
                     missed = False
 
-        thread = threading.Thread(target=beat, name="lease-heartbeat", daemon=True)
+        # the step's context (its log fields: job, attempt, step, variant) in the heartbeat's records too
+        thread = threading.Thread(target=contextvars.copy_context().run, args=(beat,), name="lease-heartbeat",
+                                  daemon=True)
         thread.start()
         try:
             yield

@@ -41,6 +41,7 @@
     image_too_large: "the image is wider or taller than we process",
     unsupported_format: "it is not an image we process; we take " + FORMATS,
     worker_lost: "the worker processing it stopped each time it tried",
+    step_timeout: "it took longer to process than we allow, each time it was tried",
     staging_missing: "the uploaded original was lost before it was processed; upload it again"
   };
 
