@@ -214,6 +214,10 @@ class Settings:
         "(doubling per re-announcement); keep it above the Dramatiq retry budget")
     reconcile_interval_seconds: float = setting(
         "ATTACHE_RECONCILE_INTERVAL_SECONDS", 30.0, _float(0.1), "how often the scheduler looks for stranded jobs")
+    counter_fold_interval_seconds: float = setting(
+        "ATTACHE_COUNTER_FOLD_INTERVAL_SECONDS", 60.0, _float(0.1),
+        "how often the scheduler moves the transitions counted since into the totals /metrics reads (a scrape "
+        "adds up the totals and what is not folded yet, so it is exact either way)")
     broker_retries: int = setting(
         "ATTACHE_BROKER_RETRIES", 5, _int(0, 50),
         "Dramatiq retries for a step whose outcome could not be recorded (then .XQ)")

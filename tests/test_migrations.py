@@ -58,3 +58,34 @@ def test_jobs_get_their_owner_from_0014_on_whoever_inserts_them(database_url):
     finally:
         db.upgrade(database_url)
         engine.dispose()
+
+
+def test_0019_counts_the_history_written_before_it(database_url):
+    """The transitions written before migration 0019 are counted by it, once; those after, by its trigger."""
+    from alembic import command
+
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
+    add_history = text("INSERT INTO job_history (job_id, from_state, to_state, attempt, actor, error_code) "
+                       "SELECT id, :f, :t, 1, 'test', :e FROM jobs")
+    try:
+        command.downgrade(db.alembic_config(database_url), "0018")
+        with engine.begin() as conn:
+            conn.execute(text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, "
+                              "width, height, staging_key) VALUES ('00000000-0000-4000-8000-000000000001', 'u', "
+                              "'a.jpg', 'image/jpeg', 'JPEG', 1, repeat('0', 64), 1, 1, 'staging/x')"))
+            conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, "
+                              "owner) VALUES (gen_random_uuid(), '00000000-0000-4000-8000-000000000001', 1, 'queued', "
+                              "3, '00-x', 'u')"))
+            conn.execute(add_history, {"f": None, "t": "queued", "e": None})
+            conn.execute(add_history, {"f": "processing", "t": "queued", "e": "worker_lost"})
+        db.upgrade(database_url)
+        with engine.begin() as conn:
+            conn.execute(add_history, {"f": "processing", "t": "queued", "e": "worker_lost"})
+            counted = conn.execute(text("SELECT from_state, to_state, worker_lost, sum(n) FROM ("
+                                        "SELECT from_state, to_state, worker_lost, total AS n FROM transition_counts "
+                                        "UNION ALL SELECT from_state, to_state, worker_lost, rows FROM "
+                                        "transition_deltas) k GROUP BY 1, 2, 3 ORDER BY 1")).all()
+        assert [tuple(row) for row in counted] == [("none", "queued", False, 1), ("processing", "queued", True, 2)]
+    finally:
+        db.upgrade(database_url)
+        engine.dispose()

@@ -26,7 +26,8 @@ from tests.conftest import OPERATOR_TOKEN, authed
 from tests.processes import Deployment, wait_for
 from tests.test_maintenance import seed
 
-SERVICES = {"outbox_relay", "lease_recovery", "reconciler", "staging_cleanup", "object_gc", "retirement", "webhooks"}
+SERVICES = {"outbox_relay", "lease_recovery", "reconciler", "staging_cleanup", "object_gc", "retirement", "webhooks",
+            "counter_fold"}
 
 
 def sweeper_samples(app) -> dict[str, dict]:

@@ -4,7 +4,8 @@ PostgreSQL is the source of truth, so the numbers are computed from it
 rather than counted in process memory: every web worker answers the same,
 nothing is lost when a process restarts, and counters stay monotonic
 because the rows they count are append-only (``attachments``,
-``job_history``).
+``job_history``). ``job_history``'s are counted as its rows are written
+(``app/core/counters.py``): a scrape does not read the table.
 
 * ``attache_uploads_total`` - accepted uploads;
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
@@ -50,6 +51,7 @@ from prometheus_client.core import (
 from sqlalchemy import text
 
 from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
+from app.core import counters
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.metrics")
@@ -128,11 +130,10 @@ class DatabaseCollector:
 
 
 def _history(conn):
-    """The counters read from ``job_history``, in one pass over it (a table that grows with every transition):
-    its rows counted by transition and by whether a lease recovery wrote them (``worker_lost``)."""
-    rows = conn.execute(text(
-        "SELECT coalesce(from_state, 'none'), to_state, coalesce(error_code = 'worker_lost', false), count(*) "
-        "FROM job_history GROUP BY 1, 2, 3")).all()
+    """The counters of ``job_history``: its rows by transition and by whether a lease recovery wrote them
+    (``worker_lost``), as they were counted when written (``app/core/counters.py``): a scrape reads none of
+    ``job_history`` itself, a table that grows with every transition."""
+    rows = counters.transitions(conn)
     transitions: dict[tuple[str, str], int] = {}
     for from_state, to_state, _, count in rows:
         transitions[from_state, to_state] = transitions.get((from_state, to_state), 0) + count

@@ -52,6 +52,7 @@ from enum import StrEnum
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
     DateTime,
@@ -310,6 +311,28 @@ sweeper_runs = Table(
     Column("last_run_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("last_success_at", DateTime(timezone=True)),
     Column("last_duration_seconds", Float, nullable=False, server_default=text("0")),
+)
+
+#: ``job_history`` counted by transition (and whether a lease recovery wrote it), for ``/metrics``: what
+#: ``counter_fold`` moved in (``app/core/counters.py``), plus ``transition_deltas``, which a trigger on
+#: ``job_history`` appends to per insert statement (migration 0019)
+transition_counts = Table(
+    "transition_counts",
+    metadata,
+    Column("from_state", Text, primary_key=True),
+    Column("to_state", Text, primary_key=True),
+    Column("worker_lost", Boolean, primary_key=True),
+    Column("total", BigInteger, nullable=False),
+)
+
+transition_deltas = Table(
+    "transition_deltas",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("from_state", Text, nullable=False),
+    Column("to_state", Text, nullable=False),
+    Column("worker_lost", Boolean, nullable=False),
+    Column("rows", BigInteger, nullable=False),
 )
 
 sweeper_items = Table(
