@@ -23,7 +23,7 @@ from app.core.steps import Step
 from app.core.workflow import Workflow
 from app.errors import NOT_RETRYABLE
 from app.observability import logs
-from app.services import Services, exit_on_config_error, settings_or_exit
+from app.services import Services, exit_on_config_error, exit_stuck_worker, settings_or_exit
 
 cap_malloc_arenas()  # before the worker's threads start: pixel buffers are reused, not faulted in again
 settings = settings_or_exit("worker")
@@ -32,7 +32,7 @@ logs.configure("worker")
 services = Services(settings, pool_size=8, consumer=True, process="worker")
 broker = services.broker  # consumes the steps' queues and publishes their follow-up messages
 dramatiq.set_broker(broker)
-workflow = Workflow(services, stopping=services.stopping)
+workflow = Workflow(services, stopping=services.stopping, stuck=exit_stuck_worker)
 # loaded at boot, before the process says it is ready: its first jobs neither pay for them nor wait on the GIL
 with exit_on_config_error("worker"):  # a STORAGE_URL with parameters it does not take stops the worker here
     services.storage  # the backend (S3's client takes 0.16 s of CPU to import)

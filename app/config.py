@@ -8,6 +8,7 @@ and a non-zero exit before doing anything else.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Callable, Mapping
@@ -20,9 +21,6 @@ from app.errors import ConfigError
 #: the ``BROKER_URL`` schemes of each broker kind (unset: the PostgreSQL broker in the database)
 BROKER_SCHEMES = {"rabbitmq": ("amqp", "amqps"), "postgres": ("postgresql",)}
 DEFAULT_DATA_DIR = "var"
-#: Dramatiq's TimeLimit interrupts a step's Python code this long after ATTACHE_STEP_TIME_LIMIT_SECONDS, by which
-#: time the step's heartbeat has recorded the attempt's timeout (the interrupt cannot reach a call into C)
-STEP_INTERRUPT_GRACE_SECONDS = 30
 DEFAULT_STORAGE_URL = "file://./var/storage"
 
 
@@ -46,6 +44,8 @@ def _float(minimum: float) -> Callable[[str, str], float]:
             value = float(raw)
         except ValueError:
             raise ConfigError(f"{name}={raw!r} is not a number") from None
+        if not math.isfinite(value):  # float() takes "nan" and "inf": a deadline of nan is never reached
+            raise ConfigError(f"{name}={raw!r} is not a finite number")
         if value < minimum:
             raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
         return value
@@ -224,9 +224,10 @@ class Settings:
     step_time_limit_seconds: float = setting(
         "ATTACHE_STEP_TIME_LIMIT_SECONDS", 600.0, _float(1),
         "a worker's step that runs longer than this (wall-clock, from the message's delivery) stops holding its "
-        "job: the attempt ends `step_timeout` and is retried as a lost worker's is; the step's own thread is left "
-        "to finish a call into C (a render) and is then stale; the waits for PostgreSQL and for storage may take "
-        "at most half of it")
+        "job: the attempt ends `step_timeout` and is retried as a lost worker's is; Dramatiq interrupts the step "
+        "30 s later (a quarter of a shorter limit), and a step still running 30 s after that is inside a call no "
+        "interrupt reaches (a render in C): its worker process exits, for its process manager to start a fresh one; "
+        "the waits for PostgreSQL and for storage may take at most half of it")
     database_wait_seconds: float = setting(
         "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "

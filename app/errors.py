@@ -176,8 +176,8 @@ class BrokerUnavailable(TransientError):
 class StepTimedOut(TransientError):
     """A step ran longer than its time limit (``ATTACHE_STEP_TIME_LIMIT_SECONDS``): its heartbeat stops renewing
     the lease and records this as the attempt's outcome (``Workflow._lease_kept``). Retried as a lost worker is: the
-    limit is wall-clock time, which a loaded or paused machine also spends; a render that never ends costs at most
-    one thread per attempt."""
+    limit is wall-clock time, which a loaded or paused machine also spends. A render that never returns from C
+    holds its thread until its worker process exits for it (``app.services.exit_stuck_worker``)."""
 
     error_code = "step_timeout"
 

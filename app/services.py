@@ -13,13 +13,16 @@ layer and are built from these in ``scheduler/sweepers.py``.
 from __future__ import annotations
 
 import contextlib
+import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Mapping
 
-from app.config import STEP_INTERRUPT_GRACE_SECONDS, Settings
+from app.config import Settings
+from app.core.steps import step_interrupt_grace
 from app.errors import ConfigError
 
 
@@ -31,6 +34,22 @@ def exit_on_config_error(process: str) -> Iterator[None]:
     except ConfigError as exc:
         print(f"attache {process}: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+#: a worker process that exits for a step stuck in C says so with this status (``EX_TEMPFAIL``): its process
+#: manager starts it again (Dramatiq's main process stops the others and exits with it)
+STUCK_EXIT_STATUS = 75
+
+
+def exit_stuck_worker() -> None:
+    """A step has run far past its time limit inside a call no exception reaches (a render in C): its thread is
+    lost for good, and a file that hangs every attempt would take one per attempt until the worker did nothing.
+    The attempt is recorded already (``step_timeout``); the process exits at once, as an OOM kill would end it, so
+    that a fresh one takes its place; its other steps' leases lapse and are recovered (``worker_lost``)."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(STUCK_EXIT_STATUS)
 
 
 def settings_or_exit(process: str, environ: Mapping[str, str] | None = None) -> Settings:
@@ -141,7 +160,8 @@ class Services:
         from app.adapters.broker.worker_stopping import WorkerStopping
 
         return [
-            TimeLimit(time_limit=int((self.settings.step_time_limit_seconds + STEP_INTERRUPT_GRACE_SECONDS) * 1000)),
+            TimeLimit(time_limit=int((self.settings.step_time_limit_seconds
+                                      + step_interrupt_grace(self.settings.step_time_limit_seconds)) * 1000)),
             ShutdownNotifications(),
             WorkerStopping(self.stopping),
             CurrentMessage(),

@@ -1,7 +1,7 @@
 """Counter fold: moves the transitions counted since its last round into ``transition_counts``.
 
 ``/metrics`` adds up ``transition_counts`` and the deltas not yet folded
-(``app/core/counters.py``), so a scrape costs what those two small tables
+(``app/adapters/postgres/transition_counts.py``), so a scrape costs what those two small tables
 cost, not what ``job_history`` does. Folding keeps the deltas few; a fold
 that falls behind (the scheduler down) makes scrapes slower, never wrong.
 Safe with two schedulers: each takes its own deltas (``SKIP LOCKED``).
@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
+from app.adapters.postgres import transition_counts as counters
 from app.adapters.postgres.db import transaction
-from app.core import counters
 
 log = logging.getLogger("attache.scheduler.counters")
 

@@ -35,6 +35,10 @@ def test_the_broker_url_chooses_the_broker(url, kind):
     ("ATTACHE_FAULT", "nowhere"),
     ("ATTACHE_DEV", "maybe"),
     ("ATTACHE_DATABASE_WAIT_SECONDS", "301"),
+    # float() takes these: a step's deadline of nan was never reached, and the worker died at boot on inf
+    ("ATTACHE_STEP_TIME_LIMIT_SECONDS", "nan"),
+    ("ATTACHE_STEP_TIME_LIMIT_SECONDS", "inf"),
+    ("ATTACHE_DATABASE_WAIT_SECONDS", "nan"),
 ])
 def test_bad_setting_names_the_variable(variable, value):
     with pytest.raises(ConfigError) as info:

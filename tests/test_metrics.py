@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, text, update
 
+from app.adapters.postgres import transition_counts as counters
 from app.adapters.postgres.models import outbox
-from app.core import counters
 from app.core.workflow import Workflow
 from app.web import create_app
 from scheduler.counter_fold import CounterFold, CounterFoldConfig
@@ -84,7 +84,7 @@ def test_a_scrape_reads_none_of_the_whole_job_history(settings, quiet_services, 
     """``job_history`` grows with every transition, and a scrape read all of it three times (transitions; retries
     and lease expiries; the reconciler's re-announcements): 1.0-1.6 s per scrape at 300,000 jobs (an adversarial
     run), toward Prometheus's 10 s scrape timeout. One pass was still 0.3 s at a million uploads: the counters now
-    come from ``transition_counts`` and its deltas (``app/core/counters.py``); the attempt histogram reads only its
+    come from ``transition_counts`` and its deltas (``app/adapters/postgres/transition_counts.py``); the attempt histogram reads only its
     newest rows (a Limit)."""
     app = create_app(settings)
     upload(quiet_services, data_file("photos/chelsea.jpg"))

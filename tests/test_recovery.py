@@ -114,6 +114,25 @@ def test_a_render_that_never_returns_ends_its_attempt_at_the_step_time_limit(dep
     assert "step ran longer than its time limit of 4 s" in deployment.processes["worker"].output()
 
 
+def test_a_worker_whose_step_stays_inside_a_call_into_c_exits_for_a_fresh_one(deployment, engine, storage_dir,
+                                                                             data_file):
+    # One thread, and the render that hangs holds it: the retried attempt had nowhere to run in that worker, and a
+    # file that hangs every attempt took a thread per attempt until the worker did nothing (an adversarial run).
+    # Past the limit, Dramatiq's interrupt and as long again, the process exits for its process manager to restart.
+    deployment.start("web")
+    deployment.start("scheduler")
+    worker = deployment.start("worker", ATTACHE_FAULT="render_hangs", WORKER_THREADS="1", **SHORT_STEP_LIMIT)
+    response = deployment.upload(data_file("photos/coffee.jpg"))
+    attachment_id, job_id = response.json()["id"], uuid.UUID(response.json()["job_id"])
+    assert worker.wait_dead(timeout=60) == 75, worker.output()[-3000:]
+    assert "a step is still running" in worker.output()
+    assert ("processing", "queued", "step_timeout") in [tuple(h) for h in history(engine, job_id)]
+    deployment.start("worker")
+    status = deployment.wait_state(attachment_id, timeout=60)
+    assert (status["state"], status["attempt"]) == ("ready", 2), status
+    assert_invariants(engine, storage_dir, [attachment_id])
+
+
 def test_a_render_that_never_returns_on_the_last_attempt_fails_the_job_with_its_code(deployment, engine, data_file):
     deployment.env["ATTACHE_MAX_ATTEMPTS"] = "1"  # the web writes it on the job
     deployment.start("web")

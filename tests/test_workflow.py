@@ -690,3 +690,41 @@ def test_a_step_makes_no_more_storage_calls_once_its_wait_is_spent(env, engine, 
                                     ATTACHE_RETRY_INITIAL_SECONDS="0") as (services, inspect, calls):
         assert Workflow(services).handle(inspect, step="inspect").status == "queued"
         assert len(calls) <= 2, f"{len(calls)} calls after the wait was spent (one per inline thread at most)"
+
+
+def test_a_timeout_recorded_as_its_step_returns_is_never_taken_back_after_the_steps_outcome(env, engine, data_file,
+                                                                                             monkeypatch):
+    """A render returned just past its time limit while its heartbeat was recording the timeout, slowly (a slow
+    PostgreSQL): the step waited 5 s for the heartbeat, committed its variant and handed off, and the timeout then
+    took the attempt back (an adversarial run). The step now waits for the record, and its fence finds the attempt
+    taken back: one outcome, the timeout's."""
+    from app.errors import StepTimedOut
+
+    services = offline_services(env, ATTACHE_STEP_TIME_LIMIT_SECONDS="1", ATTACHE_DATABASE_WAIT_SECONDS="0.5",
+                                ATTACHE_STORAGE_WAIT_SECONDS="0.5", ATTACHE_LEASE_SECONDS="30")
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        workflow = Workflow(services)
+        [inspect] = take_messages(engine, accepted.job_id)
+        assert workflow.handle(inspect, step="inspect").status == "inspected"
+        render = next(p for p in take_messages(engine, accepted.job_id) if p["variant"] == "thumbnail")
+        make, record = Workflow._make_object, Workflow.record_failure
+
+        def past_the_limit(self, *args):
+            time.sleep(1.1)
+            return make(self, *args)
+
+        def slowly(self, job_id, attempt, step, error, *args, **kwargs):
+            if isinstance(error, StepTimedOut):
+                time.sleep(6)
+            return record(self, job_id, attempt, step, error, *args, **kwargs)
+
+        monkeypatch.setattr(Workflow, "_make_object", past_the_limit)
+        monkeypatch.setattr(Workflow, "record_failure", slowly)
+        outcome = workflow.handle(render, step="render")
+        assert outcome.status == "stale", outcome
+        row = job(engine, accepted.job_id)
+        assert (row.state, row.error_code) == ("queued", "step_timeout")
+        assert "thumbnail" not in recorded_variants(engine, accepted.job_id)
+    finally:
+        services.engine.dispose()

@@ -48,3 +48,13 @@ class Step(StrEnum):
         return RetryPolicy(initial_interval=initial_seconds * self.first_wait,
                            backoff_coefficient=self.backoff_coefficient, max_interval=max_seconds,
                            jitter=self.jitter)
+
+
+#: Dramatiq's TimeLimit interrupts a step's Python code this long after ATTACHE_STEP_TIME_LIMIT_SECONDS (a quarter of
+#: a shorter limit), by which time the step's heartbeat has recorded the attempt's timeout; a step still running as
+#: long again is inside a call no exception reaches (C), and its worker process exits (``Workflow._lease_kept``)
+STEP_INTERRUPT_GRACE_SECONDS = 30.0
+
+
+def step_interrupt_grace(step_time_limit_seconds: float) -> float:
+    return min(STEP_INTERRUPT_GRACE_SECONDS, step_time_limit_seconds / 4)

@@ -66,7 +66,7 @@ from app.core import messages, outbox, pipeline, provenance, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
-from app.core.steps import Step
+from app.core.steps import Step, step_interrupt_grace
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -173,10 +173,13 @@ def _check(job: Row, body: dict) -> None:
 
 class Workflow:
     def __init__(self, services: ImageProducer, policies: dict[Step, RetryPolicy] | None = None, *,
-                 stopping: threading.Event | None = None):
-        """``stopping``: set when the worker shuts down; a step waiting out a PostgreSQL outage stops waiting."""
+                 stopping: threading.Event | None = None, stuck: Callable[[], None] | None = None):
+        """``stopping``: set when the worker shuts down; a step waiting out a PostgreSQL outage stops waiting.
+        ``stuck``: called when a step is still running well past its time limit, inside a call no exception
+        reaches (the worker exits its process: ``app.services.exit_stuck_worker``); by default only logged."""
         self.services = services
         self.stopping = stopping or threading.Event()
+        self.stuck = stuck or (lambda: None)
         settings = services.settings
         self.policies = policies or {step: step.retry_policy(settings.retry_initial_seconds, settings.retry_max_seconds)
                                      for step in Step}
@@ -714,6 +717,12 @@ class Workflow:
                 try:
                     if time.monotonic() >= deadline:
                         self._time_out(job_id, attempt, lease, run)
+                        # Dramatiq's interrupt frees a step in Python; one still running as long again is in C
+                        if not stop.wait(2 * step_interrupt_grace(self.services.settings.step_time_limit_seconds)):
+                            log.critical("a step is still running %g s past its time limit, inside a call no "
+                                         "exception reaches: its thread is lost to this worker process",
+                                         time.monotonic() - deadline)
+                            self.stuck()
                         return
                     # a lease this step no longer holds (a sibling render of its attempt handed off, or lease
                     # recovery took the attempt back) is not renewed, but the step's time limit still holds
@@ -736,4 +745,6 @@ class Workflow:
             yield
         finally:
             stop.set()
-            thread.join(timeout=5)
+            # not a bounded wait: a timeout the heartbeat is recording must commit before the step's outcome
+            # transaction fences (a step that went on after 5 s had its committed outcome taken back by it)
+            thread.join()

@@ -5,7 +5,7 @@ rather than counted in process memory: every web worker answers the same,
 nothing is lost when a process restarts, and counters stay monotonic
 because the rows they count are append-only (``attachments``,
 ``job_history``). ``job_history``'s are counted as its rows are written
-(``app/core/counters.py``): a scrape does not read the table.
+(``app/adapters/postgres/transition_counts.py``): a scrape does not read the table.
 
 * ``attache_uploads_total`` - accepted uploads;
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
@@ -50,8 +50,8 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
+from app.adapters.postgres import transition_counts as counters
 from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
-from app.core import counters
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.metrics")
@@ -131,7 +131,7 @@ class DatabaseCollector:
 
 def _history(conn):
     """The counters of ``job_history``: its rows by transition and by whether a lease recovery wrote them
-    (``worker_lost``), as they were counted when written (``app/core/counters.py``): a scrape reads none of
+    (``worker_lost``), as they were counted when written (``app/adapters/postgres/transition_counts.py``): a scrape reads none of
     ``job_history`` itself, a table that grows with every transition."""
     rows = counters.transitions(conn)
     transitions: dict[tuple[str, str], int] = {}

@@ -11,7 +11,7 @@ A statement trigger on ``job_history`` now appends what each insert added
 to ``transition_deltas`` (one row per transition kind and statement: no
 row is updated, so concurrent transitions never wait for each other); the
 scheduler's ``counter_fold`` moves the deltas into ``transition_counts``
-in one transaction (``app/core/counters.py``), and a scrape reads both
+in one transaction (``app/adapters/postgres/transition_counts.py``), and a scrape reads both
 tables in one statement: exact, whatever a fold does meanwhile.
 
 The existing rows are counted here, in the migration's transaction, after
