@@ -157,12 +157,15 @@ class ObjectGc:
                 return "decided_elsewhere"
         return "removed"
 
-    def _remove(self, key: str) -> None:
-        """Delete an object whose removal is decided (committed), then forget the decision."""
+    def _remove(self, key: str, *, decided_by_another: bool = False) -> None:
+        """Delete an object whose removal is decided (committed), then forget the decision. One decided by another
+        GC is tainted as its decision is forgotten: that GC may still delete it (``app/core/objects.py``)."""
         faults.point("object_gc_before_delete")
         self.storage.delete(key)
         log.info("removed unreferenced object %s", key, extra={"key": key})
         with transaction(self.engine) as conn:
+            if decided_by_another:
+                objects.taint(conn, key, _owner(key))
             objects.removed(conn, key)
 
     def _finish_decided(self, counts) -> None:
@@ -170,11 +173,12 @@ class ObjectGc:
         decision and its delete). No job of their attachments has been claimed since, so they are removed as
         decided. Only those decided ``decision_grace_seconds`` ago: a GC whose session was lost (a PostgreSQL
         restart) may still be in its delete, and a second delete after the claims went on would remove what they
-        write."""
+        write. However long ago, that GC may be frozen in its delete: each key is tainted, and the claims' steps
+        write its variant under another key."""
         with transaction(self.engine) as conn:
             keys = objects.decided(conn, older_than_seconds=self.config.decision_grace_seconds)
         for key in keys:
-            self._remove(key)
+            self._remove(key, decided_by_another=True)
             counts["removed"] += 1
 
 

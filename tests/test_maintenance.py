@@ -715,6 +715,64 @@ def test_a_replay_during_the_object_gcs_delete_never_loses_the_ready_jobs_object
     assert all(exists(storage_dir, key) for key in published), "every object of the ready job is there"
 
 
+def test_a_gc_frozen_in_its_delete_after_another_finished_it_never_removes_a_replayed_jobs_object(
+        quiet_services, storage_dir, data_file):
+    """An adversarial run: a GC froze between its decision and its delete, its sessions ended (a paused VM: the
+    server's keepalives end them in about 10 s) and freed its lock; the next round, the decision grace passed,
+    finished the decision (deleted the object, forgot the decision), so the claims went on; an operator replayed
+    the job, whose new attempt rendered the same content-addressed key, recorded it and was published ``ready``;
+    then the frozen GC thawed and deleted it. The key is now tainted by the round that finished another's
+    decision, and the replayed attempt writes that variant under another key."""
+    from app.adapters.postgres.db import make_engine
+    from app.core.operations import replay
+    from app.core.workflow import Workflow
+    from tests.driver import job, run, upload
+
+    services = quiet_services
+    engine = services.engine
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(services)
+    with engine.begin() as conn:  # what a lost attempt leaves: its objects, no row, the job failed worker_lost
+        attachment = workflow._attachment(conn, accepted.attachment_id)
+        version = pipeline.get(accepted.pipeline_version)
+    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
+        made, failed = workflow._make_objects(attachment, version, list(version.variants), path)
+    assert failed is None
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
+                     .values(state="failed", attempt=1, error_code="worker_lost"))
+    for effect in made.values():
+        age(storage_dir, effect["storage_key"], 2 * HOUR)
+
+    frozen_engine = make_engine(services.settings.database_url, process="scheduler-frozen")
+    slow = _SlowDelete(services.storage)
+    frozen = ObjectGc(frozen_engine, slow, ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1))
+    collecting = threading.Thread(target=frozen.run_once)
+    collecting.start()
+    try:
+        assert slow.entered.wait(30), "the frozen GC reached its first delete"
+        with engine.begin() as conn:  # its sessions end, and with them its lock
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'attache scheduler-frozen'"))
+        after = ObjectGc(engine, services.storage, ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1))
+        removed = []
+        wait_for(lambda: removed.append(after.run_once()["removed"]) or sum(removed) == len(made), timeout=30,
+                 interval=0.3, message="the next rounds finished the frozen GC's decision and removed the rest")
+        replay(services, accepted.job_id, operator="olga", reason="worker lost")
+        assert run(workflow, engine, accepted.job_id)[-1] == "ready"
+    finally:
+        slow.release.set()
+        collecting.join(60)
+        frozen_engine.dispose()
+    assert job(engine, accepted.job_id).state == "ready"
+    with engine.connect() as conn:
+        published = list(conn.execute(select(variants.c.storage_key)
+                                      .where(variants.c.job_id == accepted.job_id)).scalars())
+    assert slow.deleting not in published, "the replayed attempt wrote the tainted key's variant under another"
+    assert all(exists(storage_dir, key) for key in published), "every object of the ready job is there"
+    assert workflow.verify_ready(job(engine, accepted.job_id)).status == "already_ready"  # raises EffectMissing
+
+
 def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(services, engine, storage_dir):
     """A GC killed between its committed decision and its delete (``object_gc_before_delete``) leaves the decision;
     claims of the attachment's jobs wait on it, so a round ``decision_grace_seconds`` later removes the object as

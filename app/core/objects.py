@@ -32,6 +32,15 @@ So the GC commits its decision before it deletes, and a claim respects it:
 
 Only a claim needs it: an attachment's objects are written by its jobs'
 steps, and every attempt starts with its claim.
+
+A decision finished by another GC is the one case no lock covers: its
+GC may be frozen between its decision and its delete (a paused VM; its
+session, and so its lock, ended), and thaw after the claims went on. A
+replayed attempt rendered the same content-addressed key, was published
+``ready``, and lost the object to the thawed GC's delete (an adversarial
+run). So :func:`taint` marks such a key for good, and the steps write a
+tainted key's variant under another one (:func:`untainted`: ``-r1``
+before its extension), which that late delete does not name.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from sqlalchemy import delete, func, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from app.adapters.postgres.db import interval
-from app.adapters.postgres.models import object_removals
+from app.adapters.postgres.models import object_removals, object_taints
 from app.errors import RemovalUnderWay
 
 #: the first key of the two-key advisory locks of attachments' objects (a key space of its own in PostgreSQL)
@@ -78,3 +87,27 @@ def await_removals(conn, attachment_id) -> None:
     conn.execute(text("SELECT pg_advisory_xact_lock_shared(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
     if conn.execute(select(object_removals.c.key).where(object_removals.c.owner == owner).limit(1)).first():
         raise RemovalUnderWay(f"the object GC is removing an object of attachment {owner}")
+
+
+def taint(conn, key: str, owner: str) -> None:
+    """A GC finished another's decision to remove ``key``: that GC may still delete it, so it is never written again."""
+    conn.execute(insert(object_taints).values(key=key, owner=owner).on_conflict_do_nothing())
+
+
+def tainted(conn, attachment_id) -> frozenset[str]:
+    """The attachment's tainted keys, read in a step's opening transaction (a claim waited for their removal)."""
+    return frozenset(conn.execute(select(object_taints.c.key)
+                                  .where(object_taints.c.owner == str(attachment_id))).scalars())
+
+
+def untainted(key: str, taints: frozenset[str]) -> str:
+    """``key``, or the first of ``-r1``, ``-r2`` ... inserted before its extension that is not tainted: the same for
+    every rerun of a step, so the object is written once."""
+    if key not in taints:
+        return key
+    head, name = key.rsplit("/", 1)
+    stem, dot, extension = name.rpartition(".") if "." in name else (name, "", "")
+    n = 1
+    while (candidate := f"{head}/{stem}-r{n}{dot}{extension}") in taints:
+        n += 1
+    return candidate

@@ -52,7 +52,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Callable, Iterator, TypeVar
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import Text, bindparam, cast, func, insert, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Row
 
@@ -61,8 +61,8 @@ from app.adapters import imaging
 from app.adapters.imaging.shared import content_key
 from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, attachments, step_runs, variants
-from app.core import messages, outbox, pipeline, provenance, states
+from app.adapters.postgres.models import JobState, attachments, object_taints, step_runs, variants
+from app.core import messages, objects, outbox, pipeline, provenance, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
@@ -110,7 +110,10 @@ INLINE_THREADS = 2
 
 
 #: built once (see app.core.states): the statements every step runs
-_ATTACHMENT = select(attachments).where(attachments.c.id == bindparam("b_id"))
+#: with its tainted keys (``taints``: a list, or None), whose variants are written under others (app/core/objects.py)
+_ATTACHMENT = select(attachments, select(func.array_agg(object_taints.c.key))
+                     .where(object_taints.c.owner == cast(attachments.c.id, Text)).scalar_subquery().label("taints")
+                     ).where(attachments.c.id == bindparam("b_id"))
 _VARIANT_RECORDED = select(variants.c.id).where(
     variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.pipeline_version == bindparam("b_version"),
     variants.c.variant == bindparam("b_variant"))
@@ -631,8 +634,9 @@ class Workflow:
     def _make_object(self, attachment, version: pipeline.PipelineVersion, variant: str, path) -> dict:
         """Write ``variant``'s object: the ``original`` is copied from staging, the others rendered from ``path``."""
         storage = self.services.storage
+        taints = frozenset(attachment.taints or ())  # keys a frozen GC may still delete: written under others
         if variant == pipeline.ORIGINAL:
-            key = pipeline.original_key(attachment.id, attachment.sha256)
+            key = objects.untainted(pipeline.original_key(attachment.id, attachment.sha256), taints)
             info = self._outlasting_storage(lambda: storage.stat(key))  # kept by an earlier version or try
             if info is None or info.size != attachment.size:
                 try:
@@ -645,7 +649,8 @@ class Workflow:
         rendered = imaging.render(path, version.specs[variant], self.services.limits, sha256=attachment.sha256)
         stripped = imaging.stripped_metadata(path)
         digest = hashlib.sha256(rendered.data).hexdigest()
-        key = pipeline.variant_key(attachment.id, version.version, variant, digest, rendered.extension)
+        key = objects.untainted(pipeline.variant_key(attachment.id, version.version, variant, digest,
+                                                     rendered.extension), taints)
         self._outlasting_storage(lambda: storage.put_bytes(key, rendered.data, content_type=rendered.content_type))
         return dict(storage_key=key, content_type=rendered.content_type, size=len(rendered.data), sha256=digest,
                     width=rendered.width, height=rendered.height,

@@ -270,6 +270,17 @@ object_removals = Table(
 )
 Index("object_removals_owner_idx", object_removals.c.owner)
 
+#: keys whose removal another GC had to finish: the GC that decided it may still delete them, so the steps write
+#: those variants under another key (``app/core/objects.py``, migration 0020)
+object_taints = Table(
+    "object_taints",
+    metadata,
+    Column("key", Text, primary_key=True),
+    Column("owner", Text, nullable=False),
+    Column("tainted_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("object_taints_owner_idx", object_taints.c.owner)
+
 idempotency_keys = Table(
     "idempotency_keys",
     metadata,
