@@ -19,7 +19,7 @@ import dramatiq
 
 from app.adapters import imaging
 from app.adapters.imaging.malloc_arenas import cap_malloc_arenas
-from app.core.steps import Step
+from app.core.steps import Step, step_interrupt_grace
 from app.core.workflow import Workflow
 from app.errors import NOT_RETRYABLE
 from app.observability import logs
@@ -32,7 +32,8 @@ logs.configure("worker")
 services = Services(settings, pool_size=8, consumer=True, process="worker")
 broker = services.broker  # consumes the steps' queues and publishes their follow-up messages
 dramatiq.set_broker(broker)
-workflow = Workflow(services, stopping=services.stopping, stuck=exit_stuck_worker)
+workflow = Workflow(services, stopping=services.stopping,  # a step stuck in C past its limit: a fresh process
+                    stuck=lambda: exit_stuck_worker(step_interrupt_grace(settings.step_time_limit_seconds)))
 # loaded at boot, before the process says it is ready: its first jobs neither pay for them nor wait on the GIL
 with exit_on_config_error("worker"):  # a STORAGE_URL with parameters it does not take stops the worker here
     services.storage  # the backend (S3's client takes 0.16 s of CPU to import)

@@ -223,11 +223,12 @@ class Settings:
         "Dramatiq retries for a step whose outcome could not be recorded (then .XQ)")
     step_time_limit_seconds: float = setting(
         "ATTACHE_STEP_TIME_LIMIT_SECONDS", 600.0, _float(1),
-        "a worker's step that runs longer than this (wall-clock, from the message's delivery) stops holding its "
-        "job: the attempt ends `step_timeout` and is retried as a lost worker's is; Dramatiq interrupts the step "
+        "a worker's step that runs longer than this (wall-clock, from when a worker thread starts it) stops holding "
+        "its job: the attempt ends `step_timeout` and is retried as a lost worker's is; Dramatiq interrupts the step "
         "30 s later (a quarter of a shorter limit), and a step still running 30 s after that is inside a call no "
         "interrupt reaches (a render in C): its worker process exits, for its process manager to start a fresh one; "
-        "the waits for PostgreSQL and for storage may take at most half of it")
+        "the waits for PostgreSQL and for storage may take at most half of it (below 600, lower "
+        "ATTACHE_DATABASE_WAIT_SECONDS and ATTACHE_STORAGE_WAIT_SECONDS with it; a hung S3 call can take 90 s more)")
     database_wait_seconds: float = setting(
         "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "

@@ -15,8 +15,10 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from functools import cached_property
 from typing import Mapping
@@ -41,11 +43,15 @@ def exit_on_config_error(process: str) -> Iterator[None]:
 STUCK_EXIT_STATUS = 75
 
 
-def exit_stuck_worker() -> None:
+def exit_stuck_worker(drain_seconds: float) -> None:
     """A step has run far past its time limit inside a call no exception reaches (a render in C): its thread is
     lost for good, and a file that hangs every attempt would take one per attempt until the worker did nothing.
-    The attempt is recorded already (``step_timeout``); the process exits at once, as an OOM kill would end it, so
-    that a fresh one takes its place; its other steps' leases lapse and are recovered (``worker_lost``)."""
+    The attempt is recorded already (``step_timeout``). The process stops taking messages as on SIGTERM (Dramatiq's
+    shutdown; steps waiting for PostgreSQL or storage give their messages back), lets its other steps finish for
+    ``drain_seconds``, then exits, for its process manager to start a fresh one: Dramatiq's own shutdown would wait
+    for the stuck thread. A step still running then loses its lease, recovered as ``worker_lost``."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(drain_seconds)
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()

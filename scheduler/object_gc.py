@@ -157,15 +157,12 @@ class ObjectGc:
                 return "decided_elsewhere"
         return "removed"
 
-    def _remove(self, key: str, *, decided_by_another: bool = False) -> None:
-        """Delete an object whose removal is decided (committed), then forget the decision. One decided by another
-        GC is tainted as its decision is forgotten: that GC may still delete it (``app/core/objects.py``)."""
+    def _remove(self, key: str) -> None:
+        """Delete an object whose removal is decided (committed), then forget the decision."""
         faults.point("object_gc_before_delete")
         self.storage.delete(key)
         log.info("removed unreferenced object %s", key, extra={"key": key})
         with transaction(self.engine) as conn:
-            if decided_by_another:
-                objects.taint(conn, key, _owner(key))
             objects.removed(conn, key)
 
     def _finish_decided(self, counts) -> None:
@@ -173,13 +170,17 @@ class ObjectGc:
         decision and its delete). No job of their attachments has been claimed since, so they are removed as
         decided. Only those decided ``decision_grace_seconds`` ago: a GC whose session was lost (a PostgreSQL
         restart) may still be in its delete, and a second delete after the claims went on would remove what they
-        write. However long ago, that GC may be frozen in its delete: each key is tainted, and the claims' steps
-        write its variant under another key."""
+        write. However long ago, that GC may be frozen in its delete: each key is tainted first, in a transaction
+        that finds its decision still standing (a GC that thawed and finished it meanwhile let the claims go on,
+        and a replay may have written the key since), and the claims' steps write its variant under another key."""
         with transaction(self.engine) as conn:
             keys = objects.decided(conn, older_than_seconds=self.config.decision_grace_seconds)
         for key in keys:
-            self._remove(key, decided_by_another=True)
-            counts["removed"] += 1
+            with transaction(self.engine) as conn:
+                standing = objects.taint_if_decided(conn, key, _owner(key))
+            if standing:
+                self._remove(key)
+                counts["removed"] += 1
 
 
 def _owner(key: str) -> str:

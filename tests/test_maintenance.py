@@ -773,6 +773,68 @@ def test_a_gc_frozen_in_its_delete_after_another_finished_it_never_removes_a_rep
     assert workflow.verify_ready(job(engine, accepted.job_id)).status == "already_ready"  # raises EffectMissing
 
 
+def test_a_gc_finishing_a_decision_taints_the_key_before_it_deletes(quiet_services, storage_dir, data_file):
+    """A review of the taint: the round finishing a frozen GC's decision tainted the key after its own delete. Slow
+    in that delete, it let the frozen GC thaw, delete and forget its decision, the claims go on and a replay write
+    the untainted key, published ``ready``; then the finisher's delete removed it. The taint now comes first, in a
+    transaction that finds the decision still standing."""
+    from app.adapters.postgres.db import make_engine
+    from app.core.operations import replay
+    from app.core.workflow import Workflow
+    from tests.driver import job, run, upload
+
+    services = quiet_services
+    engine = services.engine
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    workflow = Workflow(services)
+    with engine.begin() as conn:
+        attachment = workflow._attachment(conn, accepted.attachment_id)
+        version = pipeline.get(accepted.pipeline_version)
+    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
+        made, _ = workflow._make_objects(attachment, version, list(version.variants), path)
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
+                     .values(state="failed", attempt=1, error_code="worker_lost"))
+    for effect in made.values():
+        age(storage_dir, effect["storage_key"], 2 * HOUR)
+    frozen_engine = make_engine(services.settings.database_url, process="scheduler-frozen")
+    frozen_storage, finisher_storage = _SlowDelete(services.storage), _SlowDelete(services.storage)
+    config = ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1)
+    frozen = threading.Thread(target=ObjectGc(frozen_engine, frozen_storage, config).run_once)
+    finisher = threading.Thread(target=ObjectGc(engine, finisher_storage, config).run_once)
+    frozen.start()
+    try:
+        assert frozen_storage.entered.wait(30), "the frozen GC reached its first delete"
+        with engine.begin() as conn:
+            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                              "WHERE application_name = 'attache scheduler-frozen'"))
+        wait_for(lambda: engine.connect().execute(text(
+            "SELECT count(*) FROM object_removals WHERE decided_at <= now() - interval '1.2 seconds'")).scalar(),
+            timeout=10, interval=0.2, message="the decision older than its grace")
+        finisher.start()
+        assert finisher_storage.entered.wait(30), "the finisher reached its delete of the same key"
+        assert finisher_storage.deleting == frozen_storage.deleting
+        frozen_storage.release.set()  # the frozen GC thaws: deletes, forgets its decision; the claims go on
+        frozen.join(60)
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM object_removals")).scalar() == 0
+        replay(services, accepted.job_id, operator="olga", reason="worker lost")
+        assert run(workflow, engine, accepted.job_id)[-1] == "ready"
+    finally:
+        frozen_storage.release.set()
+        finisher_storage.release.set()
+        frozen.join(60)
+        if finisher.is_alive() or finisher.ident is not None:
+            finisher.join(60)
+        frozen_engine.dispose()
+    with engine.connect() as conn:
+        published = list(conn.execute(select(variants.c.storage_key)
+                                      .where(variants.c.job_id == accepted.job_id)).scalars())
+    assert finisher_storage.deleting not in published
+    assert all(exists(storage_dir, key) for key in published), "every object of the ready job is there"
+    assert workflow.verify_ready(job(engine, accepted.job_id)).status == "already_ready"
+
+
 def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(services, engine, storage_dir):
     """A GC killed between its committed decision and its delete (``object_gc_before_delete``) leaves the decision;
     claims of the attachment's jobs wait on it, so a round ``decision_grace_seconds`` later removes the object as

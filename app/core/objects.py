@@ -38,7 +38,7 @@ GC may be frozen between its decision and its delete (a paused VM; its
 session, and so its lock, ended), and thaw after the claims went on. A
 replayed attempt rendered the same content-addressed key, was published
 ``ready``, and lost the object to the thawed GC's delete (an adversarial
-run). So :func:`taint` marks such a key for good, and the steps write a
+run). So :func:`taint_if_decided` marks such a key for good, before the delete, and the steps write a
 tainted key's variant under another one (:func:`untainted`: ``-r1``
 before its extension), which that late delete does not name.
 """
@@ -89,15 +89,16 @@ def await_removals(conn, attachment_id) -> None:
         raise RemovalUnderWay(f"the object GC is removing an object of attachment {owner}")
 
 
-def taint(conn, key: str, owner: str) -> None:
-    """A GC finished another's decision to remove ``key``: that GC may still delete it, so it is never written again."""
+def taint_if_decided(conn, key: str, owner: str) -> bool:
+    """Before a GC finishes another's decision to remove ``key``: that GC may still delete it, so the key is never
+    written again (a step's ``Workflow._ATTACHMENT`` reads the taints). False, and nothing tainted, if the decision
+    is gone (its GC finished it: the claims may have gone on and written the key); its row stays locked until the
+    transaction ends."""
+    standing = select(object_removals.c.key).where(object_removals.c.key == key).with_for_update()
+    if conn.execute(standing).first() is None:
+        return False
     conn.execute(insert(object_taints).values(key=key, owner=owner).on_conflict_do_nothing())
-
-
-def tainted(conn, attachment_id) -> frozenset[str]:
-    """The attachment's tainted keys, read in a step's opening transaction (a claim waited for their removal)."""
-    return frozenset(conn.execute(select(object_taints.c.key)
-                                  .where(object_taints.c.owner == str(attachment_id))).scalars())
+    return True
 
 
 def untainted(key: str, taints: frozenset[str]) -> str:

@@ -152,8 +152,8 @@ class _Run:
     #: until when its storage calls are tried again while storage is unavailable (``ATTACHE_STORAGE_WAIT_SECONDS``
     #: from the step's start: its waits for PostgreSQL and for storage overlap, within the step's time limit)
     storage_deadline: float
-    #: when the step has run for ``ATTACHE_STEP_TIME_LIMIT_SECONDS`` (from the delivery; a wait for PostgreSQL
-    #: does not move it): its heartbeat then records the attempt's timeout instead of renewing the lease
+    #: when the step has run for ``ATTACHE_STEP_TIME_LIMIT_SECONDS`` (from when its thread took it; a wait for
+    #: PostgreSQL does not move it): its heartbeat then records the attempt's timeout instead of renewing the lease
     deadline: float = float("inf")
     recorded: bool = False
     #: the storage error a call of this step met, once its deadline has passed: later calls raise it at once

@@ -5,7 +5,8 @@ rather than counted in process memory: every web worker answers the same,
 nothing is lost when a process restarts, and counters stay monotonic
 because the rows they count are append-only (``attachments``,
 ``job_history``). ``job_history``'s are counted as its rows are written
-(``app/adapters/postgres/transition_counts.py``): a scrape does not read the table.
+(``app/adapters/postgres/transition_counts.py``): a scrape reads only the
+newest 10,000 rows of the table, for the attempt histogram.
 
 * ``attache_uploads_total`` - accepted uploads;
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
@@ -50,7 +51,7 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
-from app.adapters.postgres import transition_counts as counters
+from app.adapters.postgres import transition_counts
 from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
 from app.errors import AttacheError
 
@@ -131,9 +132,9 @@ class DatabaseCollector:
 
 def _history(conn):
     """The counters of ``job_history``: its rows by transition and by whether a lease recovery wrote them
-    (``worker_lost``), as they were counted when written (``app/adapters/postgres/transition_counts.py``): a scrape reads none of
-    ``job_history`` itself, a table that grows with every transition."""
-    rows = counters.transitions(conn)
+    (``worker_lost``), as they were counted when written (``app/adapters/postgres/transition_counts.py``), not
+    from ``job_history`` itself, a table that grows with every transition."""
+    rows = transition_counts.transitions(conn)
     transitions: dict[tuple[str, str], int] = {}
     for from_state, to_state, _, count in rows:
         transitions[from_state, to_state] = transitions.get((from_state, to_state), 0) + count

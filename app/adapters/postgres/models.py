@@ -325,8 +325,8 @@ sweeper_runs = Table(
 )
 
 #: ``job_history`` counted by transition (and whether a lease recovery wrote it), for ``/metrics``: what
-#: ``counter_fold`` moved in (``app/adapters/postgres/transition_counts.py``), plus ``transition_deltas``, which a trigger on
-#: ``job_history`` appends to per insert statement (migration 0019)
+#: ``counter_fold`` moved in (``app/adapters/postgres/transition_counts.py``), plus ``transition_deltas``, which
+#: a trigger on ``job_history`` appends to per insert statement (migration 0019)
 transition_counts = Table(
     "transition_counts",
     metadata,

@@ -10,8 +10,9 @@ whenever a fold commits. A kind of transition is ``(from_state, to_state,
 worker_lost)``: ``from_state`` is ``none`` for a job's first row, and
 ``worker_lost`` says a lease recovery wrote it.
 
-Two folds at once take disjoint deltas (``SKIP LOCKED``); the deltas
-appended while one runs wait for the next.
+Two folds at once take disjoint deltas (``SKIP LOCKED``) and update
+the totals in one order (no deadlock); the deltas appended while one runs
+wait for the next.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ _FOLD = text("""
         RETURNING from_state, to_state, worker_lost, rows
     ), added AS (
         INSERT INTO transition_counts (from_state, to_state, worker_lost, total)
-        SELECT from_state, to_state, worker_lost, sum(rows) FROM moved GROUP BY 1, 2, 3
+        SELECT from_state, to_state, worker_lost, sum(rows) FROM moved GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
         ON CONFLICT (from_state, to_state, worker_lost) DO UPDATE SET total = transition_counts.total + EXCLUDED.total
     )
     SELECT count(*) FROM moved

@@ -34,6 +34,9 @@ depends_on = None
 
 
 def upgrade() -> None:
+    # CREATE TRIGGER waits for every transaction that touched job_history, and each new insert waits behind it:
+    # a long transaction would hold the pipeline still; the release fails instead, to be run again
+    op.execute("SET LOCAL lock_timeout = '10s'")
     op.create_table(
         "transition_counts",
         sa.Column("from_state", sa.Text(), primary_key=True),
