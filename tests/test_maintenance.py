@@ -632,6 +632,33 @@ def test_lease_recovery_takes_no_lease_back_before_it_has_watched_a_heartbeat_pe
              message="taken back after rounds without a break")
 
 
+def _lost_attempt(services, workflow, storage_dir, data_file):
+    """What an attempt that lost its lease after writing its objects leaves: the objects (two hours old), no row
+    recorded, the job failed ``worker_lost``. The accepted upload and the objects made, by variant."""
+    from tests.driver import upload
+
+    accepted = upload(services, data_file("photos/chelsea.jpg"))
+    with services.engine.begin() as conn:
+        attachment = workflow._attachment(conn, accepted.attachment_id)
+        version = pipeline.get(accepted.pipeline_version)
+    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
+        made, failed = workflow._make_objects(attachment, version, list(version.variants), path)
+    assert failed is None and len(made) == len(version.variants)
+    with services.engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
+                     .values(state="failed", attempt=1, error_code="worker_lost"))
+    for effect in made.values():
+        age(storage_dir, effect["storage_key"], 2 * HOUR)
+    return accepted, made
+
+
+def _end_sessions(engine, process: str) -> None:
+    """What a frozen VM's sessions come to (the server's keepalives end them): their locks are freed."""
+    with engine.begin() as conn:
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :name"),
+                     {"name": f"attache {process}"})
+
+
 class _SlowDelete:
     """Storage whose ``delete`` waits until the test lets it go (a slow storage call, as an adversarial run made
     one with a 15 s ``unlink``); everything else is the real storage's."""
@@ -658,27 +685,13 @@ def test_a_replay_during_the_object_gcs_delete_never_loses_the_ready_jobs_object
     now commits its decision before it deletes, and the replayed attempt's claim waits for the delete."""
     from app.core.operations import replay
     from app.core.workflow import Workflow
-    from tests.driver import job, run, upload
+    from tests.driver import job, run
 
     services = quiet_services
     engine = services.engine
     caplog.set_level("INFO", logger="attache.workflow")
-    source = data_file("photos/chelsea.jpg")
-    accepted = upload(services, source)
     workflow = Workflow(services)
-    # what a lost attempt leaves: its objects written, no row recorded, the job failed worker_lost
-    with engine.begin() as conn:
-        attachment = workflow._attachment(conn, accepted.attachment_id)
-        version = pipeline.get(accepted.pipeline_version)
-    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
-        made, failed = workflow._make_objects(attachment, version, list(version.variants), path)
-    assert failed is None and len(made) == len(version.variants)
-    keys = [effect["storage_key"] for effect in made.values()]
-    with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
-                     .values(state="failed", attempt=1, error_code="worker_lost"))
-    for key in keys:
-        age(storage_dir, key, 2 * HOUR)
+    accepted, made = _lost_attempt(services, workflow, storage_dir, data_file)
 
     slow = _SlowDelete(services.storage)
     gc = ObjectGc(services.engine, slow, ObjectGcConfig(grace_seconds=HOUR))
@@ -726,24 +739,12 @@ def test_a_gc_frozen_in_its_delete_after_another_finished_it_never_removes_a_rep
     from app.adapters.postgres.db import make_engine
     from app.core.operations import replay
     from app.core.workflow import Workflow
-    from tests.driver import job, run, upload
+    from tests.driver import job, run
 
     services = quiet_services
     engine = services.engine
-    accepted = upload(services, data_file("photos/chelsea.jpg"))
     workflow = Workflow(services)
-    with engine.begin() as conn:  # what a lost attempt leaves: its objects, no row, the job failed worker_lost
-        attachment = workflow._attachment(conn, accepted.attachment_id)
-        version = pipeline.get(accepted.pipeline_version)
-    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
-        made, failed = workflow._make_objects(attachment, version, list(version.variants), path)
-    assert failed is None
-    with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
-                     .values(state="failed", attempt=1, error_code="worker_lost"))
-    for effect in made.values():
-        age(storage_dir, effect["storage_key"], 2 * HOUR)
-
+    accepted, made = _lost_attempt(services, workflow, storage_dir, data_file)
     frozen_engine = make_engine(services.settings.database_url, process="scheduler-frozen")
     slow = _SlowDelete(services.storage)
     frozen = ObjectGc(frozen_engine, slow, ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1))
@@ -751,9 +752,7 @@ def test_a_gc_frozen_in_its_delete_after_another_finished_it_never_removes_a_rep
     collecting.start()
     try:
         assert slow.entered.wait(30), "the frozen GC reached its first delete"
-        with engine.begin() as conn:  # its sessions end, and with them its lock
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE application_name = 'attache scheduler-frozen'"))
+        _end_sessions(engine, "scheduler-frozen")
         after = ObjectGc(engine, services.storage, ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1))
         removed = []
         wait_for(lambda: removed.append(after.run_once()["removed"]) or sum(removed) == len(made), timeout=30,
@@ -781,22 +780,12 @@ def test_a_gc_finishing_a_decision_taints_the_key_before_it_deletes(quiet_servic
     from app.adapters.postgres.db import make_engine
     from app.core.operations import replay
     from app.core.workflow import Workflow
-    from tests.driver import job, run, upload
+    from tests.driver import job, run
 
     services = quiet_services
     engine = services.engine
-    accepted = upload(services, data_file("photos/chelsea.jpg"))
     workflow = Workflow(services)
-    with engine.begin() as conn:
-        attachment = workflow._attachment(conn, accepted.attachment_id)
-        version = pipeline.get(accepted.pipeline_version)
-    with workflow._staged(attachment.staging_key, attachment.sha256) as path:
-        made, _ = workflow._make_objects(attachment, version, list(version.variants), path)
-    with engine.begin() as conn:
-        conn.execute(update(jobs).where(jobs.c.id == accepted.job_id)
-                     .values(state="failed", attempt=1, error_code="worker_lost"))
-    for effect in made.values():
-        age(storage_dir, effect["storage_key"], 2 * HOUR)
+    accepted, made = _lost_attempt(services, workflow, storage_dir, data_file)
     frozen_engine = make_engine(services.settings.database_url, process="scheduler-frozen")
     frozen_storage, finisher_storage = _SlowDelete(services.storage), _SlowDelete(services.storage)
     config = ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=1)
@@ -805,12 +794,14 @@ def test_a_gc_finishing_a_decision_taints_the_key_before_it_deletes(quiet_servic
     frozen.start()
     try:
         assert frozen_storage.entered.wait(30), "the frozen GC reached its first delete"
-        with engine.begin() as conn:
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE application_name = 'attache scheduler-frozen'"))
-        wait_for(lambda: engine.connect().execute(text(
-            "SELECT count(*) FROM object_removals WHERE decided_at <= now() - interval '1.2 seconds'")).scalar(),
-            timeout=10, interval=0.2, message="the decision older than its grace")
+        _end_sessions(engine, "scheduler-frozen")
+
+        def decision_past_its_grace() -> int:
+            with engine.connect() as conn:
+                return conn.execute(text("SELECT count(*) FROM object_removals "
+                                         "WHERE decided_at <= now() - interval '1.2 seconds'")).scalar()
+
+        wait_for(decision_past_its_grace, timeout=10, interval=0.2, message="the decision older than its grace")
         finisher.start()
         assert finisher_storage.entered.wait(30), "the finisher reached its delete of the same key"
         assert finisher_storage.deleting == frozen_storage.deleting
