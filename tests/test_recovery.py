@@ -5,6 +5,7 @@ Short leases and sweeps come from the environment (tests/conftest.py).
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -111,7 +112,10 @@ def test_a_render_that_never_returns_ends_its_attempt_at_the_step_time_limit(dep
     assert ("processing", "queued", "step_timeout") in [tuple(h) for h in history(engine, job_id)]
     assert "worker_lost" not in [h.error_code for h in history(engine, job_id)]
     assert_invariants(engine, storage_dir, [attachment_id])
-    assert "step ran longer than its time limit of 4 s" in deployment.processes["worker"].output()
+    # the heartbeat's line carries the step's fields, as the step's own lines do
+    [timed_out] = [json.loads(line) for line in deployment.processes["worker"].output().splitlines()
+                   if "step ran longer than its time limit of 4 s" in line]
+    assert (timed_out["job_id"], timed_out["attempt"], timed_out["level"]) == (str(job_id), 1, "error"), timed_out
 
 
 def test_a_worker_whose_step_stays_inside_a_call_into_c_exits_for_a_fresh_one(deployment, engine, storage_dir,
