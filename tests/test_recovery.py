@@ -118,6 +118,7 @@ def test_a_render_that_never_returns_ends_its_attempt_at_the_step_time_limit(dep
     assert (timed_out["job_id"], timed_out["attempt"], timed_out["level"]) == (str(job_id), 1, "error"), timed_out
 
 
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
 def test_a_worker_whose_step_stays_inside_a_call_into_c_exits_for_a_fresh_one(deployment, engine, storage_dir,
                                                                              data_file):
     # One thread, and the render that hangs holds it: the retried attempt had nowhere to run in that worker, and a
