@@ -17,6 +17,7 @@ from app.web import create_app
 from scheduler.counter_fold import CounterFold, CounterFoldConfig
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import run, upload
+from tests.test_migrations import ADD_ATTACHMENT
 
 
 def samples(app):
@@ -157,9 +158,7 @@ def test_the_transition_counters_are_exact_through_folds(settings, quiet_service
 def test_transitions_written_while_folds_run_are_each_counted_once(engine):
     """Writers of many transitions at once, single and in batches, and two folds taking turns with them."""
     with engine.begin() as conn:
-        conn.execute(text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, width, "
-                          "height, staging_key) VALUES ('00000000-0000-4000-8000-000000000001', 'u', 'a.jpg', "
-                          "'image/jpeg', 'JPEG', 1, repeat('0', 64), 1, 1, 'staging/x')"))
+        conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
         job = conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, "
                                 "traceparent, owner) VALUES (gen_random_uuid(), "
                                 "'00000000-0000-4000-8000-000000000001', 1, 'queued', 3, '00-x', 'u') "

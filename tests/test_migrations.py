@@ -7,6 +7,11 @@ from sqlalchemy import create_engine, text
 from app.adapters.postgres import db
 from app.adapters.postgres.models import metadata
 
+#: an attachment row of any schema since 0001 (``:id``, ``:owner``), for tests that write rows below a migration
+ADD_ATTACHMENT = text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, width, "
+                      "height, staging_key) VALUES (:id, :owner, 'a.jpg', 'image/jpeg', 'JPEG', 1, repeat('0', 64), "
+                      "1, 1, 'staging/' || :id)")
+
 
 def test_models_and_migrations_agree(database_url):
     engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
@@ -45,9 +50,7 @@ def test_jobs_get_their_owner_from_0014_on_whoever_inserts_them(database_url):
         with engine.begin() as conn:
             for attachment, owner in (("00000000-0000-4000-8000-000000000001", "alice"),
                                       ("00000000-0000-4000-8000-000000000002", "bob")):
-                conn.execute(text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, "
-                                  "width, height, staging_key) VALUES (:id, :owner, 'a.jpg', 'image/jpeg', 'JPEG', 1, "
-                                  "repeat('0', 64), 1, 1, 'staging/' || :id)"), {"id": attachment, "owner": owner})
+                conn.execute(ADD_ATTACHMENT, {"id": attachment, "owner": owner})
                 conn.execute(insert_job, {"attachment": attachment, "version": 1})
         db.upgrade(database_url)
         with engine.begin() as conn:
@@ -70,9 +73,7 @@ def test_0019_counts_the_history_written_before_it(database_url):
     try:
         command.downgrade(db.alembic_config(database_url), "0018")
         with engine.begin() as conn:
-            conn.execute(text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, "
-                              "width, height, staging_key) VALUES ('00000000-0000-4000-8000-000000000001', 'u', "
-                              "'a.jpg', 'image/jpeg', 'JPEG', 1, repeat('0', 64), 1, 1, 'staging/x')"))
+            conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
             conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, "
                               "owner) VALUES (gen_random_uuid(), '00000000-0000-4000-8000-000000000001', 1, 'queued', "
                               "3, '00-x', 'u')"))
