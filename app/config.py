@@ -141,6 +141,12 @@ class Settings:
         "filesystem: a body that would go below is refused with 503 and Retry-After (before it is read, when "
         "its declared length alone would), keeping room for the workers to write the accepted uploads' "
         "variants on a disk shared with storage; 0: no floor")
+    max_pending_per_uploader: int = setting(
+        "ATTACHE_MAX_PENDING_PER_UPLOADER", 1000, _int(0),
+        "uploads of one uploader accepted and not yet ready or failed; one more is refused with 429 and "
+        "Retry-After, so one uploader cannot put unbounded work ahead of everyone else's (uploads in flight at "
+        "the same moment may pass it by their number). Backfills and replays, the operators' work, do not count; "
+        "0: no limit")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(

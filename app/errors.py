@@ -243,6 +243,17 @@ class SpoolUnavailable(UploadRejected):
     retryable = True
 
 
+class TooManyPending(UploadRejected):
+    """The uploader already has as many uploads waiting to be processed as it may (``429``): retry later.
+
+    A bound on what one uploader can put ahead of everyone else in the queues
+    (``ATTACHE_MAX_PENDING_PER_UPLOADER``).
+    """
+
+    error_code = "too_many_pending"
+    retryable = True
+
+
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 

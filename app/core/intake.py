@@ -42,7 +42,7 @@ from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
-from app.core import pipeline, staging, states
+from app.core import pending, pipeline, staging, states
 from app.core.needs import Database, ImageProducer, Producer
 from app.errors import (
     AttacheError,
@@ -142,6 +142,7 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
             staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
             if not staging.usable(conn, services.storage, key):  # it did, or decided to, while this request was
                 raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
+            pending.admit(conn, owner, settings.max_pending_per_uploader)  # 429 when the uploader has its fill
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
@@ -152,6 +153,7 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
                 actor=f"web:{owner}")
+            pending.record(conn, job_id, owner)
             committing = True  # every statement succeeded: an error from here on is the COMMIT's own
     except _LostRace:
         _forget_staging(services, key)

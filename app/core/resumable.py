@@ -148,7 +148,8 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
     ``discard()``) to concatenate the parts into. Raises :class:`OffsetMismatch` when the upload is not
     at ``offset``; the refusals of the handoff (``PermanentError``, ``UploadRejected``)
     terminate the upload and are raised again, but for a retryable one (``SpoolUnavailable``: no room
-    to join the parts right now), which leaves the upload at ``offset``: the client's retry of the PATCH
+    to join the parts right now; ``TooManyPending``: the uploader has its fill of uploads still being processed),
+    which leaves the upload at ``offset``: the client's retry of the PATCH
     resumes it, and the part it stored is written again under the same key.
     """
     handed_off: list[Upload] = []  # the upload as its committed handoff left it, whatever becomes of this transaction

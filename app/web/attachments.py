@@ -14,7 +14,7 @@ from werkzeug.http import parse_options_header
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, jobs, variants
-from app.core import filenames, intake, resumable
+from app.core import filenames, intake, pending, resumable
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -125,6 +125,9 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
                      "unsupported_format", "corrupt_image"),
         422: refused("A digest header does not match the bytes, or the Idempotency-Key was used for other content.",
                      "digest_mismatch", "idempotency_key_reused"),
+        429: refused("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready "
+                     "or failed; retry once some are (nothing of this request is kept). Without an Idempotency-Key "
+                     "the refusal comes before the body is read.", "too_many_pending", retry_after=True),
         503: refused("PostgreSQL or storage is down, or the web's temporary directory cannot hold the upload; retry "
                      "later.", "database_unavailable", "storage_unavailable", "spool_unavailable", retry_after=True),
     },
@@ -132,6 +135,8 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
 def upload():
     services = _services()
     try:  # the request removes its spool files when it ends (app.web.request)
+        if request.headers.get("Idempotency-Key") is None:  # a retry with a key may be of an upload accepted already
+            pending.admit_now(services.engine, _owner(), services.settings.max_pending_per_uploader)
         spool = _receive_body()
         received = spool.finish()
         verify_digests(received, content_digest=request.headers.get("Content-Digest"),

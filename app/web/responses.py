@@ -2,7 +2,7 @@
 
 Every refusal has one shape, :class:`~app.web.schemas.Error`: ``{"error": code, "message": text}``
 (:func:`error`). An error of the tree (:mod:`app.errors`) is answered with :func:`refusal`:
-its status from :data:`STATUS`, its own ``error_code``, and ``Retry-After`` on a ``503``. The
+its status from :data:`STATUS`, its own ``error_code``, and ``Retry-After`` on a ``503`` or ``429``. The
 console's HTML pages take their statuses from :func:`status_of` too, so each error class maps to
 HTTP here and nowhere else.
 """
@@ -33,6 +33,7 @@ from app.errors import (
     PermanentError,
     QueryTimeout,
     SpoolUnavailable,
+    TooManyPending,
     TransientError,
     UnknownQueue,
     UnsupportedMediaType,
@@ -54,6 +55,7 @@ STATUS: dict[type[AttacheError], int] = {
     DigestMismatch: 422,
     IdempotencyKeyReused: 422,
     SpoolUnavailable: 503,
+    TooManyPending: 429,
     # the probe's refusals: the bytes are the problem (UnsupportedFormat, CorruptImage: 415)
     PermanentError: 415,
     DecompressionBomb: 413,
@@ -85,8 +87,10 @@ STATUS: dict[type[AttacheError], int] = {
     WebhookTargetRefused: 422,
     WebhookNotFound: 404,
 }
-#: how long a ``503`` asks the client to wait before it tries again
+#: how long a ``503`` or a ``429`` asks the client to wait before it tries again
 RETRY_AFTER_SECONDS = 5
+#: the statuses that say "not now": they carry ``Retry-After``
+RETRY_LATER = (429, 503)
 
 
 def status_of(error: AttacheError | type[AttacheError]) -> int:
@@ -110,5 +114,5 @@ def error(status: int, code: str, message: str, **headers: str) -> Response:
 def refusal(exc: AttacheError, message: str | None = None) -> Response:
     """``exc`` as its JSON answer; ``message`` replaces its text where that would say too much or too little."""
     status = status_of(exc)
-    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status == 503 else {}
+    headers = {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in RETRY_LATER else {}
     return error(status, exc.error_code, str(exc) if message is None else message, **headers)

@@ -45,7 +45,7 @@ import re
 from flask import Blueprint, Response, current_app, request, url_for
 from werkzeug.http import http_date
 
-from app.core import filenames, resumable
+from app.core import filenames, pending, resumable
 from app.errors import (
     ChecksumMismatch,
     IncompleteBody,
@@ -153,7 +153,9 @@ def create():
     with_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
     if with_body and request.mimetype != PART_TYPE:
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
-    upload = resumable.create(_services(), owner=identity().principal, length=length, filename=filename,
+    services = _services()
+    pending.admit_now(services.engine, identity().principal, services.settings.max_pending_per_uploader)
+    upload = resumable.create(services, owner=identity().principal, length=length, filename=filename,
                               metadata=metadata)
     headers = {"Location": url_for("tus.head", upload_id=upload.id)}
     if with_body:

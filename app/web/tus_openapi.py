@@ -90,6 +90,10 @@ SENDING = {
     "422": _error("At the last byte: a retried handoff found other bytes under the upload's key.",
                   ["idempotency_key_reused"]),
     "460": _error("The body does not match its `Upload-Checksum`; nothing of it was kept.", ["checksum_mismatch"]),
+    "429": _error("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready or "
+                  "failed: a creation makes no upload; at the last byte the upload stays at the offset before that "
+                  "PATCH, whose retry (the same bytes) hands it off. Retry once some are ready.",
+                  ["too_many_pending"], RETRY_AFTER),
 }
 
 

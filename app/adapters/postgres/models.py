@@ -281,6 +281,16 @@ object_taints = Table(
 )
 Index("object_taints_owner_idx", object_taints.c.owner)
 
+# An upload's job until it is ready or failed (app/core/pending.py): what ATTACHE_MAX_PENDING_PER_UPLOADER counts.
+# Backfills and replays are the operators' work and are not counted.
+pending_uploads = Table(
+    "pending_uploads",
+    metadata,
+    Column("job_id", UUID(as_uuid=True), ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+    Column("owner", Text, nullable=False),
+)
+Index("pending_uploads_owner_idx", pending_uploads.c.owner)
+
 idempotency_keys = Table(
     "idempotency_keys",
     metadata,

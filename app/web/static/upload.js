@@ -143,6 +143,9 @@
     if (status === 404 || status === 410) {
       return "The upload expired before it finished; choose the file again";
     }
+    if (status === 429) {
+      return "Many of your uploads are still being processed; try again once some are ready";
+    }
     if (status === 503) {
       return "The service is busy; try again in a moment";
     }
@@ -218,9 +221,11 @@
         }
       },
       onShouldRetry: function (err) {
-        // as tus-js-client decides by default (not a 4xx but 409 and 423, and online), saying so on the row
+        // as tus-js-client decides by default (not a 4xx but 409 and 423, and online), and 429 (too many of
+        // this uploader's uploads still being processed: the upload waits where it is), saying so on the row
         var status = err.originalResponse ? err.originalResponse.getStatus() : 0;
-        var retry = (status < 400 || status >= 500 || status === 409 || status === 423) && navigator.onLine !== false;
+        var retry = (status < 400 || status >= 500 || status === 409 || status === 423 || status === 429) &&
+                    navigator.onLine !== false;
         if (retry) {
           row.item.setAttribute("data-resumed", "true");
           setState(row, "uploading", RESUMING);

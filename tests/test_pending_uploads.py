@@ -1,0 +1,137 @@
+"""ATTACHE_MAX_PENDING_PER_UPLOADER: one uploader cannot put unbounded work ahead of everyone else's.
+
+The queues are first come, first served: without a bound, one uploader's
+thousand costly images held every other uploader's photo behind them.
+"""
+
+from __future__ import annotations
+
+import pytest
+from sqlalchemy import func, select
+
+from app.adapters.postgres.models import attachments, jobs, pending_uploads, uploads
+from app.config import Settings
+from app.core import backfill, states
+from app.core.workflow import Workflow
+from app.web import create_app
+from tests.conftest import OTHER_UPLOADER_TOKEN, authed
+from tests.driver import job, run
+from tests.test_tus_api import PHOTO, create, patch
+
+LIMIT = 2
+
+
+@pytest.fixture
+def settings(env) -> Settings:
+    """No broker: the tests deliver the messages themselves (:mod:`tests.driver`)."""
+    return Settings.from_env({**env, "ATTACHE_MAX_PENDING_PER_UPLOADER": str(LIMIT),
+                              "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F", "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"})
+
+
+@pytest.fixture
+def app(settings):
+    app = create_app(settings)
+    yield app
+    app.extensions["attache"].close()
+
+
+def post(client, path, **headers):
+    with open(path, "rb") as fh:
+        return client.post("/v1/attachments", data={"file": (fh, path.name)}, content_type="multipart/form-data",
+                           headers=headers)
+
+
+def count(engine, table, *where) -> int:
+    with engine.connect() as conn:
+        return conn.execute(select(func.count()).select_from(table).where(*where)).scalar_one()
+
+
+def staged(storage_dir) -> int:
+    return len(list((storage_dir / "staging").glob("*"))) if (storage_dir / "staging").exists() else 0
+
+
+def fill(client, data_file) -> list[dict]:
+    answers = [post(client, data_file(PHOTO)) for _ in range(LIMIT)]
+    assert [a.status_code for a in answers] == [202] * LIMIT
+    return [a.json for a in answers]
+
+
+def test_an_uploader_with_its_fill_pending_gets_429_and_nothing_of_the_request_stays(app, engine, storage_dir,
+                                                                                     data_file):
+    alice = authed(app)
+    fill(alice, data_file)
+    refused = post(alice, data_file(PHOTO))
+    assert refused.status_code == 429, refused.get_data(as_text=True)
+    assert refused.json["error"] == "too_many_pending" and refused.headers["Retry-After"] == "5"
+    assert count(engine, attachments) == count(engine, jobs) == LIMIT and staged(storage_dir) == LIMIT
+    assert post(authed(app, OTHER_UPLOADER_TOKEN), data_file(PHOTO)).status_code == 202, \
+        "another uploader's uploads are not held by alice's"
+
+
+def test_the_refusal_comes_before_the_body_is_read(app, engine, data_file):
+    """Without the early check the body below is read and refused for what it is (415), or taken."""
+    alice = authed(app)
+    fill(alice, data_file)
+    not_an_image = alice.post("/v1/attachments", data=b"hello" * 1000, content_type="text/plain")
+    assert not_an_image.status_code == 429 and not_an_image.json["error"] == "too_many_pending"
+
+
+def test_a_finished_upload_makes_room_whether_failed_or_ready(app, engine, data_file, quiet_services):
+    alice = authed(app)
+    corrupt = post(alice, data_file("pillow/truncated_jpeg.jpg")).json
+    photo = post(alice, data_file(PHOTO)).json
+    assert post(alice, data_file(PHOTO)).status_code == 429
+    run(Workflow(quiet_services), engine, corrupt["job_id"])
+    assert job(engine, corrupt["job_id"]).state == "failed"
+    assert post(alice, data_file(PHOTO)).status_code == 202, "a failed upload no longer counts"
+    assert post(alice, data_file(PHOTO)).status_code == 429
+    run(Workflow(quiet_services), engine, photo["job_id"])
+    assert job(engine, photo["job_id"]).state == "ready"
+    assert post(alice, data_file(PHOTO)).status_code == 202, "a ready upload no longer counts"
+    assert count(engine, pending_uploads) == LIMIT and count(engine, attachments) == LIMIT + 2
+
+
+def test_a_retry_with_its_idempotency_key_is_answered_even_at_the_limit(app, engine, data_file):
+    alice = authed(app)
+    first = post(alice, data_file(PHOTO), **{"Idempotency-Key": "k-1"})
+    post(alice, data_file(PHOTO))
+    again = post(alice, data_file(PHOTO), **{"Idempotency-Key": "k-1"})
+    assert again.status_code == 202 and again.json["id"] == first.json["id"], "the 202 a client lost is answered"
+    new_key = post(alice, data_file(PHOTO), **{"Idempotency-Key": "k-2"})
+    assert new_key.status_code == 429, "a new upload under a new key is one more"
+    assert count(engine, attachments) == LIMIT
+
+
+def test_replays_and_backfills_are_operators_work_and_not_counted(app, engine, data_file, quiet_services):
+    alice = authed(app)
+    ready = post(alice, data_file(PHOTO)).json
+    failing = post(alice, data_file("pillow/truncated_jpeg.jpg")).json
+    for accepted in (ready, failing):
+        run(Workflow(quiet_services), engine, accepted["job_id"])
+    with engine.begin() as conn:
+        assert states.replay(conn, failing["job_id"], actor="olga", reason="test", budget=1) is not None
+    assert backfill.run(quiet_services, 2), "the backfill made a job for version 2"
+    assert count(engine, jobs, jobs.c.state == "queued") == 2 and count(engine, pending_uploads) == 0
+    fill(alice, data_file)
+
+
+def test_a_resumable_upload_is_refused_at_creation_and_waits_at_its_last_byte(app, engine, data_file,
+                                                                             quiet_services):
+    alice = authed(app)
+    photo = data_file(PHOTO).read_bytes()
+    made = create(alice, len(photo))
+    assert made.status_code == 201
+    location = made.headers["Location"]
+    assert patch(alice, location, 0, photo[:1000]).status_code == 204
+    posted = fill(alice, data_file)  # meanwhile the uploader's POSTs fill its share
+    refused = create(alice, len(photo))
+    assert refused.status_code == 429 and refused.headers["Retry-After"] == "5"
+    assert count(engine, uploads) == 1, "a refused creation makes no upload"
+    last = patch(alice, location, 1000, photo[1000:])
+    assert last.status_code == 429 and last.json["error"] == "too_many_pending"
+    assert alice.head(location, headers={"Tus-Resumable": "1.0.0"}).headers["Upload-Offset"] == "1000", \
+        "the upload waits where it was"
+    run(Workflow(quiet_services), engine, posted[0]["job_id"])  # one of the POSTed uploads is done
+    again = patch(alice, location, 1000, photo[1000:])
+    assert again.status_code == 204 and again.headers["Attachment-Id"]
+    assert count(engine, attachments) == LIMIT + 1
