@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+import sys
 import time
 import uuid
 
@@ -17,7 +18,7 @@ from sqlalchemy import func, insert, select, text, update
 from app.adapters.postgres.models import attachments, job_history, jobs, outbox
 from app.core import states
 from app.observability.tracing import new_traceparent
-from tests.conftest import BROKER_KINDS
+from tests.conftest import BROKER_KINDS, REPO
 from tests.processes import Deployment, read_only, wait_for, waiting_on_a_lock
 from tests.test_failure_windows import assert_invariants
 
@@ -136,6 +137,41 @@ def test_a_worker_whose_step_stays_inside_a_call_into_c_exits_for_a_fresh_one(de
     status = deployment.wait_state(attachment_id, timeout=60)
     assert (status["state"], status["attempt"]) == ("ready", 2), status
     assert_invariants(engine, storage_dir, [attachment_id])
+
+
+STUCK_PROCESS = """
+import signal, sys, threading, time
+from pathlib import Path
+from app.services import exit_stuck_worker
+
+out = Path(sys.argv[1])
+signal.signal(signal.SIGTERM, lambda *_: out.joinpath("stopping").touch())  # Dramatiq's: stop taking messages
+threading.Thread(target=time.sleep, args=(3600,)).start()  # the stuck step: not a daemon, never returns
+
+def other_step():
+    time.sleep(0.5)
+    out.joinpath("finished").touch()
+
+threading.Thread(target=other_step).start()
+threading.Thread(target=exit_stuck_worker, args=(2.0,)).start()  # called by the stuck step's heartbeat thread
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_a_stuck_worker_stops_taking_messages_lets_its_other_steps_finish_then_exits(tmp_path):
+    """What the exit above does in its process, measured where the timing is exact: the SIGTERM first (the worker
+    stops taking messages), then the drain, in which a step half a second from its end finishes, then exit 75 in
+    spite of the thread that never returns (``sys.exit`` would wait for it for ever, an immediate ``os._exit``
+    would cut the other step off)."""
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", STUCK_PROCESS, str(tmp_path)], cwd=REPO, timeout=60,
+                            capture_output=True, text=True)
+    took = time.monotonic() - started
+    assert result.returncode == 75, result.stderr[-2000:]
+    assert (tmp_path / "stopping").exists(), "the worker was told to stop taking messages"
+    assert (tmp_path / "finished").exists(), "the other step finished in the drain"
+    assert 2.0 <= took < 30, took
 
 
 def test_a_render_that_never_returns_on_the_last_attempt_fails_the_job_with_its_code(deployment, engine, data_file):
