@@ -210,6 +210,37 @@ def test_checksums_are_verified_and_a_mismatch_keeps_nothing(client, storage_dir
     assert client.head(location, headers=TUS).headers["Upload-Offset"] == "5000"
 
 
+def repr_digest(data: bytes) -> dict[str, str]:
+    return {"Repr-Digest": f"sha-256=:{b64(hashlib.sha256(data).digest())}:"}
+
+
+def test_the_whole_upload_is_checked_against_its_creations_repr_digest(client, engine, storage_dir, photo):
+    """Each part's Upload-Checksum says nothing of the whole: parts sent right from a file that changed between two
+    sessions of the client made an attachment of bytes nobody had. The creation's Repr-Digest is the whole's."""
+    changed = photo[:-100] + bytes(100)
+    location = create(client, len(photo), headers=repr_digest(photo)).headers["Location"]
+    assert patch(client, location, 0, changed[:5000]).status_code == 204
+    refused = patch(client, location, 5000, changed[5000:])
+    assert refused.status_code == 422 and refused.json["error"] == "digest_mismatch", refused.get_data(as_text=True)
+    assert count(engine, attachments) == 0 and count(engine, uploads) == 0 and parts(storage_dir) == [], \
+        "the upload is terminated and nothing of it stays"
+    assert not (storage_dir / "staging").exists() or not list((storage_dir / "staging").iterdir())
+    location = create(client, len(photo), headers=repr_digest(photo)).headers["Location"]
+    done = send(client, location, photo, 5000)
+    assert done.headers["Attachment-Id"] and count(engine, attachments) == 1
+
+
+@pytest.mark.parametrize("header, code", [
+    ("sha-256=:not base64!:", "bad_digest_header"),
+    ("sha-256=:" + base64.b64encode(b"short").decode() + ":", "bad_digest_header"),
+    ("sha-512=:" + base64.b64encode(bytes(64)).decode() + ":", "unsupported_digest"),
+])
+def test_a_repr_digest_that_cannot_be_checked_is_refused_at_creation(client, engine, photo, header, code):
+    refused = create(client, len(photo), headers={"Repr-Digest": header})
+    assert refused.status_code == 400 and refused.json["error"] == code
+    assert count(engine, uploads) == 0
+
+
 def test_a_refused_creation_with_upload_leaves_no_upload_behind(client, engine, storage_dir, photo):
     """Before, the upload was made, its body refused (a checksum mismatch, a body past Upload-Length) and the answer
     carried no Location: an upload nobody could reach, counted against its uploader until it expired."""

@@ -13,6 +13,7 @@ is slow so that the kill lands while bytes are still on their way.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import threading
 import uuid
@@ -88,8 +89,9 @@ def test_tuspy_resumes_after_the_web_process_is_killed(deployment, link, engine,
     photo = photo_path.read_bytes()
     for name in ("web", "worker", "scheduler"):
         deployment.start(name)
+    whole = base64.b64encode(hashlib.sha256(photo).digest()).decode()  # the joined parts are checked against it
     tus_client = tus.TusClient(f"http://127.0.0.1:{link.port}/v1/uploads",
-                               headers={"Authorization": f"Bearer {UPLOADER_TOKEN}"})
+                               headers={"Authorization": f"Bearer {UPLOADER_TOKEN}", "Repr-Digest": f"sha-256=:{whole}:"})
     uploader = tus_client.uploader(str(photo_path), chunk_size=CHUNK, retries=60, retry_delay=0.5,
                                    metadata={"filename": photo_path.name}, upload_checksum=True)
     reported = []  # every offset the server reported when the client asked where to resume

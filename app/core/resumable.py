@@ -59,6 +59,7 @@ from app.core import intake
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
+    DigestMismatch,
     OffsetMismatch,
     PartsMissing,
     PermanentError,
@@ -108,6 +109,8 @@ class Upload:
     filename: str
     attachment_id: uuid.UUID | None
     expires_at: datetime
+    #: the whole upload's SHA-256 (hex) its creation's ``Repr-Digest`` promised, or None
+    expected_sha256: str | None = None
 
     @property
     def complete(self) -> bool:
@@ -117,11 +120,14 @@ class Upload:
     @classmethod
     def of(cls, row) -> "Upload":
         return cls(row.id, row.owner, row.upload_length, row.upload_offset, row.upload_metadata, row.filename,
-                   row.attachment_id, row.expires_at)
+                   row.attachment_id, row.expires_at, row.expected_sha256)
 
 
-def create(services, *, owner: str, length: int, filename: str, metadata: str | None) -> Upload:
-    """A new, empty upload of ``length`` bytes; the upload limit is checked here, before any byte is sent."""
+def create(services, *, owner: str, length: int, filename: str, metadata: str | None,
+           expected_sha256: str | None = None) -> Upload:
+    """A new, empty upload of ``length`` bytes; the upload limit is checked here, before any byte is sent.
+
+    ``expected_sha256`` (hex): what the joined bytes must hash to at the last byte, else the upload is refused."""
     limit = services.settings.max_upload_bytes
     if length > limit:
         raise UploadTooLarge(f"Upload-Length {length} is larger than the limit of {limit} bytes")
@@ -130,7 +136,7 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
     with transaction(services.engine) as conn:
         row = conn.execute(insert(uploads).values(
             id=uuid.uuid4(), owner=owner, upload_length=length, upload_metadata=metadata, filename=filename,
-            expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
+            expected_sha256=expected_sha256, expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
     return Upload.of(row)
 
 
@@ -321,6 +327,8 @@ def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent
         sink.discard()
         raise
     try:
+        if upload.expected_sha256 is not None and received.sha256 != upload.expected_sha256:
+            raise DigestMismatch("the upload's bytes do not match the Repr-Digest its creation sent")
         accepted = intake.accept(services, received, filename=upload.filename, owner=upload.owner,
                                  traceparent=traceparent, tracestate=tracestate,
                                  idempotency_key=handoff_key(upload.id))

@@ -169,27 +169,33 @@ def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:
 _DIGEST_ITEM = re.compile(r"\s*([a-z0-9-]+)\s*=\s*:([A-Za-z0-9+/=]*):\s*")
 
 
-def parse_content_digest(header: str) -> dict[str, bytes]:
-    """RFC 9530 ``Content-Digest`` (a structured-field dictionary of byte sequences)."""
+def parse_content_digest(header: str, name: str = "Content-Digest") -> dict[str, bytes]:
+    """RFC 9530 ``Content-Digest`` or ``Repr-Digest`` (``name``): a structured-field dictionary of byte sequences."""
     result: dict[str, bytes] = {}
     for item in header.split(","):
         match = _DIGEST_ITEM.fullmatch(item)
         if not match:
-            raise UploadRejected("malformed Content-Digest header", error_code="bad_digest_header")
+            raise UploadRejected(f"malformed {name} header", error_code="bad_digest_header")
         try:
             result[match.group(1).lower()] = base64.b64decode(match.group(2), validate=True)
         except ValueError:
-            raise UploadRejected("malformed Content-Digest value", error_code="bad_digest_header") from None
+            raise UploadRejected(f"malformed {name} value", error_code="bad_digest_header") from None
     return result
+
+
+def sha256_of(header: str, name: str) -> str:
+    """The ``sha-256`` an RFC 9530 digest header (``name``) carries, as hex; the only algorithm checked."""
+    digests = parse_content_digest(header, name)
+    if "sha-256" not in digests:
+        raise UploadRejected(f"{name} carries no supported algorithm (sha-256)", error_code="unsupported_digest")
+    if len(digests["sha-256"]) != 32:
+        raise UploadRejected(f"{name} sha-256 is not 32 bytes long", error_code="bad_digest_header")
+    return digests["sha-256"].hex()
 
 
 def verify_digests(received: Received, *, content_digest: str | None, content_md5: str | None) -> None:
     if content_digest:
-        digests = parse_content_digest(content_digest)
-        if "sha-256" not in digests:
-            raise UploadRejected("Content-Digest carries no supported algorithm (sha-256)",
-                                 error_code="unsupported_digest")
-        if digests["sha-256"] != bytes.fromhex(received.sha256):
+        if sha256_of(content_digest, "Content-Digest") != received.sha256:
             raise DigestMismatch("Content-Digest sha-256 does not match the bytes received")
     if content_md5:
         try:

@@ -61,7 +61,7 @@ from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web.access import identity, protect
 from app.web.responses import error, refusal
-from app.web.spool import spool_stream
+from app.web.spool import sha256_of, spool_stream
 
 log = logging.getLogger("attache.tus")
 
@@ -155,8 +155,9 @@ def create():
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
     services = _services()
     pending.admit_now(services.engine, identity().principal, services.settings.max_pending_per_uploader)
+    digest = request.headers.get("Repr-Digest")
     upload = resumable.create(services, owner=identity().principal, length=length, filename=filename,
-                              metadata=metadata)
+                              metadata=metadata, expected_sha256=sha256_of(digest, "Repr-Digest") if digest else None)
     headers = {"Location": url_for("tus.head", upload_id=upload.id)}
     if with_body:
         try:

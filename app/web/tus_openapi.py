@@ -79,7 +79,7 @@ SENDING = {
     "400": _error("A malformed header, or the body ended early (`incomplete_body`; without a checksum the bytes "
                   "that arrived are kept: HEAD says where to resume).",
                   ["bad_upload_length", "bad_upload_offset", "bad_metadata", "unsupported_checksum", "bad_checksum",
-                   "incomplete_body", "http_error"]),
+                   "bad_digest_header", "unsupported_digest", "incomplete_body", "http_error"]),
     "413": _error("Past `Upload-Length` or the upload limit, or (at the last byte) the image declares too many "
                   "pixels, too long a side, or would need more memory to render than the decode budget.",
                   ["too_large", "decompression_bomb", "image_too_large"]),
@@ -87,8 +87,9 @@ SENDING = {
                   "attache accepts; or (at the last byte) not an image attache processes or a corrupt header. "
                   "Refused bytes terminate the upload.",
                   ["bad_content_type", "unsupported_format", "corrupt_image"]),
-    "422": _error("At the last byte: a retried handoff found other bytes under the upload's key.",
-                  ["idempotency_key_reused"]),
+    "422": _error("At the last byte: the joined bytes do not match the creation's `Repr-Digest` "
+                  "(`digest_mismatch`; the upload is terminated), or a retried handoff found other bytes under the "
+                  "upload's key.", ["digest_mismatch", "idempotency_key_reused"]),
     "460": _error("The body does not match its `Upload-Checksum`; nothing of it was kept.", ["checksum_mismatch"]),
     "429": _error("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready or "
                   "failed: a creation makes no upload; at the last byte the upload stays at the offset before that "
@@ -122,6 +123,10 @@ def paths() -> dict:
                                required=True),
                     _parameter("Upload-Metadata", "tus metadata: comma-separated `key base64(value)`; `filename` "
                                                   "(or `name`) is the display name, sanitized. Echoed on HEAD."),
+                    _parameter("Repr-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`: the whole file's digest. The "
+                                              "last byte's handoff compares the joined bytes with it and refuses a "
+                                              "mismatch (`422 digest_mismatch`, the upload terminated); `sha-256` "
+                                              "is the algorithm checked, another alone is `400 unsupported_digest`."),
                     CHECKSUM,
                 ],
                 "requestBody": PART_BODY,

@@ -377,6 +377,8 @@ uploads = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("expires_at", DateTime(timezone=True), nullable=False),
+    # the whole upload's SHA-256 (hex) its creation's Repr-Digest promised, checked at the last byte (migration 0022)
+    Column("expected_sha256", Text),
     CheckConstraint("upload_length > 0 AND upload_offset BETWEEN 0 AND upload_length",
                     name="uploads_offset_check"),
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
