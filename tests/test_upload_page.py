@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 import pytest
 from sqlalchemy import func, select
 
-from app.adapters.postgres.models import attachments
+from app.adapters.postgres.models import attachments, uploads
 from app.config import Settings
 from app.web import create_app
 from app.web.page import limit_in_mb
@@ -288,3 +289,7 @@ def test_person_uploads_photos_in_a_real_browser(env, engine, data_file, tmp_pat
         rows = conn.execute(select(attachments.c.filename, jobs.c.state).join(
             jobs, jobs.c.attachment_id == attachments.c.id).where(attachments.c.owner == "alice")).all()
     assert dict(rows) == {photo.name: "ready", corrupt.name: "failed"}, rows
+    with engine.connect() as conn:
+        promised = conn.execute(select(uploads.c.filename, uploads.c.expected_sha256)).all()
+    assert dict(promised) == {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in (photo, corrupt)}, \
+        "the page sent each file's Repr-Digest, checked against the joined pieces"
