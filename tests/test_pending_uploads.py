@@ -14,11 +14,13 @@ from app.config import Settings
 from app.core import backfill, states
 from app.core.workflow import Workflow
 from app.web import create_app
+from app.web.spool import HashingSpool
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
 from tests.driver import job, run
 from tests.test_tus_api import PHOTO, create, patch
 
 LIMIT = 2
+TRACEPARENT = "00-" + "1" * 32 + "-" + "2" * 16 + "-01"
 
 
 @pytest.fixture
@@ -135,3 +137,37 @@ def test_a_resumable_upload_is_refused_at_creation_and_waits_at_its_last_byte(ap
     again = patch(alice, location, 1000, photo[1000:])
     assert again.status_code == 204 and again.headers["Attachment-Id"]
     assert count(engine, attachments) == LIMIT + 1
+
+
+def test_a_request_that_lost_the_race_for_its_key_returns_the_winner_even_at_the_limit(services, data_file,
+                                                                                        monkeypatch):
+    """Two requests with one Idempotency-Key: the second looked for the key before the first committed, and the
+    first's COMMIT then filled the uploader's share. The second is the same upload: it must answer the first's
+    attachment (the key decides), not 429."""
+    from app.core import intake
+    from tests.driver import upload
+
+    def accept(key):
+        spool = HashingSpool(10**9)
+        spool.write(data_file(PHOTO).read_bytes())
+        received = spool.finish()
+        try:
+            return intake.accept(services, received, filename="a.jpg", owner="t", traceparent=TRACEPARENT,
+                                 tracestate=None, idempotency_key=key)
+        finally:
+            received.discard()
+
+    upload(services, data_file(PHOTO))  # one of the uploader's two
+    look = intake._earlier
+    first = []
+
+    def earlier_then_the_other_request_commits(*args):
+        found = look(*args)
+        if not first:
+            first.append(None)
+            first[0] = accept("k")  # the winner, from start to COMMIT, between the loser's look and its own
+        return found
+
+    monkeypatch.setattr(intake, "_earlier", earlier_then_the_other_request_commits)
+    second = accept("k")
+    assert not first[0].replayed and second.attachment_id == first[0].attachment_id and second.replayed

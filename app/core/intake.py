@@ -142,13 +142,15 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
             staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
             if not staging.usable(conn, services.storage, key):  # it did, or decided to, while this request was
                 raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
-            pending.admit(conn, owner, settings.max_pending_per_uploader)  # 429 when the uploader has its fill
             conn.execute(insert(attachments).values(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
                 height=info.height, staging_key=key))
             if idempotency_key is not None:
                 _claim_key(conn, services, owner, idempotency_key, received.sha256, attachment_id)
+            # 429 when the uploader has its fill; after the key, so a request that lost the race for it returns the
+            # winner's attachment rather than a refusal the winner's COMMIT caused
+            pending.admit(conn, owner, settings.max_pending_per_uploader)
             job_id, _ = states.create_job(
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
