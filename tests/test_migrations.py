@@ -93,22 +93,26 @@ def test_0019_counts_the_history_written_before_it(database_url):
 
 
 def test_0021_counts_the_uploads_already_waiting(database_url):
-    """An upload's job not yet finished counts from the migration on; a finished one, or a backfill's, does not."""
+    """An upload's job not yet finished counts from the migration on; a finished one, a backfill's or a replayed one
+    does not."""
     from alembic import command
 
     engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
     add_job = text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, owner, "
                    "ready_at) VALUES (:job, :attachment, :version, :state, 3, '00-x', 'u', "
                    "CASE WHEN :state = 'ready' THEN now() END)")
-    waiting, done, backfilled = ("00000000-0000-4000-8000-00000000000" + n for n in "123")
+    waiting, done, backfilled, replayed = ("00000000-0000-4000-8000-00000000000" + n for n in "1234")
     try:
         command.downgrade(db.alembic_config(database_url), "0020")
-        for attachment, job, state in ((waiting, waiting, "queued"), (done, done, "ready")):
+        for attachment, job, state in ((waiting, waiting, "queued"), (done, done, "ready"),
+                                       (replayed, replayed, "queued")):
             with engine.begin() as conn:  # an upload's transaction: its attachment and its job
                 conn.execute(ADD_ATTACHMENT, {"id": attachment, "owner": "u"})
                 conn.execute(add_job, {"job": job, "attachment": attachment, "version": 1, "state": state})
         with engine.begin() as conn:  # later, a backfill's
             conn.execute(add_job, {"job": backfilled, "attachment": done, "version": 2, "state": "queued"})
+            conn.execute(text("INSERT INTO job_history (job_id, from_state, to_state, attempt, actor) "
+                              "VALUES (:job, 'failed', 'queued', 3, 'olga')"), {"job": replayed})  # an operator's
         db.upgrade(database_url)
         with engine.begin() as conn:
             counted = conn.execute(text("SELECT job_id::text, owner FROM pending_uploads")).all()

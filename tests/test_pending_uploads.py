@@ -7,7 +7,7 @@ thousand costly images held every other uploader's photo behind them.
 from __future__ import annotations
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app.adapters.postgres.models import attachments, jobs, pending_uploads, uploads
 from app.config import Settings
@@ -17,6 +17,7 @@ from app.web import create_app
 from app.web.spool import HashingSpool
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
 from tests.driver import job, run
+from tests.test_migrations import ADD_ATTACHMENT
 from tests.test_tus_api import PHOTO, create, patch
 
 LIMIT = 2
@@ -71,11 +72,13 @@ def test_an_uploader_with_its_fill_pending_gets_429_and_nothing_of_the_request_s
 
 
 def test_the_refusal_comes_before_the_body_is_read(app, engine, data_file):
-    """Without the early check the body below is read and refused for what it is (415), or taken."""
+    """Without the early check a large body is read and refused for what it is (415), or taken; a small one is."""
     alice = authed(app)
     fill(alice, data_file)
-    not_an_image = alice.post("/v1/attachments", data=b"hello" * 1000, content_type="text/plain")
+    not_an_image = alice.post("/v1/attachments", data=b"hello" * (1 << 18), content_type="text/plain")
     assert not_an_image.status_code == 429 and not_an_image.json["error"] == "too_many_pending"
+    small = alice.post("/v1/attachments", data=b"hello" * 1000, content_type="text/plain")
+    assert small.status_code == 415, "a small body is read first: cheaper than a transaction before it"
 
 
 def test_a_finished_upload_makes_room_whether_failed_or_ready(app, engine, data_file, quiet_services):
@@ -171,3 +174,33 @@ def test_a_request_that_lost_the_race_for_its_key_returns_the_winner_even_at_the
     monkeypatch.setattr(intake, "_earlier", earlier_then_the_other_request_commits)
     second = accept("k")
     assert not first[0].replayed and second.attachment_id == first[0].attachment_id and second.replayed
+
+
+def test_the_count_follows_jobs_whichever_release_writes_them(app, engine, data_file):
+    """A release migrates while the previous one still serves: its workers knew nothing of the count, and the rows
+    they left behind for finished jobs refused their uploader for good (an adversarial run of a rolling deploy);
+    its web's uploads went uncounted. The previous release's statements, as they were:"""
+    alice = authed(app)
+    accepted = fill(alice, data_file)
+    with engine.begin() as conn:  # its worker: an UPDATE of the state and nothing else
+        conn.execute(text("UPDATE jobs SET state = 'processing', attempt = 1, lease_owner = 'old', "
+                          "lease_expires_at = now() + interval '1 minute' WHERE id = :id"), {"id": accepted[0]["job_id"]})
+        conn.execute(text("UPDATE jobs SET state = 'ready', ready_at = now(), lease_owner = NULL, "
+                          "lease_expires_at = NULL WHERE id = :id"), {"id": accepted[0]["job_id"]})
+        conn.execute(text("UPDATE jobs SET state = 'failed', error_code = 'corrupt_image' WHERE id = :id"),
+                     {"id": accepted[1]["job_id"]})
+    assert count(engine, pending_uploads) == 0
+    with engine.begin() as conn:  # its web: an attachment and its job in one transaction, without a count
+        conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "alice"})
+        conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent) "
+                          "VALUES ('00000000-0000-4000-8000-000000000002', '00000000-0000-4000-8000-000000000001', "
+                          "1, 'queued', 3, '00-x')"))
+    with engine.begin() as conn:  # a backfill: a later transaction
+        conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent) "
+                          "VALUES ('00000000-0000-4000-8000-000000000003', '00000000-0000-4000-8000-000000000001', "
+                          "2, 'queued', 3, '00-x')"))
+    with engine.connect() as conn:
+        counted = conn.execute(select(pending_uploads.c.job_id, pending_uploads.c.owner)).all()
+    assert [(str(job_id), owner) for job_id, owner in counted] == [("00000000-0000-4000-8000-000000000002", "alice")]
+    assert post(alice, data_file(PHOTO)).status_code == 202
+    assert post(alice, data_file(PHOTO)).status_code == 429

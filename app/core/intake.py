@@ -155,7 +155,6 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
                 conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
                 max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
                 actor=f"web:{owner}")
-            pending.record(conn, job_id, owner)
             committing = True  # every statement succeeded: an error from here on is the COMMIT's own
     except _LostRace:
         _forget_staging(services, key)

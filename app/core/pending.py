@@ -3,24 +3,29 @@
 ``ATTACHE_MAX_PENDING_PER_UPLOADER`` bounds the work one uploader can put
 ahead of everyone else's: the queues are first come, first served, so
 without it a thousand costly images from one uploader held every other
-uploader's photo behind them. The upload's transaction records its job in
-``pending_uploads`` (:func:`record`) after :func:`admit` counted the
-uploader's rows, and the job's move to ``ready`` or ``failed`` removes it
-(:func:`settle`, :mod:`app.core.states`). Counting reads at most ``limit``
-rows of one uploader's index entries, whatever the size of ``jobs``.
+uploader's photo behind them. The upload's transaction asks :func:`admit`
+before it commits (and the web asks :func:`admit_now` before it reads a
+large body). Counting reads at most ``limit`` rows of one uploader's index
+entries in ``pending_uploads``, whatever the size of ``jobs``.
+
+``pending_uploads`` follows ``jobs`` by trigger (migration 0021): a job
+inserted in its attachment's own transaction (an upload's: a backfill's
+job comes later) is added, and its move to ``ready`` or ``failed``
+removes it, whichever code makes the move. The previous release's
+workers, still running while a release migrates, knew nothing of the
+table: rows left by them refused an uploader for good (an adversarial
+run). Replays (``failed -> queued``) and backfills are the operators'
+work, never counted.
 
 The limit is not taken under a lock: uploads of one uploader committing at
 the same moment each count the others as not there yet, so the uploader can
 pass it by as many uploads as it has in flight at once (a lock would
 serialize an uploader's uploads for a bound that needs no such precision).
-Backfills and operator replays are the operators' work, never counted.
 """
 
 from __future__ import annotations
 
-import uuid
-
-from sqlalchemy import delete, func, insert, select
+from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
 from app.adapters.postgres.db import transaction
@@ -46,12 +51,3 @@ def admit_now(engine: Engine, owner: str, limit: int) -> None:
     if limit:
         with transaction(engine) as conn:
             admit(conn, owner, limit)
-
-
-def record(conn: Connection, job_id: uuid.UUID, owner: str) -> None:
-    conn.execute(insert(pending_uploads).values(job_id=job_id, owner=owner))
-
-
-def settle(conn: Connection, job_id: uuid.UUID) -> None:
-    """The job is ready or failed: its upload no longer counts."""
-    conn.execute(delete(pending_uploads).where(pending_uploads.c.job_id == job_id))

@@ -5,8 +5,8 @@ in the caller's transaction plus an append to ``job_history``; if the
 ``WHERE`` matches nothing the transition did not happen and the caller is
 told so (``None``/``False``), never an exception. Each move to ``ready`` or
 ``failed`` also writes its completion event and webhook deliveries in the
-same transaction (:func:`app.core.events.emit`) and takes an upload's job
-out of its uploader's pending count (:func:`app.core.pending.settle`). A database trigger
+same transaction (:func:`app.core.events.emit`), and a trigger ends an
+upload's job's place in its uploader's pending count (:mod:`app.core.pending`). A database trigger
 (migration 0001) refuses any UPDATE that moves a job out of ``ready``.
 
 States (the contract's table, ``seed/contract.en.md``)
@@ -52,7 +52,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
 from app.adapters.postgres.models import UNFINISHED, JobState, attachments, job_history, jobs, variants
-from app.core import events, objects, outbox, pending
+from app.core import events, objects, outbox
 from app.core.steps import Step
 
 WORKER_LOST = "worker_lost"
@@ -302,12 +302,6 @@ def _leave_processing(conn: Connection, job_id, attempt: int, to_state: str, val
     ).one_or_none()
 
 
-def _finished(conn: Connection, row, kind: str) -> None:
-    """``row`` (after its UPDATE) is ready or failed: its completion event, and its upload no longer pending."""
-    events.emit(conn, row, kind)
-    pending.settle(conn, row.id)
-
-
 def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, ...], actor: str) -> bool:
     """processing -> ready: publish every recorded variant and flip the job, atomically.
 
@@ -324,7 +318,7 @@ def publish_ready(conn: Connection, job_id, attempt: int, required: tuple[str, .
     conn.execute(update(variants).where(variants.c.job_id == job_id, variants.c.published_at.is_(None))
                  .values(published_at=func.now()))
     _history(conn, job_id, JobState.PROCESSING, JobState.READY, attempt, actor)
-    _finished(conn, row, events.ready_type(conn, row))
+    events.emit(conn, row, events.ready_type(conn, row))
     return True
 
 
@@ -335,7 +329,7 @@ def fail(conn: Connection, job_id, attempt: int, error_code: str, reason: str, a
     if row is None:
         return False
     _history(conn, job_id, JobState.PROCESSING, JobState.FAILED, attempt, actor, error_code, reason)
-    _finished(conn, row, events.ATTACHMENT_FAILED)
+    events.emit(conn, row, events.ATTACHMENT_FAILED)
     return True
 
 
@@ -386,7 +380,7 @@ def take_back(conn: Connection, lost: list[Row], *, actor: str) -> dict[str, int
             row = _leave_processing(conn, job.id, job.attempt, JobState.FAILED,
                                     {"error_code": WORKER_LOST, "error_reason": reason}, require_live_lease=False)
             _history(conn, job.id, JobState.PROCESSING, JobState.FAILED, job.attempt, actor, WORKER_LOST, reason)
-            _finished(conn, row, events.ATTACHMENT_FAILED)
+            events.emit(conn, row, events.ATTACHMENT_FAILED)
             counts["failed"] += 1
         else:
             reason = f"lease of {job.lease_owner} expired"
