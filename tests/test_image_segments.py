@@ -173,3 +173,75 @@ def test_a_run_length_encoded_bmp_of_many_megapixels_is_a_bomb(tmp_path):
         probed(tmp_path, "rle.bmp", _rle8_bmp(8000, 8000, b"\x01\x07\x00\x00" * 8000 + b"\x00\x01"))
     small = probed(tmp_path, "small.bmp", _rle8_bmp(100, 100, b"\x64\x07\x00\x00" * 100 + b"\x00\x01"))
     assert (small.width, small.height) == (100, 100)
+
+
+def tiff_of_strips(strips: int, *, rows_per_strip: int = 1, side: int = 64) -> bytes:
+    """An uncompressed grey TIFF of ``side`` x ``side`` whose StripOffsets and StripByteCounts list ``strips`` strips
+    (the later ones point at the first rows again), after an adversarial run's file."""
+    pixels = bytes(range(side)) * side
+    tags = [(256, 4, 1, side), (257, 4, 1, side), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, strips, None), (277, 3, 1, 1), (278, 4, 1, rows_per_strip), (279, 4, strips, None)]
+    start = 8 + 2 + 12 * len(tags) + 4
+    offsets_at = start + len(pixels)
+    counts_at = offsets_at + 4 * strips
+    rows = [(k * rows_per_strip) % side for k in range(strips)]
+    offsets = b"".join(struct.pack("<I", start + row * side) for row in rows)
+    counts = b"".join(struct.pack("<I", min(rows_per_strip, side - row) * side) for row in rows)
+    fields = {273: offsets_at if strips > 1 else start, 279: counts_at if strips > 1 else len(pixels)}
+    ifd = struct.pack("<H", len(tags)) + b"".join(
+        struct.pack("<HHII", tag, kind, count, fields.get(tag, value) if value is None else value)
+        for tag, kind, count, value in tags) + struct.pack("<I", 0)
+    return b"II*\x00" + struct.pack("<I", 8) + ifd + pixels + offsets + counts
+
+
+def test_a_tiff_listing_more_strips_than_its_size_holds_is_corrupt(tmp_path):
+    """An adversarial run: a 4 MB TIFF of 64x64 pixels listing 2,000,000 strips took 603 MB of the web's probe and
+    1.2 GB of the worker, 40 s a job; 8,000,000 strips, 2.2 and 4.6 GB."""
+    assert probed(tmp_path, "rows.tif", tiff_of_strips(64)).width == 64, "a strip a row, as the size holds"
+    assert probed(tmp_path, "spare.tif", tiff_of_strips(64 + segments.TIFF_SPARE_STRIPS)).width == 64
+    with pytest.raises(CorruptImage, match="strips"):
+        probed(tmp_path, "strips.tif", tiff_of_strips(64 + segments.TIFF_SPARE_STRIPS + 1))
+    with pytest.raises(DecompressionBomb, match="values"):
+        probed(tmp_path, "values.tif", tiff_of_strips(segments.MAX_TIFF_VALUES // 2 + 1))
+
+
+def test_a_tiffs_values_are_counted_whatever_their_tag(tmp_path):
+    """A colour map or a private tag of millions of SHORTs costs Pillow an object each, as strips do."""
+    tiff = tiff_of_strips(1, rows_per_strip=64)
+    count = struct.unpack_from("<H", tiff, 8)[0]
+    def with_private_tag(values: int, present: bool) -> bytes:
+        private = struct.pack("<HHII", 65000, 3, values, len(tiff) + 12)  # SHORTs after the file's end, if present
+        return (tiff[:8] + struct.pack("<H", count + 1) + tiff[10:10 + 12 * count] + private
+                + tiff[10 + 12 * count:] + bytes(2 * values if present else 0))
+
+    with pytest.raises(DecompressionBomb, match="values"):
+        probed(tmp_path, "private.tif", with_private_tag(segments.MAX_TIFF_VALUES, present=True))
+    assert probed(tmp_path, "absent.tif", with_private_tag(segments.MAX_TIFF_VALUES, present=False)).width == 64, \
+        "values past the end of the file are skipped by Pillow, so not counted"
+    assert probed(tmp_path, "one.tif", tiff).width == 64
+
+
+def gif_with_comment(blocks: int, block: bytes = b"ab") -> bytes:
+    gif = encoded("GIF")
+    comment = b"\x21\xfe" + (bytes([len(block)]) + block) * blocks + b"\x00"
+    screen = 13 + (3 << ((gif[10] & 7) + 1) if gif[10] & 0x80 else 0)
+    return gif[:screen] + comment + gif[screen:]
+
+
+def test_a_gif_comment_of_countless_sub_blocks_is_a_bomb(tmp_path):
+    """An adversarial run: a 10 MB comment of 2-byte sub-blocks took 460 MB an open (Pillow keeps each one), and a
+    64x64 job 1 GB of the worker."""
+    assert probed(tmp_path, "comment.gif", gif_with_comment(1000)).width == 64
+    with pytest.raises(DecompressionBomb, match="extensions"):
+        probed(tmp_path, "blocks.gif", gif_with_comment(segments.MAX_GIF_EXTENSION_BLOCKS + 1))
+
+
+def test_a_gif_is_walked_to_its_trailer_and_bytes_between_its_blocks_are_counted(tmp_path):
+    gif = encoded("GIF")
+    assert gif.endswith(b"\x3b")
+    with pytest.raises(CorruptImage, match="outside its blocks"):
+        probed(tmp_path, "junk.gif", gif[:-1] + b"\x01" * (segments.MAX_JUNK_BYTES + 1) + b"\x3b")
+    descriptor = gif.index(b"\x2c", 13)  # an image of 64x64 whose data comes in 1-byte sub-blocks
+    crumbs = gif[descriptor:descriptor + 10] + b"\x02" + b"\x01\x00" * (segments.MAX_GIF_BLOCKS + 1) + b"\x00\x3b"
+    with pytest.raises(DecompressionBomb, match="data blocks"):
+        probed(tmp_path, "crumbs.gif", gif[:descriptor] + crumbs)

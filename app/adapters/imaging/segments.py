@@ -1,4 +1,5 @@
-"""JPEG markers and PNG chunks before the pixels, and a JPEG's scans: counted, and bounded, before Pillow parses them.
+"""JPEG markers and PNG chunks before the pixels, a JPEG's scans, a TIFF's strips and a GIF's blocks: counted, and
+bounded, before Pillow parses them.
 
 Pillow reads the segments before an image's pixels in Python, one at a
 time, and keeps an object for each (``JpegImageFile.applist``,
@@ -60,6 +61,33 @@ _PROGRESSIVE_FRAMES = frozenset({0xC2, 0xC6, 0xCA, 0xCE})
 _STANDALONE = frozenset({0x01, *range(0xD0, 0xD8), 0xD8})
 
 
+#: numbers in a TIFF's first IFD, the one Pillow opens (its tags' values: strip and tile offsets and byte counts, a
+#: colour map...): Pillow makes a Python object of each when it opens the file (some 36 bytes for 2 of the file's).
+#: A 64 MP photo in strips of one row has 2 x 20,000 of them, four times that with its planes stored apart.
+MAX_TIFF_VALUES = 1 << 20
+#: strips (or tiles) a TIFF may list beyond those its size holds: Pillow builds a tile of some 270 bytes for each
+#: one listed, and a 4 MB TIFF of 64x64 pixels listing 2,000,000 strips took 1.2 GB of the worker and 603 MB of
+#: the web, 40 s a job (an adversarial run); a few more than the size holds are let through, as libtiff does
+TIFF_SPARE_STRIPS = 1024
+#: TIFF field types whose values Pillow reads as one ``bytes`` object (BYTE, ASCII, SBYTE, UNDEFINED), whatever
+#: their count
+_TIFF_BYTE_TYPES = frozenset({1, 2, 6, 7})
+#: the size of a value of each TIFF field type Pillow reads (it skips a tag of any other type)
+_TIFF_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
+                    18: 8}
+#: the tags naming strips or tiles: StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_TIFF_STRIP_TAGS = (273, 279, 324, 325)
+#: data sub-blocks of a GIF in all (image data and extensions): Pillow walks them in Python, one ``read`` each,
+#: when it counts or seeks frames; a 50 MB GIF of 255-byte sub-blocks has some 200,000
+MAX_GIF_BLOCKS = 500_000
+#: sub-blocks of a GIF's extensions: Pillow keeps each of a comment's (a 10 MB GIF comment of 2-byte sub-blocks
+#: took 460 MB an open and a 64x64 job 1 GB of the worker: an adversarial run); an XMP packet of 1 MB, stored as
+#: GIFs do, has some 12,000
+MAX_GIF_EXTENSION_BLOCKS = 100_000
+#: what may start a block of a GIF: an extension, an image, the trailer (Pillow skips any other byte, one at a time)
+_GIF_INTRO = re.compile(rb"[\x21\x2c\x3b]")
+
+
 def check(fp: BinaryIO, family: str) -> None:
     """Refuse ``fp`` (an open file of ``family``, as sniffed) if its structure is out of bounds."""
     if family == "JPEG":
@@ -68,6 +96,115 @@ def check(fp: BinaryIO, family: str) -> None:
         _png(fp)
     elif family == "BMP":
         _bmp(fp)
+    elif family == "TIFF":
+        _tiff(fp)
+    elif family == "GIF":
+        _gif(fp)
+
+
+def _tiff(fp: BinaryIO) -> None:
+    """The first IFD's values, and its strips or tiles against the size it declares (classic TIFF and BigTIFF)."""
+    fp.seek(0)
+    head = fp.read(16)
+    order = {b"II": "<", b"MM": ">"}.get(head[:2])
+    if order is None or len(head) < 8:
+        return  # Pillow's to say
+    magic = struct.unpack(order + "H", head[2:4])[0]
+    if magic == 42:
+        offset, count_format, entry = struct.unpack(order + "I", head[4:8])[0], order + "H", struct.Struct(order + "HHI4s")
+    elif magic == 43 and len(head) == 16:
+        offset, count_format, entry = struct.unpack(order + "Q", head[8:16])[0], order + "Q", struct.Struct(order + "HHQ8s")
+    else:
+        return
+    fp.seek(offset)
+    raw = fp.read(struct.calcsize(count_format))
+    if len(raw) < struct.calcsize(count_format):
+        return
+    entries = struct.unpack(count_format, raw)[0]
+    if entries > 65535:  # a classic IFD holds no more; a BigTIFF one so large is not a photo
+        raise DecompressionBomb("the TIFF's first directory has more than 65535 tags")
+    table = fp.read(entries * entry.size)
+    size = fp.seek(0, 2)
+    values, tags = 0, {}
+    for pos in range(0, len(table) - entry.size + 1, entry.size):
+        tag, kind, count, field = entry.unpack_from(table, pos)
+        if kind not in _TIFF_TYPE_SIZES:
+            continue
+        length = count * _TIFF_TYPE_SIZES[kind]
+        if length > len(field) and struct.unpack(order + ("I" if len(field) == 4 else "Q"), field)[0] + length > size:
+            continue  # its values lie past the end of the file: Pillow skips the tag
+        if kind not in _TIFF_BYTE_TYPES:
+            values += count
+        tags[tag] = (kind, count, field)
+    if values > MAX_TIFF_VALUES:
+        raise DecompressionBomb(f"the TIFF's first directory has more than {MAX_TIFF_VALUES} values")
+    expected = _tiff_strips(tags, order)
+    listed = max((tags[tag][1] for tag in _TIFF_STRIP_TAGS if tag in tags), default=0)
+    if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
+        raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
+
+
+def _tiff_value(tags: dict, tag: int, order: str, default: int | None = None) -> int | None:
+    """A scalar tag's value (SHORT, LONG or LONG8, stored in the entry itself), or ``default``."""
+    if tag not in tags:
+        return default
+    kind, count, field = tags[tag]
+    formats = {3: "H", 4: "I", 16: "Q"}
+    if count < 1 or kind not in formats or struct.calcsize(formats[kind]) > len(field):
+        return default
+    return struct.unpack_from(order + formats[kind], field)[0]
+
+
+def _tiff_strips(tags: dict, order: str) -> int | None:
+    """How many strips or tiles the first IFD's size holds (TIFF 6.0: StripsPerImage, TilesPerImage), or None."""
+    width, height = _tiff_value(tags, 256, order), _tiff_value(tags, 257, order)
+    if not width or not height:
+        return None
+    planes = _tiff_value(tags, 277, order, 1) if _tiff_value(tags, 284, order, 1) == 2 else 1
+    tile_width, tile_length = _tiff_value(tags, 322, order), _tiff_value(tags, 323, order)
+    if tile_width and tile_length:
+        return -(-width // tile_width) * -(-height // tile_length) * max(1, planes)
+    rows = min(_tiff_value(tags, 278, order, height) or height, height)
+    return -(-height // rows) * max(1, planes)
+
+
+def _gif(fp: BinaryIO) -> None:
+    """Every block to the trailer, as Pillow walks them: its sub-blocks counted, bytes between blocks too."""
+    with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        size = len(data)
+        if size < 13:
+            return
+        pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)  # past the global colour table
+        blocks = extension_blocks = junk = 0
+        while pos < size:
+            found = _GIF_INTRO.search(data, pos, min(size, pos + MAX_JUNK_BYTES - junk + 1))
+            if found is None:
+                if size - pos > MAX_JUNK_BYTES - junk:
+                    raise CorruptImage(f"the GIF has more than {MAX_JUNK_BYTES} bytes outside its blocks")
+                return
+            junk += found.start() - pos
+            pos, intro = found.start(), data[found.start()]
+            if intro == 0x3B:
+                return
+            extension = intro == 0x21
+            if extension:
+                pos += 2  # the introducer and the label
+            else:
+                if pos + 10 > size:
+                    return
+                flags = data[pos + 9]
+                pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1  # the local colour table, LZW size
+            while pos < size:
+                length = data[pos]
+                pos += 1 + length
+                if not length:
+                    break
+                blocks += 1
+                extension_blocks += extension
+                if blocks > MAX_GIF_BLOCKS:
+                    raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
+                if extension_blocks > MAX_GIF_EXTENSION_BLOCKS:
+                    raise DecompressionBomb(f"the GIF's extensions have more than {MAX_GIF_EXTENSION_BLOCKS} blocks")
 
 
 def _bmp(fp: BinaryIO) -> None:
