@@ -61,6 +61,9 @@ FILES: dict[str, tuple[str, str]] = {
         "reject_bomb", "a 64x64 grey HEIC whose ispe property is patched to declare 65000x65000"),
     "phones/avif_ispe_65000x65000.avif": (
         "reject_bomb", "a 64x64 grey AVIF whose ispe property is patched to declare 65000x65000"),
+    "phones/avif_frame_9000x9000_ispe_256x256.avif": (
+        "reject_bomb", "a 9000x9000 AVIF whose ispe property is patched to declare 256x256: libavif decodes the "
+        "frame its AV1 sequence header allows, whatever ispe says"),
 }
 
 
@@ -96,6 +99,13 @@ def _patch_ispe(data: bytes, width: int, height: int) -> bytes:
     return data[:at] + struct.pack(">II", width, height) + data[at + 8:]
 
 
+def large_frame(side: int = 9000) -> bytes:
+    """A flat AVIF of ``side`` x ``side`` (some 15 s and 2 GB to encode at 9000)."""
+    out = io.BytesIO()
+    Image.new("RGB", (side, side), (30, 120, 200)).save(out, "AVIF", quality=10, speed=10, max_threads=1)
+    return out.getvalue()
+
+
 def write() -> None:
     import pillow_heif
 
@@ -116,6 +126,7 @@ def write() -> None:
         "phones/card_truncated60.avif": avif.getvalue()[: len(avif.getvalue()) * 6 // 10],
         "phones/heic_ispe_65000x65000.heic": _patch_ispe(small_heic.getvalue(), 65000, 65000),
         "phones/avif_ispe_65000x65000.avif": _patch_ispe(small_avif.getvalue(), 65000, 65000),
+        "phones/avif_frame_9000x9000_ispe_256x256.avif": _patch_ispe(large_frame(), 256, 256),
     }
     data_dir = PHONES.parent
     rows = []

@@ -158,6 +158,24 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
     assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
 
 
+def test_an_avif_is_priced_by_the_frame_its_sequence_header_allows_not_by_ispe(tmp_path) -> None:
+    """libavif decodes the frame the AV1 stream holds and scales it to ``ispe``: a 1,953-byte AVIF whose ``ispe``
+    said 256x256 over a 12000x12000 frame took 520 MB a render, priced as 256x256 (an adversarial run)."""
+    from tests.phone_images import _patch_ispe, large_frame
+
+    honest, lying = tmp_path / "honest.avif", tmp_path / "lying.avif"
+    honest.write_bytes(large_frame(1024))
+    lying.write_bytes(_patch_ispe(honest.read_bytes(), 64, 64))
+    spec = PIPELINE_V1_SPECS["thumbnail"]
+    decode = {}
+    for path in (honest, lying):
+        with Image.open(path) as img, open(path, "rb") as fp:
+            decode[path.name] = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
+    frame = 1024 * 1024 * (1.5 + budget.AV1_DECODER_BYTES)
+    assert decode["lying.avif"] >= frame + 64 * 64 * 1.5, decode
+    assert decode["honest.avif"] >= frame
+
+
 def test_a_48mp_heic_needs_a_larger_budget(tmp_path, monkeypatch) -> None:
     """An iPhone's 48 MP "HEIF Max" photo is priced about 400 MiB: refused at the default, before decoding."""
     spy = LoadSpy(monkeypatch)

@@ -87,6 +87,7 @@ def test_heic_and_avif_are_accepted(client, engine, storage_dir, data_file, rela
     ("synthetic/jpeg_sof_65000x65000.jpg", 413, "decompression_bomb"),
     ("phones/heic_ispe_65000x65000.heic", 413, "decompression_bomb"),
     ("phones/avif_ispe_65000x65000.avif", 413, "decompression_bomb"),
+    ("phones/avif_frame_9000x9000_ispe_256x256.avif", 413, "decompression_bomb"),
     ("phones/card_truncated60.heic", 415, "corrupt_image"),
     ("phones/card_truncated60.avif", 415, "corrupt_image"),
     ("synthetic/png_bomb_20000x20000.png", 413, "decompression_bomb"),

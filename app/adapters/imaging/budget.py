@@ -309,8 +309,11 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
             # the file (pillow-heif's bytes and libheif's copy), the picture and the RGB(A),
             # all released once the image is loaded
             return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
-        # libavif's RGB(A) copied to bytes; the picture and the file stay with the decoder
-        return pixels * rgb, math.ceil(pixels * (picture + AV1_DECODER_BYTES)) + layout.file_bytes
+        # libavif's RGB(A) copied to bytes; the picture and the file stay with the decoder. The picture is of the
+        # frame the AV1 sequence header allows, and a frame larger than ``ispe`` says is scaled to it, a copy more
+        coded = layout.coded[0] * layout.coded[1] if layout.coded else pixels
+        scaled = pixels * picture if coded > pixels else 0
+        return pixels * rgb, math.ceil(max(coded, pixels) * (picture + AV1_DECODER_BYTES) + scaled) + layout.file_bytes
     if family == "WEBP":
         # libwebp's canvas and its copy of the previous frame (RGBA), and the
         # frame handed to Pillow as bytes, all kept by the open image
