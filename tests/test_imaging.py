@@ -932,6 +932,24 @@ def test_16_bit_is_scaled_not_clipped(tmp_path: Path) -> None:
     assert 115 < ImageStat.Stat(out).mean[0] < 140  # a clip would give ~254
 
 
+def test_a_float_image_with_nan_or_infinite_pixels_is_stretched_over_its_finite_ones(tmp_path: Path) -> None:
+    """A GeoTIFF's "no data" is often NaN: one NaN made the extrema NaN and every variant black (an adversarial
+    run). The finite values are stretched as before; NaN and infinities show as the darkest."""
+    path = tmp_path / "float.tif"
+    gradient = Image.linear_gradient("L").resize((256, 256)).convert("F").point(lambda v: v * 10.0 + 1000.0)
+    gradient.putpixel((0, 0), float("nan"))
+    gradient.putpixel((5, 5), float("inf"))
+    gradient.putpixel((9, 9), float("-inf"))
+    gradient.save(path)
+    with Image.open(path) as check:
+        assert check.mode == "F"
+    out = decode(render(path, PIPELINE_V1_SPECS["optimized"], LIMITS))
+    assert out.mode == "L"
+    low, high = out.getextrema()
+    assert low <= 2 and high >= 253
+    assert 115 < ImageStat.Stat(out).mean[0] < 140, "a gradient, not black"
+
+
 def test_palette_transparency_becomes_alpha(tmp_path: Path) -> None:
     path = tmp_path / "transparent.gif"
     im = Image.new("P", (64, 64), 1)

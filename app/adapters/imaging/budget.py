@@ -128,7 +128,7 @@ FULL_SIZE_BYTES: dict[str, tuple[int, int]] = {
     "I;16B": (12, 16),
     "I;16N": (12, 16),
     "I": (10, 16),  # scaled copy, -> L
-    "F": (10, 16),
+    "F": (14, 16),  # NaN or infinite pixels: a finite mask, a float filled from it, -> scaled copy, -> L
 }
 #: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
 OTHER_MODE_BYTES = 8

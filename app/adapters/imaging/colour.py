@@ -19,9 +19,10 @@ resize so that the expensive part runs on the small image:
 from __future__ import annotations
 
 import io
+import math
 from functools import lru_cache
 
-from PIL import Image, ImageCms
+from PIL import Image, ImageCms, ImageMath
 
 from app.errors import UnsupportedFormat
 
@@ -67,6 +68,24 @@ def _normalise(img: Image.Image) -> Image.Image:
     return img.convert("RGB")
 
 
+#: the largest finite value a float image may hold (FLT_MAX, rounded down)
+_FLOAT_MAX = 3.4e38
+
+
+def _finite(img: Image.Image) -> tuple[Image.Image, float, float]:
+    """A float image whose NaN and infinite pixels (a GeoTIFF's "no data") are its smallest finite value, and the
+    extrema of its finite ones: one NaN among them made the extrema NaN, and every variant black (an adversarial
+    run). Extrema ``(0.0, 0.0)`` when none is finite."""
+    finite = ImageMath.lambda_eval(
+        lambda a: (a["x"] == a["x"]) * (a["x"] < _FLOAT_MAX) * (a["x"] > -_FLOAT_MAX), x=img
+    ).point(lambda v: v * 255).convert("L")
+    low = Image.composite(img, Image.new("F", img.size, _FLOAT_MAX), finite).getextrema()[0]
+    high = Image.composite(img, Image.new("F", img.size, -_FLOAT_MAX), finite).getextrema()[1]
+    if low > high:  # nothing finite
+        low = high = 0.0
+    return Image.composite(img, Image.new("F", img.size, low), finite), low, high
+
+
 def _high_bit_depth_to_8bit(img: Image.Image) -> Image.Image:
     """Scale 16-bit / 32-bit integer / float grey to 8 bits.
 
@@ -84,6 +103,8 @@ def _high_bit_depth_to_8bit(img: Image.Image) -> Image.Image:
             alpha = None
     work = img if img.mode in ("I", "F") else img.convert("I")
     low, high = work.getextrema()
+    if work.mode == "F" and not (math.isfinite(low) and math.isfinite(high)):
+        work, low, high = _finite(work)
     if img.mode.startswith("I;16"):
         scale, offset = 1 / 257, 0.0
     elif work.mode == "F" and low >= 0 and high <= 1.0:
