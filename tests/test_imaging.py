@@ -13,6 +13,7 @@ import base64
 import io
 import math
 import os
+import struct
 import subprocess
 import sys
 import textwrap
@@ -1166,3 +1167,34 @@ def test_avif_output(rel: str) -> None:
         assert "icc_profile" not in im.info and "xmp" not in im.info
         assert len(im.getexif()) == 0, "nothing from the source, no orientation either: the pixels are upright"
         assert render(path_of(rel), spec, LIMITS) == out, "deterministic"
+
+
+@pytest.mark.parametrize("family", ["JPEG", "WEBP", "TIFF", "PNG"])
+def test_an_images_metadata_is_priced_in_its_budget(tmp_path: Path, family: str) -> None:
+    """64x64 images carrying 45 MB of ICC profile or XMP took 92-189 MB a render, priced as 64x64 pixels (an
+    adversarial run): what Pillow keeps of the metadata is priced, and the render stays within the price."""
+    from PIL import ImageCms
+
+    from app.adapters.imaging import budget, segments
+
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    icc = profile + bytes(20_000_000)  # a valid header and tags, padded: 20 MB that Pillow keeps
+    path = tmp_path / f"meta.{family.lower()}"
+    if family == "PNG":  # a compressed iCCP inflates to at most 1 MB in Pillow: a private chunk instead, kept too
+        import zlib
+
+        Image.new("RGB", (64, 64), (10, 200, 30)).save(path, family)
+        data, private = path.read_bytes(), bytes(20_000_000)
+        chunk = struct.pack(">I", len(private)) + b"prIv" + private + struct.pack(">I", zlib.crc32(b"prIv" + private))
+        path.write_bytes(data[:-12] + chunk + data[-12:])
+    else:
+        Image.new("RGB", (64, 64), (10, 200, 30)).save(path, family, icc_profile=icc)
+    with open(path, "rb") as fp:
+        found = segments.metadata_bytes(fp, family)
+        assert fp.tell() == 0
+        with Image.open(path) as img:
+            priced = budget.estimate(img, family, fp, PIPELINE_V1_SPECS["optimized"])
+    assert found >= 20_000_000, found
+    assert priced.total >= budget.METADATA_COPIES * 20_000_000
+    used = _peak_rss_delta_mb(f"render({str(path)!r}, PIPELINE_V1_SPECS['optimized'], Limits())\n")
+    assert used * 2**20 <= priced.total, (used, priced.describe())

@@ -80,7 +80,7 @@ from PIL import Image
 
 from app.errors import ImageTooLarge
 
-from . import bmff, libvips
+from . import bmff, libvips, segments
 from ._translate import MALFORMED_ERRORS
 from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
 
@@ -130,6 +130,10 @@ FULL_SIZE_BYTES: dict[str, tuple[int, int]] = {
     "I": (10, 16),  # scaled copy, -> L
     "F": (14, 16),  # NaN or infinite pixels: a finite mask, a float filled from it, -> scaled copy, -> L
 }
+#: Copies of an image's metadata alive while it is open, per byte of the file's (the segments Pillow keeps, the
+#: ICC profile joined from them, the parsed EXIF...): 64x64 images carrying 45 MB of ICC profile or XMP took 92-189
+#: MB a render (an adversarial run). Kept with the image from its decode to its last conversion.
+METADATA_COPIES = 4
 #: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
 OTHER_MODE_BYTES = 8
 #: Bytes per *output* pixel after the resample: the resized image, its sRGB
@@ -204,7 +208,8 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
     else:
         orientations = (1, 6)  # known only after decoding: price both axes
         coefficients = 0
-    decoder = _decoder_bytes(img, family, fp)
+    transient, kept = _decoder_bytes(img, family, fp)
+    decoder = (transient, kept + METADATA_COPIES * segments.metadata_bytes(fp, family))
     best: Estimate | None = None
     for one in specs:
         for orientation in orientations:

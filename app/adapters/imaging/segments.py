@@ -104,28 +104,51 @@ def check(fp: BinaryIO, family: str) -> None:
 
 def _tiff(fp: BinaryIO) -> None:
     """The first IFD's values, and its strips or tiles against the size it declares (classic TIFF and BigTIFF)."""
+    directory = _tiff_directory(fp)
+    if directory is None:
+        return
+    order, tags = directory
+    values = sum(count for kind, count, _ in tags.values() if kind not in _TIFF_BYTE_TYPES)
+    if values > MAX_TIFF_VALUES:
+        raise DecompressionBomb(f"the TIFF's first directory has more than {MAX_TIFF_VALUES} values")
+    expected = _tiff_strips(tags, order)
+    listed = max((tags[tag][1] for tag in _TIFF_STRIP_TAGS if tag in tags), default=0)
+    if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
+        raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
+
+
+def _tiff_metadata(fp: BinaryIO) -> int:
+    directory = _tiff_directory(fp)
+    if directory is None:
+        return 0
+    return sum(count for kind, count, field in directory[1].values() if kind in _TIFF_BYTE_TYPES and count > len(field))
+
+
+def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]]] | None:
+    """The byte order and the tags of the first IFD, ``{tag: (type, count, value field)}``: those Pillow reads (a
+    known type, values within the file); None when the file is not as a TIFF is (Pillow's to say)."""
     fp.seek(0)
     head = fp.read(16)
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
     if order is None or len(head) < 8:
-        return  # Pillow's to say
+        return None
     magic = struct.unpack(order + "H", head[2:4])[0]
     if magic == 42:
         offset, count_format, entry = struct.unpack(order + "I", head[4:8])[0], order + "H", struct.Struct(order + "HHI4s")
     elif magic == 43 and len(head) == 16:
         offset, count_format, entry = struct.unpack(order + "Q", head[8:16])[0], order + "Q", struct.Struct(order + "HHQ8s")
     else:
-        return
+        return None
     fp.seek(offset)
     raw = fp.read(struct.calcsize(count_format))
     if len(raw) < struct.calcsize(count_format):
-        return
+        return None
     entries = struct.unpack(count_format, raw)[0]
     if entries > 65535:  # a classic IFD holds no more; a BigTIFF one so large is not a photo
         raise DecompressionBomb("the TIFF's first directory has more than 65535 tags")
     table = fp.read(entries * entry.size)
     size = fp.seek(0, 2)
-    values, tags = 0, {}
+    tags = {}
     for pos in range(0, len(table) - entry.size + 1, entry.size):
         tag, kind, count, field = entry.unpack_from(table, pos)
         if kind not in _TIFF_TYPE_SIZES:
@@ -133,15 +156,8 @@ def _tiff(fp: BinaryIO) -> None:
         length = count * _TIFF_TYPE_SIZES[kind]
         if length > len(field) and struct.unpack(order + ("I" if len(field) == 4 else "Q"), field)[0] + length > size:
             continue  # its values lie past the end of the file: Pillow skips the tag
-        if kind not in _TIFF_BYTE_TYPES:
-            values += count
         tags[tag] = (kind, count, field)
-    if values > MAX_TIFF_VALUES:
-        raise DecompressionBomb(f"the TIFF's first directory has more than {MAX_TIFF_VALUES} values")
-    expected = _tiff_strips(tags, order)
-    listed = max((tags[tag][1] for tag in _TIFF_STRIP_TAGS if tag in tags), default=0)
-    if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
-        raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
+    return order, tags
 
 
 def _tiff_value(tags: dict, tag: int, order: str, default: int | None = None) -> int | None:
@@ -326,3 +342,65 @@ def png_exif(fp: BinaryIO) -> bytes | None:
         if kind == b"eXIf":
             return fp.read(length)
     return None
+
+
+#: JPEG markers whose segments Pillow keeps as metadata: APP0-APP15 and COM
+_JPEG_METADATA = frozenset({*range(0xE0, 0xF0), 0xFE})
+#: WebP chunks Pillow keeps as metadata
+_WEBP_METADATA = frozenset({b"ICCP", b"EXIF", b"XMP "})
+
+
+def metadata_bytes(fp: BinaryIO, family: str) -> int:
+    """Bytes of the metadata Pillow keeps while the image is open (a JPEG's APP and COM segments, a PNG's chunks
+    before its pixels, a WebP's ICCP, EXIF and XMP chunks, a TIFF's tag values stored as bytes): held two to four
+    times over (the segments, the profile joined from them, its parsed copy), alongside the pixels. 64x64 images
+    carrying 45 MB of ICC profile or XMP took 92-189 MB a render, priced as 64x64 (an adversarial run). The file's
+    position is restored; a file whose structure is not as expected counts what was found until then."""
+    position = fp.tell()
+    try:
+        fp.seek(0)
+        if family == "JPEG":
+            return _jpeg_metadata(fp)
+        if family == "PNG":
+            return sum(length for kind, length in _png_chunks(fp) if kind not in _PNG_DATA)
+        if family == "WEBP":
+            return _webp_metadata(fp)
+        if family == "TIFF":
+            return _tiff_metadata(fp)
+        return 0
+    finally:
+        fp.seek(position)
+
+
+def _jpeg_metadata(fp: BinaryIO) -> int:
+    total, pos = 0, 2
+    for _ in range(MAX_SEGMENTS + 1):
+        fp.seek(pos)
+        head = fp.read(4)
+        if len(head) < 4 or head[0] != 0xFF or head[1] in (0xDA, 0xD9):
+            break
+        if head[1] in _STANDALONE or head[1] == 0xFF:
+            pos += 1 if head[1] == 0xFF else 2
+            continue
+        length = struct.unpack(">H", head[2:4])[0]
+        if head[1] in _JPEG_METADATA:
+            total += length
+        pos += 2 + length
+    return total
+
+
+def _webp_metadata(fp: BinaryIO) -> int:
+    head = fp.read(12)
+    if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
+        return 0
+    total, pos, end = 0, 12, min(fp.seek(0, 2), 8 + struct.unpack("<I", head[4:8])[0])
+    for _ in range(MAX_SEGMENTS):
+        fp.seek(pos)
+        chunk = fp.read(8)
+        if len(chunk) < 8 or pos >= end:
+            break
+        kind, length = chunk[:4], struct.unpack("<I", chunk[4:8])[0]
+        if kind in _WEBP_METADATA:
+            total += length
+        pos += 8 + length + (length & 1)
+    return total
