@@ -69,10 +69,6 @@ def _visible(attachment) -> bool:
 
 
 _RAW = {"schema": {"type": "string", "format": "binary"}}
-#: a body at least this large is refused before it is read when its uploader has its fill of pending uploads; a
-#: smaller one costs less to read than the transaction of its own that this early count takes (2-4 ms an upload,
-#: measured by an adversarial run), and the upload's transaction counts again anyway
-ADMIT_BEFORE_BODY_BYTES = 1 << 20
 
 
 @bp.post("")
@@ -130,8 +126,9 @@ ADMIT_BEFORE_BODY_BYTES = 1 << 20
         422: refused("A digest header does not match the bytes, or the Idempotency-Key was used for other content.",
                      "digest_mismatch", "idempotency_key_reused"),
         429: refused("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready "
-                     "or failed; retry once some are (nothing of this request is kept). A body of 1 MiB or more (or "
-                     "of unknown length) without an Idempotency-Key is refused before it is read.", "too_many_pending", retry_after=True),
+                     "or failed; retry once some are (nothing of this request is kept). For `Retry-After` seconds after "
+                     "such a refusal the uploader's next bodies without an Idempotency-Key are refused before they "
+                     "are read.", "too_many_pending", retry_after=True),
         503: refused("PostgreSQL or storage is down, or the web's temporary directory cannot hold the upload; retry "
                      "later.", "database_unavailable", "storage_unavailable", "spool_unavailable", retry_after=True),
     },
@@ -139,8 +136,8 @@ ADMIT_BEFORE_BODY_BYTES = 1 << 20
 def upload():
     services = _services()
     try:  # the request removes its spool files when it ends (app.web.request)
-        if _admit_before_the_body():
-            pending.admit_now(services.engine, _owner(), services.settings.max_pending_per_uploader)
+        if request.headers.get("Idempotency-Key") is None:  # a retry with a key may be of an upload accepted already
+            pending.admit_before_the_body(services.engine, _owner(), services.settings.max_pending_per_uploader)
         spool = _receive_body()
         received = spool.finish()
         verify_digests(received, content_digest=request.headers.get("Content-Digest"),
@@ -162,13 +159,6 @@ def upload():
                                  state=_state_of(accepted.job_id) if accepted.replayed else JobState.QUEUED,
                                  pipeline_version=accepted.pipeline_version, size=received.size,
                                  sha256=received.sha256), 202, **headers)
-
-
-def _admit_before_the_body() -> bool:
-    """Whether to count the uploader's pending uploads before the body is read: for a large body (or one of unknown
-    length), not one with an Idempotency-Key (it may retry an upload accepted already: the key decides first)."""
-    length = request.content_length
-    return request.headers.get("Idempotency-Key") is None and (length is None or length >= ADMIT_BEFORE_BODY_BYTES)
 
 
 def _idempotency_key() -> str | None:
