@@ -245,3 +245,49 @@ def test_a_gif_is_walked_to_its_trailer_and_bytes_between_its_blocks_are_counted
     crumbs = gif[descriptor:descriptor + 10] + b"\x02" + b"\x01\x00" * (segments.MAX_GIF_BLOCKS + 1) + b"\x00\x3b"
     with pytest.raises(DecompressionBomb, match="data blocks"):
         probed(tmp_path, "crumbs.gif", gif[:descriptor] + crumbs)
+
+
+def test_tile_tags_and_empty_blocks_do_not_walk_around_the_limits(tmp_path):
+    """An adversarial run's files: tile tags on a striped TIFF made the walk expect a tile per pixel (Pillow reads
+    the strips), and a 50 MB GIF of empty comment extensions took 14.6 s a probe."""
+    tiff = tiff_of_strips(64 + segments.TIFF_SPARE_STRIPS + 1)
+    count = struct.unpack_from("<H", tiff, 8)[0]
+    tiles = struct.pack("<HHII", 322, 4, 1, 1) + struct.pack("<HHII", 323, 4, 1, 1)
+    tiled = (tiff[:8] + struct.pack("<H", count + 2) + tiff[10:10 + 12 * count] + tiles + tiff[10 + 12 * count:])
+    shift = 24  # the two entries moved everything after the directory
+    tiled = _moved(tiled, 10 + 12 * (count + 2) + 4, shift)
+    with pytest.raises(CorruptImage, match="strips"):
+        probed(tmp_path, "tiles.tif", tiled)
+    gif = encoded("GIF")
+    screen = 13 + (3 << ((gif[10] & 7) + 1) if gif[10] & 0x80 else 0)
+    with pytest.raises(DecompressionBomb, match="blocks"):
+        probed(tmp_path, "empty.gif", gif[:screen] + b"\x21\xfe\x00" * (segments.MAX_GIF_BLOCKS + 1) + gif[screen:])
+
+
+def _moved(tiff: bytes, start: int, shift: int) -> bytes:
+    """``tiff`` with every LONG offset of its strips (and the strip arrays' own offsets) moved by ``shift`` bytes."""
+    count = struct.unpack_from("<H", tiff, 8)[0]
+    out = bytearray(tiff)
+    for pos in range(10, 10 + 12 * count, 12):
+        tag, kind, n, value = struct.unpack_from("<HHII", out, pos)
+        if tag in (273, 279) and n > 1:
+            struct.pack_into("<I", out, pos + 8, value + shift)
+    offsets_entry = next(pos for pos in range(10, 10 + 12 * count, 12) if struct.unpack_from("<H", out, pos)[0] == 273)
+    n, at = struct.unpack_from("<II", out, offsets_entry + 4)
+    for k in range(n):
+        struct.pack_into("<I", out, at + 4 * k, struct.unpack_from("<I", out, at + 4 * k)[0] + shift)
+    return bytes(out)
+
+
+def test_an_avif_item_table_of_empty_fields_or_offsets_past_the_file_is_read_quickly():
+    """4096 items of 65535 extents whose fields are 0 bytes wide took 178 s a probe; an extent offset of 2**63 made
+    the seek raise a ValueError out of the probe (an adversarial run)."""
+    import time
+
+    from app.adapters.imaging import bmff
+
+    payload = bytes([0, 0, 0, 0, 0x00, 0x00]) + struct.pack(">H", 4096) + (b"\x00\x01\x00\x00\xff\xff") * 4096
+    started = time.monotonic()
+    bmff._item_locations(payload)
+    assert time.monotonic() - started < 1
+    assert bmff._coded_size(io.BytesIO(b"x" * 100), (0, 2**63), None) is None

@@ -45,6 +45,8 @@ MAX_BOXES = 4096
 UNKNOWN_PICTURE_BYTES = 6.0
 #: The most bytes of an ``iloc`` box read (a phone photo's holds a few dozen items: some 16 bytes each).
 MAX_ILOC_BYTES = 1 << 16
+#: The most extents of all items read from an ``iloc`` box (a phone photo's items have one each).
+MAX_EXTENTS = 1 << 16
 #: The bytes read at the start of an item's data to find an AV1 sequence header (a temporal delimiter, then a
 #: sequence header of some 10-20 bytes, come first).
 SEQUENCE_HEADER_BYTES = 256
@@ -202,12 +204,16 @@ def _item_locations(payload: bytes) -> list[tuple[int, int]]:
         sizes = reader.int(1)
         base_offset_size, index_size = sizes >> 4, (sizes & 0x0F if version in (1, 2) else 0)
         count = reader.int(4 if version == 2 else 2)
+        extents_left = MAX_EXTENTS  # field sizes of 0 never run out of bytes: 4096 x 65535 extents took 178 s
         for _ in range(min(count, MAX_BOXES)):
             reader.int(4 if version == 2 else 2)  # item_ID
             method = reader.int(2) & 0x0F if version in (1, 2) else 0
             reader.int(2)  # data_reference_index
             base = reader.int(base_offset_size)
             extents = reader.int(2)
+            extents_left -= extents
+            if extents_left < 0:
+                return located
             first = None
             for _ in range(extents):
                 reader.int(index_size)
@@ -230,6 +236,8 @@ def _coded_size(fp: BinaryIO, item: tuple[int, int], idat: int | None) -> tuple[
             return None
         offset += idat
     elif method != 0:
+        return None
+    if offset >= fp.seek(0, os.SEEK_END):  # past the end (or past what a seek can take): libavif's to refuse
         return None
     fp.seek(offset)
     return sequence_header_size(fp.read(SEQUENCE_HEADER_BYTES))

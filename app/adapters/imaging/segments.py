@@ -139,6 +139,8 @@ def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]
         offset, count_format, entry = struct.unpack(order + "Q", head[8:16])[0], order + "Q", struct.Struct(order + "HHQ8s")
     else:
         return None
+    if offset >= fp.seek(0, 2):
+        return None
     fp.seek(offset)
     raw = fp.read(struct.calcsize(count_format))
     if len(raw) < struct.calcsize(count_format):
@@ -156,7 +158,7 @@ def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]
         length = count * _TIFF_TYPE_SIZES[kind]
         if length > len(field) and struct.unpack(order + ("I" if len(field) == 4 else "Q"), field)[0] + length > size:
             continue  # its values lie past the end of the file: Pillow skips the tag
-        tags[tag] = (kind, count, field)
+        tags.setdefault(tag, (kind, count, field))  # Pillow keeps a tag's first copy
     return order, tags
 
 
@@ -178,7 +180,7 @@ def _tiff_strips(tags: dict, order: str) -> int | None:
         return None
     planes = _tiff_value(tags, 277, order, 1) if _tiff_value(tags, 284, order, 1) == 2 else 1
     tile_width, tile_length = _tiff_value(tags, 322, order), _tiff_value(tags, 323, order)
-    if tile_width and tile_length:
+    if tile_width and tile_length and 273 not in tags:  # Pillow reads strips when StripOffsets is there
         return -(-width // tile_width) * -(-height // tile_length) * max(1, planes)
     rows = min(_tiff_value(tags, 278, order, height) or height, height)
     return -(-height // rows) * max(1, planes)
@@ -202,6 +204,9 @@ def _gif(fp: BinaryIO) -> None:
             pos, intro = found.start(), data[found.start()]
             if intro == 0x3B:
                 return
+            blocks += 1  # a block with no sub-block is walked too (an extension of none: 3 bytes)
+            if blocks > MAX_GIF_BLOCKS:
+                raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
             extension = intro == 0x21
             if extension:
                 pos += 2  # the introducer and the label
@@ -346,13 +351,14 @@ def png_exif(fp: BinaryIO) -> bytes | None:
 
 #: JPEG markers whose segments Pillow keeps as metadata: APP0-APP15 and COM
 _JPEG_METADATA = frozenset({*range(0xE0, 0xF0), 0xFE})
-#: WebP chunks Pillow keeps as metadata
-_WEBP_METADATA = frozenset({b"ICCP", b"EXIF", b"XMP "})
+#: WebP chunks of the image itself; Pillow reads the whole file, so every other chunk is priced as metadata (an
+#: unknown 60 MB chunk took 122 MB a render: an adversarial run)
+_WEBP_IMAGE = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH", b"ANIM", b"ANMF"})
 
 
 def metadata_bytes(fp: BinaryIO, family: str) -> int:
     """Bytes of the metadata Pillow keeps while the image is open (a JPEG's APP and COM segments, a PNG's chunks
-    before its pixels, a WebP's ICCP, EXIF and XMP chunks, a TIFF's tag values stored as bytes): held two to four
+    before its pixels, a WebP's chunks besides its image, a TIFF's tag values stored as bytes): held two to four
     times over (the segments, the profile joined from them, its parsed copy), alongside the pixels. 64x64 images
     carrying 45 MB of ICC profile or XMP took 92-189 MB a render, priced as 64x64 (an adversarial run). The file's
     position is restored; a file whose structure is not as expected counts what was found until then."""
@@ -400,7 +406,7 @@ def _webp_metadata(fp: BinaryIO) -> int:
         if len(chunk) < 8 or pos >= end:
             break
         kind, length = chunk[:4], struct.unpack("<I", chunk[4:8])[0]
-        if kind in _WEBP_METADATA:
+        if kind not in _WEBP_IMAGE:
             total += length
         pos += 8 + length + (length & 1)
     return total
