@@ -4,7 +4,7 @@
 ahead of everyone else's: the queues are first come, first served, so
 without it a thousand costly images from one uploader held every other
 uploader's photo behind them. The upload's transaction asks :func:`admit`
-before it commits; a tus creation asks :func:`admit_now`; an uploader
+before it commits, as does a tus creation's; an uploader
 refused lately is refused before its next body is read
 (:func:`admit_before_the_body`). Counting reads at most ``limit`` rows of one uploader's index
 entries in ``pending_uploads``, whatever the size of ``jobs``.
@@ -31,7 +31,6 @@ import time
 from sqlalchemy import func, select
 from sqlalchemy.engine import Connection, Engine
 
-from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import pending_uploads
 from app.errors import TooManyPending
 
@@ -67,16 +66,11 @@ def admit(conn: Connection, owner: str, limit: int) -> None:
 def admit_before_the_body(engine: Engine, owner: str, limit: int) -> None:
     """Raise :class:`TooManyPending` for an uploader :func:`admit` refused in this process in the last
     :data:`REFUSED_SECONDS`, before its body is read; nothing is asked of PostgreSQL."""
+    if not (limit and _refused):  # nobody refused lately: the usual case, at no cost
+        return
     key = (engine.url.render_as_string(), owner)
     when = _refused.get(key)
-    if limit and when is not None:
+    if when is not None:
         if time.monotonic() - when < REFUSED_SECONDS:
             raise _refusal(limit)
         _refused.pop(key, None)
-
-
-def admit_now(engine: Engine, owner: str, limit: int) -> None:
-    """:func:`admit` in a transaction of its own: a tus creation refused before an upload is made."""
-    if limit:
-        with transaction(engine) as conn:
-            admit(conn, owner, limit)

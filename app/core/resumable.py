@@ -55,7 +55,7 @@ from app.adapters import imaging
 from app.adapters.postgres.db import lock_not_available, transaction
 from app.adapters.postgres.models import uploads
 from app.adapters.storage import Storage
-from app.core import intake
+from app.core import intake, pending
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -134,6 +134,7 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
     if length < 1:
         raise UploadRejected("the upload is empty", error_code="empty_body")
     with transaction(services.engine) as conn:
+        pending.admit(conn, owner, services.settings.max_pending_per_uploader)  # 429: no upload is made
         row = conn.execute(insert(uploads).values(
             id=uuid.uuid4(), owner=owner, upload_length=length, upload_metadata=metadata, filename=filename,
             expected_sha256=expected_sha256, expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()

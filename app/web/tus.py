@@ -45,7 +45,7 @@ import re
 from flask import Blueprint, Response, current_app, request, url_for
 from werkzeug.http import http_date
 
-from app.core import filenames, pending, resumable
+from app.core import filenames, resumable
 from app.errors import (
     ChecksumMismatch,
     IncompleteBody,
@@ -154,7 +154,6 @@ def create():
     if with_body and request.mimetype != PART_TYPE:
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
     services = _services()
-    pending.admit_now(services.engine, identity().principal, services.settings.max_pending_per_uploader)
     digest = request.headers.get("Repr-Digest")
     upload = resumable.create(services, owner=identity().principal, length=length, filename=filename,
                               metadata=metadata, expected_sha256=sha256_of(digest, "Repr-Digest") if digest else None)
