@@ -291,3 +291,23 @@ def test_an_avif_item_table_of_empty_fields_or_offsets_past_the_file_is_read_qui
     bmff._item_locations(payload)
     assert time.monotonic() - started < 1
     assert bmff._coded_size(io.BytesIO(b"x" * 100), (0, 2**63), None) is None
+
+
+def test_a_gif_extension_is_walked_as_pillow_walks_it_past_an_empty_first_sub_block(tmp_path):
+    """Pillow reads an extension's first sub-block, then every one up to an empty one: an extension whose first
+    sub-block is empty has the bytes after it read as its own sub-blocks (but for a comment). An adversarial run hid
+    a comment of countless sub-blocks behind ``21 F9 00 3B``: the walk took the 3B for the trailer and stopped, and
+    Pillow read the comment (679 MB an open, priced 16 MB)."""
+    gif = encoded("GIF")
+    screen = 13 + (3 << ((gif[10] & 7) + 1) if gif[10] & 0x80 else 0)
+    hidden = (b"\x21\xf9\x00" + b"\x3b" + bytes(59) + b"\x00"
+              + b"\x21\xfe" + b"\x01A" * (segments.MAX_GIF_EXTENSION_BLOCKS + 1) + b"\x00")
+    with Image.open(io.BytesIO(gif[:screen] + hidden + gif[screen:])) as image:
+        assert len(image.info["comment"]) == segments.MAX_GIF_EXTENSION_BLOCKS + 1, "Pillow reads the comment"
+    with pytest.raises(DecompressionBomb, match="extensions"):
+        probed(tmp_path, "hidden.gif", gif[:screen] + hidden + gif[screen:])
+    netscape = b"\x21\xff\x0bNETSCAPE2.0\x00" + b"\x3b" + bytes(59) + b"\x00"  # its second read is empty too
+    with pytest.raises(DecompressionBomb, match="extensions"):
+        probed(tmp_path, "netscape.gif", gif[:screen] + netscape + hidden[3 + 61:] + gif[screen:])
+    quiet = b"\x21\xfe\x00" + b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # an empty comment ends at its empty sub-block
+    assert probed(tmp_path, "quiet.gif", gif[:screen] + quiet + gif[screen:]).width == 64

@@ -193,7 +193,7 @@ def _gif(fp: BinaryIO) -> None:
         if size < 13:
             return
         pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)  # past the global colour table
-        blocks = extension_blocks = junk = 0
+        blocks = extension_blocks = junk = frame = 0
         while pos < size:
             found = _GIF_INTRO.search(data, pos, min(size, pos + MAX_JUNK_BYTES - junk + 1))
             if found is None:
@@ -209,12 +209,21 @@ def _gif(fp: BinaryIO) -> None:
                 raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
             extension = intro == 0x21
             if extension:
+                label = data[pos + 1] if pos + 1 < size else 0
                 pos += 2  # the introducer and the label
+                for _ in range(_gif_sub_blocks_read(data, pos, label, frame)):
+                    if pos >= size:
+                        return
+                    length = data[pos]
+                    pos += 1 + length
+                    blocks += length > 0
+                    extension_blocks += length > 0
             else:
                 if pos + 10 > size:
                     return
                 flags = data[pos + 9]
                 pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1  # the local colour table, LZW size
+                frame += 1
             while pos < size:
                 length = data[pos]
                 pos += 1 + length
@@ -226,6 +235,20 @@ def _gif(fp: BinaryIO) -> None:
                     raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
                 if extension_blocks > MAX_GIF_EXTENSION_BLOCKS:
                     raise DecompressionBomb(f"the GIF's extensions have more than {MAX_GIF_EXTENSION_BLOCKS} blocks")
+
+
+def _gif_sub_blocks_read(data: mmap.mmap, pos: int, label: int, frame: int) -> int:
+    """How many sub-blocks of an extension at ``pos`` Pillow reads whether or not they are empty, before it reads
+    the rest up to an empty one: none of a comment, the first of any other, the first two of a NETSCAPE2.0 loop in
+    the first frame (``GifImageFile._seek``). An extension whose first sub-block is empty has the bytes after it
+    read as its own: a walk that ended it there took a 3B after it for the trailer and missed the comment of
+    countless sub-blocks behind it (679 MB an open, an adversarial run)."""
+    if label == 0xFE:
+        return 0
+    first = data[pos] if pos < len(data) else 0
+    if label == 0xFF and frame == 0 and first >= 11 and data[pos + 1:pos + 12] == b"NETSCAPE2.0":
+        return 2
+    return 1
 
 
 def _bmp(fp: BinaryIO) -> None:
