@@ -311,3 +311,39 @@ def test_a_gif_extension_is_walked_as_pillow_walks_it_past_an_empty_first_sub_bl
         probed(tmp_path, "netscape.gif", gif[:screen] + netscape + hidden[3 + 61:] + gif[screen:])
     quiet = b"\x21\xfe\x00" + b"\x21\xf9\x04\x00\x00\x00\x00\x00"  # an empty comment ends at its empty sub-block
     assert probed(tmp_path, "quiet.gif", gif[:screen] + quiet + gif[screen:]).width == 64
+
+
+def tiff_with_gps(values: int) -> bytes:
+    """A 64x64 TIFF whose GPS directory holds one tag of ``values`` RATIONALs (8 bytes each in the file)."""
+    tiff = bytearray(encoded("TIFF"))
+    ifd = struct.unpack_from("<I", tiff, 4)[0]
+    count = struct.unpack_from("<H", tiff, ifd)[0]
+    entries = [bytes(tiff[pos:pos + 12]) for pos in range(ifd + 2, ifd + 2 + 12 * count, 12)]
+    rationals_at = len(tiff)
+    gps_at = rationals_at + 8 * values
+    gps = struct.pack("<HHHII", 1, 2, 5, values, rationals_at) + struct.pack("<I", 0)
+    entries = sorted(entries + [struct.pack("<HHII", 0x8825, 4, 1, gps_at)])
+    directory = struct.pack("<H", count + 1) + b"".join(entries) + struct.pack("<I", 0)
+    out = tiff + struct.pack("<II", 1, 1) * values + gps + directory
+    struct.pack_into("<I", out, 4, gps_at + len(gps))
+    return bytes(out)
+
+
+def test_a_gps_directory_is_not_read_to_say_the_source_had_one(tmp_path):
+    """``stripped_metadata`` read a TIFF's GPS directory whole to say whether there was one: 24 MB of RATIONALs
+    there took 554 MB of the worker (an IFDRational of some 180 bytes for each 8 of the file), after the render
+    gave its reservation back (an adversarial run). The tag that points to it is enough."""
+    import tracemalloc
+
+    from app.adapters.imaging.provenance import stripped_metadata
+
+    path = tmp_path / "gps.tif"
+    path.write_bytes(tiff_with_gps(100_000))
+    tracemalloc.start()
+    try:
+        found = stripped_metadata(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert found["gps"] is True and "GPSInfo" in found["exif_tags"]
+    assert peak < 2_000_000, f"{peak:,} bytes to read the metadata of a 64x64 TIFF"
