@@ -175,18 +175,18 @@ def test_a_run_length_encoded_bmp_of_many_megapixels_is_a_bomb(tmp_path):
     assert (small.width, small.height) == (100, 100)
 
 
-def tiff_of_strips(strips: int, *, rows_per_strip: int = 1, side: int = 64) -> bytes:
-    """An uncompressed grey TIFF of ``side`` x ``side`` whose StripOffsets and StripByteCounts list ``strips`` strips
-    (the later ones point at the first rows again), after an adversarial run's file."""
-    pixels = bytes(range(side)) * side
-    tags = [(256, 4, 1, side), (257, 4, 1, side), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+def tiff_of_strips(strips: int, *, rows_per_strip: int = 1, side: int = 64, width: int | None = None) -> bytes:
+    """An uncompressed grey TIFF of ``width`` (``side``) x ``side`` whose StripOffsets and StripByteCounts list
+    ``strips`` strips (the later ones point at the first rows again), after an adversarial run's file."""
+    pixels = bytes(k % 256 for k in range(side)) * (width or side)
+    tags = [(256, 4, 1, width or side), (257, 4, 1, side), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
             (273, 4, strips, None), (277, 3, 1, 1), (278, 4, 1, rows_per_strip), (279, 4, strips, None)]
     start = 8 + 2 + 12 * len(tags) + 4
     offsets_at = start + len(pixels)
     counts_at = offsets_at + 4 * strips
     rows = [(k * rows_per_strip) % side for k in range(strips)]
-    offsets = b"".join(struct.pack("<I", start + row * side) for row in rows)
-    counts = b"".join(struct.pack("<I", min(rows_per_strip, side - row) * side) for row in rows)
+    offsets = b"".join(struct.pack("<I", start + row * (width or side)) for row in rows)
+    counts = b"".join(struct.pack("<I", min(rows_per_strip, side - row) * (width or side)) for row in rows)
     fields = {273: offsets_at if strips > 1 else start, 279: counts_at if strips > 1 else len(pixels)}
     ifd = struct.pack("<H", len(tags)) + b"".join(
         struct.pack("<HHII", tag, kind, count, fields.get(tag, value) if value is None else value)
@@ -347,3 +347,21 @@ def test_a_gps_directory_is_not_read_to_say_the_source_had_one(tmp_path):
         tracemalloc.stop()
     assert found["gps"] is True and "GPSInfo" in found["exif_tags"]
     assert peak < 2_000_000, f"{peak:,} bytes to read the metadata of a 64x64 TIFF"
+
+
+def test_a_tiff_of_countless_strips_is_a_bomb_whatever_its_size(tmp_path):
+    """Pillow builds a tile for each strip when it opens a TIFF, before its size is checked: a TIFF of 1 x 1,040,000
+    pixels in strips of a row took 311 MB to be refused as too tall (an adversarial run)."""
+    import tracemalloc
+
+    assert probed(tmp_path, "tall.tif", tiff_of_strips(20_000, side=20_000, width=1)).height == 20_000
+    path = tmp_path / "taller.tif"
+    path.write_bytes(tiff_of_strips(segments.MAX_TIFF_STRIPS + 1, side=segments.MAX_TIFF_STRIPS + 1, width=1))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DecompressionBomb, match="strips"):
+            probe(path, Limits())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 20_000_000, f"{peak:,} bytes to refuse it"

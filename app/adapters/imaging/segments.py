@@ -69,6 +69,10 @@ MAX_TIFF_VALUES = 1 << 20
 #: one listed, and a 4 MB TIFF of 64x64 pixels listing 2,000,000 strips took 1.2 GB of the worker and 603 MB of
 #: the web, 40 s a job (an adversarial run); a few more than the size holds are let through, as libtiff does
 TIFF_SPARE_STRIPS = 1024
+#: strips (or tiles) of a TIFF in all, however large its size: a tile of some 270 bytes each when Pillow opens it,
+#: before any size is checked (a TIFF of 1 x 1,040,000 pixels in strips of a row took 311 MB to be refused as too
+#: tall: an adversarial run); 35 MB at most. A 20,000-row photo in strips of a row with 4 planes apart lists 80,000
+MAX_TIFF_STRIPS = 1 << 17
 #: TIFF field types whose values Pillow reads as one ``bytes`` object (BYTE, ASCII, SBYTE, UNDEFINED), whatever
 #: their count
 _TIFF_BYTE_TYPES = frozenset({1, 2, 6, 7})
@@ -113,6 +117,8 @@ def _tiff(fp: BinaryIO) -> None:
         raise DecompressionBomb(f"the TIFF's first directory has more than {MAX_TIFF_VALUES} values")
     expected = _tiff_strips(tags, order)
     listed = max((tags[tag][1] for tag in _TIFF_STRIP_TAGS if tag in tags), default=0)
+    if listed > MAX_TIFF_STRIPS:
+        raise DecompressionBomb(f"the TIFF lists {listed} strips or tiles, more than {MAX_TIFF_STRIPS}")
     if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
         raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
 
