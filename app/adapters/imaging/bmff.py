@@ -9,8 +9,9 @@ from the container alone, before libheif or libavif see the bytes:
   compatible brands that follow), for :func:`~app.adapters.imaging.sniff.sniff`.
 * :func:`read_layout` - every image size the file declares (each ``ispe``
   property: the primary image, grid tiles, thumbnails, auxiliary images;
-  and the largest frame each AV1 item's own sequence header allows, which
-  is what libavif decodes whatever ``ispe`` says),
+  an image sequence's track sizes; and the largest frame an AV1 sequence
+  header allows, in each AV1 item's data, in a sequence's first sample and in
+  each ``av1C``, which is what libavif decodes whatever ``ispe`` says),
   whether the top-level boxes run past the end of the file, and how large
   the codec's decoded pictures are (bit depth and chroma subsampling from
   each ``hvcC``/``av1C`` property), for
@@ -20,17 +21,22 @@ from the container alone, before libheif or libavif see the bytes:
   both to attache's limits, and refuses them as the bombs they are,
   whatever the library would say.
 
-Only box headers and the few bytes of those properties are read, a few
-hundred bytes for a phone photo; at most :data:`MAX_BOXES` boxes are
-looked at.
+Only box headers, the few bytes of those properties and the OBU headers of
+the AV1 data are read, a few hundred bytes for a phone photo; at most
+:data:`MAX_BOXES` boxes, :data:`MAX_EXTENTS` extents and :data:`MAX_OBUS`
+OBUs are looked at.
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import BinaryIO
+
+from app.errors import DecompressionBomb
 
 #: Brands that name the codec: an HEVC-coded HEIF still image or sequence, an AV1 one.
 HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"})
@@ -45,13 +51,19 @@ MAX_BOXES = 4096
 UNKNOWN_PICTURE_BYTES = 6.0
 #: The most bytes of an ``iloc`` box read (a phone photo's holds a few dozen items: some 16 bytes each).
 MAX_ILOC_BYTES = 1 << 16
-#: The most extents of all items read from an ``iloc`` box (a phone photo's items have one each).
+#: The most extents of all items read from a file's ``iloc`` boxes (a phone photo's items have one each).
 MAX_EXTENTS = 1 << 16
-#: The bytes read at the start of an item's data to find an AV1 sequence header (a temporal delimiter, then a
-#: sequence header of some 10-20 bytes, come first).
-SEQUENCE_HEADER_BYTES = 256
-# Boxes whose payload is more boxes (after a 4-byte version/flags for ``meta``).
-_CONTAINERS = {b"meta": 4, b"iprp": 0, b"ipco": 0}
+#: The most bytes of one AV1 sequence header read (some 10-20 in a photo; 32 operating points make a few hundred).
+SEQUENCE_HEADER_BYTES = 1024
+#: The most OBUs of a file's AV1 items (and image sequences' first samples) walked for sequence headers: each of a
+#: photo's has 3-5 (a temporal delimiter, a sequence header, a frame, or a frame header and its tile groups), and a
+#: grid a few hundred items. More is a bomb: the frames they make could not be priced.
+MAX_OBUS = 1 << 14
+# Boxes whose payload is more boxes, after the bytes given here: a version and flags for ``meta``, and an entry
+# count too for ``stsd``; a track's boxes down to its sample table.
+_CONTAINERS = {b"meta": 4, b"iprp": 0, b"ipco": 0, b"moov": 0, b"trak": 0, b"mdia": 0, b"minf": 0, b"stsd": 8}
+#: The fields of a visual sample entry (``av01``) before its boxes (ISO/IEC 14496-12, 12.1.3): width and height at 24.
+_SAMPLE_ENTRY_BYTES = 78
 
 
 def family(head: bytes) -> str | None:
@@ -83,9 +95,10 @@ class Layout:
     picture_bytes: float
     #: the size of the file (libheif and libavif read all of it into memory).
     file_bytes: int
-    #: (width, height) of the largest frame an AV1 item's own sequence header allows (its ``max_frame_width`` and
-    #: ``max_frame_height``), or None: what libavif decodes, whatever ``ispe`` says. A 1,953-byte AVIF whose
-    #: ``ispe`` said 256x256 held a 12000x12000 frame: 520 MB a render, priced as 256x256 (an adversarial run).
+    #: (width, height) of the largest frame an AV1 sequence header allows (its ``max_frame_width`` and
+    #: ``max_frame_height``: every one in an AV1 item's data, in an image sequence's first sample, in an ``av1C``),
+    #: or None: what libavif decodes, whatever ``ispe`` or a track header says. A 1,953-byte AVIF whose ``ispe``
+    #: said 256x256 held a 12000x12000 frame: 520 MB a render, priced as 256x256 (an adversarial run).
     coded: tuple[int, int] | None = None
 
 
@@ -98,24 +111,39 @@ def read_layout(fp: BinaryIO) -> Layout:
     position = fp.tell()
     try:
         end = fp.seek(0, os.SEEK_END)
-        found = _Found([], [], [], None)
+        found = _Found()
         truncated = _walk(fp, 0, end, end, found, budget=[MAX_BOXES])
-        picture = max(found.pictures, default=UNKNOWN_PICTURE_BYTES)
-        frames = [size for item in found.items if (size := _coded_size(fp, item, found.idat)) is not None]
-        coded = max(frames, key=lambda size: size[0] * size[1], default=None)
-        return Layout(tuple(found.sizes) + tuple(frames), truncated, picture, end, coded)
+        obus = [MAX_OBUS]
+        frames = [frame for config in found.configs for frame in _sequence_headers(_Data.of(config), obus)]
+        for item_id, method, extents in found.items:
+            if item_id in found.av1_items:
+                frames += _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), obus)
+        picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
+        coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
+        sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
+        return Layout(sizes, truncated, picture, end, coded)
     finally:
         fp.seek(position)
 
 
 @dataclass
 class _Found:
-    sizes: list[tuple[int, int]]
-    pictures: list[float]
-    #: where each item's data starts (``iloc``): (construction method, offset of its first extent)
-    items: list[tuple[int, int]]
+    sizes: list[tuple[int, int]] = field(default_factory=list)
+    pictures: list[float] = field(default_factory=list)
+    #: each item's data (``iloc``), and each AV1 track's first sample: (item ID, construction method, extents of
+    #: (offset, length), a length of 0 running to the end of the file); a track's ID is ``("track", n)``
+    items: list[tuple[object, int, list[tuple[int, int]]]] = field(default_factory=list)
+    #: the IDs of the items ``iinf`` says are AV1 pictures (``av01``), and of the tracks whose samples are
+    av1_items: set = field(default_factory=set)
+    #: the OBUs each ``av1C`` carries (its ``configOBUs``: a sequence header, if any)
+    configs: list[bytes] = field(default_factory=list)
     #: where the ``idat`` box's data starts (items of construction method 1 are in it), or None
-    idat: int | None
+    idat: int | None = None
+    #: the sample table being walked: its first sample's size and chunk offset, whether its entries are AV1
+    table: dict = field(default_factory=dict)
+    #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
+    #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
+    extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -176,14 +204,64 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.sizes.append(struct.unpack(">II", payload[4:12]))
         elif kind in _CONFIG_READ:
             fp.seek(offset + header_size)
-            bpp = picture_bytes(kind, fp.read(_CONFIG_READ[kind]))
+            config = fp.read(min(size - header_size, 4 + SEQUENCE_HEADER_BYTES))
+            bpp = picture_bytes(kind, config[:_CONFIG_READ[kind]])
             if bpp is not None:
                 found.pictures.append(bpp)
+            if kind == b"av1C" and len(config) > 4:
+                found.configs.append(config[4:])
         elif kind == b"iloc":
             fp.seek(offset + header_size)
-            found.items.extend(_item_locations(fp.read(min(size - header_size, MAX_ILOC_BYTES))))
+            found.items.extend(_item_locations(fp.read(min(size - header_size, MAX_ILOC_BYTES)), found.extents_left))
+        elif kind == b"iinf":
+            fp.seek(offset + header_size)
+            version = fp.read(1)[:1]
+            inner = offset + header_size + 4 + (2 if version == b"\x00" else 4)
+            if _walk(fp, inner, min(box_end, stop), file_end, found, budget):
+                return True
+        elif kind == b"infe":
+            fp.seek(offset + header_size)
+            entry = fp.read(14)
+            if len(entry) >= 12 and entry[0] >= 2:  # versions 2 and 3 name the item's type
+                item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
+                if item_type == b"av01":
+                    found.av1_items.add(int.from_bytes(item_id, "big"))
         elif kind == b"idat":
             found.idat = offset + header_size
+        elif kind == b"tkhd":
+            fp.seek(offset + header_size)
+            header = fp.read(96)
+            at = 88 if header[:1] == b"\x01" else 76
+            if len(header) >= at + 8:
+                width, height = struct.unpack_from(">II", header, at)
+                found.sizes.append((width >> 16, height >> 16))  # 16.16 fixed point: what libavif reports
+        elif kind == b"av01":  # a track's sample entry: its size, then its boxes (av1C)
+            fp.seek(offset + header_size + 24)
+            entry = fp.read(4)
+            if len(entry) == 4:
+                found.sizes.append(struct.unpack(">HH", entry))
+            found.table["av1"] = True
+            if _walk(fp, offset + header_size + _SAMPLE_ENTRY_BYTES, min(box_end, stop), file_end, found, budget):
+                return True
+        elif kind == b"stbl":
+            found.table = {}
+            if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget):
+                return True
+            if found.table.get("av1") and "offset" in found.table:
+                track = ("track", len(found.items))
+                found.items.append((track, 0, [(found.table["offset"], found.table.get("size", 0))]))
+                found.av1_items.add(track)
+        elif kind in (b"stsz", b"stco", b"co64"):
+            fp.seek(offset + header_size)
+            table = fp.read(20)
+            if kind == b"stsz" and len(table) >= 12:
+                sample_size, count = struct.unpack_from(">II", table, 4)
+                found.table["size"] = sample_size or (struct.unpack_from(">I", table, 12)[0]
+                                                      if count and len(table) >= 16 else 0)
+            elif kind == b"stco" and len(table) >= 12 and struct.unpack_from(">I", table, 4)[0]:
+                found.table["offset"] = struct.unpack_from(">I", table, 8)[0]
+            elif kind == b"co64" and len(table) >= 16 and struct.unpack_from(">I", table, 4)[0]:
+                found.table["offset"] = struct.unpack_from(">Q", table, 8)[0]
         elif kind in _CONTAINERS:
             inner = offset + header_size + _CONTAINERS[kind]
             if _walk(fp, inner, min(box_end, stop), file_end, found, budget):
@@ -192,9 +270,9 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
     return False
 
 
-def _item_locations(payload: bytes) -> list[tuple[int, int]]:
-    """(construction method, offset of the first extent) of each item an ``iloc`` box lists (ISO/IEC 14496-12,
-    8.11.3); what cannot be read ends the list."""
+def _item_locations(payload: bytes, extents_left: list[int]) -> list[tuple[int, int, list[tuple[int, int]]]]:
+    """(item ID, construction method, extents of (offset, length)) of each item an ``iloc`` box lists (ISO/IEC
+    14496-12, 8.11.3), while ``extents_left[0]`` lasts; what cannot be read ends the list."""
     reader, located = _Bytes(payload), []
     try:
         version = reader.int(1)
@@ -204,71 +282,134 @@ def _item_locations(payload: bytes) -> list[tuple[int, int]]:
         sizes = reader.int(1)
         base_offset_size, index_size = sizes >> 4, (sizes & 0x0F if version in (1, 2) else 0)
         count = reader.int(4 if version == 2 else 2)
-        extents_left = MAX_EXTENTS  # field sizes of 0 never run out of bytes: 4096 x 65535 extents took 178 s
         for _ in range(min(count, MAX_BOXES)):
-            reader.int(4 if version == 2 else 2)  # item_ID
+            item_id = reader.int(4 if version == 2 else 2)
             method = reader.int(2) & 0x0F if version in (1, 2) else 0
             reader.int(2)  # data_reference_index
             base = reader.int(base_offset_size)
             extents = reader.int(2)
-            extents_left -= extents
-            if extents_left < 0:
+            extents_left[0] -= extents  # field sizes of 0 never run out of bytes: 4096 x 65535 extents took 178 s
+            if extents_left[0] < 0:
                 return located
-            first = None
+            placed = []
             for _ in range(extents):
                 reader.int(index_size)
                 extent_offset = reader.int(offset_size)
-                reader.int(length_size)
-                first = base + extent_offset if first is None else first
-            if first is not None:
-                located.append((method, first))
+                placed.append((base + extent_offset, reader.int(length_size)))
+            located.append((item_id, method, placed))
         return located
     except IndexError:
         return located
 
 
-def _coded_size(fp: BinaryIO, item: tuple[int, int], idat: int | None) -> tuple[int, int] | None:
-    """The largest frame the AV1 sequence header at the start of an item's data allows, or None (not AV1, or
-    not there: items built from other items, construction method 2, are left to libavif)."""
-    method, offset = item
-    if method == 1:
-        if idat is None:
-            return None
-        offset += idat
+def _placed(method: int, extents: list[tuple[int, int]], idat: int | None, file_end: int) -> list[tuple[int, int]]:
+    """An item's extents as (offset, length) in the file, within it; none for items built from other items
+    (construction method 2: left to libavif), or in an ``idat`` there is not. Extents past the end of the file
+    are libavif's to refuse."""
+    if method == 1 and idat is not None:
+        extents = [(idat + offset, length) for offset, length in extents]
     elif method != 0:
-        return None
-    if offset >= fp.seek(0, os.SEEK_END):  # past the end (or past what a seek can take): libavif's to refuse
-        return None
-    fp.seek(offset)
-    return sequence_header_size(fp.read(SEQUENCE_HEADER_BYTES))
+        return []
+    placed = []
+    for offset, length in extents:
+        if offset >= file_end:
+            break
+        placed.append((offset, min(length or file_end - offset, file_end - offset)))
+    return placed
+
+
+class _Data:
+    """An item's data, its extents one after another (as libavif joins them), read a few bytes at a time."""
+
+    def __init__(self, fp: BinaryIO | None, extents: list[tuple[int, int]], data: bytes = b""):
+        self.fp, self.extents, self.data = fp, extents, data
+        self.starts = list(itertools.accumulate((length for _, length in extents), initial=0))
+        self.size = self.starts[-1] if fp is not None else len(data)
+
+    @classmethod
+    def of(cls, data: bytes) -> "_Data":
+        return cls(None, [], data)
+
+    def read(self, pos: int, count: int) -> bytes:
+        if self.fp is None:
+            return self.data[pos:pos + count]
+        out = bytearray()
+        index = bisect.bisect_right(self.starts, pos) - 1
+        while len(out) < count and 0 <= index < len(self.extents):
+            offset, length = self.extents[index]
+            skip = pos + len(out) - self.starts[index]
+            self.fp.seek(offset + skip)
+            out += self.fp.read(min(count - len(out), length - skip))
+            index += 1
+        return bytes(out)
+
+
+def _sequence_headers(data: _Data, obus: list[int]) -> list[tuple[int, int, float]]:
+    """(``max_frame_width``, ``max_frame_height``, bytes per pixel of the decoded picture) of every sequence header
+    OBU in ``data`` (AV1, 5.3 and 5.5): the decoder takes the last before a frame, so a small one first is no
+    promise. An OBU that cannot be read ends the walk; more than ``obus[0]`` is a bomb."""
+    found, pos = [], 0
+    while obus[0] > 0:
+        obus[0] -= 1
+        if pos >= data.size:
+            return found
+        head = data.read(pos, 10)
+        if not head or head[0] & 0x80:
+            return found  # the forbidden bit: not an OBU
+        kind, used = (head[0] >> 3) & 0x0F, 2 if head[0] & 0x04 else 1
+        if head[0] & 0x02:
+            size, length = _leb128(head[used:])
+            if length is None:
+                return found
+            used += length
+        else:
+            size = data.size - pos - used  # to the end of the data
+        if kind == 1:
+            frame = sequence_header(data.read(pos + used, min(size, SEQUENCE_HEADER_BYTES)))
+            if frame is not None:
+                found.append(frame)
+        pos += used + size
+    raise DecompressionBomb(f"AV1 images of more than {MAX_OBUS} OBUs")
+
+
+def _leb128(data: bytes) -> tuple[int, int | None]:
+    """A ``leb128()`` value and its length in bytes, or (0, None) if ``data`` ends inside it."""
+    value = 0
+    for index, byte in enumerate(data[:8]):
+        value |= (byte & 0x7F) << (7 * index)
+        if not byte & 0x80:
+            return value, index + 1
+    return 0, None
 
 
 def sequence_header_size(data: bytes) -> tuple[int, int] | None:
-    """``max_frame_width`` and ``max_frame_height`` of the first sequence header OBU in ``data`` (AV1, 5.3 and
-    5.5), or None if the OBUs before it cannot be read."""
-    reader = _Bits(data)
+    """``max_frame_width`` and ``max_frame_height`` of the largest sequence header among the OBUs in ``data``."""
+    frames = _sequence_headers(_Data.of(data), [MAX_OBUS])
+    return max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
+
+
+def sequence_header(payload: bytes) -> tuple[int, int, float] | None:
+    """(``max_frame_width``, ``max_frame_height``, bytes per pixel of the pictures decoded) of a sequence header
+    OBU's payload (AV1, 5.5), or None if it ends before the size. The decoder allocates by its colour
+    configuration, not by ``av1C``'s copy; one cut short after the size is priced as the worst picture
+    (:data:`UNKNOWN_PICTURE_BYTES`)."""
+    reader = _Bits(payload)
     try:
-        while True:
-            header = reader.bits(8)
-            kind, extended, sized = (header >> 3) & 0x0F, header & 0x04, header & 0x02
-            if header & 0x80:
-                return None  # the forbidden bit: not an OBU
-            if extended:
-                reader.bits(8)
-            size = reader.leb128() if sized else None
-            if kind == 1:
-                return _sequence_header(reader)
-            if size is None:
-                return None
-            reader.skip(8 * size)
+        profile, reduced, size = _frame_size(reader)
     except IndexError:
         return None
+    try:
+        return (*size, _colour_bytes(reader, profile, reduced))
+    except IndexError:
+        return (*size, UNKNOWN_PICTURE_BYTES)
 
 
-def _sequence_header(reader: "_Bits") -> tuple[int, int]:
-    reader.bits(3)  # seq_profile
+def _frame_size(reader: "_Bits") -> tuple[int, bool, tuple[int, int]]:
+    """``seq_profile``, ``reduced_still_picture_header`` and the largest frame, from a sequence header's start."""
+    profile = reader.bits(3)  # seq_profile
     reader.bits(1)  # still_picture
-    if reader.bits(1):  # reduced_still_picture_header
+    reduced = bool(reader.bits(1))  # reduced_still_picture_header
+    if reduced:
         reader.bits(5)  # seq_level_idx[0]
     else:
         model = False
@@ -295,7 +436,51 @@ def _sequence_header(reader: "_Bits") -> tuple[int, int]:
             if display_delay and reader.bits(1):
                 reader.bits(4)
     width_bits, height_bits = reader.bits(4) + 1, reader.bits(4) + 1
-    return reader.bits(width_bits) + 1, reader.bits(height_bits) + 1
+    return profile, reduced, (reader.bits(width_bits) + 1, reader.bits(height_bits) + 1)
+
+
+def _colour_bytes(reader: "_Bits", profile: int, reduced: bool) -> float:
+    """Bytes per pixel of the decoded picture, from the fields after the frame size to ``color_config``
+    (AV1, 5.5.1 and 5.5.2)."""
+    if not reduced and reader.bits(1):  # frame_id_numbers_present_flag
+        reader.bits(7)  # delta_frame_id_length_minus_2, additional_frame_id_length_minus_1
+    reader.bits(3)  # use_128x128_superblock, enable_filter_intra, enable_intra_edge_filter
+    if not reduced:
+        reader.bits(4)  # enable_interintra_compound, enable_masked_compound, enable_warped_motion, enable_dual_filter
+        order_hint = reader.bits(1)
+        if order_hint:
+            reader.bits(2)  # enable_jnt_comp, enable_ref_frame_mvs
+        if reader.bits(1) or reader.bits(1):  # seq_choose_screen_content_tools, else seq_force_screen_content_tools
+            if not reader.bits(1):  # seq_choose_integer_mv
+                reader.bits(1)  # seq_force_integer_mv
+        if order_hint:
+            reader.bits(3)  # order_hint_bits_minus_1
+    reader.bits(3)  # enable_superres, enable_cdef, enable_restoration
+    if profile > 2:
+        return UNKNOWN_PICTURE_BYTES
+    high = reader.bits(1)
+    depth = (12 if reader.bits(1) else 10) if profile == 2 and high else (10 if high else 8)
+    mono = reader.bits(1) if profile != 1 else 0
+    primaries = transfer = matrix = 2  # unspecified
+    if reader.bits(1):  # color_description_present_flag
+        primaries, transfer, matrix = reader.bits(8), reader.bits(8), reader.bits(8)
+    if mono:
+        planes = 1.0
+    elif (primaries, transfer, matrix) == (1, 13, 0):  # BT.709, sRGB, identity: 4:4:4
+        planes = 3.0
+    else:
+        reader.bits(1)  # color_range
+        if profile == 0:
+            sub_x = sub_y = 1
+        elif profile == 1:
+            sub_x = sub_y = 0
+        elif depth == 12:
+            sub_x = reader.bits(1)
+            sub_y = reader.bits(1) if sub_x else 0
+        else:
+            sub_x, sub_y = 1, 0
+        planes = 1 + 2 / ((1 + sub_x) * (1 + sub_y))
+    return planes * (2 if depth > 8 else 1)
 
 
 class _Bytes:

@@ -1,0 +1,173 @@
+"""The AV1 frames an AVIF decodes to are found wherever libavif finds them, whatever the file says of its size.
+
+libavif decodes the frame the AV1 sequence header allows, not the one ``ispe``
+or a track header names (``app/adapters/imaging/bmff.py``). An adversarial run
+found the ways round a walk that read the first sequence header at the start
+of each item: an image sequence (``avis``) whose frames live in a track and
+not in items (a 4 KB file, 921 MB a decode); a small sequence header before
+the real one (the decoder takes the last); an item whose first extent is short,
+read on past it into a decoy; ``av1C`` saying monochrome over a colour stream.
+The files here are those shapes, made from Pillow's own AVIFs.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import time
+
+import pytest
+from PIL import Image
+
+from app.adapters.imaging import Limits, bmff, probe
+from app.errors import DecompressionBomb
+
+SMALL = Limits(max_pixels=1_000_000)  # the frames here are 2048x2048: 4.2 MP
+
+
+def avif(side: int, *, frames: int = 1) -> bytes:
+    images = [Image.new("RGB", (side, side), (40 * k, 120, 200)) for k in range(frames)]
+    out = io.BytesIO()
+    images[0].save(out, "AVIF", save_all=frames > 1, append_images=images[1:], quality=10, speed=10, max_threads=1)
+    return out.getvalue()
+
+
+def boxes(data: bytes, start: int = 0, end: int | None = None) -> dict[bytes, tuple[int, int]]:
+    """The first box of each type in ``[start, end)``: (offset, size)."""
+    found, offset, end = {}, start, len(data) if end is None else end
+    while offset + 8 <= end:
+        size, kind = struct.unpack_from(">I4s", data, offset)
+        found.setdefault(kind, (offset, size))
+        offset += size
+    return found
+
+
+def item_data(data: bytes) -> bytes:
+    """The only item's data in a still AVIF of Pillow's (an ``iloc`` of version 0, 4-byte offsets and lengths)."""
+    at = data.index(b"iloc") + 4
+    assert data[at:at + 6] == bytes([0, 0, 0, 0, 0x44, 0x00]) and struct.unpack_from(">H", data, at + 6)[0] == 1
+    offset, length = struct.unpack_from(">II", data, at + 14)
+    return data[offset:offset + length]
+
+
+def with_item(data: bytes, extents: list[bytes], between: bytes = b"", *, side: int = 64) -> bytes:
+    """``data`` (a still AVIF of Pillow's) whose item is ``extents`` (with ``between`` after each in the file, not
+    part of the item) in an ``mdat`` at the end, and whose ``ispe`` says ``side`` x ``side``."""
+    meta_at, meta_size = boxes(data)[b"meta"]
+    meta = bytearray(data[meta_at:meta_at + meta_size])
+    ispe = meta.index(b"ispe") + 8
+    struct.pack_into(">II", meta, ispe, side, side)
+    iloc_at = meta.index(b"iloc") - 4
+    iloc_size = struct.unpack_from(">I", meta, iloc_at)[0]
+    iloc_len = 8 + 4 + 2 + 2 + 6 + 8 * len(extents)
+    head_len = meta_at + meta_size - iloc_size + iloc_len
+    tail = data[meta_at + meta_size:]
+    placed, payload, offset = [], b"", head_len + len(tail) + 8
+    for extent in extents:
+        placed.append((offset + len(payload), len(extent)))
+        payload += extent + between
+    iloc = (struct.pack(">I4s", iloc_len, b"iloc") + bytes([0, 0, 0, 0, 0x44, 0x00])
+            + struct.pack(">HHHH", 1, 1, 0, len(extents)) + b"".join(struct.pack(">II", *extent) for extent in placed))
+    meta = meta[:iloc_at] + iloc + meta[iloc_at + iloc_size:]
+    struct.pack_into(">I", meta, 0, len(meta))
+    out = data[:meta_at] + bytes(meta) + tail + struct.pack(">I4s", 8 + len(payload), b"mdat") + payload
+    assert len(data[:meta_at] + bytes(meta)) == head_len
+    return out
+
+
+def obus(data: bytes) -> list[bytes]:
+    """The OBUs of an item's data, each whole (every one of Pillow's has its size)."""
+    found, pos = [], 0
+    while pos < len(data):
+        used, size, shift = 1, 0, 0
+        while True:
+            byte = data[pos + used]
+            size |= (byte & 0x7F) << shift
+            used, shift = used + 1, shift + 7
+            if not byte & 0x80:
+                break
+        found.append(data[pos:pos + used + size])
+        pos += used + size
+    return found
+
+
+@pytest.fixture(scope="module")
+def large() -> bytes:
+    return avif(2048)
+
+
+@pytest.fixture(scope="module")
+def small_header() -> bytes:
+    """The sequence header OBU of a 64x64 AVIF."""
+    return next(obu for obu in obus(item_data(avif(64))) if (obu[0] >> 3) & 0x0F == 1)
+
+
+def decodes(tmp_path, name: str, data: bytes) -> tuple[int, int]:
+    """What Pillow (libavif) makes of ``data``: it is a file libavif decodes."""
+    path = tmp_path / name
+    path.write_bytes(data)
+    with Image.open(path) as image:
+        image.load()
+        return image.size
+
+
+def test_an_image_sequence_is_priced_by_its_first_sample_s_frame(tmp_path):
+    """A sequence with no items at all, whose track header and sample entry say 64x64 over 2048x2048 frames: Pillow
+    says 64x64 and libavif decodes the frames (an 8000x8000 one took 130 MB from a 2.5 KB file)."""
+    data = bytearray(avif(2048, frames=2))
+    meta_at = boxes(data)[b"meta"][0]
+    data[meta_at + 4:meta_at + 8] = b"free"  # no items: the track alone
+    data[16:24] = b"avisavis"  # nor the brands that call for them
+    tkhd = data.index(b"tkhd") + 4
+    struct.pack_into(">II", data, tkhd + (88 if data[tkhd] == 1 else 76), 64 << 16, 64 << 16)
+    entry = data.index(b"av01", data.index(b"stsd")) + 4
+    struct.pack_into(">HH", data, entry + 24, 64, 64)
+    assert decodes(tmp_path, "sequence.avif", bytes(data)) == (64, 64)
+    layout = bmff.read_layout(io.BytesIO(bytes(data)))
+    assert layout.coded == (2048, 2048) and (64, 64) in layout.sizes
+    with pytest.raises(DecompressionBomb):
+        probe(tmp_path / "sequence.avif", SMALL)
+
+
+def test_every_sequence_header_of_an_item_counts_not_the_first(tmp_path, large, small_header):
+    data = item_data(large)
+    assert data[:2] == b"\x12\x00", "Pillow's items start with a temporal delimiter"
+    decoy = with_item(large, [data[:2] + small_header + data[2:]])
+    assert decodes(tmp_path, "decoy.avif", decoy) == (64, 64)
+    assert bmff.read_layout(io.BytesIO(decoy)).coded == (2048, 2048)
+    with pytest.raises(DecompressionBomb):
+        probe(tmp_path / "decoy.avif", SMALL)
+
+
+def test_an_item_is_read_across_its_extents_not_past_its_first(tmp_path, large, small_header):
+    """The first extent is the temporal delimiter alone; a decoy sequence header follows it in the file, outside the
+    item; the real one starts the second extent."""
+    data = item_data(large)
+    split = with_item(large, [data[:2], data[2:]], between=small_header)
+    assert decodes(tmp_path, "split.avif", split) == (64, 64)
+    assert bmff.read_layout(io.BytesIO(split)).coded == (2048, 2048)
+    assert bmff.read_layout(io.BytesIO(with_item(large, [data[:2], data[2:]]))).coded == (2048, 2048)
+
+
+def test_the_decoded_picture_is_priced_by_the_stream_not_by_av1c(large):
+    """``av1C`` said monochrome (1 byte a pixel) over a 4:2:0 stream (1.5): the decoder allocates by the stream."""
+    data = bytearray(large)
+    config = data.index(b"av1C") + 4
+    assert bmff.read_layout(io.BytesIO(bytes(data))).picture_bytes == 1.5
+    data[config + 2] |= 0x10
+    assert bmff.picture_bytes(b"av1C", bytes(data[config:config + 3])) == 1.0
+    assert bmff.read_layout(io.BytesIO(bytes(data))).picture_bytes == 1.5
+
+
+def test_countless_obus_are_a_bomb_and_countless_item_tables_are_read_quickly(large):
+    data = item_data(large)
+    padding = b"\x7a\x00"  # OBU_PADDING, size 0
+    with pytest.raises(DecompressionBomb, match="OBUs"):
+        bmff.read_layout(io.BytesIO(with_item(large, [data[:2] + padding * bmff.MAX_OBUS + data[2:]])))
+    assert bmff.read_layout(io.BytesIO(with_item(large, [data[:2] + padding * 100 + data[2:]]))).coded == (2048, 2048)
+    # 4,095 iloc boxes of 65,535 extents whose fields are 0 bytes wide took 169 s (an adversarial review)
+    iloc = bytes([0, 0, 0, 0, 0x00, 0x00]) + struct.pack(">HHHH", 1, 1, 0, 0xFFFF)
+    many = large[:boxes(large)[b"meta"][0]] + (struct.pack(">I4s", 8 + len(iloc), b"iloc") + iloc) * 4095
+    started = time.monotonic()
+    bmff.read_layout(io.BytesIO(many))
+    assert time.monotonic() - started < 2
