@@ -365,3 +365,80 @@ def test_a_tiff_of_countless_strips_is_a_bomb_whatever_its_size(tmp_path):
     finally:
         tracemalloc.stop()
     assert peak < 20_000_000, f"{peak:,} bytes to refuse it"
+
+
+def test_a_tiff_tag_pillow_skips_makes_way_for_its_next_copy(tmp_path):
+    """Pillow keeps the first copy of a tag it can read: one of count 0 (no values), or one whose values would
+    take the directory's past the file's size, is skipped and the next copy read. A review hid 2,000,000 strips
+    (541 MB an open) behind copies of count 0; and a scalar tag of two LONGs was read from its entry, where it
+    holds their offset, as Pillow does not (it takes the first value)."""
+    def tiff(strips: int, *, empty_copies: bool = False, length_entry: tuple[int, int, bytes] | None = None) -> bytes:
+        entries = []
+        pixels = b"\x80" * 64
+        offsets_at = 8 + len(pixels)
+        counts_at = offsets_at + 4 * strips
+        extra_at = counts_at + 4 * strips
+        extra = struct.pack("<II", 64, 64)  # two LONGs, for a length stored outside its entry
+        ifd_at = extra_at + len(extra)
+
+        def entry(tag: int, kind: int, count: int, value: bytes) -> None:
+            entries.append(struct.pack("<HHI4s", tag, kind, count, value))
+
+        entry(256, 3, 1, struct.pack("<HH", 64, 0))
+        kind, count, value = length_entry or (3, 1, struct.pack("<HH", 64, 0))
+        entry(257, kind, count, value if value else struct.pack("<I", extra_at))
+        entry(258, 3, 1, struct.pack("<HH", 8, 0))
+        entry(262, 3, 1, struct.pack("<HH", 1, 0))
+        if empty_copies:
+            entry(273, 4, 0, bytes(4))
+            entry(279, 4, 0, bytes(4))
+        entry(273, 4, strips, struct.pack("<I", offsets_at))
+        entry(278, 4, 1, struct.pack("<I", 1))
+        entry(279, 4, strips, struct.pack("<I", counts_at))
+        ifd = struct.pack("<H", len(entries)) + b"".join(entries) + bytes(4)
+        return (b"II*\x00" + struct.pack("<I", ifd_at) + pixels + struct.pack("<I", 8) * strips
+                + struct.pack("<I", 1) * strips + extra + ifd)
+
+    many = 64 + segments.TIFF_SPARE_STRIPS + 1
+    with pytest.raises(CorruptImage, match="strips"):
+        probed(tmp_path, "plain.tif", tiff(many))
+    with pytest.raises(CorruptImage, match="strips"):
+        probed(tmp_path, "hidden.tif", tiff(many, empty_copies=True))
+    with Image.open(io.BytesIO(tiff(many, empty_copies=True))) as image:
+        assert len(image.tile) == many, "Pillow reads the second copies"
+    assert probed(tmp_path, "rows.tif", tiff(64, empty_copies=True)).height == 64
+    # ImageLength as two LONGs stored outside the entry: the entry holds their offset, Pillow takes the first (64)
+    assert probed(tmp_path, "length.tif", tiff(64, length_entry=(4, 2, b""))).height == 64
+    with pytest.raises(CorruptImage, match="strips"):
+        probed(tmp_path, "length_many.tif", tiff(many, length_entry=(4, 2, b"")))
+
+
+def test_metadata_is_walked_past_junk_and_a_webp_is_priced_whole(tmp_path):
+    """A review: one byte of junk before a JPEG's APP segments stopped the metadata walk (Pillow skips it and keeps
+    them all: 45 MB of APP13 at 44 MB an open, priced as none); a WebP's bytes after its RIFF, or after 1,000 empty
+    chunks, were not walked, though Pillow reads the whole file and keeps it (57.6 MB an open)."""
+    jpeg = encoded("JPEG")
+    app0_end = 4 + struct.unpack(">H", jpeg[4:6])[0]
+    app13 = (b"\xff\xed" + struct.pack(">H", 65535) + b"A" * 65533) * 50
+    for junk in (b"", b"\x00"):
+        path = tmp_path / "app13.jpg"
+        path.write_bytes(jpeg[:app0_end] + junk + app13 + jpeg[app0_end:])
+        with open(path, "rb") as fp:
+            assert segments.metadata_bytes(fp, "JPEG") >= 50 * 65535, f"junk {junk!r}"
+    webp = encoded("WEBP")
+    padded = webp + b"\x00" * 3_000_000
+    riff = struct.unpack("<I", webp[4:8])[0]
+    junk_chunks = b"JUNK" + bytes(4)
+    stuffed = (b"RIFF" + struct.pack("<I", riff + len(junk_chunks) * 1000 + 8 + 3_000_000) + webp[8:]
+               + junk_chunks * 1000 + b"JUNK" + struct.pack("<I", 3_000_000) + bytes(3_000_000))
+    for name, data in (("padded.webp", padded), ("stuffed.webp", stuffed)):
+        path = tmp_path / name
+        path.write_bytes(data)
+        with Image.open(path) as image:
+            assert image.size == (64, 64), "Pillow opens it"
+        with open(path, "rb") as fp:
+            assert segments.metadata_bytes(fp, "WEBP") >= 3_000_000, name
+    path = tmp_path / "plain.webp"
+    path.write_bytes(webp)
+    with open(path, "rb") as fp:
+        assert segments.metadata_bytes(fp, "WEBP") < 100

@@ -30,7 +30,8 @@ from __future__ import annotations
 import mmap
 import re
 import struct
-from typing import BinaryIO
+from collections.abc import Iterator
+from typing import BinaryIO, NamedTuple
 
 from app.errors import CorruptImage, DecompressionBomb
 
@@ -111,12 +112,11 @@ def _tiff(fp: BinaryIO) -> None:
     directory = _tiff_directory(fp)
     if directory is None:
         return
-    order, tags = directory
-    values = sum(count for kind, count, _ in tags.values() if kind not in _TIFF_BYTE_TYPES)
+    values = sum(tag.count for tag in directory.values() if tag.kind not in _TIFF_BYTE_TYPES)
     if values > MAX_TIFF_VALUES:
         raise DecompressionBomb(f"the TIFF's first directory has more than {MAX_TIFF_VALUES} values")
-    expected = _tiff_strips(tags, order)
-    listed = max((tags[tag][1] for tag in _TIFF_STRIP_TAGS if tag in tags), default=0)
+    expected = _tiff_strips(directory)
+    listed = max((directory[tag].count for tag in _TIFF_STRIP_TAGS if tag in directory), default=0)
     if listed > MAX_TIFF_STRIPS:
         raise DecompressionBomb(f"the TIFF lists {listed} strips or tiles, more than {MAX_TIFF_STRIPS}")
     if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
@@ -127,12 +127,27 @@ def _tiff_metadata(fp: BinaryIO) -> int:
     directory = _tiff_directory(fp)
     if directory is None:
         return 0
-    return sum(count for kind, count, field in directory[1].values() if kind in _TIFF_BYTE_TYPES and count > len(field))
+    return sum(tag.count for tag in directory.values() if tag.kind in _TIFF_BYTE_TYPES and tag.outside)
 
 
-def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]]] | None:
-    """The byte order and the tags of the first IFD, ``{tag: (type, count, value field)}``: those Pillow reads (a
-    known type, values within the file); None when the file is not as a TIFF is (Pillow's to say)."""
+class _TiffTag(NamedTuple):
+    kind: int
+    count: int
+    #: its first value, for an unsigned integer type (SHORT, LONG, LONG8): what Pillow reads a scalar tag as
+    first: int | None
+    #: its values are stored outside the entry (their count is bytes Pillow reads)
+    outside: bool
+
+
+#: the unsigned integer TIFF types: SHORT, LONG, LONG8
+_TIFF_UNSIGNED = {3: "H", 4: "I", 16: "Q"}
+
+
+def _tiff_directory(fp: BinaryIO) -> dict[int, _TiffTag] | None:
+    """The tags of the first IFD that Pillow keeps (``ImageFileDirectory_v2.load``): of a known type, with values,
+    the first such copy of each, and while the values stored outside the entries, in all, fit in the file (a
+    copy skipped makes way for the next: an adversarial review hid 2,000,000 strips behind copies of count 0);
+    None when the file is not as a TIFF is (Pillow's to say)."""
     fp.seek(0)
     head = fp.read(16)
     order = {b"II": "<", b"MM": ">"}.get(head[:2])
@@ -145,7 +160,8 @@ def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]
         offset, count_format, entry = struct.unpack(order + "Q", head[8:16])[0], order + "Q", struct.Struct(order + "HHQ8s")
     else:
         return None
-    if offset >= fp.seek(0, 2):
+    size = fp.seek(0, 2)
+    if offset >= size:
         return None
     fp.seek(offset)
     raw = fp.read(struct.calcsize(count_format))
@@ -155,40 +171,50 @@ def _tiff_directory(fp: BinaryIO) -> tuple[str, dict[int, tuple[int, int, bytes]
     if entries > 65535:  # a classic IFD holds no more; a BigTIFF one so large is not a photo
         raise DecompressionBomb("the TIFF's first directory has more than 65535 tags")
     table = fp.read(entries * entry.size)
-    size = fp.seek(0, 2)
-    tags = {}
+    tags, outside_bytes = {}, 0
     for pos in range(0, len(table) - entry.size + 1, entry.size):
         tag, kind, count, field = entry.unpack_from(table, pos)
-        if kind not in _TIFF_TYPE_SIZES:
+        if tag in tags or kind not in _TIFF_TYPE_SIZES:
             continue
         length = count * _TIFF_TYPE_SIZES[kind]
-        if length > len(field) and struct.unpack(order + ("I" if len(field) == 4 else "Q"), field)[0] + length > size:
-            continue  # its values lie past the end of the file: Pillow skips the tag
-        tags.setdefault(tag, (kind, count, field))  # Pillow keeps a tag's first copy
-    return order, tags
+        where = struct.unpack(order + ("I" if len(field) == 4 else "Q"), field)[0]
+        outside = length > len(field)
+        if outside:
+            if where >= 1 << 63:
+                continue
+            outside_bytes += length  # Pillow counts a tag it then skips too
+            if outside_bytes > size or where + length > size:
+                continue  # more than the file holds: Pillow skips the tag
+        if not length:
+            continue
+        first = None
+        if kind in _TIFF_UNSIGNED:
+            unit = struct.Struct(order + _TIFF_UNSIGNED[kind])
+            if outside:
+                fp.seek(where)
+                first = unit.unpack(fp.read(unit.size))[0]
+            else:
+                first = unit.unpack_from(field)[0]
+        tags[tag] = _TiffTag(kind, count, first, outside)
+    return tags
 
 
-def _tiff_value(tags: dict, tag: int, order: str, default: int | None = None) -> int | None:
-    """A scalar tag's value (SHORT, LONG or LONG8, stored in the entry itself), or ``default``."""
-    if tag not in tags:
-        return default
-    kind, count, field = tags[tag]
-    formats = {3: "H", 4: "I", 16: "Q"}
-    if count < 1 or kind not in formats or struct.calcsize(formats[kind]) > len(field):
-        return default
-    return struct.unpack_from(order + formats[kind], field)[0]
+def _tiff_value(tags: dict[int, _TiffTag], tag: int, default: int | None = None) -> int | None:
+    """A scalar tag's value (its first, as Pillow reads it), or ``default``."""
+    found = tags.get(tag)
+    return default if found is None or found.first is None else found.first
 
 
-def _tiff_strips(tags: dict, order: str) -> int | None:
+def _tiff_strips(tags: dict[int, _TiffTag]) -> int | None:
     """How many strips or tiles the first IFD's size holds (TIFF 6.0: StripsPerImage, TilesPerImage), or None."""
-    width, height = _tiff_value(tags, 256, order), _tiff_value(tags, 257, order)
+    width, height = _tiff_value(tags, 256), _tiff_value(tags, 257)
     if not width or not height:
         return None
-    planes = _tiff_value(tags, 277, order, 1) if _tiff_value(tags, 284, order, 1) == 2 else 1
-    tile_width, tile_length = _tiff_value(tags, 322, order), _tiff_value(tags, 323, order)
+    planes = _tiff_value(tags, 277, 1) if _tiff_value(tags, 284, 1) == 2 else 1
+    tile_width, tile_length = _tiff_value(tags, 322), _tiff_value(tags, 323)
     if tile_width and tile_length and 273 not in tags:  # Pillow reads strips when StripOffsets is there
         return -(-width // tile_width) * -(-height // tile_length) * max(1, planes)
-    rows = min(_tiff_value(tags, 278, order, height) or height, height)
+    rows = min(_tiff_value(tags, 278, height) or height, height)
     return -(-height // rows) * max(1, planes)
 
 
@@ -269,41 +295,48 @@ def _bmp(fp: BinaryIO) -> None:
 
 def _jpeg(fp: BinaryIO) -> None:
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        size, pos, segments, junk, progressive, pixels = len(data), 2, 0, 0, False, 0
-        while True:  # the segments before the first scan, as Pillow walks them
-            start = pos
-            while pos < size and data[pos] != 0xFF:  # extraneous bytes: skipped in C, counted
-                found = data.find(b"\xff", pos, min(size, pos + MAX_JUNK_BYTES + 1))
-                pos = found if found >= 0 else min(size, pos + MAX_JUNK_BYTES + 1)
-            while pos < size and data[pos] == 0xFF:
-                run = data[pos:pos + 65536]
-                pos += len(run) - len(run.lstrip(b"\xff"))
-            junk += max(0, pos - start - 1)
-            if junk > MAX_JUNK_BYTES:
-                raise CorruptImage(f"the JPEG has more than {MAX_JUNK_BYTES} bytes outside its segments")
-            if pos >= size:
-                return  # cut off before its pixels: Pillow's to say
-            marker, pos = data[pos], pos + 1
-            if marker == 0x00:  # a stuffed 0xFF: junk to Pillow, which walks on past it
-                junk += 2
-                continue
-            if marker == 0xDA:
-                break
-            if marker == 0xD9:
-                return
-            if marker in _PROGRESSIVE_FRAMES and pos + 7 <= size:  # the largest, of any (libjpeg refuses a second)
+        progressive, pixels = False, 0
+        for marker, pos in _jpeg_segments(data):
+            if marker in _PROGRESSIVE_FRAMES and pos + 7 <= len(data):  # the largest, of any (libjpeg refuses two)
                 progressive = True
                 height, width = (side or 0xFFFF for side in struct.unpack(">HH", data[pos + 3:pos + 7]))  # 0: DNL
                 pixels = max(pixels, width * height)
-            segments += 1
-            if segments > MAX_SEGMENTS:
-                raise DecompressionBomb(f"the JPEG has more than {MAX_SEGMENTS} segments before its pixels")
-            if marker not in _STANDALONE:
-                if pos + 2 > size:
-                    return
-                pos += struct.unpack(">H", data[pos:pos + 2])[0]
-        if progressive:  # a sequential JPEG has a scan per component at most (2 ms of CPU saved per 5 MB photo)
-            _scans(data, pos, min(MAX_SCANS, MAX_SCAN_PIXELS // max(1, pixels)), pixels)
+            if marker == 0xDA and progressive:  # a sequential JPEG has a scan per component at most
+                _scans(data, pos, min(MAX_SCANS, MAX_SCAN_PIXELS // max(1, pixels)), pixels)
+
+
+def _jpeg_segments(data: mmap.mmap) -> Iterator[tuple[int, int]]:
+    """(marker, where its segment's length is) of each segment before the first scan, as Pillow walks them: bytes
+    between them skipped (and counted), the walk ends at the first SOS or EOI (yielded) or where the file does."""
+    size, pos, segments, junk = len(data), 2, 0, 0
+    while True:
+        start = pos
+        while pos < size and data[pos] != 0xFF:  # extraneous bytes: skipped in C, counted
+            found = data.find(b"\xff", pos, min(size, pos + MAX_JUNK_BYTES + 1))
+            pos = found if found >= 0 else min(size, pos + MAX_JUNK_BYTES + 1)
+        while pos < size and data[pos] == 0xFF:
+            run = data[pos:pos + 65536]
+            pos += len(run) - len(run.lstrip(b"\xff"))
+        junk += max(0, pos - start - 1)
+        if junk > MAX_JUNK_BYTES:
+            raise CorruptImage(f"the JPEG has more than {MAX_JUNK_BYTES} bytes outside its segments")
+        if pos >= size:
+            return  # cut off before its pixels: Pillow's to say
+        marker, pos = data[pos], pos + 1
+        if marker == 0x00:  # a stuffed 0xFF: junk to Pillow, which walks on past it
+            junk += 2
+            continue
+        if marker in (0xDA, 0xD9):
+            yield marker, pos
+            return
+        segments += 1
+        if segments > MAX_SEGMENTS:
+            raise DecompressionBomb(f"the JPEG has more than {MAX_SEGMENTS} segments before its pixels")
+        yield marker, pos
+        if marker not in _STANDALONE:
+            if pos + 2 > size:
+                return
+            pos += struct.unpack(">H", data[pos:pos + 2])[0]
 
 
 #: a marker in or after a scan's entropy-coded data: 0xFF then neither a stuffed 0x00, a restart marker nor fill
@@ -408,34 +441,28 @@ def metadata_bytes(fp: BinaryIO, family: str) -> int:
 
 
 def _jpeg_metadata(fp: BinaryIO) -> int:
-    total, pos = 0, 2
-    for _ in range(MAX_SEGMENTS + 1):
-        fp.seek(pos)
-        head = fp.read(4)
-        if len(head) < 4 or head[0] != 0xFF or head[1] in (0xDA, 0xD9):
-            break
-        if head[1] in _STANDALONE or head[1] == 0xFF:
-            pos += 1 if head[1] == 0xFF else 2
-            continue
-        length = struct.unpack(">H", head[2:4])[0]
-        if head[1] in _JPEG_METADATA:
-            total += length
-        pos += 2 + length
-    return total
+    """The APP and COM segments' bytes, walked as :func:`_jpeg` walks them (a byte of junk before them hid 45 MB
+    of APP13 from a walk that stopped at it: a review)."""
+    with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        return sum(struct.unpack(">H", data[pos:pos + 2])[0] for marker, pos in _jpeg_segments(data)
+                   if marker in _JPEG_METADATA and pos + 2 <= len(data))
 
 
 def _webp_metadata(fp: BinaryIO) -> int:
+    """Every byte of the file but its image's chunks: Pillow reads the whole file into memory and keeps it while
+    the image is open (a review: 60 MB after the RIFF's end, or after 1,000 empty chunks, walked as none)."""
     head = fp.read(12)
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
         return 0
-    total, pos, end = 0, 12, min(fp.seek(0, 2), 8 + struct.unpack("<I", head[4:8])[0])
+    size = fp.seek(0, 2)
+    image, pos, end = 0, 12, min(size, 8 + struct.unpack("<I", head[4:8])[0])
     for _ in range(MAX_SEGMENTS):
         fp.seek(pos)
         chunk = fp.read(8)
         if len(chunk) < 8 or pos >= end:
             break
         kind, length = chunk[:4], struct.unpack("<I", chunk[4:8])[0]
-        if kind not in _WEBP_IMAGE:
-            total += length
+        if kind in _WEBP_IMAGE:
+            image += min(8 + length + (length & 1), size - pos)
         pos += 8 + length + (length & 1)
-    return total
+    return max(0, size - 12 - image)
