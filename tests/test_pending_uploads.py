@@ -138,7 +138,7 @@ def test_replays_and_backfills_are_operators_work_and_not_counted(app, engine, d
     fill(alice, data_file)
 
 
-def test_a_resumable_upload_is_refused_at_creation_and_waits_at_its_last_byte(app, engine, data_file,
+def test_a_resumable_upload_is_refused_at_creation_and_waits_at_its_last_byte(app, engine, data_file, storage_dir,
                                                                              quiet_services):
     alice = authed(app)
     photo = data_file(PHOTO).read_bytes()
@@ -154,6 +154,10 @@ def test_a_resumable_upload_is_refused_at_creation_and_waits_at_its_last_byte(ap
     assert last.status_code == 429 and last.json["error"] == "too_many_pending"
     assert alice.head(location, headers={"Tus-Resumable": "1.0.0"}).headers["Upload-Offset"] == "1000", \
         "the upload waits where it was"
+    upload_id = location.rstrip("/").rsplit("/", 1)[1]
+    assert len([path for path in storage_dir.rglob("*") if path.is_file() and upload_id in str(path)]) == 1, \
+        "refused before its last part is stored, and its parts joined, probed and staged (a review: each retry cost " \
+        "the whole upload)"
     run(Workflow(quiet_services), engine, posted[0]["job_id"])  # one of the POSTed uploads is done
     again = patch(alice, location, 1000, photo[1000:])
     assert again.status_code == 204 and again.headers["Attachment-Id"]

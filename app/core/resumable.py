@@ -207,6 +207,8 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
         values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
         try:
             _check_first_bytes(services, upload, offset, part)
+            if offset + part.size == upload.length:  # refused before the parts are joined, probed and staged
+                pending.admit(conn, upload.owner, services.settings.max_pending_per_uploader)
             if part.size:
                 services.storage.put_file(part_key(upload.id, offset), part.path)
                 values["upload_offset"] = offset + part.size
