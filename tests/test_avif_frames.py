@@ -171,3 +171,51 @@ def test_countless_obus_are_a_bomb_and_countless_item_tables_are_read_quickly(la
     started = time.monotonic()
     bmff.read_layout(io.BytesIO(many))
     assert time.monotonic() - started < 2
+
+
+def with_items(data: bytes, count: int) -> bytes:
+    """``data`` (a still AVIF of Pillow's) with ``count`` AV1 items, each the first one's data and properties: as a
+    grid's tiles are."""
+    meta_at, meta_size = boxes(data)[b"meta"]
+    meta = data[meta_at:meta_at + meta_size]
+
+    def box(kind: bytes) -> tuple[int, bytes]:
+        at = meta.index(kind) - 4
+        return at, meta[at:at + struct.unpack_from(">I", meta, at)[0]]
+
+    iinf_at, iinf = box(b"iinf")
+    infe = iinf[14:]  # version 0: a 2-byte count, then the one infe
+    assert struct.unpack_from(">H", iinf, 12)[0] == 1 and infe[4:8] == b"infe" and infe[8] == 2
+    iinf_new = iinf[8:12] + struct.pack(">H", count) + infe + b"".join(
+        infe[:12] + struct.pack(">H", k) + infe[14:] for k in range(2, count + 1))
+    ipma_at, ipma = box(b"ipma")
+    assert ipma[8:16] == bytes(4) + struct.pack(">I", 1)  # version 0, flags 0: one entry, 2-byte item IDs
+    ipma_new = ipma[8:12] + struct.pack(">I", count) + b"".join(
+        struct.pack(">H", k) + ipma[18:] for k in range(1, count + 1))
+    iloc_at, iloc = box(b"iloc")
+    assert iloc[8:14] == bytes([0, 0, 0, 0, 0x44, 0x00])
+    entry = iloc[16:]
+    grown = (len(iinf_new) - len(iinf) + 8) + (len(ipma_new) - len(ipma) + 8) + (count - 1) * len(entry)
+    offset = struct.unpack_from(">I", entry, 6)[0] + grown
+    iloc_new = iloc[8:14] + struct.pack(">H", count) + b"".join(
+        struct.pack(">HHH", k, 0, 1) + struct.pack(">I", offset) + entry[10:] for k in range(1, count + 1))
+    out = bytearray(meta)
+    for at, old, kind, payload in sorted([(iinf_at, iinf, b"iinf", iinf_new), (ipma_at, ipma, b"ipma", ipma_new),
+                                          (iloc_at, iloc, b"iloc", iloc_new)], reverse=True):
+        out[at:at + len(old)] = struct.pack(">I4s", 8 + len(payload), kind) + payload
+    iprp = out.index(b"iprp") - 4
+    struct.pack_into(">I", out, iprp, struct.unpack_from(">I", out, iprp)[0] + len(ipma_new) + 8 - len(ipma))
+    struct.pack_into(">I", out, 0, len(out))
+    assert len(out) - meta_size == grown
+    return data[:meta_at] + bytes(out) + data[meta_at + meta_size:]
+
+
+def test_every_av1_item_s_frame_is_priced_as_a_grid_s_tiles_are_held(tmp_path, large):
+    """libavif decodes each of a grid's tiles with a decoder of its own and holds them together: a one-row grid of
+    tall tiles under a small ``ispe`` was priced as one tile (an adversarial run)."""
+    one = bmff.read_layout(io.BytesIO(large))
+    assert one.coded_pixels == 2048 * 2048
+    four = with_items(large, 4)
+    assert decodes(tmp_path, "four.avif", four) == (2048, 2048), "a file libavif reads"
+    layout = bmff.read_layout(io.BytesIO(four))
+    assert layout.coded == (2048, 2048) and layout.coded_pixels == 4 * 2048 * 2048

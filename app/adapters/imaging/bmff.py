@@ -100,6 +100,10 @@ class Layout:
     #: or None: what libavif decodes, whatever ``ispe`` or a track header says. A 1,953-byte AVIF whose ``ispe``
     #: said 256x256 held a 12000x12000 frame: 520 MB a render, priced as 256x256 (an adversarial run).
     coded: tuple[int, int] | None = None
+    #: pixels of the largest frame of each AV1 item, summed, and of each image sequence's first sample: libavif
+    #: decodes a grid's every tile, each with a decoder of its own, and holds them together (a one-row grid of tall
+    #: tiles under a small ``ispe`` was priced as one tile: an adversarial run)
+    coded_pixels: int = 0
 
 
 def read_layout(fp: BinaryIO) -> Layout:
@@ -115,13 +119,17 @@ def read_layout(fp: BinaryIO) -> Layout:
         truncated = _walk(fp, 0, end, end, found, budget=[MAX_BOXES])
         obus = [MAX_OBUS]
         frames = [frame for config in found.configs for frame in _sequence_headers(_Data.of(config), obus)]
+        coded_pixels = 0
         for item_id, method, extents in found.items:
             if item_id in found.av1_items:
-                frames += _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), obus)
+                item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), obus)
+                coded_pixels += max((width * height for width, height, _ in item_frames), default=0)
+                frames += item_frames
         picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
         coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
         sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
-        return Layout(sizes, truncated, picture, end, coded)
+        coded_pixels = max(coded_pixels, coded[0] * coded[1] if coded else 0)
+        return Layout(sizes, truncated, picture, end, coded, coded_pixels)
     finally:
         fp.seek(position)
 

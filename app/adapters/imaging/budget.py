@@ -314,9 +314,10 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
             # the file (pillow-heif's bytes and libheif's copy), the picture and the RGB(A),
             # all released once the image is loaded
             return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
-        # libavif's RGB(A) copied to bytes; the picture and the file stay with the decoder. The picture is of the
-        # frame the AV1 sequence header allows, and a frame larger than ``ispe`` says is scaled to it, a copy more
-        coded = layout.coded[0] * layout.coded[1] if layout.coded else pixels
+        # libavif's RGB(A) copied to bytes; the pictures and the file stay with the decoder. The pictures are of
+        # the frames the AV1 sequence headers allow, each tile's of a grid, and a frame larger than ``ispe`` says is
+        # scaled to it, a copy more
+        coded = layout.coded_pixels or pixels
         scaled = pixels * picture if coded > pixels else 0
         return pixels * rgb, math.ceil(max(coded, pixels) * (picture + AV1_DECODER_BYTES) + scaled) + layout.file_bytes
     if family == "WEBP":
