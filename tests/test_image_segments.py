@@ -442,3 +442,48 @@ def test_metadata_is_walked_past_junk_and_a_webp_is_priced_whole(tmp_path):
     path.write_bytes(webp)
     with open(path, "rb") as fp:
         assert segments.metadata_bytes(fp, "WEBP") < 100
+
+
+def test_what_pillow_decodes_whole_when_it_loads_a_tiff_is_bounded(tmp_path):
+    """Pillow 13 reads a TIFF's Exif and GPS directories whole, and its Orientation, when it loads the pixels
+    (``TiffImageFile.load_end``): 24 MB of RATIONALs in a GPS directory took 554 MB of the worker, after its budget
+    was taken for a 64x64 image (an adversarial run)."""
+    assert probed(tmp_path, "few.tif", tiff_with_gps(100)).width == 64
+    with pytest.raises(DecompressionBomb, match="GPS"):
+        probed(tmp_path, "many.tif", tiff_with_gps(segments.MAX_TIFF_DECODED_VALUES + 1))
+
+
+def exif_with_orientation(kind: int, values: int, value: int = 6) -> bytes:
+    """An EXIF block (little-endian TIFF structure) whose first directory holds only Orientation."""
+    if values == 1 and kind == 3:
+        entry = struct.pack("<HHIHH", 274, 3, 1, value, 0)
+        return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4)
+    entry = struct.pack("<HHII", 274, kind, values, 26)
+    return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4) + struct.pack("<II", 6, 1) * values
+
+
+def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
+    """Pillow decodes every value of a tag it is asked for: an Orientation of 1,000,000 RATIONALs in a PNG's eXIf
+    (8 MB) took 165 MB of the web's probe; the tag is read by the walk, and such a tag is no orientation, as it is
+    none to Pillow (a tuple)."""
+    import tracemalloc
+
+    png = encoded("PNG")
+    at = png.index(b"IDAT") - 4
+    path = tmp_path / "turned.png"
+    path.write_bytes(png[:at] + png_chunk(b"eXIf", exif_with_orientation(3, 1)) + png[at:])
+    assert probe(path, Limits()).orientation == 6
+    path = tmp_path / "many.png"
+    path.write_bytes(png[:at] + png_chunk(b"eXIf", exif_with_orientation(5, 100_000)) + png[at:])
+    tracemalloc.start()
+    try:
+        assert probe(path, Limits()).orientation == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, f"{peak:,} bytes to read the orientation of a 64x64 PNG"
+    webp = io.BytesIO()
+    Image.new("RGB", (64, 64)).save(webp, "WEBP", exif=b"Exif\x00\x00" + exif_with_orientation(3, 1, 8))
+    path = tmp_path / "turned.webp"
+    path.write_bytes(webp.getvalue())
+    assert probe(path, Limits()).orientation == 8

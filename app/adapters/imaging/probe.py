@@ -34,13 +34,14 @@ The checks, in order:
 
 from __future__ import annotations
 
+import io
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import BinaryIO, NamedTuple
 
-from PIL import ExifTags, Image, ImageFile, PngImagePlugin
+from PIL import ExifTags, Image, ImageFile, PngImagePlugin, TiffImagePlugin
 
 from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge, UnsupportedFormat
 
@@ -220,9 +221,15 @@ def read_orientation(img: Image.Image, *, header_only: bool) -> int:
     read. Call this once per image object (Pillow caches the result).
 
     Broken EXIF is not a reason to refuse a photo whose pixels are fine: it
-    just counts as "no orientation".
+    just counts as "no orientation". The tag is read by us where the EXIF is
+    (:func:`segments.exif_orientation`), and Pillow asked only when it is not
+    there: Pillow decodes every value of the tag, however many the file
+    declares.
     """
     try:
+        declared = _declared_orientation(img)
+        if declared is not None:
+            return declared
         if header_only and isinstance(img, PngImagePlugin.PngImageFile):
             exif = Image.Image.getexif(img)
         else:
@@ -231,6 +238,20 @@ def read_orientation(img: Image.Image, *, header_only: bool) -> int:
     except MALFORMED_ERRORS:
         return 1
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _declared_orientation(img: Image.Image) -> int | None:
+    """The EXIF Orientation as :func:`segments.exif_orientation` reads it from the EXIF block Pillow has found, or
+    None when there is none yet. A TIFF's is Pillow's to read (it turns the image as it loads it, and forgets the
+    tag); the probe's walk bounded its values before Pillow opened the file."""
+    if isinstance(img, TiffImagePlugin.TiffImageFile):
+        return None
+    exif = img.info.get("exif")
+    if exif is None and "Raw profile type exif" in img.info:  # a PNG's, as Pillow's getexif() decodes it
+        exif = bytes.fromhex("".join(str(img.info["Raw profile type exif"]).split("\n")[3:]))
+    if not isinstance(exif, bytes):
+        return None
+    return segments.exif_orientation(io.BytesIO(exif[6:] if exif.startswith(b"Exif\x00\x00") else exif))
 
 
 def _declared_frames(img: Image.Image, family: str) -> int | None:
