@@ -44,15 +44,22 @@ AVIF_BRANDS = frozenset({b"avif", b"avis"})
 #: Structural brands that say "HEIF" without saying which codec; the compatible brands decide.
 GENERIC_BRANDS = frozenset({b"mif1", b"msf1", b"miaf"})
 
-#: The most boxes walked in one file (a phone photo has a few dozen).
+#: The most boxes in one file, and items in its ``iloc``: a phone photo has a few dozen (a grid of 48 tiles some
+#: 200). More is a bomb: libavif reads on where a walk that stopped would not (4,096 empty boxes before ``meta`` hid
+#: an 8000x8000 frame; 100,000 items took libavif 11 s of CPU to look up: an adversarial run).
 MAX_BOXES = 4096
 #: Bytes a pixel of a decoded picture takes when no codec configuration says
 #: (the worst case: more than 8 bits, stored in 16, at 4:4:4).
 UNKNOWN_PICTURE_BYTES = 6.0
-#: The most bytes of an ``iloc`` box read (a phone photo's holds a few dozen items: some 16 bytes each).
+#: The most bytes of an ``iloc`` box (a phone photo's holds a few dozen items: some 16 bytes each); more is a bomb.
 MAX_ILOC_BYTES = 1 << 16
-#: The most extents of all items read from a file's ``iloc`` boxes (a phone photo's items have one each).
+#: The most extents of all items in a file's ``iloc`` (a phone photo's items have one each); more is a bomb: libavif
+#: keeps 16 bytes for each, though fields 0 bytes wide cost the file nothing (1,000 items of 65,535 took 1 GB).
 MAX_EXTENTS = 1 << 16
+#: The most samples (and chunks) of an image sequence's track: libavif keeps 56 bytes for each, though one sample
+#: size in ``stsz`` serves them all (2,569,017 samples took 577 MB from a 1.3 MB file: an adversarial run). An
+#: animated photo has a few hundred.
+MAX_SAMPLES = 1 << 16
 #: The most bytes of one AV1 sequence header read (some 10-20 in a photo; 32 operating points make a few hundred).
 SEQUENCE_HEADER_BYTES = 1024
 #: The most OBUs of a file's AV1 items (and image sequences' first samples) walked for sequence headers: each of a
@@ -182,10 +189,15 @@ def picture_bytes(kind: bytes, config: bytes) -> float | None:
 _CONFIG_READ = {b"hvcC": 19, b"av1C": 3}
 
 
-def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, budget: list[int]) -> bool:
-    """Read the boxes in ``[start, stop)``; return whether one runs past *file_end*."""
+def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, budget: list[int],
+          parent: bytes = b"") -> bool:
+    """Read the boxes in ``[start, stop)`` (children of a ``parent`` box); return whether one runs past
+    *file_end*. Boxes are read where libavif reads them: an ``idat`` or ``iloc`` in ``meta``, a sample table's in
+    ``stbl`` (a decoy elsewhere is not what libavif reads)."""
     offset = start
-    while offset + 8 <= stop and budget[0] > 0:
+    while offset + 8 <= stop:
+        if budget[0] <= 0:
+            raise DecompressionBomb(f"the file has more than {MAX_BOXES} boxes")
         budget[0] -= 1
         fp.seek(offset)
         header = fp.read(16)
@@ -218,23 +230,25 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.pictures.append(bpp)
             if kind == b"av1C" and len(config) > 4:
                 found.configs.append(config[4:])
-        elif kind == b"iloc":
+        elif kind == b"iloc" and parent == b"meta":
+            if size - header_size > MAX_ILOC_BYTES:
+                raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
             fp.seek(offset + header_size)
-            found.items.extend(_item_locations(fp.read(min(size - header_size, MAX_ILOC_BYTES)), found.extents_left))
+            found.items.extend(_item_locations(fp.read(size - header_size), found.extents_left))
         elif kind == b"iinf":
             fp.seek(offset + header_size)
             version = fp.read(1)[:1]
             inner = offset + header_size + 4 + (2 if version == b"\x00" else 4)
-            if _walk(fp, inner, min(box_end, stop), file_end, found, budget):
+            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, kind):
                 return True
-        elif kind == b"infe":
+        elif kind == b"infe" and parent == b"iinf":
             fp.seek(offset + header_size)
             entry = fp.read(14)
             if len(entry) >= 12 and entry[0] >= 2:  # versions 2 and 3 name the item's type
                 item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
                 if item_type == b"av01":
                     found.av1_items.add(int.from_bytes(item_id, "big"))
-        elif kind == b"idat":
+        elif kind == b"idat" and parent == b"meta" and found.idat is None:
             found.idat = offset + header_size
         elif kind == b"tkhd":
             fp.seek(offset + header_size)
@@ -249,38 +263,52 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             if len(entry) == 4:
                 found.sizes.append(struct.unpack(">HH", entry))
             found.table["av1"] = True
-            if _walk(fp, offset + header_size + _SAMPLE_ENTRY_BYTES, min(box_end, stop), file_end, found, budget):
+            if _walk(fp, offset + header_size + _SAMPLE_ENTRY_BYTES, min(box_end, stop), file_end, found, budget,
+                     kind):
                 return True
         elif kind == b"stbl":
             found.table = {}
-            if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget):
+            if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget, kind):
                 return True
             if found.table.get("av1") and "offset" in found.table:
                 track = ("track", len(found.items))
                 found.items.append((track, 0, [(found.table["offset"], found.table.get("size", 0))]))
                 found.av1_items.add(track)
-        elif kind in (b"stsz", b"stco", b"co64"):
-            fp.seek(offset + header_size)
-            table = fp.read(20)
-            if kind == b"stsz" and len(table) >= 12:
-                sample_size, count = struct.unpack_from(">II", table, 4)
-                found.table["size"] = sample_size or (struct.unpack_from(">I", table, 12)[0]
-                                                      if count and len(table) >= 16 else 0)
-            elif kind == b"stco" and len(table) >= 12 and struct.unpack_from(">I", table, 4)[0]:
-                found.table["offset"] = struct.unpack_from(">I", table, 8)[0]
-            elif kind == b"co64" and len(table) >= 16 and struct.unpack_from(">I", table, 4)[0]:
-                found.table["offset"] = struct.unpack_from(">Q", table, 8)[0]
+        elif kind in (b"stsz", b"stco", b"co64") and parent == b"stbl":
+            _sample_table(kind, fp, offset + header_size, found.table)
         elif kind in _CONTAINERS:
             inner = offset + header_size + _CONTAINERS[kind]
-            if _walk(fp, inner, min(box_end, stop), file_end, found, budget):
+            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, kind):
                 return True
         offset = box_end
     return False
 
 
+def _sample_table(kind: bytes, fp: BinaryIO, payload: int, table: dict) -> None:
+    """Where a track's first sample is, into ``table``: the first chunk of its first ``stco``/``co64`` (libavif
+    adds the chunks of each in file order), the largest size an ``stsz`` gives it (the walk reads on); more than
+    :data:`MAX_SAMPLES` samples or chunks is a bomb."""
+    fp.seek(payload)
+    head = fp.read(20)
+    if kind == b"stsz" and len(head) >= 12:
+        sample_size, count = struct.unpack_from(">II", head, 4)
+        first = sample_size or (struct.unpack_from(">I", head, 12)[0] if count and len(head) >= 16 else 0)
+        table["size"] = max(table.get("size", 0), first)
+    elif kind in (b"stco", b"co64") and len(head) >= 8:
+        count = struct.unpack_from(">I", head, 4)[0]
+        unit = ">I" if kind == b"stco" else ">Q"
+        if count and len(head) >= 8 + struct.calcsize(unit):
+            table.setdefault("offset", struct.unpack_from(unit, head, 8)[0])
+    else:
+        return
+    if count > MAX_SAMPLES:
+        raise DecompressionBomb(f"an image sequence of more than {MAX_SAMPLES} samples or chunks")
+
+
 def _item_locations(payload: bytes, extents_left: list[int]) -> list[tuple[int, int, list[tuple[int, int]]]]:
     """(item ID, construction method, extents of (offset, length)) of each item an ``iloc`` box lists (ISO/IEC
-    14496-12, 8.11.3), while ``extents_left[0]`` lasts; what cannot be read ends the list."""
+    14496-12, 8.11.3); what cannot be read ends the list. More than :data:`MAX_BOXES` items, or extents than
+    ``extents_left[0]``, is a bomb."""
     reader, located = _Bytes(payload), []
     try:
         version = reader.int(1)
@@ -290,7 +318,9 @@ def _item_locations(payload: bytes, extents_left: list[int]) -> list[tuple[int, 
         sizes = reader.int(1)
         base_offset_size, index_size = sizes >> 4, (sizes & 0x0F if version in (1, 2) else 0)
         count = reader.int(4 if version == 2 else 2)
-        for _ in range(min(count, MAX_BOXES)):
+        if count > MAX_BOXES:
+            raise DecompressionBomb(f"more than {MAX_BOXES} items")
+        for _ in range(count):
             item_id = reader.int(4 if version == 2 else 2)
             method = reader.int(2) & 0x0F if version in (1, 2) else 0
             reader.int(2)  # data_reference_index
@@ -298,7 +328,7 @@ def _item_locations(payload: bytes, extents_left: list[int]) -> list[tuple[int, 
             extents = reader.int(2)
             extents_left[0] -= extents  # field sizes of 0 never run out of bytes: 4096 x 65535 extents took 178 s
             if extents_left[0] < 0:
-                return located
+                raise DecompressionBomb(f"items of more than {MAX_EXTENTS} extents")
             placed = []
             for _ in range(extents):
                 reader.int(index_size)
@@ -362,8 +392,8 @@ def _sequence_headers(data: _Data, obus: list[int]) -> list[tuple[int, int, floa
         if pos >= data.size:
             return found
         head = data.read(pos, 10)
-        if not head or head[0] & 0x80:
-            return found  # the forbidden bit: not an OBU
+        if not head:
+            return found  # (the forbidden bit is no stop: dav1d decodes on past an OBU that sets it)
         kind, used = (head[0] >> 3) & 0x0F, 2 if head[0] & 0x04 else 1
         if head[0] & 0x02:
             size, length = _leb128(head[used:])
