@@ -288,7 +288,8 @@ def test_an_avif_item_table_of_empty_fields_or_offsets_past_the_file_is_read_qui
 
     payload = bytes([0, 0, 0, 0, 0x00, 0x00]) + struct.pack(">H", 4096) + (b"\x00\x01\x00\x00\xff\xff") * 4096
     started = time.monotonic()
-    bmff._item_locations(payload, [bmff.MAX_EXTENTS])
+    with pytest.raises(DecompressionBomb):
+        bmff._item_locations(payload, [bmff.MAX_EXTENTS])
     assert time.monotonic() - started < 1
     assert bmff._placed(0, [(2**63, 10)], None, 100) == []
 
@@ -313,8 +314,9 @@ def test_a_gif_extension_is_walked_as_pillow_walks_it_past_an_empty_first_sub_bl
     assert probed(tmp_path, "quiet.gif", gif[:screen] + quiet + gif[screen:]).width == 64
 
 
-def tiff_with_gps(values: int) -> bytes:
-    """A 64x64 TIFF whose GPS directory holds one tag of ``values`` RATIONALs (8 bytes each in the file)."""
+def tiff_with_gps(values: int, pointers: int = 1) -> bytes:
+    """A 64x64 TIFF whose GPS directory holds one tag of ``values`` RATIONALs (8 bytes each in the file), pointed
+    to by a tag of ``pointers`` LONGs (Pillow takes the first)."""
     tiff = bytearray(encoded("TIFF"))
     ifd = struct.unpack_from("<I", tiff, 4)[0]
     count = struct.unpack_from("<H", tiff, ifd)[0]
@@ -322,10 +324,13 @@ def tiff_with_gps(values: int) -> bytes:
     rationals_at = len(tiff)
     gps_at = rationals_at + 8 * values
     gps = struct.pack("<HHHII", 1, 2, 5, values, rationals_at) + struct.pack("<I", 0)
-    entries = sorted(entries + [struct.pack("<HHII", 0x8825, 4, 1, gps_at)])
+    pointer_at = gps_at + len(gps)
+    field = gps_at if pointers == 1 else pointer_at
+    entries = sorted(entries + [struct.pack("<HHII", 0x8825, 4, pointers, field)])
     directory = struct.pack("<H", count + 1) + b"".join(entries) + struct.pack("<I", 0)
-    out = tiff + struct.pack("<II", 1, 1) * values + gps + directory
-    struct.pack_into("<I", out, 4, gps_at + len(gps))
+    listed = struct.pack("<I", gps_at) * pointers if pointers > 1 else b""
+    out = tiff + struct.pack("<II", 1, 1) * values + gps + listed + directory
+    struct.pack_into("<I", out, 4, pointer_at + len(listed))
     return bytes(out)
 
 
@@ -451,6 +456,11 @@ def test_what_pillow_decodes_whole_when_it_loads_a_tiff_is_bounded(tmp_path):
     assert probed(tmp_path, "few.tif", tiff_with_gps(100)).width == 64
     with pytest.raises(DecompressionBomb, match="GPS"):
         probed(tmp_path, "many.tif", tiff_with_gps(segments.MAX_TIFF_DECODED_VALUES + 1))
+    # a pointer of two LONGs: Pillow takes the first, and reads the directory (a fourth adversarial run)
+    with Image.open(io.BytesIO(tiff_with_gps(10, pointers=2))) as image:
+        assert len(image.getexif().get_ifd(0x8825)[2]) == 10
+    with pytest.raises(DecompressionBomb, match="GPS"):
+        probed(tmp_path, "pointers.tif", tiff_with_gps(segments.MAX_TIFF_DECODED_VALUES + 1, pointers=2))
 
 
 def exif_with_orientation(kind: int, values: int, value: int = 6) -> bytes:
@@ -487,3 +497,8 @@ def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     path = tmp_path / "turned.webp"
     path.write_bytes(webp.getvalue())
     assert probe(path, Limits()).orientation == 8
+    exif = b"II*\x00" + struct.pack("<IH", 8, 1) + struct.pack("<HHIHH", 274, 3, 2, 3, 8) + bytes(4)
+    two = png[:at] + png_chunk(b"eXIf", exif) + png[at:]
+    path = tmp_path / "two.png"
+    path.write_bytes(two)
+    assert probe(path, Limits()).orientation == 3, "the first of two, as Pillow takes it"
