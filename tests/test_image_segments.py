@@ -502,3 +502,29 @@ def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     path = tmp_path / "two.png"
     path.write_bytes(two)
     assert probe(path, Limits()).orientation == 3, "the first of two, as Pillow takes it"
+
+
+def test_a_jpeg_is_walked_past_an_early_eoi_and_its_exif_segments_are_counted(tmp_path):
+    """A fourth adversarial run: an EOI right after the SOI hid 10,000,000 COM segments from the walk, which
+    stopped there while Pillow reads on (708 MB and 10 s an open); 760 APP1 Exif segments took 12 s of CPU an open,
+    Pillow joining each to all before it."""
+    jpeg = encoded("JPEG")
+    com = b"\xff\xfe\x00\x02" * (segments.MAX_SEGMENTS + 1)
+    with pytest.raises(DecompressionBomb, match="segments"):
+        probed(tmp_path, "eoi.jpg", b"\xff\xd8\xff\xd9" + com + jpeg[2:])
+    exif = b"\xff\xe1" + struct.pack(">H", 2 + 6 + 8) + b"Exif\x00\x00" + b"II*\x00\x08\x00\x00\x00"
+    assert probed(tmp_path, "two.jpg", jpeg[:2] + exif * 2 + jpeg[2:]).width == 64
+    with pytest.raises(DecompressionBomb, match="Exif"):
+        probed(tmp_path, "many.jpg", jpeg[:2] + exif * (segments.MAX_EXIF_SEGMENTS + 1) + jpeg[2:])
+
+
+def test_a_gif_s_extensions_are_priced_as_metadata(tmp_path):
+    """A fourth adversarial run: a 25.5 MB comment of 99,999 sub-blocks, inside the limits, rendered in 62 MB
+    priced 8-11.5 MB: Pillow keeps the comment (its blocks and their join)."""
+    path = tmp_path / "comment.gif"
+    path.write_bytes(gif_with_comment(10_000, b"x" * 255))
+    with open(path, "rb") as fp:
+        assert segments.metadata_bytes(fp, "GIF") == 10_000 * 255
+    path.write_bytes(encoded("GIF"))
+    with open(path, "rb") as fp:
+        assert segments.metadata_bytes(fp, "GIF") < 100

@@ -43,6 +43,9 @@ MAX_SCANS = 100
 #: an 8000x8000 photo took 4.3 s of CPU per decode, an adversarial run); 31 scans at 64 MP, 83 at 24 MP, and
 #: MAX_SCANS below 20 MP. libjpeg's and mozjpeg's progressive photos have 10-12.
 MAX_SCAN_PIXELS = 2_000_000_000
+#: APP1 segments of a JPEG that start as Exif: Pillow joins each to the ones before (``info["exif"] += ...``), a
+#: copy of all of them each time (760 in 50 MB took 12 s of CPU an open: a fourth adversarial run); a photo has one
+MAX_EXIF_SEGMENTS = 16
 #: bytes between a JPEG's segments that belong to none (fill bytes included)
 MAX_JUNK_BYTES = 1 << 20
 #: chunks of a PNG in all (a 50 MB PNG of libpng's 8 KiB IDAT chunks has some 6,000)
@@ -293,24 +296,25 @@ def _tiff_strips(tags: dict[int, _TiffTag]) -> int | None:
     return -(-height // rows) * max(1, planes)
 
 
-def _gif(fp: BinaryIO) -> None:
-    """Every block to the trailer, as Pillow walks them: its sub-blocks counted, bytes between blocks too."""
+def _gif(fp: BinaryIO) -> int:
+    """Every block to the trailer, as Pillow walks them: its sub-blocks counted, bytes between blocks too; the bytes
+    of its extensions' sub-blocks (a comment's Pillow keeps, and joins)."""
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
         size = len(data)
         if size < 13:
-            return
+            return 0
         pos = 13 + (3 << ((data[10] & 7) + 1) if data[10] & 0x80 else 0)  # past the global colour table
-        blocks = extension_blocks = junk = frame = 0
+        blocks = extension_blocks = extension_bytes = junk = frame = 0
         while pos < size:
             found = _GIF_INTRO.search(data, pos, min(size, pos + MAX_JUNK_BYTES - junk + 1))
             if found is None:
                 if size - pos > MAX_JUNK_BYTES - junk:
                     raise CorruptImage(f"the GIF has more than {MAX_JUNK_BYTES} bytes outside its blocks")
-                return
+                return extension_bytes
             junk += found.start() - pos
             pos, intro = found.start(), data[found.start()]
             if intro == 0x3B:
-                return
+                return extension_bytes
             blocks += 1  # a block with no sub-block is walked too (an extension of none: 3 bytes)
             if blocks > MAX_GIF_BLOCKS:
                 raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
@@ -320,14 +324,15 @@ def _gif(fp: BinaryIO) -> None:
                 pos += 2  # the introducer and the label
                 for _ in range(_gif_sub_blocks_read(data, pos, label, frame)):
                     if pos >= size:
-                        return
+                        return extension_bytes
                     length = data[pos]
                     pos += 1 + length
                     blocks += length > 0
                     extension_blocks += length > 0
+                    extension_bytes += length
             else:
                 if pos + 10 > size:
-                    return
+                    return extension_bytes
                 flags = data[pos + 9]
                 pos += 10 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0) + 1  # the local colour table, LZW size
                 frame += 1
@@ -338,10 +343,12 @@ def _gif(fp: BinaryIO) -> None:
                     break
                 blocks += 1
                 extension_blocks += extension
+                extension_bytes += length if extension else 0
                 if blocks > MAX_GIF_BLOCKS:
                     raise DecompressionBomb(f"the GIF has more than {MAX_GIF_BLOCKS} data blocks")
                 if extension_blocks > MAX_GIF_EXTENSION_BLOCKS:
                     raise DecompressionBomb(f"the GIF's extensions have more than {MAX_GIF_EXTENSION_BLOCKS} blocks")
+        return extension_bytes
 
 
 def _gif_sub_blocks_read(data: mmap.mmap, pos: int, label: int, frame: int) -> int:
@@ -382,8 +389,10 @@ def _jpeg(fp: BinaryIO) -> None:
 
 def _jpeg_segments(data: mmap.mmap) -> Iterator[tuple[int, int]]:
     """(marker, where its segment's length is) of each segment before the first scan, as Pillow walks them: bytes
-    between them skipped (and counted), the walk ends at the first SOS or EOI (yielded) or where the file does."""
-    size, pos, segments, junk = len(data), 2, 0, 0
+    between them skipped (and counted), the walk ends at the first SOS (yielded) or where the file does. An EOI is
+    walked past, as Pillow walks past it (an EOI first hid 10,000,000 COM segments behind it: 708 MB an open, a
+    fourth adversarial run)."""
+    size, pos, segments, junk, exif = len(data), 2, 0, 0, 0
     while True:
         start = pos
         while pos < size and data[pos] != 0xFF:  # extraneous bytes: skipped in C, counted
@@ -401,14 +410,18 @@ def _jpeg_segments(data: mmap.mmap) -> Iterator[tuple[int, int]]:
         if marker == 0x00:  # a stuffed 0xFF: junk to Pillow, which walks on past it
             junk += 2
             continue
-        if marker in (0xDA, 0xD9):
+        if marker == 0xDA:
             yield marker, pos
             return
         segments += 1
         if segments > MAX_SEGMENTS:
             raise DecompressionBomb(f"the JPEG has more than {MAX_SEGMENTS} segments before its pixels")
+        if marker == 0xE1 and data[pos + 2:pos + 8] == b"Exif\x00\x00":
+            exif += 1
+            if exif > MAX_EXIF_SEGMENTS:
+                raise DecompressionBomb(f"the JPEG has more than {MAX_EXIF_SEGMENTS} Exif segments")
         yield marker, pos
-        if marker not in _STANDALONE:
+        if marker not in _STANDALONE and marker != 0xD9:
             if pos + 2 > size:
                 return
             pos += struct.unpack(">H", data[pos:pos + 2])[0]
@@ -495,7 +508,8 @@ _WEBP_IMAGE = frozenset({b"VP8 ", b"VP8L", b"VP8X", b"ALPH", b"ANIM", b"ANMF"})
 
 def metadata_bytes(fp: BinaryIO, family: str) -> int:
     """Bytes of the metadata Pillow keeps while the image is open (a JPEG's APP and COM segments, a PNG's chunks
-    before its pixels, a WebP's chunks besides its image, a TIFF's tag values stored as bytes): held two to four
+    before its pixels, a WebP's chunks besides its image, a TIFF's tag values stored as bytes, a GIF's extensions:
+    a 25.5 MB comment rendered in 62 MB priced 8-11.5, a fourth adversarial run): held two to four
     times over (the segments, the profile joined from them, its parsed copy), alongside the pixels. 64x64 images
     carrying 45 MB of ICC profile or XMP took 92-189 MB a render, priced as 64x64 (an adversarial run). The file's
     position is restored; a file whose structure is not as expected counts what was found until then."""
@@ -510,6 +524,8 @@ def metadata_bytes(fp: BinaryIO, family: str) -> int:
             return _webp_metadata(fp)
         if family == "TIFF":
             return _tiff_metadata(fp)
+        if family == "GIF":
+            return _gif(fp)
         return 0
     finally:
         fp.seek(position)
