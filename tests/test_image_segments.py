@@ -469,7 +469,8 @@ def exif_with_orientation(kind: int, values: int, value: int = 6) -> bytes:
         entry = struct.pack("<HHIHH", 274, 3, 1, value, 0)
         return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4)
     entry = struct.pack("<HHII", 274, kind, values, 26)
-    return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4) + struct.pack("<II", 6, 1) * values
+    values_bytes = struct.pack("<II", 6, 1) * values
+    return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4) + values_bytes
 
 
 def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
