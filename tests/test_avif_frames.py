@@ -20,7 +20,7 @@ import pytest
 from PIL import Image
 
 from app.adapters.imaging import Limits, bmff, probe
-from app.errors import DecompressionBomb
+from app.errors import CorruptImage, DecompressionBomb
 
 SMALL = Limits(max_pixels=1_000_000)  # the frames here are 2048x2048: 4.2 MP
 
@@ -229,6 +229,7 @@ HOSTILE = {  # tests/data/hostile: an 8000x8000 frame under a 64x64 ispe and tra
     "avif_stsz.avif": "a second stsz of a 2-byte sample (libavif keeps the first's constant size)",
     "avif_forbidden_bit.avif": "a first OBU that sets the forbidden bit (dav1d decodes on past it)",
     "avif_control.avif": "the same sequence without a decoy",
+    "avif_track_meta_idat.avif": "a decoy idat in a track's own meta, before the file's meta (a review)",
 }
 
 
@@ -271,3 +272,39 @@ def test_an_image_sequence_of_countless_samples_is_a_bomb():
     struct.pack_into(">II", data, stsz + 4, 100, bmff.MAX_SAMPLES + 1)
     with pytest.raises(DecompressionBomb, match="samples"):
         bmff.read_layout(io.BytesIO(bytes(data)))
+
+
+def test_an_alpha_item_and_an_image_sequence_are_priced_once(tmp_path):
+    """Summing every AV1 item priced an alpha item as a second colour frame, and a sequence's items and tracks both,
+    though libavif decodes one or the other: a 4000x3000 RGBA AVIF went from 210 to 301 MiB, over the limit (a
+    review). An alpha item's frame is grey: its own sequence header says so."""
+    rgba = io.BytesIO()
+    Image.new("RGBA", (256, 256), (10, 20, 30, 128)).save(rgba, "AVIF", quality=30, speed=10, max_threads=1)
+    layout = bmff.read_layout(io.BytesIO(rgba.getvalue()))
+    assert layout.coded_pixels == 2 * 256 * 256, "the colour item and the alpha item"
+    assert layout.coded_bytes == 256 * 256 * (1.5 + 1.0), "4:2:0 colour, grey alpha"
+    sequence = bmff.read_layout(io.BytesIO(avif(256, frames=3)))
+    assert sequence.coded_pixels == 256 * 256 and sequence.coded_bytes == 256 * 256 * 1.5, \
+        "its items or its track, not both"
+
+
+def test_countless_sequence_headers_and_boxes_nested_deep_are_refused_quickly(large):
+    """A review: 16,000 distinct sequence headers of 32 operating points each took 6 s a read (the walk parses
+    each in Python); 2,000 nested moov boxes raised a RecursionError out of the probe."""
+    data = item_data(large)
+    header = next(obu for obu in obus(data) if (obu[0] >> 3) & 0x0F == 1)
+    assert header[1] < 0x7F, "a one-byte size"
+    # each header made distinct by a byte after its fields (a decoder reads no further)
+    many = [header[:1] + bytes([header[1] + 2]) + header[2:] + struct.pack(">H", k)
+            for k in range(bmff.MAX_SEQUENCE_HEADERS + 1)]
+    started = time.monotonic()
+    with pytest.raises(DecompressionBomb, match="sequence headers"):
+        bmff.read_layout(io.BytesIO(with_item(large, [data[:2] + b"".join(many) + data[2:]])))
+    assert time.monotonic() - started < 2
+    shared = bmff.read_layout(io.BytesIO(with_item(large, [data[:2] + header * 300 + data[2:]])))
+    assert shared.coded == (2048, 2048), "the same header many times is read once"
+    nested = b"ftypavif"
+    for _ in range(2000):
+        nested = struct.pack(">I4s", 8 + len(nested), b"moov") + nested
+    with pytest.raises(CorruptImage, match="nested"):
+        bmff.read_layout(io.BytesIO(large[:boxes(large)[b"meta"][0]] + nested))

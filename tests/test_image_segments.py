@@ -377,7 +377,8 @@ def test_a_tiff_tag_pillow_skips_makes_way_for_its_next_copy(tmp_path):
     take the directory's past the file's size, is skipped and the next copy read. A review hid 2,000,000 strips
     (541 MB an open) behind copies of count 0; and a scalar tag of two LONGs was read from its entry, where it
     holds their offset, as Pillow does not (it takes the first value)."""
-    def tiff(strips: int, *, empty_copies: bool = False, length_entry: tuple[int, int, bytes] | None = None) -> bytes:
+    def tiff(strips: int, *, empty_copies: bool = False, length_entry: tuple[int, int, bytes] | None = None,
+             unread_copies: bool = False) -> bytes:
         entries = []
         pixels = b"\x80" * 64
         offsets_at = 8 + len(pixels)
@@ -397,6 +398,9 @@ def test_a_tiff_tag_pillow_skips_makes_way_for_its_next_copy(tmp_path):
         if empty_copies:
             entry(273, 4, 0, bytes(4))
             entry(279, 4, 0, bytes(4))
+        if unread_copies:  # IFD8 (18): a type Pillow 13 does not read
+            entry(273, 18, 1, bytes(4))
+            entry(279, 18, 1, bytes(4))
         entry(273, 4, strips, struct.pack("<I", offsets_at))
         entry(278, 4, 1, struct.pack("<I", 1))
         entry(279, 4, strips, struct.pack("<I", counts_at))
@@ -412,6 +416,8 @@ def test_a_tiff_tag_pillow_skips_makes_way_for_its_next_copy(tmp_path):
     with Image.open(io.BytesIO(tiff(many, empty_copies=True))) as image:
         assert len(image.tile) == many, "Pillow reads the second copies"
     assert probed(tmp_path, "rows.tif", tiff(64, empty_copies=True)).height == 64
+    with pytest.raises(CorruptImage, match="strips"):  # a review: copies of a type Pillow skips hid them too
+        probed(tmp_path, "unread.tif", tiff(many, unread_copies=True))
     # ImageLength as two LONGs stored outside the entry: the entry holds their offset, Pillow takes the first (64)
     assert probed(tmp_path, "length.tif", tiff(64, length_entry=(4, 2, b""))).height == 64
     with pytest.raises(CorruptImage, match="strips"):
@@ -503,6 +509,16 @@ def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     path = tmp_path / "two.png"
     path.write_bytes(two)
     assert probe(path, Limits()).orientation == 3, "the first of two, as Pillow takes it"
+    # Pillow puts an "Exif\0\0" before an eXIf chunk's, and takes off two (a review: the walk took one)
+    path = tmp_path / "twice.png"
+    path.write_bytes(png[:at] + png_chunk(b"eXIf", b"Exif\x00\x00" + exif_with_orientation(5, 100_000)) + png[at:])
+    tracemalloc.start()
+    try:
+        assert probe(path, Limits()).orientation == 1
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000, f"{peak:,} bytes to read the orientation of a 64x64 PNG"
 
 
 def test_a_jpeg_is_walked_past_an_early_eoi_and_its_exif_segments_are_counted(tmp_path):
@@ -529,3 +545,13 @@ def test_a_gif_s_extensions_are_priced_as_metadata(tmp_path):
     path.write_bytes(encoded("GIF"))
     with open(path, "rb") as fp:
         assert segments.metadata_bytes(fp, "GIF") < 100
+
+
+def test_an_animation_s_frames_are_not_priced_as_metadata(tmp_path):
+    """A review: the WebP walk stopped at 1,000 chunks and priced the rest as metadata, four times over: an
+    animation of 3,000 frames went from 11 to 145 MiB."""
+    frames = [Image.new("RGB", (16, 16), (k % 256, 0, 0)) for k in range(1500)]
+    path = tmp_path / "animation.webp"
+    frames[0].save(path, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
+    with open(path, "rb") as fp:
+        assert segments.metadata_bytes(fp, "WEBP") < 100

@@ -36,7 +36,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from app.errors import DecompressionBomb
+from app.errors import CorruptImage, DecompressionBomb
 
 #: Brands that name the codec: an HEVC-coded HEIF still image or sequence, an AV1 one.
 HEIF_BRANDS = frozenset({b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"hevm", b"hevs"})
@@ -62,6 +62,12 @@ MAX_EXTENTS = 1 << 16
 MAX_SAMPLES = 1 << 16
 #: The most bytes of one AV1 sequence header read (some 10-20 in a photo; 32 operating points make a few hundred).
 SEQUENCE_HEADER_BYTES = 1024
+#: Boxes nested in boxes, at most (an image sequence's av1C is 8 deep); deeper is corrupt (2,000 nested ``moov``
+#: raised a RecursionError out of the probe: a review).
+MAX_DEPTH = 32
+#: Distinct AV1 sequence headers read in one file, at most (a photo's items share one; each takes the walk up to
+#: 0.4 ms in Python: 16,000 of them took 6 s a read, a review); more is a bomb.
+MAX_SEQUENCE_HEADERS = 256
 #: The most OBUs of a file's AV1 items (and image sequences' first samples) walked for sequence headers: each of a
 #: photo's has 3-5 (a temporal delimiter, a sequence header, a frame, or a frame header and its tile groups), and a
 #: grid a few hundred items. More is a bomb: the frames they make could not be priced.
@@ -92,7 +98,8 @@ def family(head: bytes) -> str | None:
 class Layout:
     """What :func:`read_layout` found."""
 
-    #: (width, height) of every ``ispe`` property, in file order.
+    #: (width, height) of every ``ispe`` property, in file order, then of each track's header and AV1 sample entry,
+    #: and of each frame an AV1 sequence header allows.
     sizes: tuple[tuple[int, int], ...]
     #: a top-level box runs past the end of the file (a cut-off upload).
     truncated: bool
@@ -107,10 +114,14 @@ class Layout:
     #: or None: what libavif decodes, whatever ``ispe`` or a track header says. A 1,953-byte AVIF whose ``ispe``
     #: said 256x256 held a 12000x12000 frame: 520 MB a render, priced as 256x256 (an adversarial run).
     coded: tuple[int, int] | None = None
-    #: pixels of the largest frame of each AV1 item, summed, and of each image sequence's first sample: libavif
-    #: decodes a grid's every tile, each with a decoder of its own, and holds them together (a one-row grid of tall
-    #: tiles under a small ``ispe`` was priced as one tile: an adversarial run)
+    #: pixels of the largest frame of each AV1 item, summed (or of each image sequence track's first sample, if
+    #: more: libavif decodes the items or the tracks, not both): libavif decodes a grid's every tile, each with a
+    #: decoder of its own, and holds them together (a one-row grid of tall tiles under a small ``ispe`` was priced
+    #: as one tile: an adversarial run), and an alpha item beside its colour item
     coded_pixels: int = 0
+    #: the bytes of those pictures (each frame's pixels at its own sequence header's bytes per pixel: an alpha
+    #: item's are grey)
+    coded_bytes: float = 0.0
 
 
 def read_layout(fp: BinaryIO) -> Layout:
@@ -124,19 +135,21 @@ def read_layout(fp: BinaryIO) -> Layout:
         end = fp.seek(0, os.SEEK_END)
         found = _Found()
         truncated = _walk(fp, 0, end, end, found, budget=[MAX_BOXES])
-        obus = [MAX_OBUS]
-        frames = [frame for config in found.configs for frame in _sequence_headers(_Data.of(config), obus)]
-        coded_pixels = 0
+        reading = _Reading()
+        frames = [frame for config in found.configs for frame in _sequence_headers(_Data.of(config), reading)]
+        decoded: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}  # an item's, a track's
         for item_id, method, extents in found.items:
             if item_id in found.av1_items:
-                item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), obus)
-                coded_pixels += max((width * height for width, height, _ in item_frames), default=0)
+                item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), reading)
                 frames += item_frames
+                if item_frames:
+                    decoded[isinstance(item_id, tuple)].append(max(item_frames, key=lambda f: f[0] * f[1] * f[2]))
         picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
         coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
         sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
-        coded_pixels = max(coded_pixels, coded[0] * coded[1] if coded else 0)
-        return Layout(sizes, truncated, picture, end, coded, coded_pixels)
+        coded_pixels = max(sum(w * h for w, h, _ in source) for source in decoded.values())
+        coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
+        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes)
     finally:
         fp.seek(position)
 
@@ -148,7 +161,7 @@ class _Found:
     #: each item's data (``iloc``), and each AV1 track's first sample: (item ID, construction method, extents of
     #: (offset, length), a length of 0 running to the end of the file); a track's ID is ``("track", n)``
     items: list[tuple[object, int, list[tuple[int, int]]]] = field(default_factory=list)
-    #: the IDs of the items ``iinf`` says are AV1 pictures (``av01``), and of the tracks whose samples are
+    #: the IDs of the items ``iinf`` says are AV1 pictures (``av01``), and of the tracks whose samples are AV1
     av1_items: set = field(default_factory=set)
     #: the OBUs each ``av1C`` carries (its ``configOBUs``: a sequence header, if any)
     configs: list[bytes] = field(default_factory=list)
@@ -191,9 +204,12 @@ _CONFIG_READ = {b"hvcC": 19, b"av1C": 3}
 
 def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, budget: list[int],
           parent: bytes = b"") -> bool:
-    """Read the boxes in ``[start, stop)`` (children of a ``parent`` box); return whether one runs past
-    *file_end*. Boxes are read where libavif reads them: an ``idat`` or ``iloc`` in ``meta``, a sample table's in
-    ``stbl`` (a decoy elsewhere is not what libavif reads)."""
+    """Read the boxes in ``[start, stop)``, inside the boxes named by ``parent`` (``b"/meta/iinf"``); return whether
+    one runs past *file_end*. Boxes are read where libavif reads them: the items' (``iinf``, ``iloc``, ``idat``) in
+    the file's own ``meta`` (a track's ``meta`` is another's), a sample table's in ``stbl``: a decoy elsewhere is
+    not what libavif reads."""
+    if parent.count(b"/") > MAX_DEPTH:
+        raise CorruptImage(f"boxes nested more than {MAX_DEPTH} deep")
     offset = start
     while offset + 8 <= stop:
         if budget[0] <= 0:
@@ -230,25 +246,25 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.pictures.append(bpp)
             if kind == b"av1C" and len(config) > 4:
                 found.configs.append(config[4:])
-        elif kind == b"iloc" and parent == b"meta":
+        elif kind == b"iloc" and parent == b"/meta":
             if size - header_size > MAX_ILOC_BYTES:
                 raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
             fp.seek(offset + header_size)
             found.items.extend(_item_locations(fp.read(size - header_size), found.extents_left))
-        elif kind == b"iinf":
+        elif kind == b"iinf" and parent == b"/meta":
             fp.seek(offset + header_size)
             version = fp.read(1)[:1]
             inner = offset + header_size + 4 + (2 if version == b"\x00" else 4)
-            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, kind):
+            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, parent + b"/" + kind):
                 return True
-        elif kind == b"infe" and parent == b"iinf":
+        elif kind == b"infe" and parent == b"/meta/iinf":
             fp.seek(offset + header_size)
             entry = fp.read(14)
             if len(entry) >= 12 and entry[0] >= 2:  # versions 2 and 3 name the item's type
                 item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
                 if item_type == b"av01":
                     found.av1_items.add(int.from_bytes(item_id, "big"))
-        elif kind == b"idat" and parent == b"meta" and found.idat is None:
+        elif kind == b"idat" and parent == b"/meta" and found.idat is None:
             found.idat = offset + header_size
         elif kind == b"tkhd":
             fp.seek(offset + header_size)
@@ -264,21 +280,21 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.sizes.append(struct.unpack(">HH", entry))
             found.table["av1"] = True
             if _walk(fp, offset + header_size + _SAMPLE_ENTRY_BYTES, min(box_end, stop), file_end, found, budget,
-                     kind):
+                     parent + b"/" + kind):
                 return True
         elif kind == b"stbl":
             found.table = {}
-            if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget, kind):
+            if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget, parent + b"/" + kind):
                 return True
             if found.table.get("av1") and "offset" in found.table:
                 track = ("track", len(found.items))
                 found.items.append((track, 0, [(found.table["offset"], found.table.get("size", 0))]))
                 found.av1_items.add(track)
-        elif kind in (b"stsz", b"stco", b"co64") and parent == b"stbl":
+        elif kind in (b"stsz", b"stco", b"co64") and parent.endswith(b"/stbl"):
             _sample_table(kind, fp, offset + header_size, found.table)
         elif kind in _CONTAINERS:
             inner = offset + header_size + _CONTAINERS[kind]
-            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, kind):
+            if _walk(fp, inner, min(box_end, stop), file_end, found, budget, parent + b"/" + kind):
                 return True
         offset = box_end
     return False
@@ -382,13 +398,29 @@ class _Data:
         return bytes(out)
 
 
-def _sequence_headers(data: _Data, obus: list[int]) -> list[tuple[int, int, float]]:
+@dataclass
+class _Reading:
+    """What the OBU walks of one file have left and have read: OBUs (:data:`MAX_OBUS`), and each distinct
+    sequence header's payload, parsed once (a grid's tiles share one)."""
+
+    obus: int = MAX_OBUS
+    headers: dict[bytes, tuple[int, int, float] | None] = field(default_factory=dict)
+
+    def header(self, payload: bytes) -> tuple[int, int, float] | None:
+        if payload not in self.headers:
+            if len(self.headers) >= MAX_SEQUENCE_HEADERS:
+                raise DecompressionBomb(f"more than {MAX_SEQUENCE_HEADERS} AV1 sequence headers")
+            self.headers[payload] = sequence_header(payload)
+        return self.headers[payload]
+
+
+def _sequence_headers(data: _Data, reading: _Reading) -> list[tuple[int, int, float]]:
     """(``max_frame_width``, ``max_frame_height``, bytes per pixel of the decoded picture) of every sequence header
     OBU in ``data`` (AV1, 5.3 and 5.5): the decoder takes the last before a frame, so a small one first is no
-    promise. An OBU that cannot be read ends the walk; more than ``obus[0]`` is a bomb."""
+    promise. An OBU that cannot be read ends the walk; more than the ``reading`` has left is a bomb."""
     found, pos = [], 0
-    while obus[0] > 0:
-        obus[0] -= 1
+    while reading.obus > 0:
+        reading.obus -= 1
         if pos >= data.size:
             return found
         head = data.read(pos, 10)
@@ -403,7 +435,7 @@ def _sequence_headers(data: _Data, obus: list[int]) -> list[tuple[int, int, floa
         else:
             size = data.size - pos - used  # to the end of the data
         if kind == 1:
-            frame = sequence_header(data.read(pos + used, min(size, SEQUENCE_HEADER_BYTES)))
+            frame = reading.header(data.read(pos + used, min(size, SEQUENCE_HEADER_BYTES)))
             if frame is not None:
                 found.append(frame)
         pos += used + size
@@ -418,12 +450,6 @@ def _leb128(data: bytes) -> tuple[int, int | None]:
         if not byte & 0x80:
             return value, index + 1
     return 0, None
-
-
-def sequence_header_size(data: bytes) -> tuple[int, int] | None:
-    """``max_frame_width`` and ``max_frame_height`` of the largest sequence header among the OBUs in ``data``."""
-    frames = _sequence_headers(_Data.of(data), [MAX_OBUS])
-    return max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
 
 
 def sequence_header(payload: bytes) -> tuple[int, int, float] | None:
@@ -536,7 +562,7 @@ class _Bytes:
 
 
 class _Bits:
-    """AV1's bit reader (most significant bit first; ``leb128``, ``uvlc``); IndexError past the end."""
+    """AV1's bit reader (most significant bit first; ``uvlc``); IndexError past the end."""
 
     def __init__(self, data: bytes):
         self.data, self.pos = data, 0
@@ -547,20 +573,6 @@ class _Bits:
             byte = self.data[self.pos >> 3]
             value = (value << 1) | ((byte >> (7 - (self.pos & 7))) & 1)
             self.pos += 1
-        return value
-
-    def skip(self, count: int) -> None:
-        if (self.pos + count) >> 3 > len(self.data):
-            raise IndexError("past the end")
-        self.pos += count
-
-    def leb128(self) -> int:
-        value = 0
-        for index in range(8):
-            byte = self.bits(8)
-            value |= (byte & 0x7F) << (7 * index)
-            if not byte & 0x80:
-                break
         return value
 
     def uvlc(self) -> int:

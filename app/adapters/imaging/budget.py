@@ -315,11 +315,13 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
             # all released once the image is loaded
             return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
         # libavif's RGB(A) copied to bytes; the pictures and the file stay with the decoder. The pictures are of
-        # the frames the AV1 sequence headers allow, each tile's of a grid, and a frame larger than ``ispe`` says is
-        # scaled to it, a copy more
-        coded = layout.coded_pixels or pixels
-        scaled = pixels * picture if coded > pixels else 0
-        return pixels * rgb, math.ceil(max(coded, pixels) * (picture + AV1_DECODER_BYTES) + scaled) + layout.file_bytes
+        # the frames the AV1 sequence headers allow (each tile's of a grid, an alpha item's, each at its own bytes
+        # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more
+        largest = layout.coded[0] * layout.coded[1] if layout.coded else 0
+        pictures = max(layout.coded_bytes, pixels * picture)
+        decoders = max(layout.coded_pixels, pixels) * AV1_DECODER_BYTES
+        scaled = pixels * picture if largest > pixels else 0
+        return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
     if family == "WEBP":
         # libwebp's canvas and its copy of the previous frame (RGBA), and the
         # frame handed to Pillow as bytes, all kept by the open image

@@ -251,7 +251,9 @@ def _declared_orientation(img: Image.Image) -> int | None:
         exif = bytes.fromhex("".join(str(img.info["Raw profile type exif"]).split("\n")[3:]))
     if not isinstance(exif, bytes):
         return None
-    return segments.exif_orientation(io.BytesIO(exif[6:] if exif.startswith(b"Exif\x00\x00") else exif))
+    for _ in range(2):  # Pillow takes off one "Exif\0\0" or two (a second one hid the tag from a walk that took one)
+        exif = exif.removeprefix(b"Exif\x00\x00")
+    return segments.exif_orientation(io.BytesIO(exif))
 
 
 def _declared_frames(img: Image.Image, family: str) -> int | None:

@@ -46,6 +46,9 @@ MAX_SCAN_PIXELS = 2_000_000_000
 #: APP1 segments of a JPEG that start as Exif: Pillow joins each to the ones before (``info["exif"] += ...``), a
 #: copy of all of them each time (760 in 50 MB took 12 s of CPU an open: a fourth adversarial run); a photo has one
 MAX_EXIF_SEGMENTS = 16
+#: chunks of a WebP walked to tell its image from the rest (an animation of 3,000 frames has 3,000 ANMF chunks);
+#: what lies past them is priced as metadata
+MAX_WEBP_CHUNKS = 1 << 16
 #: bytes between a JPEG's segments that belong to none (fill bytes included)
 MAX_JUNK_BYTES = 1 << 20
 #: chunks of a PNG in all (a 50 MB PNG of libpng's 8 KiB IDAT chunks has some 6,000)
@@ -84,9 +87,9 @@ MAX_TIFF_DECODED_VALUES = 1 << 16
 #: TIFF field types whose values Pillow reads as one ``bytes`` object (BYTE, ASCII, SBYTE, UNDEFINED), whatever
 #: their count
 _TIFF_BYTE_TYPES = frozenset({1, 2, 6, 7})
-#: the size of a value of each TIFF field type Pillow reads (it skips a tag of any other type)
-_TIFF_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8, 17: 8,
-                    18: 8}
+#: the size of a value of each TIFF field type Pillow reads (``ImageFileDirectory_v2._load_dispatch``; it skips a
+#: tag of any other type, and keeps its next copy: SLONG8 and IFD8 copies first hid 2,000,000 strips, a review)
+_TIFF_TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4, 16: 8}
 #: the tags naming strips or tiles: StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
 _TIFF_STRIP_TAGS = (273, 279, 324, 325)
 #: data sub-blocks of a GIF in all (image data and extensions): Pillow walks them in Python, one ``read`` each,
@@ -154,8 +157,8 @@ class _TiffTag(NamedTuple):
     outside: bool
 
 
-#: the integer TIFF types: SHORT, LONG, SSHORT, SLONG, IFD, LONG8, SLONG8, IFD8
-_TIFF_INTEGERS = {3: "H", 4: "I", 8: "h", 9: "i", 13: "I", 16: "Q", 17: "q", 18: "Q"}
+#: the integer TIFF types Pillow reads: SHORT, LONG, SSHORT, SLONG, IFD, LONG8
+_TIFF_INTEGERS = {3: "H", 4: "I", 8: "h", 9: "i", 13: "I", 16: "Q"}
 #: the directories Pillow reads whole when it loads a TIFF (``TiffImageFile.load_end``: ``TAGS_V2_GROUPS``), where
 #: the first directory points to them: Exif, GPS (and Interop, pointed to from Exif's)
 _TIFF_SUB_DIRECTORIES = (34665, 34853)
@@ -547,7 +550,7 @@ def _webp_metadata(fp: BinaryIO) -> int:
         return 0
     size = fp.seek(0, 2)
     image, pos, end = 0, 12, min(size, 8 + struct.unpack("<I", head[4:8])[0])
-    for _ in range(MAX_SEGMENTS):
+    for _ in range(MAX_WEBP_CHUNKS):
         fp.seek(pos)
         chunk = fp.read(8)
         if len(chunk) < 8 or pos >= end:
