@@ -20,7 +20,8 @@ import pytest
 from PIL import Image
 
 from app.adapters.imaging import Limits, bmff, probe
-from app.errors import CorruptImage, DecompressionBomb
+from app.adapters.imaging.probe import open_checked
+from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge
 
 SMALL = Limits(max_pixels=1_000_000)  # the frames here are 2048x2048: 4.2 MP
 
@@ -230,7 +231,31 @@ HOSTILE = {  # tests/data/hostile: an 8000x8000 frame under a 64x64 ispe and tra
     "avif_forbidden_bit.avif": "a first OBU that sets the forbidden bit (dav1d decodes on past it)",
     "avif_control.avif": "the same sequence without a decoy",
     "avif_track_meta_idat.avif": "a decoy idat in a track's own meta, before the file's meta (a review)",
+    "avif_stbl_in_entry.avif": "an empty stbl inside the av01 sample entry (a fifth run): libavif reads the minf's",
 }
+
+HEIC = {  # tests/data/hostile: an 8000x8000 HEVC picture (a fifth adversarial run), 341-361 MB a render before
+    "heic_clap8000_to1.heic": "cropped (clap) to 1x1",
+    "heic_grid1_t8000.heic": "a 1x1 grid of one 8000x8000 tile",
+    "heic_ovl5_t8000.heic": "a 64x64 overlay (iovl) of five 8000x8000 items",
+    "heic_alpha8000.heic": "a 64x64 image with an 8000x8000 alpha item",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HEIC))
+def test_a_heic_is_priced_by_every_picture_libheif_decodes_not_by_what_it_makes(name, data_file):
+    """libheif decodes each coded picture at its own size (its ispe), whatever image the crop, grid, overlay or
+    alpha makes of it; pillow-heif reports that image's size, which the budget priced (8-11 MB)."""
+    path = data_file(f"hostile/{name}")
+    with open(path, "rb") as fp:
+        assert bmff.read_layout(fp).item_pixels >= 8000 * 8000, HEIC[name]
+    try:
+        with open_checked(path, Limits()) as opened:
+            assert opened.priced.total >= 8000 * 8000 * 4, f"{opened.priced.total:,} bytes priced"
+    except ImageTooLarge:
+        pass
+    with open_checked(data_file("phones/card_p3_orientation6.heic"), Limits()) as opened:
+        assert opened.priced.total < 20 * 2**20, "a photo's grid tiles are priced as the picture they make"
 
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
@@ -308,3 +333,15 @@ def test_countless_sequence_headers_and_boxes_nested_deep_are_refused_quickly(la
         nested = struct.pack(">I4s", 8 + len(nested), b"moov") + nested
     with pytest.raises(CorruptImage, match="nested"):
         bmff.read_layout(io.BytesIO(large[:boxes(large)[b"meta"][0]] + nested))
+
+
+def test_an_item_of_many_frames_is_a_bomb(large):
+    """The decoder decodes every frame of an item until one is shown: 1,000 hidden key frames in one item took 21 s
+    of CPU an open (a fifth adversarial run). A photo's item has one frame."""
+    data = item_data(large)
+    frames = [obu for obu in obus(data) if (obu[0] >> 3) & 0x0F in (3, 6)]
+    assert len(frames) == 1
+    rest = data[:data.index(frames[0])]
+    with pytest.raises(DecompressionBomb, match="frames"):
+        bmff.read_layout(io.BytesIO(with_item(large, [rest + frames[0] * (bmff.MAX_FRAMES + 1)])))
+    assert bmff.read_layout(io.BytesIO(with_item(large, [rest + frames[0] * 2]))).coded == (2048, 2048)

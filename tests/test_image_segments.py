@@ -555,3 +555,18 @@ def test_an_animation_s_frames_are_not_priced_as_metadata(tmp_path):
     frames[0].save(path, "WEBP", save_all=True, append_images=frames[1:], lossless=True)
     with open(path, "rb") as fp:
         assert segments.metadata_bytes(fp, "WEBP") < 100
+
+
+def test_the_tiles_pillow_keeps_for_a_tiff_are_priced(tmp_path):
+    """Pillow keeps a tile for each strip a TIFF lists (131,072 tiles of 1x1 pixels cost 37 MB a render, unpriced:
+    a fifth adversarial run)."""
+    from app.adapters.imaging import budget
+    from app.adapters.imaging.probe import open_checked
+
+    priced = {}
+    for strips in (64, 64 + segments.TIFF_SPARE_STRIPS):
+        path = tmp_path / f"{strips}.tif"
+        path.write_bytes(tiff_of_strips(strips))
+        with open_checked(path, Limits()) as opened:
+            priced[strips] = dict(opened.priced.parts)["decode"]
+    assert priced[64 + segments.TIFF_SPARE_STRIPS] - priced[64] >= segments.TIFF_SPARE_STRIPS * budget.TIFF_TILE_BYTES

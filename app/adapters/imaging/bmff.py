@@ -68,6 +68,12 @@ MAX_DEPTH = 32
 #: Distinct AV1 sequence headers read in one file, at most (a photo's items share one; each takes the walk up to
 #: 0.4 ms in Python: 16,000 of them took 6 s a read, a review); more is a bomb.
 MAX_SEQUENCE_HEADERS = 256
+#: Frames in one AV1 item's data (or a sequence's first sample), at most: a photo's has one, a video frame's a few
+#: (hidden ones it refers to); the decoder decodes each until it shows one (1,000 hidden key frames in one item
+#: took 21 s of CPU an open: an adversarial run).
+MAX_FRAMES = 16
+#: The item types whose data is a coded picture, decoded at its ``ispe``'s size whatever the image it makes.
+CODED_ITEMS = frozenset({b"hvc1", b"av01"})
 #: The most OBUs of a file's AV1 items (and image sequences' first samples) walked for sequence headers: each of a
 #: photo's has 3-5 (a temporal delimiter, a sequence header, a frame, or a frame header and its tile groups), and a
 #: grid a few hundred items. More is a bomb: the frames they make could not be priced.
@@ -122,6 +128,20 @@ class Layout:
     #: the bytes of those pictures (each frame's pixels at its own sequence header's bytes per pixel: an alpha
     #: item's are grey)
     coded_bytes: float = 0.0
+    #: pixels of every coded item (HEVC or AV1), by the ``ispe`` associated with it, summed: libheif decodes each
+    #: picture the image is made of at its own size, whatever crop (``clap``), grid, overlay or alpha makes of it
+    #: (a 1x1 crop of an 8000x8000 picture rendered in 341 MB priced as 1x1: an adversarial run)
+    item_pixels: int = 0
+
+
+def _item_pixels(found: "_Found") -> int:
+    total = 0
+    for item, kind in found.item_types.items():
+        if kind in CODED_ITEMS:
+            sizes = [found.properties[index - 1] for index in found.associations.get(item, ())
+                     if 0 < index <= len(found.properties) and found.properties[index - 1]]
+            total += max((width * height for width, height in sizes), default=0)
+    return total
 
 
 def read_layout(fp: BinaryIO) -> Layout:
@@ -149,7 +169,7 @@ def read_layout(fp: BinaryIO) -> Layout:
         sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
         coded_pixels = max(sum(w * h for w, h, _ in source) for source in decoded.values())
         coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
-        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes)
+        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found))
     finally:
         fp.seek(position)
 
@@ -169,6 +189,11 @@ class _Found:
     idat: int | None = None
     #: the sample table being walked: its first sample's size and chunk offset, whether its entries are AV1
     table: dict = field(default_factory=dict)
+    #: each item's type (``iinf``), the ``ipco`` properties in order (an ``ispe``'s size, or None), and each item's
+    #: properties by their index from 1 (``ipma``)
+    item_types: dict[int, bytes] = field(default_factory=dict)
+    properties: list[tuple[int, int] | None] = field(default_factory=list)
+    associations: dict[int, list[int]] = field(default_factory=dict)
     #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
     #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
     extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
@@ -233,11 +258,20 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
         box_end = offset + size
         if box_end > file_end:
             return True
+        if parent == b"/meta/iprp/ipco":
+            found.properties.append(None)
         if kind == b"ispe":
             fp.seek(offset + header_size)
             payload = fp.read(12)
             if len(payload) == 12:
                 found.sizes.append(struct.unpack(">II", payload[4:12]))
+                if parent == b"/meta/iprp/ipco":
+                    found.properties[-1] = found.sizes[-1]
+        elif kind == b"ipma" and parent == b"/meta/iprp":
+            if size - header_size > MAX_ILOC_BYTES:
+                raise DecompressionBomb(f"an item property association box of more than {MAX_ILOC_BYTES} bytes")
+            fp.seek(offset + header_size)
+            _associate(fp.read(size - header_size), found.associations)
         elif kind in _CONFIG_READ:
             fp.seek(offset + header_size)
             config = fp.read(min(size - header_size, 4 + SEQUENCE_HEADER_BYTES))
@@ -262,6 +296,7 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             entry = fp.read(14)
             if len(entry) >= 12 and entry[0] >= 2:  # versions 2 and 3 name the item's type
                 item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
+                found.item_types[int.from_bytes(item_id, "big")] = item_type
                 if item_type == b"av01":
                     found.av1_items.add(int.from_bytes(item_id, "big"))
         elif kind == b"idat" and parent == b"/meta" and found.idat is None:
@@ -273,7 +308,7 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             if len(header) >= at + 8:
                 width, height = struct.unpack_from(">II", header, at)
                 found.sizes.append((width >> 16, height >> 16))  # 16.16 fixed point: what libavif reports
-        elif kind == b"av01":  # a track's sample entry: its size, then its boxes (av1C)
+        elif kind == b"av01" and parent.endswith(b"/stsd"):  # a track's sample entry: its size, then its boxes
             fp.seek(offset + header_size + 24)
             entry = fp.read(4)
             if len(entry) == 4:
@@ -282,7 +317,7 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             if _walk(fp, offset + header_size + _SAMPLE_ENTRY_BYTES, min(box_end, stop), file_end, found, budget,
                      parent + b"/" + kind):
                 return True
-        elif kind == b"stbl":
+        elif kind == b"stbl" and parent.endswith(b"/minf"):
             found.table = {}
             if _walk(fp, offset + header_size, min(box_end, stop), file_end, found, budget, parent + b"/" + kind):
                 return True
@@ -298,6 +333,23 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 return True
         offset = box_end
     return False
+
+
+def _associate(payload: bytes, associations: dict[int, list[int]]) -> None:
+    """Each item's property indices from an ``ipma`` box (ISO/IEC 23008-12, 9.3); what cannot be read ends it."""
+    reader = _Bytes(payload)
+    try:
+        version, flags = reader.int(1), reader.int(3)
+        count = reader.int(4)
+        if count > MAX_BOXES:
+            raise DecompressionBomb(f"more than {MAX_BOXES} items")
+        for _ in range(count):
+            item = reader.int(2 if version < 1 else 4)
+            for _ in range(reader.int(1)):
+                value = reader.int(2 if flags & 1 else 1)
+                associations.setdefault(item, []).append(value & (0x7FFF if flags & 1 else 0x7F))
+    except IndexError:
+        return
 
 
 def _sample_table(kind: bytes, fp: BinaryIO, payload: int, table: dict) -> None:
@@ -418,7 +470,7 @@ def _sequence_headers(data: _Data, reading: _Reading) -> list[tuple[int, int, fl
     """(``max_frame_width``, ``max_frame_height``, bytes per pixel of the decoded picture) of every sequence header
     OBU in ``data`` (AV1, 5.3 and 5.5): the decoder takes the last before a frame, so a small one first is no
     promise. An OBU that cannot be read ends the walk; more than the ``reading`` has left is a bomb."""
-    found, pos = [], 0
+    found, pos, frames = [], 0, 0
     while reading.obus > 0:
         reading.obus -= 1
         if pos >= data.size:
@@ -434,6 +486,10 @@ def _sequence_headers(data: _Data, reading: _Reading) -> list[tuple[int, int, fl
             used += length
         else:
             size = data.size - pos - used  # to the end of the data
+        if kind in (3, 6):  # a frame header, or a frame
+            frames += 1
+            if frames > MAX_FRAMES:
+                raise DecompressionBomb(f"an AV1 image of more than {MAX_FRAMES} frames")
         if kind == 1:
             frame = reading.header(data.read(pos + used, min(size, SEQUENCE_HEADER_BYTES)))
             if frame is not None:

@@ -144,6 +144,8 @@ WEBP_OUTPUT_BYTES = 22
 #: libavif's YUV picture and libaom's encoder state, with the images above
 #: (measured: 40 B/px for a 256 px output, 24 B/px at 2048 px).
 AVIF_OUTPUT_BYTES = 40
+#: What Pillow keeps for each strip or tile a TIFF lists (its tile tuple; measured: some 270 bytes).
+TIFF_TILE_BYTES = 300
 #: The alpha plane of a HEIC or AVIF picture (a second, grey picture), at 16 bits.
 ALPHA_PICTURE_BYTES = 2
 #: dav1d's own frame state besides the picture, per pixel (measured: under 1 B/px
@@ -311,9 +313,9 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
             picture += ALPHA_PICTURE_BYTES
             rgb = 4
         if family == "HEIF":
-            # the file (pillow-heif's bytes and libheif's copy), the picture and the RGB(A),
-            # all released once the image is loaded
-            return math.ceil(pixels * (picture + rgb)) + 2 * layout.file_bytes, 0
+            # the file (pillow-heif's bytes and libheif's copy), the pictures and the RGB(A), all released once the
+            # image is loaded; each coded picture at its own size, whatever crop, grid, overlay or alpha makes of it
+            return math.ceil(max(layout.item_pixels, pixels) * (picture + rgb)) + 2 * layout.file_bytes, 0
         # libavif's RGB(A) copied to bytes; the pictures and the file stay with the decoder. The pictures are of
         # the frames the AV1 sequence headers allow (each tile's of a grid, an alpha item's, each at its own bytes
         # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more
@@ -329,7 +331,8 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
     if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
         return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
     if family == "TIFF":
-        return _tiff_buffer_bytes(img), 0
+        # and the tile Pillow keeps for each strip or tile it lists (131,072 tiles of 1x1 cost 37 MB: a run)
+        return _tiff_buffer_bytes(img), TIFF_TILE_BYTES * len(img.tile)
     return 0, 0
 
 
