@@ -148,7 +148,8 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
         with Image.open(path) as img, open(path, "rb") as fp:
             decode[path.name] = dict(budget.estimate(img, "HEIF", fp, spec).parts)["decode"]
             assert fp.tell() == 0, "the container walk restores the file position"
-    assert decode["deep.heic"] - decode[heic.name] == 600 * 400 * (6 - 1.5)
+    tiles = 6 * 256 * 256  # the grid's 2x3 tiles of 256x256, decoded whole, though the image is 400x600
+    assert decode["deep.heic"] - decode[heic.name] == tiles * (6 - 1.5)
     # libavif checks av1C against the AV1 stream, so an AVIF cannot be patched so: its 8-bit 4:2:0
     # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
     # and the file it holds
