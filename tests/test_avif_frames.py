@@ -175,8 +175,8 @@ def test_countless_obus_are_a_bomb_and_countless_item_tables_are_read_quickly(la
 
 
 def with_items(data: bytes, count: int) -> bytes:
-    """``data`` (a still AVIF of Pillow's) with ``count`` AV1 items, each the first one's data and properties: as a
-    grid's tiles are."""
+    """``data`` (a still AVIF of Pillow's) with ``count`` AV1 items, each the first one's data and properties, the
+    first derived from the others (``dimg``): as a grid's tiles are, for the walk."""
     meta_at, meta_size = boxes(data)[b"meta"]
     meta = data[meta_at:meta_at + meta_size]
 
@@ -196,7 +196,10 @@ def with_items(data: bytes, count: int) -> bytes:
     iloc_at, iloc = box(b"iloc")
     assert iloc[8:14] == bytes([0, 0, 0, 0, 0x44, 0x00])
     entry = iloc[16:]
-    grown = (len(iinf_new) - len(iinf) + 8) + (len(ipma_new) - len(ipma) + 8) + (count - 1) * len(entry)
+    dimg = struct.pack(">I4sHH", 8 + 4 + 2 * (count - 1), b"dimg", 1, count - 1) + b"".join(
+        struct.pack(">H", k) for k in range(2, count + 1))
+    iref = struct.pack(">I4s", 12 + len(dimg), b"iref") + bytes(4) + dimg
+    grown = (len(iinf_new) - len(iinf) + 8) + (len(ipma_new) - len(ipma) + 8) + (count - 1) * len(entry) + len(iref)
     offset = struct.unpack_from(">I", entry, 6)[0] + grown
     iloc_new = iloc[8:14] + struct.pack(">H", count) + b"".join(
         struct.pack(">HHH", k, 0, 1) + struct.pack(">I", offset) + entry[10:] for k in range(1, count + 1))
@@ -204,6 +207,7 @@ def with_items(data: bytes, count: int) -> bytes:
     for at, old, kind, payload in sorted([(iinf_at, iinf, b"iinf", iinf_new), (ipma_at, ipma, b"ipma", ipma_new),
                                           (iloc_at, iloc, b"iloc", iloc_new)], reverse=True):
         out[at:at + len(old)] = struct.pack(">I4s", 8 + len(payload), kind) + payload
+    out += iref  # at the end of meta
     iprp = out.index(b"iprp") - 4
     struct.pack_into(">I", out, iprp, struct.unpack_from(">I", out, iprp)[0] + len(ipma_new) + 8 - len(ipma))
     struct.pack_into(">I", out, 0, len(out))
@@ -211,13 +215,17 @@ def with_items(data: bytes, count: int) -> bytes:
     return data[:meta_at] + bytes(out) + data[meta_at + meta_size:]
 
 
-def test_every_av1_item_s_frame_is_priced_as_a_grid_s_tiles_are_held(tmp_path, large):
+def test_every_av1_item_s_frame_is_priced_as_a_grid_s_tiles_are_held(large):
     """libavif decodes each of a grid's tiles with a decoder of its own and holds them together: a one-row grid of
-    tall tiles under a small ``ispe`` was priced as one tile (an adversarial run)."""
+    tall tiles under a small ``ispe`` was priced as one tile (an adversarial run). Items the primary image is not
+    made of (a thumbnail, a depth map) are not decoded, and not priced."""
     one = bmff.read_layout(io.BytesIO(large))
     assert one.coded_pixels == 2048 * 2048
     four = with_items(large, 4)
-    assert decodes(tmp_path, "four.avif", four) == (2048, 2048), "a file libavif reads"
+    unreferenced = four.replace(b"dimg", b"thmb")
+    assert bmff.read_layout(io.BytesIO(unreferenced)).coded_pixels == 2048 * 2048
+    # (libavif would refuse these items as a grid: it takes a grid item's tiles; the walk follows dimg from the
+    # primary whatever its type, as the real grids of tests/data/hostile/heic_grid1_t8000.heic show for libheif)
     layout = bmff.read_layout(io.BytesIO(four))
     assert layout.coded == (2048, 2048) and layout.coded_pixels == 4 * 2048 * 2048
 
@@ -239,6 +247,7 @@ HEIC = {  # tests/data/hostile: an 8000x8000 HEVC picture (a fifth adversarial r
     "heic_grid1_t8000.heic": "a 1x1 grid of one 8000x8000 tile",
     "heic_ovl5_t8000.heic": "a 64x64 overlay (iovl) of five 8000x8000 items",
     "heic_alpha8000.heic": "a 64x64 image with an 8000x8000 alpha item",
+    "heic_grid_decoy_type.heic": "the 1x1 grid, its tile's item declared again as mime after (a sixth run)",
 }
 
 
@@ -345,3 +354,10 @@ def test_an_item_of_many_frames_is_a_bomb(large):
     with pytest.raises(DecompressionBomb, match="frames"):
         bmff.read_layout(io.BytesIO(with_item(large, [rest + frames[0] * (bmff.MAX_FRAMES + 1)])))
     assert bmff.read_layout(io.BytesIO(with_item(large, [rest + frames[0] * 2]))).coded == (2048, 2048)
+
+
+def test_a_second_meta_is_corrupt(data_file):
+    """libheif reads a file's last meta, libavif its first: a decoy meta of 1x1 ispe before the real one lent them
+    to the real items' indices, and an 8000x8000 picture was priced 11 MB (a sixth adversarial run)."""
+    with pytest.raises(CorruptImage, match="meta"):
+        probe(data_file("hostile/heic_meta_decoy_first.heic"), Limits())

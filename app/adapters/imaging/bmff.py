@@ -134,10 +134,34 @@ class Layout:
     item_pixels: int = 0
 
 
+#: The auxiliary types (``auxC``) of an alpha plane, which the decoder decodes with its image.
+ALPHA_TYPES = frozenset({b"urn:mpeg:mpegB:cicp:systems:auxiliary:alpha", b"urn:mpeg:hevc:2015:auxid:1"})
+
+
+def _decoded_items(found: "_Found") -> set[int] | None:
+    """The items decoding the primary image decodes (``pitm``): it, the items it is derived from (``dimg``: a
+    grid's tiles, an overlay's inputs, theirs in turn), and its alpha (``auxl`` with an alpha ``auxC``), but not
+    its thumbnails, depth or gain map; None without a primary (then every item counts)."""
+    if found.primary is None:
+        return None
+    decoded, todo = set(), [found.primary]
+    alphas = {item for item, targets in found.references.get(b"auxl", {}).items()
+              if any(found.aux_types.get(index) in ALPHA_TYPES for index in found.associations.get(item, ()))}
+    while todo and len(decoded) <= MAX_BOXES:
+        item = todo.pop()
+        if item in decoded:
+            continue
+        decoded.add(item)
+        todo += found.references.get(b"dimg", {}).get(item, [])
+        todo += [alpha for alpha in alphas if item in found.references[b"auxl"][alpha]]
+    return decoded
+
+
 def _item_pixels(found: "_Found") -> int:
+    decoded = _decoded_items(found)
     total = 0
     for item, kind in found.item_types.items():
-        if kind in CODED_ITEMS:
+        if kind in CODED_ITEMS and (decoded is None or item in decoded):
             sizes = [found.properties[index - 1] for index in found.associations.get(item, ())
                      if 0 < index <= len(found.properties) and found.properties[index - 1]]
             total += max((width * height for width, height in sizes), default=0)
@@ -158,8 +182,9 @@ def read_layout(fp: BinaryIO) -> Layout:
         reading = _Reading()
         frames = [frame for config in found.configs for frame in _sequence_headers(_Data.of(config), reading)]
         decoded: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}  # an item's, a track's
+        wanted = _decoded_items(found)
         for item_id, method, extents in found.items:
-            if item_id in found.av1_items:
+            if item_id in found.av1_items and (wanted is None or isinstance(item_id, tuple) or item_id in wanted):
                 item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), reading)
                 frames += item_frames
                 if item_frames:
@@ -194,6 +219,13 @@ class _Found:
     item_types: dict[int, bytes] = field(default_factory=dict)
     properties: list[tuple[int, int] | None] = field(default_factory=list)
     associations: dict[int, list[int]] = field(default_factory=dict)
+    #: the primary item (``pitm``), the items' references by type (``iref``: {type: {from: [to, ...]}}) and the
+    #: ``auxC`` types of the properties, by index
+    primary: int | None = None
+    references: dict[bytes, dict[int, list[int]]] = field(default_factory=dict)
+    aux_types: dict[int, bytes] = field(default_factory=dict)
+    #: the top-level ``meta`` boxes seen (libheif reads the last, libavif the first: a second is refused)
+    metas: int = 0
     #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
     #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
     extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
@@ -260,6 +292,10 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             return True
         if parent == b"/meta/iprp/ipco":
             found.properties.append(None)
+        if kind == b"meta" and not parent:
+            found.metas += 1
+            if found.metas > 1:  # a decoy meta before the one libheif reads lent its ispe to the other's items
+                raise CorruptImage("the file has more than one meta box")
         if kind == b"ispe":
             fp.seek(offset + header_size)
             payload = fp.read(12)
@@ -285,7 +321,20 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
             fp.seek(offset + header_size)
             found.items.extend(_item_locations(fp.read(size - header_size), found.extents_left))
-        elif kind == b"iinf" and parent == b"/meta":
+        elif kind == b"auxC" and parent == b"/meta/iprp/ipco":
+            fp.seek(offset + header_size + 4)
+            found.aux_types[len(found.properties)] = fp.read(min(size - header_size - 4, 256)).split(b"\x00")[0]
+        elif kind == b"pitm" and parent == b"/meta" and found.primary is None:
+            fp.seek(offset + header_size)
+            head = fp.read(8)
+            if len(head) >= 6:
+                found.primary = int.from_bytes(head[4:6] if head[0] == 0 else head[4:8], "big")
+        elif kind == b"iref" and parent == b"/meta":
+            if size - header_size > MAX_ILOC_BYTES:
+                raise DecompressionBomb(f"an item reference box of more than {MAX_ILOC_BYTES} bytes")
+            fp.seek(offset + header_size)
+            _refer(fp.read(size - header_size), found.references)
+        elif kind == b"iinf" and parent == b"/meta" and not found.item_types:
             fp.seek(offset + header_size)
             version = fp.read(1)[:1]
             inner = offset + header_size + 4 + (2 if version == b"\x00" else 4)
@@ -296,9 +345,10 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             entry = fp.read(14)
             if len(entry) >= 12 and entry[0] >= 2:  # versions 2 and 3 name the item's type
                 item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
-                found.item_types[int.from_bytes(item_id, "big")] = item_type
-                if item_type == b"av01":
-                    found.av1_items.add(int.from_bytes(item_id, "big"))
+                item = int.from_bytes(item_id, "big")
+                found.item_types.setdefault(item, item_type)  # libheif keeps an item's first entry (a decoy after it)
+                if found.item_types[item] == b"av01":
+                    found.av1_items.add(item)
         elif kind == b"idat" and parent == b"/meta" and found.idat is None:
             found.idat = offset + header_size
         elif kind == b"tkhd":
@@ -333,6 +383,26 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 return True
         offset = box_end
     return False
+
+
+def _refer(payload: bytes, references: dict[bytes, dict[int, list[int]]]) -> None:
+    """The item references of an ``iref`` box (ISO/IEC 14496-12, 8.11.12): {type: {from: [to, ...]}}."""
+    reader = _Bytes(payload)
+    try:
+        width = 2 if reader.int(1) == 0 else 4
+        reader.int(3)
+        while reader.pos + 8 <= len(payload):
+            size, kind = reader.int(4), reader.data[reader.pos:reader.pos + 4]
+            end = reader.pos - 4 + size
+            reader.int(4)
+            if size < 8 or end > len(payload):
+                return
+            source = reader.int(width)
+            targets = [reader.int(width) for _ in range(reader.int(2))]
+            references.setdefault(kind, {}).setdefault(source, []).extend(targets)
+            reader.pos = end
+    except IndexError:
+        return
 
 
 def _associate(payload: bytes, associations: dict[int, list[int]]) -> None:
