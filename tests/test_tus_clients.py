@@ -36,7 +36,9 @@ LINK_BYTES_PER_SECOND = 160 * 1024  # about 12 s for the photo
 
 @pytest.fixture
 def deployment(env, tmp_path):
-    deployment = Deployment({**env, "ATTACHE_UPLOAD_CHUNK_BYTES": str(CHUNK)}, tmp_path)
+    spool = tmp_path / "spool"  # a web killed mid-upload leaves its spool file here, not in the machine's /tmp
+    spool.mkdir()
+    deployment = Deployment({**env, "ATTACHE_UPLOAD_CHUNK_BYTES": str(CHUNK), "TMPDIR": str(spool)}, tmp_path)
     yield deployment
     deployment.stop_all()
 
