@@ -570,3 +570,11 @@ def test_the_tiles_pillow_keeps_for_a_tiff_are_priced(tmp_path):
         with open_checked(path, Limits()) as opened:
             priced[strips] = dict(opened.priced.parts)["decode"]
     assert priced[64 + segments.TIFF_SPARE_STRIPS] - priced[64] >= segments.TIFF_SPARE_STRIPS * budget.TIFF_TILE_BYTES
+
+
+def test_a_sequential_jpeg_of_countless_scans_is_a_bomb(data_file):
+    """libjpeg reads a sequential JPEG scan by scan when its first scan holds fewer than all its components, a
+    pass over the image each: 1,000 repeats of its three scans in 42 KB of arithmetic coding (SOF9) took 14 s of
+    CPU a render (a seventh adversarial run; the walk counted only a progressive JPEG's scans)."""
+    with pytest.raises(DecompressionBomb, match="scans"):
+        probe(data_file("hostile/jpeg_arith_4096_1000_scans.jpg"), Limits())
