@@ -479,12 +479,24 @@ def exif_with_orientation(kind: int, values: int, value: int = 6) -> bytes:
     return b"II*\x00" + struct.pack("<I", 8) + struct.pack("<H", 1) + entry + bytes(4) + values_bytes
 
 
+def probed_cheaply(path, most: int = 4_000_000):
+    """``probe(path)``, asserting it allocated less than ``most`` bytes in Python at its peak."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        found = probe(path, Limits())
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < most, f"{peak:,} bytes to probe {path.name}"
+    return found
+
+
 def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     """Pillow decodes every value of a tag it is asked for: an Orientation of 1,000,000 RATIONALs in a PNG's eXIf
     (8 MB) took 165 MB of the web's probe; the tag is read by the walk, and such a tag is no orientation, as it is
     none to Pillow (a tuple)."""
-    import tracemalloc
-
     png = encoded("PNG")
     at = png.index(b"IDAT") - 4
     path = tmp_path / "turned.png"
@@ -492,13 +504,7 @@ def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     assert probe(path, Limits()).orientation == 6
     path = tmp_path / "many.png"
     path.write_bytes(png[:at] + png_chunk(b"eXIf", exif_with_orientation(5, 100_000)) + png[at:])
-    tracemalloc.start()
-    try:
-        assert probe(path, Limits()).orientation == 1
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 4_000_000, f"{peak:,} bytes to read the orientation of a 64x64 PNG"
+    assert probed_cheaply(path).orientation == 1
     webp = io.BytesIO()
     Image.new("RGB", (64, 64)).save(webp, "WEBP", exif=b"Exif\x00\x00" + exif_with_orientation(3, 1, 8))
     path = tmp_path / "turned.webp"
@@ -512,13 +518,7 @@ def test_an_orientation_of_countless_values_is_not_decoded(tmp_path):
     # Pillow puts an "Exif\0\0" before an eXIf chunk's, and takes off two (a review: the walk took one)
     path = tmp_path / "twice.png"
     path.write_bytes(png[:at] + png_chunk(b"eXIf", b"Exif\x00\x00" + exif_with_orientation(5, 100_000)) + png[at:])
-    tracemalloc.start()
-    try:
-        assert probe(path, Limits()).orientation == 1
-        peak = tracemalloc.get_traced_memory()[1]
-    finally:
-        tracemalloc.stop()
-    assert peak < 4_000_000, f"{peak:,} bytes to read the orientation of a 64x64 PNG"
+    assert probed_cheaply(path).orientation == 1
 
 
 def test_a_jpeg_is_walked_past_an_early_eoi_and_its_exif_segments_are_counted(tmp_path):
