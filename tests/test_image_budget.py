@@ -401,3 +401,15 @@ def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None
     assert len(results) == 4 and all(r.width == 1500 for r in results)
     assert budget.RESERVATIONS.peak <= 2 * price  # three never fit at once
     assert budget.RESERVATIONS.in_use == 0
+
+
+def test_a_tiff_not_in_ycbcr_is_priced_by_its_raw_strip(tmp_path) -> None:
+    """Only YCbCr takes Pillow's RGBA path (4 bytes a pixel for a strip): a 1-bit G4 scan of 4960x7016 in one strip
+    was priced 166 MB to decode against 38 MB measured (a seventh adversarial run), and such scans of 55-64 MP were
+    refused."""
+    path = tmp_path / "scan.tif"
+    Image.new("1", (4960, 7016), 1).save(path, compression="group4", strip_size=1 << 30)
+    with Image.open(path) as img, open(path, "rb") as fp:
+        assert img.tag_v2.get(278, 7016) >= 7016, "one strip, as scanners write them"
+        decode = dict(budget.estimate(img, "TIFF", fp, PIPELINE_V1_SPECS["thumbnail"]).parts)["decode"]
+    assert decode < 80 * 2**20, f"{decode / 2**20:.0f} MB priced to decode"
