@@ -184,11 +184,12 @@ def read_layout(fp: BinaryIO) -> Layout:
         decoded: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}  # an item's, a track's
         wanted = _decoded_items(found)
         for item_id, method, extents in found.items:
-            if item_id in found.av1_items and (wanted is None or isinstance(item_id, tuple) or item_id in wanted):
+            track = isinstance(item_id, tuple)  # a track's first sample (only AV1 tracks are kept): always decoded
+            if track or (found.item_types.get(item_id) == b"av01" and (wanted is None or item_id in wanted)):
                 item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), reading)
                 frames += item_frames
                 if item_frames:
-                    decoded[isinstance(item_id, tuple)].append(max(item_frames, key=lambda f: f[0] * f[1] * f[2]))
+                    decoded[track].append(max(item_frames, key=lambda f: f[0] * f[1] * f[2]))
         picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
         coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
         sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
@@ -204,10 +205,8 @@ class _Found:
     sizes: list[tuple[int, int]] = field(default_factory=list)
     pictures: list[float] = field(default_factory=list)
     #: each item's data (``iloc``), and each AV1 track's first sample: (item ID, construction method, extents of
-    #: (offset, length), a length of 0 running to the end of the file); a track's ID is ``("track", n)``
+    #: (offset, length), a length of 0 running to the end of the file); an AV1 track's ID is ``("track", n)``
     items: list[tuple[object, int, list[tuple[int, int]]]] = field(default_factory=list)
-    #: the IDs of the items ``iinf`` says are AV1 pictures (``av01``), and of the tracks whose samples are AV1
-    av1_items: set = field(default_factory=set)
     #: the OBUs each ``av1C`` carries (its ``configOBUs``: a sequence header, if any)
     configs: list[bytes] = field(default_factory=list)
     #: where the ``idat`` box's data starts (items of construction method 1 are in it), or None
@@ -347,8 +346,6 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 item_id, item_type = (entry[4:6], entry[8:12]) if entry[0] == 2 else (entry[4:8], entry[10:14])
                 item = int.from_bytes(item_id, "big")
                 found.item_types.setdefault(item, item_type)  # libheif keeps an item's first entry (a decoy after it)
-                if found.item_types[item] == b"av01":
-                    found.av1_items.add(item)
         elif kind == b"idat" and parent == b"/meta" and found.idat is None:
             found.idat = offset + header_size
         elif kind == b"tkhd":
@@ -374,7 +371,6 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             if found.table.get("av1") and "offset" in found.table:
                 track = ("track", len(found.items))
                 found.items.append((track, 0, [(found.table["offset"], found.table.get("size", 0))]))
-                found.av1_items.add(track)
         elif kind in (b"stsz", b"stco", b"co64") and parent.endswith(b"/stbl"):
             _sample_table(kind, fp, offset + header_size, found.table)
         elif kind in _CONTAINERS:

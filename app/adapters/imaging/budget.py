@@ -184,12 +184,14 @@ def pixel_bytes(mode: str) -> int:
     return 4
 
 
-def check(img: Image.Image, family: str, fp: BinaryIO, limits, spec: VariantSpec | None = None) -> Estimate:
-    """Price the render (or, without *spec*, the costliest of :data:`PROBE_SPECS`).
+def check(img: Image.Image, family: str, fp: BinaryIO, limits, spec: VariantSpec | None = None, *,
+          metadata: int | None = None) -> Estimate:
+    """Price the render (or, without *spec*, the costliest of :data:`PROBE_SPECS`); ``metadata``, the file's
+    :func:`segments.metadata_bytes` if already known (:func:`segments.check` gives it).
 
     :raises ImageTooLarge: the estimate exceeds ``limits.max_decode_bytes``.
     """
-    est = estimate(img, family, fp, spec)
+    est = estimate(img, family, fp, spec, metadata=metadata)
     if est.total > limits.max_decode_bytes:
         width, height = img.size
         raise ImageTooLarge(
@@ -199,7 +201,8 @@ def check(img: Image.Image, family: str, fp: BinaryIO, limits, spec: VariantSpec
     return est
 
 
-def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | None = None) -> Estimate:
+def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | None = None, *,
+             metadata: int | None = None) -> Estimate:
     """The largest priced peak over the derivatives asked for (see the module doc)."""
     specs = (spec,) if spec is not None else PROBE_SPECS
     if family == "JPEG":
@@ -211,7 +214,9 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
         orientations = (1, 6)  # known only after decoding: price both axes
         coefficients = 0
     transient, kept = _decoder_bytes(img, family, fp)
-    decoder = (transient, kept + METADATA_COPIES * segments.metadata_bytes(fp, family))
+    if metadata is None:
+        metadata = segments.metadata_bytes(fp, family)
+    decoder = (transient, kept + METADATA_COPIES * metadata)
     best: Estimate | None = None
     for one in specs:
         for orientation in orientations:

@@ -160,7 +160,7 @@ def open_checked(
         family = claimed_family(fp.read(SNIFF_BYTES), limits)
         if family in ("HEIF", "AVIF"):
             _check_container(fp, limits)
-        segments.check(fp, family)  # what Pillow would walk in Python before the pixels, and a JPEG's scans
+        metadata = segments.check(fp, family)  # what Pillow would walk in Python before the pixels, a JPEG's scans
         fp.seek(0)
         try:
             with bomb_warnings_as_errors():
@@ -175,7 +175,7 @@ def open_checked(
         with img:
             _check(img, family, limits)
             try:
-                priced = budget.check(img, family, fp, limits, spec)
+                priced = budget.check(img, family, fp, limits, spec, metadata=metadata)
             except MALFORMED_ERRORS as exc:
                 raise translate_open_error(exc) from exc
             yield Opened(img, family, priced)

@@ -106,8 +106,11 @@ MAX_GIF_EXTENSION_BLOCKS = 100_000
 _GIF_INTRO = re.compile(rb"[\x21\x2c\x3b]")
 
 
-def check(fp: BinaryIO, family: str) -> None:
-    """Refuse ``fp`` (an open file of ``family``, as sniffed) if its structure is out of bounds."""
+def check(fp: BinaryIO, family: str) -> int:
+    """Refuse ``fp`` (an open file of ``family``, as sniffed) if its structure is out of bounds; its
+    :func:`metadata_bytes` (a GIF's from the same walk: it is the longest)."""
+    if family == "GIF":
+        return _gif(fp)
     if family == "JPEG":
         _jpeg(fp)
     elif family == "PNG":
@@ -116,8 +119,7 @@ def check(fp: BinaryIO, family: str) -> None:
         _bmp(fp)
     elif family == "TIFF":
         _tiff(fp)
-    elif family == "GIF":
-        _gif(fp)
+    return metadata_bytes(fp, family)
 
 
 def _tiff(fp: BinaryIO) -> None:
