@@ -473,3 +473,13 @@ def test_slow_endpoints_that_answer_never_keep_a_fast_one_waiting(app, engine, r
                                     follow_on_seconds=0.2), 1)
     assert len(fast.calls) == 3 and all(len(r.calls) == 3 for r in slow)
     assert fast.times[-1] < max(r.times[-1] for r in slow), "the fast endpoint waited for every slow one's backlog"
+
+
+def test_a_thread_that_drained_its_endpoint_takes_anothers_due_deliveries(app, engine, receivers, data_file):
+    """A thread going on with a quick endpoint's backlog ended when it had drained it, though another endpoint had
+    deliveries due: with one thread, a round delivered 3 of 6 and the rest waited for the next round."""
+    quick = [receivers(), receivers()]
+    _four_due_before_the_fifth(app, engine, data_file, quick)
+    _rounds(engine, DelivererConfig(policy=NOW, max_attempts=3, concurrency=1, allow_private=True,
+                                    follow_on_seconds=60), 1)
+    assert [len(r.calls) for r in quick] == [3, 3]
