@@ -13,6 +13,10 @@ and by ``make bench`` (see tests/data/README.md, "Hostile files").
   decoded, then a scaled copy and 8 bits.
 * :func:`progressive_jpeg` - a progressive JPEG; libjpeg keeps the whole
   image's DCT coefficients (2 B per sample) whatever the draft scale.
+* :func:`vp8l_groups` - a lossless WebP stream whose entropy image names
+  one group of prefix codes per pixel (65,536 at 1024x1024, 295 KB):
+  libwebp builds every group's tables before a pixel; :func:`webp_file`
+  puts it in a file (a still VP8L, an ``ALPH`` chunk, a first frame).
 """
 
 from __future__ import annotations
@@ -117,4 +121,88 @@ def progressive_jpeg(path: Path, size: tuple[int, int] = (HOSTILE_SIDE, HOSTILE_
     at full size; at 8000x8000 L that is 64 MB in the calling process.
     """
     Image.new("L", size, 128).save(path, "JPEG", quality=50, progressive=True)
+    return path
+
+
+class _BitWriter:
+    """Bits packed least significant first, as VP8L reads them."""
+
+    def __init__(self) -> None:
+        self.value, self.count = 0, 0
+
+    def put(self, value: int, count: int) -> None:
+        self.value |= value << self.count
+        self.count += count
+
+    def bytes(self) -> bytes:
+        return self.value.to_bytes((self.count + 7) // 8, "little")
+
+
+def _one_symbol_code(out: _BitWriter, symbol: int = 0) -> None:
+    out.put(0b0001 | (symbol & 1) << 3, 4)  # simple, one symbol, of 1 bit: it takes no bits to read
+
+
+def _flat_code(out: _BitWriter, symbols: int) -> None:
+    """A normal code giving the first ``symbols`` (256) of its alphabet 8 bits each, the rest none."""
+    out.put(0, 1)
+    out.put(12 - 4, 4)  # code-length code lengths for 17, 18, 0..5, 16, 6, 7, 8: only 8 is used
+    for i in range(12):
+        out.put(1 if i == 11 else 0, 3)
+    out.put(1, 1)  # a count of lengths: 2 + (254 in 8 bits)
+    out.put(3, 3)
+    out.put(symbols - 2, 8)
+
+
+def vp8l_groups(width: int = 1024, height: int = 1024, *, header: bool = True) -> bytes:
+    """A VP8L stream of ``width`` x ``height`` (with its 5-byte header, or without for an ``ALPH`` chunk): no
+    transform, an entropy image of 4x4 blocks whose every pixel names a group of its own (at most 65,536), each
+    group five one-symbol codes, so every pixel of the image is the group's colour and costs no bits."""
+    out = _BitWriter()
+    if header:
+        out.put(0x2F, 8)
+        out.put(width - 1, 14)
+        out.put(height - 1, 14)
+        out.put(0, 4)  # no alpha, version 0
+    out.put(0, 1)  # no transform
+    out.put(0, 1)  # no colour cache
+    out.put(1, 1)  # meta prefix codes: an entropy image of 4x4 blocks
+    out.put(0, 3)
+    side_w, side_h = (width + 3) // 4, (height + 3) // 4
+    out.put(0, 1)  # the entropy image: no colour cache
+    _flat_code(out, 256)  # green (of 280 symbols: its first 256), red, then one symbol for blue, alpha, distance
+    _flat_code(out, 256)
+    for _ in range(3):
+        _one_symbol_code(out)
+    for i in range(side_w * side_h):
+        group = i & 0xFFFF
+        out.put((group & 0xFF) | (group >> 8) << 8, 16)  # green then red, 8 bits each (bit-reversed codes: any)
+    for _ in range(min(side_w * side_h, 1 << 16)):
+        for symbol in (0, 0, 0, 0, 0):
+            _one_symbol_code(out, symbol)
+    return out.bytes()
+
+
+def _riff_chunk(kind: bytes, data: bytes) -> bytes:
+    return kind + struct.pack("<I", len(data)) + data + b"\0" * (len(data) & 1)
+
+
+def webp_file(path: Path, kind: str = "still", width: int = 1024, height: int = 1024) -> Path:
+    """:func:`vp8l_groups` as a still lossless WebP (``still``), as the ``ALPH`` chunk of a lossy one (``alpha``),
+    or as the first frame of an animation (``frame``)."""
+    if kind == "still":
+        body = _riff_chunk(b"VP8L", vp8l_groups(width, height))
+    else:
+        canvas = struct.pack("<I", width - 1)[:3] + struct.pack("<I", height - 1)[:3]
+        if kind == "alpha":
+            lossy = io.BytesIO()
+            Image.new("RGB", (width, height), (90, 120, 150)).save(lossy, "WEBP", quality=50)
+            vp8 = lossy.getvalue()[12:]  # the VP8 chunk of a simple lossy file
+            body = (_riff_chunk(b"VP8X", bytes([0x10, 0, 0, 0]) + canvas)
+                    + _riff_chunk(b"ALPH", b"\x01" + vp8l_groups(width, height, header=False)) + vp8)
+        else:
+            frame = bytes(6) + canvas + b"\x64\0\0\0"  # at 0,0; 100 ms; no blending
+            body = (_riff_chunk(b"VP8X", bytes([0x02, 0, 0, 0]) + canvas)
+                    + _riff_chunk(b"ANIM", bytes(4) + b"\0\0")
+                    + _riff_chunk(b"ANMF", frame + _riff_chunk(b"VP8L", vp8l_groups(width, height))))
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
     return path
