@@ -1,0 +1,253 @@
+"""A lossless WebP naming many groups of prefix codes is priced from its header (``app/adapters/imaging/vp8l.py``).
+
+A review: a 295 KB 1024x1024 VP8L whose entropy image names 65,536 groups rendered in 364-367 MB (libwebp builds
+every group's tables before a pixel), priced 28-39 MB. ``tests/data/hostile/webp_vp8l_65536_groups.webp`` is that
+file (made by :func:`tests.hostile_images.webp_file`); its alpha (``ALPH``) and first-frame (``ANMF``) forms took the
+same. libwebp-encoded files name a few hundred groups at most.
+"""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+
+import pytest
+from PIL import Image, ImageDraw
+
+from app.adapters.imaging import Limits, budget, probe, render, vp8l
+from app.adapters.imaging.probe import open_checked
+from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge
+from tests import hostile_images
+from tests.test_image_budget import ALL_SPECS, MEASURE, _can_reset_peak, _measured_over_priced
+from tests.test_imaging import LoadSpy
+
+HOSTILE = "hostile/webp_vp8l_65536_groups.webp"
+#: peak RSS of a render of the hostile file (and its ALPH and ANMF forms), measured in a fresh process
+MEASURED_PEAK = 365 * budget.MIB
+
+
+def webp(img: Image.Image, **params) -> bytes:
+    out = io.BytesIO()
+    img.save(out, "WEBP", **params)
+    return out.getvalue()
+
+
+def chunk(data: bytes, kind: bytes = b"VP8L") -> bytes:
+    """The payload of the first ``kind`` chunk of a WebP."""
+    at = data.index(kind, 12)
+    return data[at + 8:at + 8 + struct.unpack("<I", data[at + 4:at + 8])[0]]
+
+
+def photo(size: tuple[int, int] = (451, 300)) -> Image.Image:
+    from tests.test_image_budget import DATA
+
+    return Image.open(DATA / "photos" / "chelsea.png").convert("RGB").resize(size)
+
+
+def screenshot(size: tuple[int, int] = (1600, 1000)) -> Image.Image:
+    img = Image.new("RGB", size, (245, 245, 245))
+    draw, rng = ImageDraw.Draw(img), random.Random(1)
+    for y in range(0, size[1], 18):
+        draw.text((rng.randint(0, 40), y), "".join(rng.choice("abcdefgh QRSTUV 0123") for _ in range(120)),
+                  fill=(rng.randint(0, 90),) * 3)
+    for _ in range(60):
+        x, y = rng.randint(0, size[0] - 100), rng.randint(0, size[1] - 50)
+        draw.rectangle((x, y, x + 90, y + 40), fill=(rng.randint(0, 255), rng.randint(0, 255), 120))
+    return img
+
+
+def decode_to_the_end(payload: bytes) -> tuple[int, int]:
+    """Read a VP8L stream whole with the reader's pieces (the header again, every group's codes, the pixels):
+    (groups indexed, bits left over). A reader out of step with libwebp's layout ends far from the end, or
+    fails."""
+    bits = vp8l._Bits(payload)
+    bits.read(8)
+    width, height = bits.read(14) + 1, bits.read(14) + 1
+    bits.read(4)
+    xsize = width
+    while bits.read(1):
+        kind = bits.read(2)
+        if kind in (0, 1):
+            block = 2 + bits.read(3)
+            vp8l._subimage(bits, vp8l._subsample(xsize, block), vp8l._subsample(height, block))
+        elif kind == 3:
+            colours = bits.read(8) + 1
+            vp8l._subimage(bits, colours, 1)
+            xsize = vp8l._subsample(xsize, 0 if colours > 16 else 1 if colours > 4 else 2 if colours > 2 else 3)
+    cache = vp8l._cache_bits(bits)
+    precision, image = 0, [0]
+    if bits.read(1):
+        precision = 2 + bits.read(3)
+        image = [(p >> 8) & 0xFFFF for p in vp8l._subimage(bits, vp8l._subsample(xsize, precision),
+                                                             vp8l._subsample(height, precision))]
+    groups = [[vp8l._read_code(bits, size) for size in (280 + (1 << cache if cache else 0), 256, 256, 256, 40)]
+              for _ in range(max(image) + 1)]
+    done, columns = 0, vp8l._subsample(xsize, precision)
+    while done < xsize * height:
+        row, col = divmod(done, xsize)
+        group = image[(row >> precision) * columns + (col >> precision)] if precision else 0
+        green, red, blue, alpha, distance = groups[group]
+        code = green.read(bits)
+        if code < 256:
+            red.read(bits), blue.read(bits), alpha.read(bits)
+            done += 1
+        elif code < 280:
+            done += vp8l._copy_value(code - 256, bits)
+            vp8l._copy_value(distance.read(bits), bits)
+        else:
+            done += 1
+    return max(image) + 1, bits.end - bits.pos
+
+
+# --- the hostile file -------------------------------------------------------------------------------------------
+
+
+def test_a_lossless_webp_naming_65536_groups_is_refused_from_its_header(data_file, monkeypatch) -> None:
+    path = data_file(HOSTILE)
+    assert path.stat().st_size < 300_000
+    with open(path, "rb") as fp:
+        (stream,) = vp8l._first_frame(fp)
+    assert (stream.width, stream.height, stream.groups) == (1024, 1024, 65536)
+    spy = LoadSpy(monkeypatch)
+    with pytest.raises(ImageTooLarge) as err:
+        probe(path, Limits())
+    assert "1024x1024" in str(err.value)
+    for spec in ALL_SPECS:
+        with pytest.raises(ImageTooLarge):
+            render(path, spec, Limits())
+    assert spy.calls == [], "nothing may be decoded"
+
+
+@pytest.mark.parametrize("kind", ["still", "alpha", "frame"])
+def test_its_alpha_and_first_frame_forms_are_priced_above_the_measured_peak(tmp_path, kind) -> None:
+    path = hostile_images.webp_file(tmp_path / f"{kind}.webp", kind)
+    with Image.open(path) as img, open(path, "rb") as fp:
+        assert budget.estimate(img, "WEBP", fp).total >= MEASURED_PEAK
+    with pytest.raises(ImageTooLarge):
+        probe(path, Limits())
+
+
+def test_the_stored_file_is_what_the_builder_makes(data_file, tmp_path) -> None:
+    made = hostile_images.webp_file(tmp_path / "still.webp")
+    assert made.read_bytes() == data_file(HOSTILE).read_bytes()
+    groups, left = decode_to_the_end(chunk(made.read_bytes()))
+    assert groups == 65536 and 0 <= left < 8
+
+
+def test_measured_peak_of_the_hostile_file_stays_under_its_price(data_file, tmp_path) -> None:
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    alpha = hostile_images.webp_file(tmp_path / "alpha.webp", "alpha")
+    measure = MEASURE.replace("specs = [*distinct.values(), ", "specs = [*list(distinct.values())[:1], ")
+    assert _measured_over_priced(measure, [data_file(HOSTILE), alpha], [data_file("pillow/hopper.webp")]) == []
+
+
+# --- libwebp's own files ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [0, 4, 6])
+@pytest.mark.parametrize("kind", ["photo", "screenshot"])
+def test_lossless_webps_from_libwebp_are_accepted_and_priced_within_the_budget(tmp_path, kind, method) -> None:
+    img = photo((2000, 1500)) if kind == "photo" else screenshot()
+    path = tmp_path / f"{kind}_{method}.webp"
+    path.write_bytes(webp(img, lossless=True, method=method, quality=100))
+    stream = vp8l.read(chunk(path.read_bytes()))
+    assert stream.groups <= 300 and stream.subimage_pixels < vp8l.MAX_SUBIMAGE_PIXELS // 16
+    assert stream.table_bytes < 8 * budget.MIB
+    with open_checked(path, Limits()) as (_, _, priced):
+        assert priced.total < budget.DEFAULT_MAX_DECODE_BYTES
+
+
+def test_the_alpha_of_a_lossy_webp_is_read_and_accepted(tmp_path) -> None:
+    img = photo().convert("RGBA")
+    img.putalpha(img.convert("L").point(lambda v: 255 if v > 60 else v))
+    path = tmp_path / "alpha.webp"
+    path.write_bytes(webp(img, quality=80))
+    with open(path, "rb") as fp:
+        (stream,) = vp8l._first_frame(fp)
+    assert (stream.width, stream.height) == img.size and stream.groups >= 1
+    probe(path, Limits())
+
+
+@pytest.mark.parametrize("colours, transforms", [
+    (None, {0, 2}),  # method 0: subtract-green, predictor
+    (256, {0, 1, 2}),  # method 4: and cross-colour
+    (2, {3}), (3, {3}), (12, {3}), (200, {3}),  # colour indexing, 8, 4, 2 and 1 pixels to a byte
+])
+def test_the_reader_follows_each_transform(colours, transforms) -> None:
+    img = photo()
+    if colours is None:
+        data = webp(img, lossless=True, method=0)
+    elif colours == 256:
+        data = webp(img, lossless=True, method=4)
+    else:
+        data = webp(img.quantize(colours), lossless=True)
+    stream = vp8l.read(chunk(data))
+    assert (stream.width, stream.height) == img.size
+    assert set(stream.transforms) == transforms
+    groups, left = decode_to_the_end(chunk(data))
+    assert stream.groups == groups and 0 <= left < 8
+
+
+def test_a_colour_cache_is_read(tmp_path) -> None:
+    data = webp(screenshot((800, 600)), lossless=True, method=4, quality=100)
+    stream = vp8l.read(chunk(data))
+    assert stream.cache_bits > 0
+    assert decode_to_the_end(chunk(data))[1] < 8
+
+
+# --- bounded, and malformed streams --------------------------------------------------------------------------
+
+
+def stream_header(width: int, height: int, *fields: tuple[int, int]) -> bytes:
+    out = hostile_images._BitWriter()
+    for value, count in ((0x2F, 8), (width - 1, 14), (height - 1, 14), (0, 4), *fields):
+        out.put(value, count)
+    return out.bytes() + bytes(64)
+
+
+def test_sub_images_beyond_the_bound_are_a_bomb() -> None:
+    # 16384x16384 with a predictor of 4x4 blocks: a sub-image of 16,777,216 pixels, refused before it is read
+    with pytest.raises(DecompressionBomb):
+        vp8l.read(stream_header(16384, 16384, (1, 1), (0, 2), (0, 3)))
+
+
+@pytest.mark.parametrize("fields", [
+    ((1, 1), (2, 2), (1, 1), (2, 2)),  # subtract-green twice
+    ((0, 1), (1, 1), (12, 4)),  # a colour cache of 12 bits
+    ((0, 1), (0, 1), (1, 1), (0, 3), (0, 1), (0, 1), (0, 4)),  # an entropy image whose first code has no symbol
+], ids=["transform-twice", "cache-bits", "empty-code"])
+def test_malformed_streams_are_corrupt(fields) -> None:
+    with pytest.raises(CorruptImage):
+        vp8l.read(stream_header(64, 64, *fields))
+
+
+def test_a_cut_stream_is_corrupt() -> None:
+    data = chunk(webp(photo(), lossless=True, method=4))
+    stream = vp8l.read(data)
+    for end in range(5, 200):
+        with pytest.raises(CorruptImage):
+            vp8l.read(data[:end])
+    assert vp8l.read(data[:len(data) // 2]) == stream  # the main image's codes and pixels are not read
+
+
+def test_fuzzed_streams_raise_only_corrupt_image_or_bomb() -> None:
+    rng = random.Random(9649)
+    valid = [chunk(webp(photo(), lossless=True, method=m)) for m in (0, 4)]
+    valid += [chunk(webp(photo().quantize(12), lossless=True)), hostile_images.vp8l_groups(64, 64),
+              chunk(webp(screenshot((400, 300)), lossless=True, method=4, quality=100))]
+    for case in range(600):
+        data = bytearray(rng.choice(valid))
+        if case % 3 == 0:
+            data = bytearray(b"\x2f" + rng.randbytes(rng.randint(4, 400)))
+        else:
+            for _ in range(rng.randint(1, 8)):
+                at = rng.randrange(5, min(len(data), 2000))
+                data[at] ^= 1 << rng.randrange(8)
+            if case % 3 == 2:
+                data = data[:rng.randint(5, len(data))]
+        try:
+            vp8l.read(bytes(data))
+        except (CorruptImage, DecompressionBomb):
+            pass
