@@ -12,7 +12,7 @@ between the header and the entropy image, so they are decoded to be skipped) and
 counts the groups libwebp 1.6 allocates tables for: every index up to the largest, or, when that is over 1,000 or
 over the image's pixels, only those the entropy image uses. The main image's codes and pixels are not read. The
 work is bounded by :data:`MAX_SUBIMAGE_PIXELS` (refused beyond it as a decompression bomb; libwebp's files have a
-quarter of it at most, at 64 MP); a stream libwebp would refuse as malformed (a bad prefix code, a copy before the
+half of it at most, at 64 MP); a stream libwebp would refuse as malformed (a bad prefix code, a copy before the
 start, reading past the end) is :class:`CorruptImage`.
 An ``ALPH`` chunk of compression 1 is the same stream without the 5-byte header, and libwebp decodes its header the
 same way (``VP8LDecodeAlphaHeader``), so :func:`alpha` reads it too. :func:`webp_table_bytes` finds the streams of a
@@ -30,10 +30,10 @@ from app.errors import CorruptImage, DecompressionBomb
 #: pixels of the sub-images (transforms' and entropy image) decoded in Python for one stream, or one for every
 #: :data:`SUBIMAGE_SHARE` of the image's pixels if more. libwebp 1.6 (Pillow 13's), lossless, method 6 (the most):
 #: 59,518 for a 4000x3000 photo (0.06 s), 266,649 at 8000x8000 (0.29 s), 1,065,984 at 16383x16383 (1.1 s; over
-#: ``ATTACHE_MAX_PIXELS``); methods 0 and 4 fewer, screenshots some hundreds. A crafted stream of 1,048,576 sub-image
-#: pixels of four 8-bit literals each (4 MB) takes some 2 s to read.
-MAX_SUBIMAGE_PIXELS = 1 << 20
-SUBIMAGE_SHARE = 64
+#: ``ATTACHE_MAX_PIXELS``); methods 0 and 4 fewer, screenshots some hundreds. A crafted stream at the bound, of
+#: pixels of four 8-bit literals each, takes some 1 s of the web's CPU to read (2 s at twice the bound).
+MAX_SUBIMAGE_PIXELS = 1 << 19
+SUBIMAGE_SHARE = 128
 #: table entries (4 bytes each) libwebp allocates per group, by colour-cache bits (``kTableSize``: the largest
 #: tables of the five codes' alphabets, 8-bit root)
 _TABLE_ENTRIES = tuple(630 * 3 + 410 + extra for extra in (654, 656, 658, 662, 670, 686, 718, 782, 912, 1168, 1680,
