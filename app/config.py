@@ -147,6 +147,16 @@ class Settings:
         "Retry-After, so one uploader cannot put unbounded work ahead of everyone else's (uploads in flight at "
         "the same moment may pass it by their number). Backfills and replays, the operators' work, do not count; "
         "0: no limit")
+    max_open_uploads_per_uploader: int = setting(
+        "ATTACHE_MAX_OPEN_UPLOADS_PER_UPLOADER", 100, _int(0),
+        "resumable uploads (/v1/uploads) of one uploader created and not yet finished, terminated or expired; one "
+        "more creation is refused with 429 too_many_open_uploads, so one uploader cannot hold unbounded rows and "
+        "partial bytes for ATTACHE_UPLOAD_EXPIRY_SECONDS; 0: no limit")
+    max_open_upload_bytes_per_uploader: int = setting(
+        "ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER", 2 * 1024 ** 3, _int(0),
+        "the Upload-Length of one uploader's unfinished resumable uploads added up: a creation that would pass it "
+        "is refused with 429 too_many_open_uploads, bounding the partial bytes one uploader can keep on the disk "
+        "(their sum stays under it); 0: no limit")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(

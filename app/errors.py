@@ -254,6 +254,19 @@ class TooManyPending(UploadRejected):
     retryable = True
 
 
+class TooManyOpenUploads(UploadRejected):
+    """The uploader already has as many unfinished resumable uploads, or declared bytes in them, as it may (``429``):
+    finish or terminate some, or wait for them to expire.
+
+    A bound on the rows and partial bytes one uploader can hold for a day
+    (``ATTACHE_MAX_OPEN_UPLOADS_PER_UPLOADER``,
+    ``ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER``).
+    """
+
+    error_code = "too_many_open_uploads"
+    retryable = True
+
+
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 

@@ -33,6 +33,7 @@ from app.errors import (
     PermanentError,
     QueryTimeout,
     SpoolUnavailable,
+    TooManyOpenUploads,
     TooManyPending,
     TransientError,
     UnknownQueue,
@@ -56,6 +57,7 @@ STATUS: dict[type[AttacheError], int] = {
     IdempotencyKeyReused: 422,
     SpoolUnavailable: 503,
     TooManyPending: 429,
+    TooManyOpenUploads: 429,
     # the probe's refusals: the bytes are the problem (UnsupportedFormat, CorruptImage: 415)
     PermanentError: 415,
     DecompressionBomb: 413,

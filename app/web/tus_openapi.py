@@ -93,8 +93,11 @@ SENDING = {
     "460": _error("The body does not match its `Upload-Checksum`; nothing of it was kept.", ["checksum_mismatch"]),
     "429": _error("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready or "
                   "failed: a creation makes no upload; at the last byte the upload stays at the offset before that "
-                  "PATCH, whose retry (the same bytes) hands it off. Retry once some are ready.",
-                  ["too_many_pending"], RETRY_AFTER),
+                  "PATCH, whose retry (the same bytes) hands it off. Retry once some are ready. A creation is also "
+                  "refused while the uploader's unfinished uploads number `ATTACHE_MAX_OPEN_UPLOADS_PER_UPLOADER` "
+                  "or would declare more than `ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER` with it "
+                  "(`too_many_open_uploads`): finish or terminate some, or wait for them to expire.",
+                  ["too_many_pending", "too_many_open_uploads"], RETRY_AFTER),
 }
 
 

@@ -384,6 +384,8 @@ uploads = Table(
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
 )
 Index("uploads_expires_idx", uploads.c.expires_at)  # the staging cleanup: which uploads have expired?
+Index("uploads_open_owner_idx", uploads.c.owner,  # a creation: the uploader's unfinished uploads (migration 0023)
+      postgresql_where=text("attachment_id IS NULL"))
 
 #: the one row whose ``last_sequence`` numbers the events, gapless and in commit order
 event_counter = Table(
