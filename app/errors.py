@@ -267,6 +267,14 @@ class TooManyOpenUploads(UploadRejected):
     retryable = True
 
 
+class TooManyUploadsAtOnce(UploadRejected):
+    """The uploader is already sending as many bodies to this web process as it may at once (``429``): send this one
+    when one of them is done (``ATTACHE_MAX_BODIES_PER_UPLOADER``)."""
+
+    error_code = "too_many_uploads_at_once"
+    retryable = True
+
+
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 

@@ -19,6 +19,7 @@ import requests
 
 from app.errors import SpoolUnavailable
 from app.web.spool import HashingSpool
+from tests.conftest import OTHER_UPLOADER_TOKEN
 from tests.filesystems import small_filesystem
 from tests.processes import Deployment, wait_for
 from tests.test_incomplete_body import assert_nothing_stored, request_head
@@ -68,6 +69,33 @@ def test_clients_silent_mid_body_are_cut_off_and_free_their_threads(deployment, 
     finally:
         for sock in stalled:
             sock.close()
+
+
+def test_one_uploaders_slow_bodies_cannot_take_every_thread(deployment, data_file):
+    """An adversarial run: one token sending 40 bodies a byte every 5 s (never silent for ATTACHE_BODY_IDLE_SECONDS)
+    held every thread of a web process, and /healthz and another uploader's upload timed out for as long as they
+    went on. An uploader's bodies now take at most ATTACHE_MAX_BODIES_PER_UPLOADER threads of a process."""
+    deployment.start("web", WEB_THREADS="4", ATTACHE_MAX_BODIES_PER_UPLOADER="2")
+    data = data_file("photos/chelsea.jpg").read_bytes()
+    slow, answers = [], []
+    try:
+        for _ in range(4):  # as many as the web process has threads
+            sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+            sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4()))
+                         .encode() + data[:1000])
+            slow.append(sock)
+        for sock in slow[2:]:  # before: no answer (the socket's own timeout failed the test)
+            answers.append(answer_of(sock))
+        assert all(a.split(b"\r\n")[0].split()[1] == b"429" and b"too_many_uploads_at_once" in a for a in answers)
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        bob = requests.post(deployment.url + "/v1/attachments", data=data, timeout=10,
+                            headers={"Authorization": f"Bearer {OTHER_UPLOADER_TOKEN}", "Content-Type": "image/jpeg"})
+        assert bob.status_code == 202, bob.text
+    finally:
+        for sock in slow:
+            sock.close()
+    wait_for(lambda: deployment.upload(data_file("photos/chelsea.jpg")).status_code == 202, timeout=10,
+             message="the uploader's next body taken once its slow ones went")
 
 
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):

@@ -1,5 +1,5 @@
 """ATTACHE_MAX_OPEN_UPLOADS_PER_UPLOADER and ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER: what one uploader's unfinished
-resumable uploads may hold.
+resumable uploads may hold; and ATTACHE_MAX_BODIES_PER_UPLOADER on their bodies.
 
 Nothing bounded them: an adversarial run made 3,200 uploads in 10.6 s from one token, each kept for a day after its
 last PATCH, and filled a disk to the spool's floor with their parts, so every uploader's uploads were refused.
@@ -7,6 +7,7 @@ last PATCH, and filled a disk to the spool's floor with their parts, so every up
 
 from __future__ import annotations
 
+import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -16,7 +17,7 @@ from app.adapters.postgres.models import uploads
 from app.config import Settings
 from app.web import create_app
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
-from tests.test_tus_api import PHOTO, TUS, create, send
+from tests.test_tus_api import PART, PHOTO, TUS, create, patch, send
 
 MOST = 3
 MOST_BYTES = 1_000_000
@@ -79,3 +80,19 @@ def test_creations_at_once_cannot_pass_the_limit_together(app, engine):
         answers = list(pool.map(lambda client: create(client, 1000).status_code, clients))
     assert sorted(answers) == [201] * MOST + [429] * (12 - MOST)
     assert open_uploads(engine) == MOST
+
+
+def test_a_patch_counts_among_its_uploaders_bodies_arriving_at_once(app, data_file):
+    """ATTACHE_MAX_BODIES_PER_UPLOADER (8) holds for tus bodies as for POSTs (tests/test_hostile_clients.py)."""
+    alice, photo = authed(app), data_file(PHOTO).read_bytes()
+    location = create(alice, len(photo)).headers["Location"]
+    bodies = app.extensions["attache_bodies"]
+    with contextlib.ExitStack() as sending:
+        for _ in range(app.extensions["attache"].settings.max_bodies_per_uploader):
+            sending.enter_context(bodies.hold("alice"))
+        refused = patch(alice, location, 0, photo)
+        assert refused.status_code == 429 and refused.json["error"] == "too_many_uploads_at_once"
+        assert create(authed(app, OTHER_UPLOADER_TOKEN), len(photo), data=photo,
+                      headers={"Content-Type": PART}).status_code == 201, "another uploader's bodies are its own"
+    assert bodies.sending("alice") == 0
+    assert patch(alice, location, 0, photo).status_code == 204

@@ -27,7 +27,7 @@ from app.errors import (
 )
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
-from app.web import multipart
+from app.web import bodies_in_flight, multipart
 from app.web.access import identity, protect
 from app.web.contract import (
     Header,
@@ -128,7 +128,9 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
         429: refused("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready "
                      "or failed; retry once some are (nothing of this request is kept). For `Retry-After` seconds after "
                      "such a refusal the uploader's next bodies without an Idempotency-Key are refused before they "
-                     "are read.", "too_many_pending", retry_after=True),
+                     "are read. The uploader is already sending `ATTACHE_MAX_BODIES_PER_UPLOADER` bodies to this "
+                     "web process (`too_many_uploads_at_once`): refused before the body is read; send it when one "
+                     "of them is done.", "too_many_pending", "too_many_uploads_at_once", retry_after=True),
         503: refused("PostgreSQL or storage is down, or the web's temporary directory cannot hold the upload; retry "
                      "later.", "database_unavailable", "storage_unavailable", "spool_unavailable", retry_after=True),
     },
@@ -136,18 +138,8 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
 def upload():
     services = _services()
     try:  # the request removes its spool files when it ends (app.web.request)
-        if request.headers.get("Idempotency-Key") is None:  # a retry with a key may be of an upload accepted already
-            pending.admit_before_the_body(services.engine, _owner(), services.settings.max_pending_per_uploader)
-        spool = _receive_body()
-        received = spool.finish()
-        verify_digests(received, content_digest=request.headers.get("Content-Digest"),
-                       content_md5=request.headers.get("Content-MD5"))
-        traceparent = accept_traceparent(request.headers.get("traceparent"))
-        with bound(trace_id=trace_id(traceparent), principal=_owner()):
-            accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
-                                     traceparent=traceparent,
-                                     tracestate=accept_tracestate(request.headers.get("tracestate")),
-                                     idempotency_key=_idempotency_key())
+        with bodies_in_flight.held(_owner()):
+            accepted, received = _accept(services)
     except (UploadRejected, PermanentError) as exc:
         return refusal(exc)
     except (DatabaseUnavailable, StorageUnavailable) as exc:
@@ -159,6 +151,21 @@ def upload():
                                  state=_state_of(accepted.job_id) if accepted.replayed else JobState.QUEUED,
                                  pipeline_version=accepted.pipeline_version, size=received.size,
                                  sha256=received.sha256), 202, **headers)
+
+
+def _accept(services) -> tuple[intake.Accepted, intake.Received]:
+    if request.headers.get("Idempotency-Key") is None:  # a retry with a key may be of an upload accepted already
+        pending.admit_before_the_body(services.engine, _owner(), services.settings.max_pending_per_uploader)
+    spool = _receive_body()
+    received = spool.finish()
+    verify_digests(received, content_digest=request.headers.get("Content-Digest"),
+                   content_md5=request.headers.get("Content-MD5"))
+    traceparent = accept_traceparent(request.headers.get("traceparent"))
+    with bound(trace_id=trace_id(traceparent), principal=_owner()):
+        accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
+                                 traceparent=traceparent, tracestate=accept_tracestate(request.headers.get("tracestate")),
+                                 idempotency_key=_idempotency_key())
+    return accepted, received
 
 
 def _idempotency_key() -> str | None:

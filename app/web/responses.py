@@ -35,6 +35,7 @@ from app.errors import (
     SpoolUnavailable,
     TooManyOpenUploads,
     TooManyPending,
+    TooManyUploadsAtOnce,
     TransientError,
     UnknownQueue,
     UnsupportedMediaType,
@@ -58,6 +59,7 @@ STATUS: dict[type[AttacheError], int] = {
     SpoolUnavailable: 503,
     TooManyPending: 429,
     TooManyOpenUploads: 429,
+    TooManyUploadsAtOnce: 429,
     # the probe's refusals: the bytes are the problem (UnsupportedFormat, CorruptImage: 415)
     PermanentError: 415,
     DecompressionBomb: 413,

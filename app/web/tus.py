@@ -59,6 +59,7 @@ from app.errors import (
 )
 from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
+from app.web import bodies_in_flight
 from app.web.access import identity, protect
 from app.web.responses import error, refusal
 from app.web.spool import sha256_of, spool_stream
@@ -213,10 +214,11 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
     remaining = upload.length - offset
     if (request.content_length or 0) > remaining:
         raise UploadTooLarge(f"the body goes past Upload-Length {upload.length}")
-    spool = request.spool(max_bytes=remaining)
-    spool_stream(request.stream, spool)
-    cut_short = request.body_incomplete()
-    part = spool.finish()
+    with bodies_in_flight.held(upload.owner):
+        spool = request.spool(max_bytes=remaining)
+        spool_stream(request.stream, spool)
+        cut_short = request.body_incomplete()
+        part = spool.finish()
     if checksum is not None:
         algorithm, expected = checksum
         if cut_short:

@@ -96,8 +96,10 @@ SENDING = {
                   "PATCH, whose retry (the same bytes) hands it off. Retry once some are ready. A creation is also "
                   "refused while the uploader's unfinished uploads number `ATTACHE_MAX_OPEN_UPLOADS_PER_UPLOADER` "
                   "or would declare more than `ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER` with it "
-                  "(`too_many_open_uploads`): finish or terminate some, or wait for them to expire.",
-                  ["too_many_pending", "too_many_open_uploads"], RETRY_AFTER),
+                  "(`too_many_open_uploads`): finish or terminate some, or wait for them to expire. A body (a "
+                  "PATCH's, a creation's) is refused before it is read while the uploader is already sending "
+                  "`ATTACHE_MAX_BODIES_PER_UPLOADER` bodies to this web process (`too_many_uploads_at_once`).",
+                  ["too_many_pending", "too_many_open_uploads", "too_many_uploads_at_once"], RETRY_AFTER),
 }
 
 
