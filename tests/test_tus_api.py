@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import os
 import tempfile
 import threading
 import uuid
@@ -661,3 +662,23 @@ def test_a_post_with_x_http_method_override_is_that_method(client, photo):
     assert client.head(location, headers=TUS).status_code == 404
     assert client.post("/v1/attachments", headers={"X-HTTP-Method-Override": "DELETE"}).status_code == 400, \
         "ignored outside /v1/uploads"
+
+
+def test_a_part_is_moved_into_storage_not_copied(client, storage_dir, photo, monkeypatch):
+    """A part was copied from its spool: its bytes twice on the disk at once, which took a disk 23-28 MiB past the
+    spool's floor with 24-60 PATCHes at once (an adversarial run). The fsynced spool file is now the part."""
+    from app.web.spool import HashingSpool
+
+    spooled = []
+    finish = HashingSpool.finish
+
+    def finish_and_note(self):
+        received = finish(self)
+        spooled.append(os.stat(received.path).st_ino)
+        return received
+
+    monkeypatch.setattr(HashingSpool, "finish", finish_and_note)
+    location = create(client, len(photo)).headers["Location"]
+    assert patch(client, location, 0, photo[:5000]).status_code == 204
+    (stored,) = parts(storage_dir)
+    assert os.stat(storage_dir / stored).st_ino == spooled[0]

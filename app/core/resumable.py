@@ -237,8 +237,9 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
             _check_first_bytes(services, upload, offset, part)
             if offset + part.size == upload.length:  # refused before the parts are joined, probed and staged
                 pending.admit(conn, upload.owner, services.settings.max_pending_per_uploader)
-            if part.size:
-                services.storage.put_file(part_key(upload.id, offset), part.path)
+            if part.size:  # moved in where the store can (the spool was fsynced): a copy took the part's bytes
+                # twice on the disk at once, past the spool's floor (an adversarial run), and its time
+                services.storage.adopt_file(part_key(upload.id, offset), part.path)
                 values["upload_offset"] = offset + part.size
             if values.get("upload_offset") == upload.length:
                 values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
