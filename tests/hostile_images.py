@@ -186,23 +186,27 @@ def _riff_chunk(kind: bytes, data: bytes) -> bytes:
     return kind + struct.pack("<I", len(data)) + data + b"\0" * (len(data) & 1)
 
 
-def webp_file(path: Path, kind: str = "still", width: int = 1024, height: int = 1024) -> Path:
+def webp_file(path: Path, kind: str = "still", width: int = 1024, height: int = 1024,
+              frame_header: tuple[int, int] | None = None) -> Path:
     """:func:`vp8l_groups` as a still lossless WebP (``still``), as the ``ALPH`` chunk of a lossy one (``alpha``),
-    or as the first frame of an animation (``frame``)."""
+    as the first frame of an animation (``frame``), or as the ``ALPH`` chunk of a lossy first frame
+    (``frame-alpha``), whose ``ANMF`` header may give another size (``frame_header``: libwebp decodes the alpha at
+    the ``VP8 `` frame's size, an adversarial run)."""
+    canvas = struct.pack("<I", width - 1)[:3] + struct.pack("<I", height - 1)[:3]
+    lossy = io.BytesIO()
+    Image.new("RGB", (width, height), (90, 120, 150)).save(lossy, "WEBP", quality=50)
+    vp8 = lossy.getvalue()[12:]  # the VP8 chunk of a simple lossy file
     if kind == "still":
         body = _riff_chunk(b"VP8L", vp8l_groups(width, height))
+    elif kind == "alpha":
+        body = (_riff_chunk(b"VP8X", bytes([0x10, 0, 0, 0]) + canvas)
+                + _riff_chunk(b"ALPH", b"\x01" + vp8l_groups(width, height, header=False)) + vp8)
     else:
-        canvas = struct.pack("<I", width - 1)[:3] + struct.pack("<I", height - 1)[:3]
-        if kind == "alpha":
-            lossy = io.BytesIO()
-            Image.new("RGB", (width, height), (90, 120, 150)).save(lossy, "WEBP", quality=50)
-            vp8 = lossy.getvalue()[12:]  # the VP8 chunk of a simple lossy file
-            body = (_riff_chunk(b"VP8X", bytes([0x10, 0, 0, 0]) + canvas)
-                    + _riff_chunk(b"ALPH", b"\x01" + vp8l_groups(width, height, header=False)) + vp8)
-        else:
-            frame = bytes(6) + canvas + b"\x64\0\0\0"  # at 0,0; 100 ms; no blending
-            body = (_riff_chunk(b"VP8X", bytes([0x02, 0, 0, 0]) + canvas)
-                    + _riff_chunk(b"ANIM", bytes(4) + b"\0\0")
-                    + _riff_chunk(b"ANMF", frame + _riff_chunk(b"VP8L", vp8l_groups(width, height))))
+        said = frame_header or (width, height)
+        frame = bytes(6) + struct.pack("<I", said[0] - 1)[:3] + struct.pack("<I", said[1] - 1)[:3] + b"\x64\0\0\0"
+        image = (_riff_chunk(b"VP8L", vp8l_groups(width, height)) if kind == "frame" else
+                 _riff_chunk(b"ALPH", b"\x01" + vp8l_groups(width, height, header=False)) + vp8)
+        body = (_riff_chunk(b"VP8X", bytes([0x12 if kind == "frame-alpha" else 0x02, 0, 0, 0]) + canvas)
+                + _riff_chunk(b"ANIM", bytes(4) + b"\0\0") + _riff_chunk(b"ANMF", frame + image))
     path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
     return path

@@ -251,3 +251,60 @@ def test_fuzzed_streams_raise_only_corrupt_image_or_bomb() -> None:
             vp8l.read(bytes(data))
         except (CorruptImage, DecompressionBomb):
             pass
+
+
+# --- an adversarial run on the reader -------------------------------------------------------------------------------
+
+
+def test_an_animation_frames_alpha_is_read_at_its_pictures_size_not_its_headers(tmp_path) -> None:
+    """The frame header said 16x16 over a 1024x1024 picture: the alpha's entropy image was read at 16x16 and its
+    65,536 groups counted as 241 (2.98 MB); it rendered in 364.8 MiB, priced 31 MiB."""
+    path = hostile_images.webp_file(tmp_path / "lying.webp", "frame-alpha", frame_header=(16, 16))
+    with open(path, "rb") as fp:
+        (stream,) = vp8l._first_frame(fp)
+    assert (stream.width, stream.height, stream.groups) == (1024, 1024, 65536)
+    with pytest.raises(ImageTooLarge):
+        probe(path, Limits())
+
+
+def test_the_bound_on_sub_images_does_not_grow_with_the_declared_size() -> None:
+    """It was one in 128 of the declared pixels past 524,288: a frame header of 65535x65535 over a 64x64 canvas
+    let 2.5 MB of sub-images cost 20 s of the web's CPU. 16384x16384 with a predictor of 16x16 blocks: 1,048,576."""
+    with pytest.raises(DecompressionBomb):
+        vp8l.read(stream_header(16384, 16384, (1, 1), (0, 2), (2, 3)))
+
+
+def test_no_more_of_a_long_stream_is_read_than_its_header_can_need(tmp_path) -> None:
+    """A 50 MB chunk was read whole and copied twice: 150 MB of the web for the reader alone."""
+    import tracemalloc
+
+    data = chunk(webp(photo(), lossless=True, method=4))
+    padded = data + bytes(30 << 20)
+    path = tmp_path / "padded.webp"
+    body = hostile_images._riff_chunk(b"VP8L", padded)
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
+    tracemalloc.start()
+    try:
+        with open(path, "rb") as fp:
+            (stream,) = vp8l._first_frame(fp)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert stream == vp8l.read(data)
+    assert peak < vp8l.MAX_STREAM_BYTES + (2 << 20)
+    with pytest.raises(DecompressionBomb):  # what lies past the bytes read is a bomb, not a corrupt stream
+        vp8l.read(data[:200], cut=True)
+
+
+def test_the_file_libwebp_is_handed_whole_is_priced(tmp_path) -> None:
+    """A lossless photo's chunk padded with 45 MB rendered in 231 MB, priced 193 (Pillow reads the file for the
+    decoder and keeps it while the image is open)."""
+    data = chunk(webp(photo(), lossless=True, method=4))
+    priced = []
+    for padding in (0, 45 << 20):
+        body = hostile_images._riff_chunk(b"VP8L", data + bytes(padding))
+        path = tmp_path / f"padded-{padding}.webp"
+        path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
+        with Image.open(path) as img, open(path, "rb") as fp:
+            priced.append(budget.estimate(img, "WEBP", fp).total)
+    assert priced[1] - priced[0] >= 45 << 20

@@ -333,16 +333,26 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         scaled = pixels * picture if largest > pixels else 0
         return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
     if family == "WEBP":
-        # libwebp's canvas and its copy of the previous frame (RGBA), and the
-        # frame handed to Pillow as bytes, all kept by the open image; while the
+        # libwebp's canvas and its copy of the previous frame (RGBA), the
+        # frame handed to Pillow as bytes, and the file, read whole for the
+        # decoder (a lossless photo's chunk padded with 45 MB rendered in 231 MB
+        # priced 193: an adversarial run), all kept by the open image; while the
         # first frame decodes, the prefix-code tables of its lossless streams
-        return vp8l.webp_table_bytes(fp), 3 * 4 * pixels
+        return vp8l.webp_table_bytes(fp), 3 * 4 * pixels + _file_size(fp)
     if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
         return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
     if family == "TIFF":
         # and the tile Pillow keeps for each strip or tile it lists (131,072 tiles of 1x1 cost 37 MB: a run)
         return _tiff_buffer_bytes(img), TIFF_TILE_BYTES * len(img.tile)
     return 0, 0
+
+
+def _file_size(fp: BinaryIO) -> int:
+    position = fp.tell()
+    try:
+        return fp.seek(0, 2)
+    finally:
+        fp.seek(position)
 
 
 def _tiff_buffer_bytes(img: Image.Image) -> int:

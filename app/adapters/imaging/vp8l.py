@@ -11,9 +11,10 @@ hundred groups at most.
 between the header and the entropy image, so they are decoded to be skipped) and the entropy image, in Python, and
 counts the groups libwebp 1.6 allocates tables for: every index up to the largest, or, when that is over 1,000 or
 over the image's pixels, only those the entropy image uses. The main image's codes and pixels are not read. The
-work is bounded by :data:`MAX_SUBIMAGE_PIXELS` (refused beyond it as a decompression bomb; libwebp's files have a
-half of it at most, at 64 MP); a stream libwebp would refuse as malformed (a bad prefix code, a copy before the
-start, reading past the end) is :class:`CorruptImage`.
+work is bounded by :data:`MAX_SUBIMAGE_PIXELS` and :data:`MAX_STREAM_BYTES` (refused beyond them as a decompression
+bomb; libwebp's files have half of the first at most, at 64 MP), whatever sizes the file declares; a stream libwebp
+would refuse as malformed (a bad prefix code, a copy before the start, reading past the end) is
+:class:`CorruptImage`.
 An ``ALPH`` chunk of compression 1 is the same stream without the 5-byte header, and libwebp decodes its header the
 same way (``VP8LDecodeAlphaHeader``), so :func:`alpha` reads it too. :func:`webp_table_bytes` finds the streams of a
 WebP's still image or first frame (what attache renders) and prices them.
@@ -27,13 +28,17 @@ from typing import BinaryIO, NamedTuple
 
 from app.errors import CorruptImage, DecompressionBomb
 
-#: pixels of the sub-images (transforms' and entropy image) decoded in Python for one stream, or one for every
-#: :data:`SUBIMAGE_SHARE` of the image's pixels if more. libwebp 1.6 (Pillow 13's), lossless, method 6 (the most):
-#: 59,518 for a 4000x3000 photo (0.06 s), 266,649 at 8000x8000 (0.29 s), 1,065,984 at 16383x16383 (1.1 s; over
-#: ``ATTACHE_MAX_PIXELS``); methods 0 and 4 fewer, screenshots some hundreds. A crafted stream at the bound, of
-#: pixels of four 8-bit literals each, takes some 1 s of the web's CPU to read (2 s at twice the bound).
+#: pixels of the sub-images (transforms' and entropy image) decoded in Python for one stream, whatever the image's
+#: size. libwebp 1.6 (Pillow 13's), lossless, method 6 (the most): 59,518 for a 4000x3000 photo (0.06 s), 266,649 at
+#: 8000x8000 (0.29 s); methods 0 and 4 fewer, screenshots some hundreds. The worst streams an adversarial run made at
+#: the bound (15-bit codes for every literal, copies of one pixel coded in no bits) took 0.75-1.5 s of the web's CPU.
+#: A bound that grew with the declared size let an animation frame's header of 65535x65535 over a 64x64 canvas cost
+#: 20 s (an adversarial run).
 MAX_SUBIMAGE_PIXELS = 1 << 19
-SUBIMAGE_SHARE = 128
+#: bytes of a stream read to find its groups: within :data:`MAX_SUBIMAGE_PIXELS` the sub-images take at most some
+#: 4 MB (60 bits a pixel, and their codes); a stream read on past this is a bomb. Reading a 50 MB chunk whole, and
+#: two copies of it, cost the web 150 MB (an adversarial run).
+MAX_STREAM_BYTES = 8 << 20
 #: table entries (4 bytes each) libwebp allocates per group, by colour-cache bits (``kTableSize``: the largest
 #: tables of the five codes' alphabets, 8-bit root)
 _TABLE_ENTRIES = tuple(630 * 3 + 410 + extra for extra in (654, 656, 658, 662, 670, 686, 718, 782, 912, 1168, 1680,
@@ -79,19 +84,27 @@ class Stream(NamedTuple):
 
 
 class _Bits:
-    """Bits of ``data`` read least significant first, as VP8L packs them; reading past the end is corrupt."""
+    """Bits of ``data`` read least significant first, as VP8L packs them; reading past the end is corrupt, or a bomb
+    when ``data`` is the first :data:`MAX_STREAM_BYTES` of a longer stream (``cut``)."""
 
-    __slots__ = ("data", "pos", "end")
+    __slots__ = ("data", "pos", "end", "cut")
 
-    def __init__(self, data: bytes) -> None:
-        self.data = data + b"\x00\x00\x00\x00"
+    def __init__(self, data: bytes | memoryview, *, cut: bool = False) -> None:
+        self.data = data  # a slice short of its 4 bytes at the end reads as zeros above it: no padded copy
         self.pos = 0
         self.end = 8 * len(data)
+        self.cut = cut
+
+    def past_the_end(self) -> Exception:
+        if self.cut:
+            return DecompressionBomb(f"the WebP's lossless stream goes on past {MAX_STREAM_BYTES:,} bytes before its "
+                                     "pixels")
+        return CorruptImage("the WebP's lossless stream is cut short")
 
     def read(self, count: int) -> int:
         pos = self.pos
         if pos + count > self.end:
-            raise CorruptImage("the WebP's lossless stream is cut short")
+            raise self.past_the_end()
         self.pos = pos + count
         i = pos >> 3
         return (int.from_bytes(self.data[i:i + 4], "little") >> (pos & 7)) & ((1 << count) - 1)
@@ -131,7 +144,7 @@ class _Code:
         window = (int.from_bytes(bits.data[i:i + 3], "little") >> (pos & 7)) & ((1 << self.longest) - 1)
         symbol, length = self.table[window]
         if pos + length > bits.end:
-            raise CorruptImage("the WebP's lossless stream is cut short")
+            raise bits.past_the_end()
         bits.pos = pos + length
         return symbol
 
@@ -243,13 +256,13 @@ def _subsample(size: int, bits: int) -> int:
 def _image(bits: _Bits, width: int, height: int) -> Stream:
     """The main image's header (``DecodeImageStream`` at level 0): transforms, colour cache, entropy image."""
     xsize, transforms, decoded = width, [], 0
-    limit = max(MAX_SUBIMAGE_PIXELS, width * height // SUBIMAGE_SHARE)
 
     def budgeted(sub_width: int, sub_height: int) -> array:
         nonlocal decoded
         decoded += sub_width * sub_height
-        if decoded > limit:
-            raise DecompressionBomb(f"the WebP's lossless stream has sub-images of more than {limit:,} pixels")
+        if decoded > MAX_SUBIMAGE_PIXELS:
+            raise DecompressionBomb(f"the WebP's lossless stream has sub-images of more than {MAX_SUBIMAGE_PIXELS:,} "
+                                    "pixels")
         return _subimage(bits, sub_width, sub_height)
 
     while bits.read(1):
@@ -276,14 +289,15 @@ def _image(bits: _Bits, width: int, height: int) -> Stream:
     return Stream(width, height, groups, cache_bits, tuple(transforms), decoded)
 
 
-def read(payload: bytes) -> Stream:
-    """The header of a VP8L chunk's ``payload`` (the 5-byte image header, then the stream).
+def read(payload: bytes | memoryview, *, cut: bool = False) -> Stream:
+    """The header of a VP8L chunk's ``payload`` (the 5-byte image header, then the stream; ``cut``: the first
+    :data:`MAX_STREAM_BYTES` of a longer one).
 
     :raises CorruptImage: not a VP8L stream, or one libwebp would refuse before its pixels.
-    :raises DecompressionBomb: its sub-images hold more than :data:`MAX_SUBIMAGE_PIXELS` pixels (or one in
-        :data:`SUBIMAGE_SHARE` of the image's).
+    :raises DecompressionBomb: its sub-images hold more than :data:`MAX_SUBIMAGE_PIXELS` pixels, or are read on past
+        :data:`MAX_STREAM_BYTES`.
     """
-    bits = _Bits(payload)
+    bits = _Bits(payload, cut=cut)
     if len(payload) < 5 or bits.read(8) != _SIGNATURE:
         raise CorruptImage("the WebP's lossless chunk has no VP8L signature")
     width, height = bits.read(14) + 1, bits.read(14) + 1
@@ -293,12 +307,12 @@ def read(payload: bytes) -> Stream:
     return _image(bits, width, height)
 
 
-def alpha(payload: bytes, width: int, height: int) -> Stream | None:
-    """The header of an ``ALPH`` chunk's stream for an image of ``width`` x ``height``, if it is compressed
-    losslessly (compression 1: a VP8L stream without the 5-byte header); None if it is stored raw."""
+def alpha(payload: bytes | memoryview, width: int, height: int, *, cut: bool = False) -> Stream | None:
+    """The header of an ``ALPH`` chunk's stream for an image of ``width`` x ``height`` (its ``VP8 `` frame's), if it
+    is compressed losslessly (compression 1: a VP8L stream without the 5-byte header); None if it is stored raw."""
     if not payload or payload[0] & 3 != 1 or width < 1 or height < 1:
-        return None  # stored raw, or no size known for it (no VP8X): libwebp's to refuse
-    return _image(_Bits(payload[1:]), width, height)
+        return None  # stored raw, or no size known for it: libwebp's to refuse
+    return _image(_Bits(memoryview(payload)[1:], cut=cut), width, height)
 
 
 #: chunks of a WebP walked to find its image (as :data:`.segments.MAX_WEBP_CHUNKS`)
@@ -340,34 +354,45 @@ def _first_frame(fp: BinaryIO) -> list[Stream | None]:
         return []
     size = fp.seek(0, 2)
     end = min(size, 8 + struct.unpack("<I", head[4:8])[0])
-    width = height = 0
     for kind, length, where in _chunks(fp, 12, end):
-        if kind == b"VP8X" and length >= 10:
-            fp.seek(where + 4)
-            canvas = fp.read(6)
-            width, height = (int.from_bytes(canvas[i:i + 3], "little") + 1 for i in (0, 3))
-        elif kind in (b"ALPH", b"VP8 ", b"VP8L"):
-            return _frame(fp, where - 8, min(end, where + length + (length & 1)) if kind == b"VP8L" else end,
-                          width, height)
-        elif kind == b"ANMF" and length >= 16:
-            fp.seek(where + 6)
-            frame = fp.read(6)
-            width, height = (int.from_bytes(frame[i:i + 3], "little") + 1 for i in (0, 3))
-            return _frame(fp, where + 16, min(end, where + length), width, height)
+        if kind in (b"ALPH", b"VP8 ", b"VP8L"):
+            return _frame(fp, where - 8, min(end, where + length + (length & 1)) if kind == b"VP8L" else end)
+        if kind == b"ANMF" and length >= 16:
+            return _frame(fp, where + 16, min(end, where + length))
     return []
 
 
-def _frame(fp: BinaryIO, pos: int, end: int, width: int, height: int) -> list[Stream | None]:
-    streams: list[Stream | None] = []
-    seen_alpha = False
+def _frame(fp: BinaryIO, pos: int, end: int) -> list[Stream | None]:
+    """The streams of one image: its ``VP8L``; or its first ``ALPH`` at the size of the ``VP8 `` frame after it,
+    as libwebp decodes it (the canvas's or an animation frame's header may say another: a frame header of 16x16
+    over a 1024x1024 picture had its alpha's 65,536 groups counted as 241, an adversarial run)."""
+    alpha_at: tuple[int, int] | None = None
     for kind, length, where in _chunks(fp, pos, end):
-        fp.seek(where)
-        if kind == b"ALPH" and not seen_alpha:
-            seen_alpha = True
-            streams.append(alpha(fp.read(length), width, height))
+        if kind == b"ALPH" and alpha_at is None:
+            alpha_at = (where, length)
         elif kind == b"VP8L":
-            streams.append(read(fp.read(length)))
+            payload, cut = _payload(fp, where, length)
+            return [read(payload, cut=cut)]
+        elif kind == b"VP8 " and alpha_at is not None:
+            fp.seek(where)
+            size = _vp8_size(fp.read(10))
+            if size is None:
+                return []
+            payload, cut = _payload(fp, *alpha_at)
+            return [alpha(payload, *size, cut=cut)]
+        else:  # a lossy image without alpha, a second ALPH or another chunk: the frame ends
             break
-        else:  # a lossy image, a second ALPH or another chunk: the frame ends
-            break
-    return streams
+    return []
+
+
+def _payload(fp: BinaryIO, where: int, length: int) -> tuple[bytes, bool]:
+    """A chunk's payload, at most its first :data:`MAX_STREAM_BYTES`, and whether it was cut there."""
+    fp.seek(where)
+    return fp.read(min(length, MAX_STREAM_BYTES)), length > MAX_STREAM_BYTES
+
+
+def _vp8_size(header: bytes) -> tuple[int, int] | None:
+    """A lossy ``VP8 `` key frame's width and height (RFC 6386, 9.1), or None if it is not one (libwebp refuses it)."""
+    if len(header) < 10 or header[0] & 1 or header[3:6] != b"\x9d\x01\x2a":
+        return None
+    return int.from_bytes(header[6:8], "little") & 0x3FFF, int.from_bytes(header[8:10], "little") & 0x3FFF
