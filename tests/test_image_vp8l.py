@@ -298,7 +298,8 @@ def test_no_more_of_a_long_stream_is_read_than_its_header_can_need(tmp_path) -> 
 
 def test_the_file_libwebp_is_handed_whole_is_priced(tmp_path) -> None:
     """A lossless photo's chunk padded with 45 MB rendered in 231 MB, priced 193 (Pillow reads the file for the
-    decoder and keeps it while the image is open)."""
+    decoder and keeps it while the image is open); priced once, a 64x64 padded to 48 MB rendered in 96 MB priced 56
+    (libwebp's decoder copies it)."""
     data = chunk(webp(photo(), lossless=True, method=4))
     priced = []
     for padding in (0, 45 << 20):
@@ -307,4 +308,23 @@ def test_the_file_libwebp_is_handed_whole_is_priced(tmp_path) -> None:
         path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
         with Image.open(path) as img, open(path, "rb") as fp:
             priced.append(budget.estimate(img, "WEBP", fp).total)
-    assert priced[1] - priced[0] >= 45 << 20
+    assert priced[1] - priced[0] >= 2 * (45 << 20), "read whole by Pillow, and copied by the decoder"
+
+
+@pytest.mark.parametrize("first_frame", [b"", hostile_images._riff_chunk(b"XYZW", bytes(8))], ids=["empty", "unknown"])
+def test_a_frame_libwebp_drops_does_not_hide_the_next_ones_groups(tmp_path, first_frame) -> None:
+    """A second adversarial run: libwebp's demuxer drops an animation frame without an image (an empty ANMF, or
+    one whose first chunk it does not know) and decodes the next; the walk took the first ANMF's chunks, found no
+    image there and priced no tables: 364 MB a render, priced 26-48 MB."""
+    canvas = struct.pack("<I", 1023)[:3] * 2
+    header = bytes(6) + canvas + b"\x64\0\0\0"
+    body = (hostile_images._riff_chunk(b"VP8X", bytes([0x02, 0, 0, 0]) + canvas)
+            + hostile_images._riff_chunk(b"ANIM", bytes(6)) + hostile_images._riff_chunk(b"ANMF", header + first_frame)
+            + hostile_images._riff_chunk(b"ANMF", header + hostile_images._riff_chunk(
+                b"VP8L", hostile_images.vp8l_groups(1024, 1024))))
+    path = tmp_path / "dropped-first.webp"
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
+    with Image.open(path) as img, open(path, "rb") as fp:
+        assert budget.estimate(img, "WEBP", fp).total >= MEASURED_PEAK
+    with pytest.raises(ImageTooLarge):
+        probe(path, Limits())

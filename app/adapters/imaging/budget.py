@@ -334,11 +334,12 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
     if family == "WEBP":
         # libwebp's canvas and its copy of the previous frame (RGBA), the
-        # frame handed to Pillow as bytes, and the file, read whole for the
-        # decoder (a lossless photo's chunk padded with 45 MB rendered in 231 MB
-        # priced 193: an adversarial run), all kept by the open image; while the
+        # frame handed to Pillow as bytes, and the file twice, read whole by
+        # Pillow and copied by the decoder (a lossless photo's chunk padded with
+        # 45 MB rendered in 231 MB priced 193; a 64x64 padded to 48 MB in 96 MB
+        # priced 56: adversarial runs), all kept by the open image; while the
         # first frame decodes, the prefix-code tables of its lossless streams
-        return vp8l.webp_table_bytes(fp), 3 * 4 * pixels + _file_size(fp)
+        return vp8l.webp_table_bytes(fp), 3 * 4 * pixels + 2 * _file_size(fp)
     if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
         return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
     if family == "TIFF":

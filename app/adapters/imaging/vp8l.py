@@ -315,8 +315,9 @@ def alpha(payload: bytes | memoryview, width: int, height: int, *, cut: bool = F
     return _image(_Bits(memoryview(payload)[1:], cut=cut), width, height)
 
 
-#: chunks of a WebP walked to find its image (as :data:`.segments.MAX_WEBP_CHUNKS`)
+#: chunks of a WebP walked to find its image (as :data:`.segments.MAX_WEBP_CHUNKS`), and frames nested in frames
 _MAX_CHUNKS = 1 << 16
+_MAX_DEPTH = 4
 
 
 def webp_table_bytes(fp: BinaryIO) -> int:
@@ -334,54 +335,47 @@ def webp_table_bytes(fp: BinaryIO) -> int:
         fp.seek(position)
 
 
-def _chunks(fp: BinaryIO, pos: int, end: int):
-    """``(kind, length, where its payload is)`` of the chunks from ``pos`` to ``end``."""
-    for _ in range(_MAX_CHUNKS):
-        if pos + 8 > end:
-            return
+def _chunks(fp: BinaryIO, pos: int, end: int, depth: int = 0, counted: list[int] | None = None):
+    """``(kind, length, where its payload is)`` of the chunks from ``pos`` to ``end`` in file order, an ``ANMF``'s
+    own chunks after it (frames nested in frames too, :data:`_MAX_DEPTH` deep), :data:`_MAX_CHUNKS` in all."""
+    counted = [0] if counted is None else counted
+    while pos + 8 <= end and counted[0] < _MAX_CHUNKS:
+        counted[0] += 1
         fp.seek(pos)
         kind, length = struct.unpack("<4sI", fp.read(8))
         yield kind, length, pos + 8
+        if kind == b"ANMF" and length >= 16 and depth < _MAX_DEPTH:
+            yield from _chunks(fp, pos + 24, min(end, pos + 8 + length), depth + 1, counted)
         pos += 8 + length + (length & 1)
 
 
 def _first_frame(fp: BinaryIO) -> list[Stream | None]:
-    """The streams of the image libwebp's demuxer takes first: the first run of ``ALPH`` then ``VP8 `` or
-    ``VP8L`` at the top level, or in the first ``ANMF`` (``StoreFrame``)."""
+    """The streams of the image libwebp decodes first: in file order, whatever frame holds them, the first
+    ``VP8L``, or the first ``ALPH`` at the size of the first ``VP8 `` after it. The order of frames is not
+    followed: libwebp's demuxer drops a frame without an image (an empty ``ANMF``, or one whose first chunk it does
+    not know) and decodes the next, where a walk that took the first ``ANMF``'s chunks priced nothing of the next
+    frame's 65,536 groups (365 MB a render priced 26-48: an adversarial run). An ``ALPH`` is read at its ``VP8 ``
+    frame's size, as libwebp decodes it (an animation frame's header of 16x16 over a 1024x1024 picture had its
+    alpha's 65,536 groups counted as 241, an adversarial run)."""
     fp.seek(0)
     head = fp.read(12)
     if len(head) < 12 or head[:4] != b"RIFF" or head[8:12] != b"WEBP":
         return []
     size = fp.seek(0, 2)
-    end = min(size, 8 + struct.unpack("<I", head[4:8])[0])
-    for kind, length, where in _chunks(fp, 12, end):
-        if kind in (b"ALPH", b"VP8 ", b"VP8L"):
-            return _frame(fp, where - 8, min(end, where + length + (length & 1)) if kind == b"VP8L" else end)
-        if kind == b"ANMF" and length >= 16:
-            return _frame(fp, where + 16, min(end, where + length))
-    return []
-
-
-def _frame(fp: BinaryIO, pos: int, end: int) -> list[Stream | None]:
-    """The streams of one image: its ``VP8L``; or its first ``ALPH`` at the size of the ``VP8 `` frame after it,
-    as libwebp decodes it (the canvas's or an animation frame's header may say another: a frame header of 16x16
-    over a 1024x1024 picture had its alpha's 65,536 groups counted as 241, an adversarial run)."""
     alpha_at: tuple[int, int] | None = None
-    for kind, length, where in _chunks(fp, pos, end):
+    for kind, length, where in _chunks(fp, 12, min(size, 8 + struct.unpack("<I", head[4:8])[0])):
         if kind == b"ALPH" and alpha_at is None:
             alpha_at = (where, length)
         elif kind == b"VP8L":
             payload, cut = _payload(fp, where, length)
             return [read(payload, cut=cut)]
-        elif kind == b"VP8 " and alpha_at is not None:
+        elif kind == b"VP8 ":
             fp.seek(where)
-            size = _vp8_size(fp.read(10))
-            if size is None:
+            frame_size = _vp8_size(fp.read(10))
+            if alpha_at is None or frame_size is None:
                 return []
             payload, cut = _payload(fp, *alpha_at)
-            return [alpha(payload, *size, cut=cut)]
-        else:  # a lossy image without alpha, a second ALPH or another chunk: the frame ends
-            break
+            return [alpha(payload, *frame_size, cut=cut)]
     return []
 
 
