@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import time
 import uuid
 
 import pytest
@@ -96,6 +97,31 @@ def test_one_uploaders_slow_bodies_cannot_take_every_thread(deployment, data_fil
             sock.close()
     wait_for(lambda: deployment.upload(data_file("photos/chelsea.jpg")).status_code == 202, timeout=10,
              message="the uploader's next body taken once its slow ones went")
+
+
+def test_refused_clients_that_keep_their_side_open_never_stall_the_process(deployment, data_file):
+    """A second adversarial run: gunicorn closes a connection it answered before reading its body by lingering up
+    to 2 s for the client's rest, on the worker's main thread. 150-300 connections that sent a bad token's headers
+    and a few bytes and never closed stopped the process answering (/healthz timed out) for their 2 s each, one
+    after another. No token is needed for it."""
+    deployment.start("web")
+    data = data_file("photos/chelsea.jpg").read_bytes()
+    head = (f"POST /v1/attachments HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer not-a-token\r\n"
+            f"Content-Type: image/jpeg\r\nContent-Length: {len(data)}\r\n\r\n").encode()
+    lingering = []
+    try:
+        for _ in range(40):  # before: 40 x 2 s of a process answering nobody
+            sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+            sock.sendall(head + data[:1000])
+            lingering.append(sock)
+        for sock in lingering:
+            assert sock.recv(12).split()[1] == b"401"
+        began = time.monotonic()
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - began < 2
+    finally:
+        for sock in lingering:
+            sock.close()
 
 
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
