@@ -38,6 +38,9 @@ def install() -> bool:
         return False
     from gunicorn import util
 
+    if not callable(getattr(util, "close_graceful", None)):  # a gunicorn that lingers otherwise, or not at all
+        return False
+
     def close(self, graceful=False):
         if not graceful or not _lingering.acquire(blocking=False):
             util.close(self.sock)
