@@ -53,16 +53,21 @@ def answer_of(sock: socket.socket) -> bytes:
     return answer
 
 
+def started_uploads(deployment, data: bytes, count: int, sockets: list) -> None:
+    """Open ``count`` uploads of ``data`` that send its first 1000 bytes and no more, onto ``sockets``."""
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+        sockets.append(sock)
+        sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4())).encode()
+                     + data[:1000])
+
+
 def test_clients_silent_mid_body_are_cut_off_and_free_their_threads(deployment, data_file):
     deployment.start("web", WEB_THREADS="2", ATTACHE_BODY_IDLE_SECONDS="2")
     data = data_file("photos/chelsea.jpg").read_bytes()
     stalled = []
     try:
-        for _ in range(2):  # as many as the web process has threads
-            sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
-            sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4()))
-                         .encode() + data[:1000])
-            stalled.append(sock)
+        started_uploads(deployment, data, 2, stalled)  # as many as the web process has threads
         for sock in stalled:  # before: no answer, ever (the socket's own 20 s timeout fails the test)
             assert answer_of(sock).split(b"\r\n")[0].split()[1] == b"400"
         assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
@@ -80,11 +85,7 @@ def test_one_uploaders_slow_bodies_cannot_take_every_thread(deployment, data_fil
     data = data_file("photos/chelsea.jpg").read_bytes()
     slow, answers = [], []
     try:
-        for _ in range(4):  # as many as the web process has threads
-            sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
-            sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4()))
-                         .encode() + data[:1000])
-            slow.append(sock)
+        started_uploads(deployment, data, 4, slow)  # as many as the web process has threads
         for sock in slow[2:]:  # before: no answer (the socket's own timeout failed the test)
             answers.append(answer_of(sock))
         assert all(a.split(b"\r\n")[0].split()[1] == b"429" and b"too_many_uploads_at_once" in a for a in answers)
