@@ -125,6 +125,34 @@ def test_refused_clients_that_keep_their_side_open_never_stall_the_process(deplo
             sock.close()
 
 
+def test_a_request_head_sent_slowly_or_not_at_all_holds_no_thread_for_long(deployment):
+    """A third adversarial run: connections that sent one byte of a request's head and nothing more held a thread of
+    gunicorn's each for as long as they stayed open (100 of them, 100 bytes, no token: both processes answered
+    nothing), and connections that sent nothing held one 5 s each. A head now has HEAD_SECONDS, and a first byte is
+    awaited on the poller after FIRST_BYTE_SECONDS (app/web/request_head.py)."""
+    from app.web.request_head import HEAD_SECONDS
+
+    deployment.start("web", WEB_THREADS="2")
+    silent, slow = [], []
+    try:
+        for _ in range(4):  # twice the threads, sending nothing: before, /healthz waited 5-10 s behind them
+            silent.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+        began = time.monotonic()
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - began < 2
+        for _ in range(2):  # as many as the threads, one byte each: before, nothing was answered while they stayed
+            slow.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+            slow[-1].sendall(b"G")
+        began = time.monotonic()
+        for sock in slow:
+            assert sock.recv(100) == b"", "closed as a client gone"
+        assert time.monotonic() - began < HEAD_SECONDS + 3
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+    finally:
+        for sock in silent + slow:
+            sock.close()
+
+
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
     idle = {"ATTACHE_BODY_IDLE_SECONDS": "1"}  # abandoned after ten idle periods: 10 s
     deployment.start("web", **idle)

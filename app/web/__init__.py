@@ -19,7 +19,7 @@ from app.core.auth import effective_tokens
 from app.errors import DatabaseUnavailable, UploadRejected
 from app.observability import logs
 from app.services import Services, settings_or_exit
-from app.web import lingering_close
+from app.web import lingering_close, request_head
 from app.web.bodies_in_flight import BodiesInFlight
 from app.web.connection import UNREAD_BODY, CloseUnreadBodies
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
@@ -41,6 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # one uploader's bodies arriving at once, bounded per process (ATTACHE_MAX_BODIES_PER_UPLOADER)
     app.extensions["attache_bodies"] = BodiesInFlight(settings.max_bodies_per_uploader)
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
+    request_head.install()  # under gunicorn gthread: a request's head within seconds, a first byte without a thread
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
     app.secret_key = settings.secret_key or hashlib.sha256(
         b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()
