@@ -153,6 +153,37 @@ def test_a_request_head_sent_slowly_or_not_at_all_holds_no_thread_for_long(deplo
             sock.close()
 
 
+def test_a_download_nobody_reads_is_cut_off_and_frees_its_thread(deployment, tmp_path):
+    """A third adversarial run: downloads of a large original that the client never read held a thread each for as
+    long as the connection stayed open (gunicorn writes answers to a blocking socket with no deadline): 100 of them
+    took every thread. A write that makes no progress for ATTACHE_BODY_IDLE_SECONDS now ends the connection."""
+    import random
+
+    from PIL import Image
+
+    rng = random.Random(7)
+    path = tmp_path / "noise.png"  # some 9 MB that no socket buffer holds
+    Image.frombytes("RGB", (1800, 1800), rng.randbytes(1800 * 1800 * 3)).save(path, compress_level=0)
+    deployment.start("web", WEB_THREADS="2", ATTACHE_BODY_IDLE_SECONDS="2")
+    deployment.start("worker")
+    attachment_id = deployment.upload(path).json()["id"]
+    wait_for(lambda: deployment.status(attachment_id)["state"] == "ready", timeout=60, message="ready")
+    stalled = []
+    try:
+        for _ in range(2):  # as many as the web process has threads
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", deployment.port))
+            sock.sendall(f"GET /v1/attachments/{attachment_id}/original HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                         f"Authorization: Bearer {deployment.token}\r\n\r\n".encode())
+            stalled.append(sock)
+        # before: no answer for as long as the two connections stayed open
+        assert requests.get(deployment.url + "/healthz", timeout=10).status_code == 200
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
     idle = {"ATTACHE_BODY_IDLE_SECONDS": "1"}  # abandoned after ten idle periods: 10 s
     deployment.start("web", **idle)

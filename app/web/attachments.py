@@ -401,6 +401,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         yield from stream
 
     headers["Content-Length"] = str(length)
+    request.bound_writes()
     status = 200
     if byte_range is not None:
         status = 206

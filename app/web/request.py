@@ -113,6 +113,12 @@ class UploadRequest(Request):
         if sock is not None:
             sock.settimeout(current_app.extensions["attache"].settings.body_idle_seconds)
 
+    def bound_writes(self) -> None:
+        """A client that stops reading an answer must not hold a thread for ever: gunicorn writes it to a blocking
+        socket with no deadline, so 100 downloads never read held every thread (an adversarial run). With a socket
+        timeout a write that makes no progress for ``ATTACHE_BODY_IDLE_SECONDS`` fails and the connection goes."""
+        self._bound_body_reads()
+
     def body_unread(self) -> bool:
         """A body was sent (a ``Content-Length`` above 0, or chunked) and not read to its end: an answer given
         before it (a refusal) leaves the rest on the connection."""
