@@ -275,6 +275,14 @@ class TooManyUploadsAtOnce(UploadRejected):
     retryable = True
 
 
+class TooManyDownloadsAtOnce(AttacheError):
+    """The client is already being sent as many downloads by this web process as it may at once (``429``): ask again
+    when one of them is done (``ATTACHE_MAX_BODIES_PER_UPLOADER``, which bounds answers streamed too)."""
+
+    error_code = "too_many_downloads_at_once"
+    retryable = True
+
+
 class UploadTooLarge(UploadRejected):
     """The body is larger than the configured upload limit."""
 

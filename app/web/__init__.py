@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.config import Settings
 from app.core.auth import effective_tokens
-from app.errors import DatabaseUnavailable, UploadRejected
+from app.errors import DatabaseUnavailable, TooManyDownloadsAtOnce, UploadRejected
 from app.observability import logs
 from app.services import Services, settings_or_exit
 from app.web import lingering_close, request_head
@@ -40,6 +40,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
     # one uploader's bodies arriving at once, bounded per process (ATTACHE_MAX_BODIES_PER_UPLOADER)
     app.extensions["attache_bodies"] = BodiesInFlight(settings.max_bodies_per_uploader)
+    app.extensions["attache_answers"] = BodiesInFlight(  # and the downloads it streams to one client at once
+        settings.max_bodies_per_uploader, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
     request_head.install()  # under gunicorn gthread: a request's head within seconds, a first byte without a thread
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees

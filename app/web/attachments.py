@@ -23,6 +23,7 @@ from app.errors import (
     ObjectNotFound,
     PermanentError,
     StorageUnavailable,
+    TooManyDownloadsAtOnce,
     UploadRejected,
 )
 from app.observability.logs import bound
@@ -333,6 +334,9 @@ def _download(operation_id: str, summary: str, *parameters):
             409: refused("The job is not ready yet (or failed): nothing is published.", "not_ready"),
             416: raw("Range not satisfiable. No body.", None, {
                 "Content-Range": Header("`bytes */size`", required=True), "ETag": _DOWNLOAD_HEADERS["ETag"]}),
+            429: refused("The client is already being sent `ATTACHE_MAX_BODIES_PER_UPLOADER` downloads by this web "
+                         "process at once; ask again when one of them is done.", "too_many_downloads_at_once",
+                         retry_after=True),
             500: refused("The published object is missing from storage (`effect_missing`: reported, never hidden).",
                          "effect_missing"),
             503: refused("Storage or PostgreSQL is unavailable; retry later.",
@@ -400,13 +404,18 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         yield first
         yield from stream
 
+    try:
+        chunks = bodies_in_flight.HeldAnswer(body(), identity().principal, source=stream)
+    except TooManyDownloadsAtOnce as exc:
+        stream.close()
+        return refusal(exc)
     headers["Content-Length"] = str(length)
     request.bound_writes()
     status = 200
     if byte_range is not None:
         status = 206
         headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{row.size}"
-    return Response(body(), status=status, mimetype=row.content_type, headers=headers)
+    return Response(chunks, status=status, mimetype=row.content_type, headers=headers)
 
 
 _RANGE_SPEC = re.compile(r"(\d*)-(\d*)")

@@ -24,8 +24,12 @@ from app.errors import TooManyUploadsAtOnce
 
 
 class BodiesInFlight:
-    def __init__(self, limit: int):
-        self.limit = limit
+    """Each principal's transfers in flight in this process, at most ``limit`` (0: no limit); one more raises
+    ``refusal`` (a ``429`` error class) with ``what`` they are."""
+
+    def __init__(self, limit: int, refusal: type = TooManyUploadsAtOnce,
+                 what: str = "uploads arriving at this server at once"):
+        self.limit, self.refusal, self.what = limit, refusal, what
         self._lock = threading.Lock()
         self._sending: dict[str, int] = {}
 
@@ -38,8 +42,8 @@ class BodiesInFlight:
         with self._lock:
             sending = self._sending.get(owner, 0)
             if sending >= self.limit:
-                raise TooManyUploadsAtOnce(f"{sending} of your uploads are arriving at this server at once, the most "
-                                           "one uploader may send together; send this one when one of them is done")
+                raise self.refusal(f"{sending} of your {self.what}, the most one client may have; ask again when "
+                                   "one of them is done")
             self._sending[owner] = sending + 1
         try:
             yield
@@ -56,5 +60,32 @@ class BodiesInFlight:
 
 
 def held(owner: str) -> ContextManager[None]:
-    """:meth:`BodiesInFlight.hold` of the current app's count (``create_app`` makes it)."""
+    """:meth:`BodiesInFlight.hold` of the current app's count of upload bodies (``create_app`` makes it)."""
     return current_app.extensions["attache_bodies"].hold(owner)
+
+
+class HeldAnswer:
+    """A download's chunks that hold one of ``principal``'s answers in flight until the server closes them (a
+    download read slowly holds its thread as an upload sent slowly does: 100 of one uploader's, never read, held every
+    thread of a process, an adversarial run). :class:`TooManyDownloadsAtOnce` when the principal has its fill."""
+
+    def __init__(self, chunks, principal: str, source=None):
+        """``source``: what ``chunks`` read from, closed with them (a generator never started closes nothing)."""
+        self._hold = current_app.extensions["attache_answers"].hold(principal)
+        self._hold.__enter__()
+        self._chunks, self._source = chunks, source
+
+    def __iter__(self):
+        return iter(self._chunks)
+
+    def close(self) -> None:
+        """Called by the server once the answer is sent or abandoned, whether or not a chunk was read."""
+        hold, self._hold = self._hold, None
+        try:
+            for closing in (self._chunks, self._source):
+                close = getattr(closing, "close", None)
+                if close is not None:
+                    close()
+        finally:
+            if hold is not None:
+                hold.__exit__(None, None, None)

@@ -33,6 +33,7 @@ from app.errors import (
     PermanentError,
     QueryTimeout,
     SpoolUnavailable,
+    TooManyDownloadsAtOnce,
     TooManyOpenUploads,
     TooManyPending,
     TooManyUploadsAtOnce,
@@ -60,6 +61,7 @@ STATUS: dict[type[AttacheError], int] = {
     TooManyPending: 429,
     TooManyOpenUploads: 429,
     TooManyUploadsAtOnce: 429,
+    TooManyDownloadsAtOnce: 429,
     # the probe's refusals: the bytes are the problem (UnsupportedFormat, CorruptImage: 415)
     PermanentError: 415,
     DecompressionBomb: 413,
