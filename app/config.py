@@ -140,8 +140,12 @@ class Settings:
         "ATTACHE_MAX_BODIES_PER_UPLOADER", 8, _int(0),
         "upload bodies (POST /v1/attachments, tus creations with a body and PATCHes) one uploader may send to "
         "one web process at once; one more is refused with 429 too_many_uploads_at_once before it is read, so "
-        "one uploader's slow bodies cannot hold every thread of a process; downloads streamed to one client at "
-        "once are bounded alike (429 too_many_downloads_at_once); 0: no limit")
+        "one uploader's slow bodies cannot hold every thread of a process; 0: no limit")
+    max_downloads_per_client: int = setting(
+        "ATTACHE_MAX_DOWNLOADS_PER_CLIENT", 16, _int(0),
+        "downloads one web process streams to one client (token) at once; one more is refused with 429 "
+        "too_many_downloads_at_once, so one client's downloads read slowly cannot hold every thread of a process "
+        "(redirects to presigned URLs hold none); 0: no limit")
     spool_min_free_bytes: int = setting(
         "ATTACHE_SPOOL_MIN_FREE_BYTES", 128 * 1024 * 1024, _int(0),
         "free space an upload's spool file (in the web's temporary directory, TMPDIR) always leaves on its "

@@ -277,7 +277,7 @@ class TooManyUploadsAtOnce(UploadRejected):
 
 class TooManyDownloadsAtOnce(AttacheError):
     """The client is already being sent as many downloads by this web process as it may at once (``429``): ask again
-    when one of them is done (``ATTACHE_MAX_BODIES_PER_UPLOADER``, which bounds answers streamed too)."""
+    when one of them is done (``ATTACHE_MAX_DOWNLOADS_PER_CLIENT``)."""
 
     error_code = "too_many_downloads_at_once"
     retryable = True

@@ -138,12 +138,12 @@ def test_a_download_is_named_with_the_extension_of_its_real_format(quiet_service
 
 def test_a_clients_downloads_at_once_are_bounded_and_each_gives_its_place_back(ready):
     """A third adversarial run: 100 downloads of one uploader's, never read, held every thread of a web process.
-    One client is sent at most ATTACHE_MAX_BODIES_PER_UPLOADER (8) at once; an answer's place comes back when the
+    One client is sent at most ATTACHE_MAX_DOWNLOADS_PER_CLIENT (16) at once; an answer's place comes back when the
     server closes it, read or not (tests/test_hostile_clients.py cuts the reader that stops)."""
     app, accepted, data = ready
     client, answers = owned_client(app), app.extensions["attache_answers"]
     url = f"/v1/attachments/{accepted.attachment_id}/original"
-    held = [client.get(url, buffered=False) for _ in range(app.extensions["attache"].settings.max_bodies_per_uploader)]
+    held = [client.get(url, buffered=False) for _ in range(app.extensions["attache"].settings.max_downloads_per_client)]
     refused = client.get(url)
     assert refused.status_code == 429 and refused.json["error"] == "too_many_downloads_at_once"
     assert refused.headers["Retry-After"]

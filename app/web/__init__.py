@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     # one uploader's bodies arriving at once, bounded per process (ATTACHE_MAX_BODIES_PER_UPLOADER)
     app.extensions["attache_bodies"] = BodiesInFlight(settings.max_bodies_per_uploader)
     app.extensions["attache_answers"] = BodiesInFlight(  # and the downloads it streams to one client at once
-        settings.max_bodies_per_uploader, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
+        settings.max_downloads_per_client, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
     request_head.install()  # under gunicorn gthread: a request's head within seconds, a first byte without a thread
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees

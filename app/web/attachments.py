@@ -334,7 +334,7 @@ def _download(operation_id: str, summary: str, *parameters):
             409: refused("The job is not ready yet (or failed): nothing is published.", "not_ready"),
             416: raw("Range not satisfiable. No body.", None, {
                 "Content-Range": Header("`bytes */size`", required=True), "ETag": _DOWNLOAD_HEADERS["ETag"]}),
-            429: refused("The client is already being sent `ATTACHE_MAX_BODIES_PER_UPLOADER` downloads by this web "
+            429: refused("The client is already being sent `ATTACHE_MAX_DOWNLOADS_PER_CLIENT` downloads by this web "
                          "process at once; ask again when one of them is done.", "too_many_downloads_at_once",
                          retry_after=True),
             500: refused("The published object is missing from storage (`effect_missing`: reported, never hidden).",

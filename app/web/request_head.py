@@ -13,7 +13,10 @@ left unread on a kept-alive connection) must arrive within
 :data:`HEAD_SECONDS`, or the connection is closed as one the client
 abandoned; and a connection whose first byte has not come within
 :data:`FIRST_BYTE_SECONDS` waits for it on the worker's poller, without a
-thread. A client can still take every thread by opening connections faster
+thread, for gunicorn's ``--keep-alive`` (5 s in the Procfile: with its
+default of 2 a connection opened ahead, as browsers and pools do, and used
+3 s later found itself closed, where gunicorn's own 5 s first-byte wait had
+kept it 7 s; a review). A client can still take every thread by opening connections faster
 than that (some 64 every :data:`HEAD_SECONDS` for two processes of 32
 threads): before clients you do not trust, a buffering proxy belongs in
 front (``docs/deploy.md``). Under another server or worker class this does
