@@ -328,3 +328,31 @@ def test_a_frame_libwebp_drops_does_not_hide_the_next_ones_groups(tmp_path, firs
         assert budget.estimate(img, "WEBP", fp).total >= MEASURED_PEAK
     with pytest.raises(ImageTooLarge):
         probe(path, Limits())
+
+
+def test_frames_nested_in_frames_are_read_in_file_order_as_libwebp_reads_them(tmp_path) -> None:
+    """A review: the walk went by each ANMF's declared length and four frames deep, so with frames nested five deep
+    it skipped the 1024x1024 one libwebp decodes first and priced a 1x1 frame after it."""
+    chunk_of, canvas = hostile_images._riff_chunk, struct.pack("<I", 1023)[:3] * 2
+
+    def frame(inner: bytes) -> bytes:
+        return chunk_of(b"ANMF", bytes(6) + canvas + b"\x64\0\0\0" + inner)
+
+    tiny = chunk_of(b"VP8L", chunk(webp(Image.new("RGB", (1, 1)), lossless=True)))
+    heavy = frame(chunk_of(b"VP8L", hostile_images.vp8l_groups(1024, 1024)))
+    body = (chunk_of(b"VP8X", bytes([0x02, 0, 0, 0]) + canvas) + chunk_of(b"ANIM", bytes(6))
+            + frame(frame(frame(frame(heavy) + frame(tiny)))))
+    path = tmp_path / "nested.webp"
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
+    with open(path, "rb") as fp:
+        (stream,) = vp8l._first_frame(fp)
+    assert stream.groups == 65536
+
+
+def test_a_chunk_longer_than_its_file_is_corrupt_not_a_bomb(tmp_path) -> None:
+    data = chunk(webp(photo(), lossless=True, method=4))
+    body = b"VP8L" + struct.pack("<I", 20 << 20) + data[:100]  # says 20 MB, holds 100 bytes
+    path = tmp_path / "short.webp"
+    path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
+    with open(path, "rb") as fp, pytest.raises(CorruptImage):
+        vp8l.webp_table_bytes(fp)

@@ -163,7 +163,7 @@ def _admit_open(conn, settings, owner: str, length: int) -> None:
     if most and open_uploads >= most:
         raise TooManyOpenUploads(f"{open_uploads} of your resumable uploads are unfinished, the most one uploader may "
                                  "have; finish or terminate some, or wait for them to expire")
-    if most_bytes and declared + length > most_bytes:
+    if most_bytes and declared and declared + length > most_bytes:  # alone, an upload of any accepted size
         raise TooManyOpenUploads(f"your unfinished resumable uploads declare {declared} bytes; {length} more would "
                                  f"pass the {most_bytes} one uploader may have open; finish or terminate some, or "
                                  "wait for them to expire")

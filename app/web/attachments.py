@@ -404,13 +404,13 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         yield first
         yield from stream
 
+    request.bound_writes()
     try:
         chunks = bodies_in_flight.HeldAnswer(body(), identity().principal, source=stream)
     except TooManyDownloadsAtOnce as exc:
         stream.close()
         return refusal(exc)
     headers["Content-Length"] = str(length)
-    request.bound_writes()
     status = 200
     if byte_range is not None:
         status = 206

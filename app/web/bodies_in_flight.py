@@ -71,21 +71,26 @@ class HeldAnswer:
 
     def __init__(self, chunks, principal: str, source=None):
         """``source``: what ``chunks`` read from, closed with them (a generator never started closes nothing)."""
-        self._hold = current_app.extensions["attache_answers"].hold(principal)
-        self._hold.__enter__()
-        self._chunks, self._source = chunks, source
+        self._chunks, self._source, self._hold = chunks, source, None
+        hold = current_app.extensions["attache_answers"].hold(principal)
+        hold.__enter__()  # raises past the limit: nothing held, nothing to give back
+        self._hold = hold
 
     def __iter__(self):
         return iter(self._chunks)
 
+    def __del__(self) -> None:  # an answer the server never got (an error after it was made) gives its place back
+        self.close()
+
     def close(self) -> None:
         """Called by the server once the answer is sent or abandoned, whether or not a chunk was read."""
         hold, self._hold = self._hold, None
+        if hold is None:
+            return
         try:
             for closing in (self._chunks, self._source):
                 close = getattr(closing, "close", None)
                 if close is not None:
                     close()
         finally:
-            if hold is not None:
-                hold.__exit__(None, None, None)
+            hold.__exit__(None, None, None)

@@ -53,7 +53,11 @@ def install() -> bool:
             finally:
                 _lingering.release()
 
-        threading.Thread(target=linger, name="lingering-close", daemon=True).start()
+        try:
+            threading.Thread(target=linger, name="lingering-close", daemon=True).start()
+        except RuntimeError:  # no thread to be had: closed at once, and the place given back
+            _lingering.release()
+            util.close(self.sock)
 
     close.attache_lingers_aside = True
     connection.close = close

@@ -315,9 +315,8 @@ def alpha(payload: bytes | memoryview, width: int, height: int, *, cut: bool = F
     return _image(_Bits(memoryview(payload)[1:], cut=cut), width, height)
 
 
-#: chunks of a WebP walked to find its image (as :data:`.segments.MAX_WEBP_CHUNKS`), and frames nested in frames
+#: chunks of a WebP walked to find its image (as :data:`.segments.MAX_WEBP_CHUNKS`)
 _MAX_CHUNKS = 1 << 16
-_MAX_DEPTH = 4
 
 
 def webp_table_bytes(fp: BinaryIO) -> int:
@@ -335,18 +334,18 @@ def webp_table_bytes(fp: BinaryIO) -> int:
         fp.seek(position)
 
 
-def _chunks(fp: BinaryIO, pos: int, end: int, depth: int = 0, counted: list[int] | None = None):
-    """``(kind, length, where its payload is)`` of the chunks from ``pos`` to ``end`` in file order, an ``ANMF``'s
-    own chunks after it (frames nested in frames too, :data:`_MAX_DEPTH` deep), :data:`_MAX_CHUNKS` in all."""
-    counted = [0] if counted is None else counted
-    while pos + 8 <= end and counted[0] < _MAX_CHUNKS:
-        counted[0] += 1
+def _chunks(fp: BinaryIO, pos: int, end: int):
+    """``(kind, length, where its payload is)`` of the chunks from ``pos`` to ``end`` in file order, as libwebp's
+    demuxer reads them: an ``ANMF``'s chunks right after its 16-byte frame header, whatever length it declares and
+    however deep frames nest (a walk that went by that length, four frames deep, priced a 1x1 frame after a 64x64
+    one libwebp decoded first: a review); :data:`_MAX_CHUNKS` at most."""
+    for _ in range(_MAX_CHUNKS):
+        if pos + 8 > end:
+            return
         fp.seek(pos)
         kind, length = struct.unpack("<4sI", fp.read(8))
         yield kind, length, pos + 8
-        if kind == b"ANMF" and length >= 16 and depth < _MAX_DEPTH:
-            yield from _chunks(fp, pos + 24, min(end, pos + 8 + length), depth + 1, counted)
-        pos += 8 + length + (length & 1)
+        pos += 24 if kind == b"ANMF" and length >= 16 else 8 + length + (length & 1)
 
 
 def _first_frame(fp: BinaryIO) -> list[Stream | None]:
@@ -380,9 +379,11 @@ def _first_frame(fp: BinaryIO) -> list[Stream | None]:
 
 
 def _payload(fp: BinaryIO, where: int, length: int) -> tuple[bytes, bool]:
-    """A chunk's payload, at most its first :data:`MAX_STREAM_BYTES`, and whether it was cut there."""
+    """A chunk's payload, at most its first :data:`MAX_STREAM_BYTES`, and whether it was cut there (a chunk that
+    says it is longer but ends with the file is cut short: corrupt, not a bomb)."""
     fp.seek(where)
-    return fp.read(min(length, MAX_STREAM_BYTES)), length > MAX_STREAM_BYTES
+    payload = fp.read(min(length, MAX_STREAM_BYTES))
+    return payload, length > MAX_STREAM_BYTES and len(payload) == MAX_STREAM_BYTES
 
 
 def _vp8_size(header: bytes) -> tuple[int, int] | None:
