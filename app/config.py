@@ -167,7 +167,7 @@ class Settings:
         "ATTACHE_MAX_OPEN_UPLOAD_BYTES_PER_UPLOADER", 2 * 1024 ** 3, _int(0),
         "the Upload-Length of one uploader's unfinished resumable uploads added up: a creation that would pass it "
         "is refused with 429 too_many_open_uploads, bounding the partial bytes one uploader can keep on the disk "
-        "(their sum stays under it); 0: no limit")
+        "(an uploader with none open may still make one of any accepted size); 0: no limit")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(
