@@ -36,7 +36,8 @@ def trickle(port: int, stop: threading.Event, started: threading.Barrier, token:
 
 
 def test_slow_uploaders_do_not_stall_a_normal_upload(env, tmp_path, data_file):
-    deployment = Deployment(env, tmp_path)
+    (tmp_path / "spool").mkdir()  # the tricklers' spools, left by the web stopped under them, go with the test
+    deployment = Deployment({**env, "TMPDIR": str(tmp_path / "spool")}, tmp_path)
     deployment.start("web")  # the Procfile's gthread settings, one gunicorn worker
     stop = threading.Event()
     started = threading.Barrier(TRICKLERS + 1)
