@@ -143,6 +143,10 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
     return Upload.of(row)
 
 
+#: the first key of the two-key advisory locks of one uploader's creations (a key space of its own, as
+#: :data:`app.core.staging.NAMESPACE` and :data:`app.core.objects.NAMESPACE` are)
+NAMESPACE = 727277
+
 _OPEN = text("""
     SELECT count(*), coalesce(sum(upload_length), 0) FROM uploads
     WHERE owner = :owner AND attachment_id IS NULL AND expires_at > now()
@@ -158,7 +162,7 @@ def _admit_open(conn, settings, owner: str, length: int) -> None:
     most, most_bytes = settings.max_open_uploads_per_uploader, settings.max_open_upload_bytes_per_uploader
     if not (most or most_bytes):
         return
-    conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:key))"), {"key": f"attache.uploads:{owner}"})
+    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
     open_uploads, declared = conn.execute(_OPEN, {"owner": owner}).one()
     if most and open_uploads >= most:
         raise TooManyOpenUploads(f"{open_uploads} of your resumable uploads are unfinished, the most one uploader may "

@@ -404,7 +404,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         yield first
         yield from stream
 
-    request.bound_writes()
+    request.bound_silence()
     try:
         chunks = bodies_in_flight.HeldAnswer(body(), identity().principal, source=stream)
     except TooManyDownloadsAtOnce as exc:

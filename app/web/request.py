@@ -93,31 +93,28 @@ class UploadRequest(Request):
         """The body, limited to :attr:`max_content_length` by the :class:`BodyStream` (a body of exactly the
         limit is whole); read in blocks but on the raw-body routes of resumable uploads, which keep the bytes
         of a body cut short (see :mod:`app.web.body`)."""
-        self._bound_body_reads()
+        self.bound_silence()
         limit = self.max_content_length
         if limit is not None and self.content_length is not None and self.content_length > limit:
             raise RequestEntityTooLarge()  # before reading a byte
         block = 0 if self.endpoint in RAW_UPLOAD_ENDPOINTS else READ_BLOCK_BYTES
         return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block)
 
-    def _bound_body_reads(self) -> None:
-        """A client that stops sending mid-body must not hold a thread for ever.
+    def bound_silence(self) -> None:
+        """A client that stops sending mid-body, or stops reading an answer, must not hold a thread for ever.
 
-        gunicorn's gthread worker waits a few seconds for a request's first
-        byte, then reads the rest from a blocking socket with no deadline, and
-        its ``--timeout`` does not see a thread stuck in a read. With a socket
-        timeout a silent client's read fails after ``ATTACHE_BODY_IDLE_SECONDS``
-        and the body ends incomplete (``400 incomplete_body``).
+        gunicorn's gthread worker reads a body from, and writes an answer to,
+        a blocking socket with no deadline, and its ``--timeout`` does not see
+        a thread stuck there (100 downloads never read held every thread: an
+        adversarial run). With a socket timeout a silent client's read fails
+        after ``ATTACHE_BODY_IDLE_SECONDS`` and the body ends incomplete
+        (``400 incomplete_body``), and a write that makes no progress for as
+        long ends the connection. The body's stream sets it; a download, as it
+        answers.
         """
         sock = self.environ.get("gunicorn.socket")
         if sock is not None:
             sock.settimeout(current_app.extensions["attache"].settings.body_idle_seconds)
-
-    def bound_writes(self) -> None:
-        """A client that stops reading an answer must not hold a thread for ever: gunicorn writes it to a blocking
-        socket with no deadline, so 100 downloads never read held every thread (an adversarial run). With a socket
-        timeout a write that makes no progress for ``ATTACHE_BODY_IDLE_SECONDS`` fails and the connection goes."""
-        self._bound_body_reads()
 
     def body_unread(self) -> bool:
         """A body was sent (a ``Content-Length`` above 0, or chunked) and not read to its end: an answer given
