@@ -52,6 +52,8 @@ from app.errors import (
 )
 
 log = logging.getLogger("attache.intake")
+#: the upload's row (built once: a statement built per upload cost the web its construction and cache key)
+_ATTACHMENT = insert(attachments)
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
             staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
             if not staging.usable(conn, services.storage, key):  # it did, or decided to, while this request was
                 raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
-            conn.execute(insert(attachments).values(
+            conn.execute(_ATTACHMENT, dict(
                 id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
                 format=info.format, size=received.size, sha256=received.sha256, width=info.width,
                 height=info.height, staging_key=key))

@@ -28,17 +28,20 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.engine import Connection, Engine
 
 from app.adapters.postgres.models import pending_uploads
 from app.errors import TooManyPending
 
+_SOME = (select(pending_uploads.c.job_id).where(pending_uploads.c.owner == bindparam("b_owner"))
+         .limit(bindparam("b_up_to")).subquery())
+_COUNT = select(func.count()).select_from(_SOME)  # built once, as every upload asks it
+
 
 def count(conn: Connection, owner: str, *, up_to: int) -> int:
     """How many of ``owner``'s uploads are pending, counting no further than ``up_to``."""
-    some = select(pending_uploads.c.job_id).where(pending_uploads.c.owner == owner).limit(up_to).subquery()
-    return conn.execute(select(func.count()).select_from(some)).scalar_one()
+    return conn.execute(_COUNT, {"b_owner": owner, "b_up_to": up_to}).scalar_one()
 
 
 #: how long an uploader refused for its pending uploads is refused again before its next body is read, without a

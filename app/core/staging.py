@@ -27,7 +27,7 @@ a row of ``staging_removals``), and intake refuses an object that has one
 
 from __future__ import annotations
 
-from sqlalchemy import delete, select, text
+from sqlalchemy import bindparam, delete, select, text
 from sqlalchemy.dialects.postgresql import insert
 
 from app.adapters.postgres.models import staging_removals
@@ -35,22 +35,26 @@ from app.adapters.postgres.models import staging_removals
 #: the first key of the two-key advisory locks of staged objects (a key space of its own in PostgreSQL)
 NAMESPACE = 727275
 
+# built once: a statement built per call costs the web its construction and cache key on every upload
+_LOCK = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))")
+_TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))")
+_REMOVAL_DECIDED = select(staging_removals.c.key).where(staging_removals.c.key == bindparam("b_key"))
+
 
 def lock(conn, key: str) -> None:
     """Wait for the lock of the staged object ``key``, held until the transaction ends."""
-    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))"), {"ns": NAMESPACE, "key": key})
+    conn.execute(_LOCK, {"ns": NAMESPACE, "key": key})
 
 
 def try_lock(conn, key: str) -> bool:
     """The lock of the staged object ``key`` if no one holds it (until the transaction ends); else False."""
-    return bool(conn.execute(text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))"),
-                             {"ns": NAMESPACE, "key": key}).scalar())
+    return bool(conn.execute(_TRY_LOCK, {"ns": NAMESPACE, "key": key}).scalar())
 
 
 def usable(conn, storage, key: str) -> bool:
     """Under the object's lock (:func:`lock`): the staged object ``key`` is there, and the cleanup has not decided
     to remove it."""
-    if conn.execute(select(staging_removals.c.key).where(staging_removals.c.key == key)).first() is not None:
+    if conn.execute(_REMOVAL_DECIDED, {"b_key": key}).first() is not None:
         return False
     return storage.stat(key) is not None
 

@@ -97,6 +97,10 @@ _ANOTHER_UNFINISHED = select(jobs.c.id).where(jobs.c.attachment_id == bindparam(
                                               jobs.c.id != bindparam("b_job_id"), jobs.c.state.in_(UNFINISHED)).limit(1)
 _GET_LOCKED = _GET.with_for_update()
 _RECORDED = select(variants.c.variant).where(variants.c.job_id == bindparam("b_job_id"))
+#: none -> queued: the job's owner is its attachment's (built once, as every upload makes a job)
+_CREATE = pg_insert(jobs).values(
+    owner=select(attachments.c.owner).where(attachments.c.id == bindparam("b_attachment_id")).scalar_subquery(),
+).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)
 
 
 def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, error_code=None, reason=None) -> None:
@@ -116,11 +120,10 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
 
     ensure_recorded(conn, pipeline_version)
     job_id = uuid.uuid4()
-    row = conn.execute(pg_insert(jobs).values(
-        id=job_id, attachment_id=attachment_id, pipeline_version=pipeline_version, state=JobState.QUEUED,
-        owner=select(attachments.c.owner).where(attachments.c.id == attachment_id).scalar_subquery(),
-        attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
-    ).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)).one_or_none()
+    row = conn.execute(_CREATE, dict(
+        id=job_id, attachment_id=attachment_id, b_attachment_id=attachment_id, pipeline_version=pipeline_version,
+        state=JobState.QUEUED, attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
+    )).one_or_none()
     if row is None:
         return None
     _history(conn, job_id, None, JobState.QUEUED, 0, actor, reason=reason)
