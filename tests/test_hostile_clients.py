@@ -158,6 +158,45 @@ def test_a_request_head_sent_slowly_or_not_at_all_holds_no_thread_for_long(deplo
             sock.close()
 
 
+def test_heads_that_never_end_take_no_thread_however_many(deployment):
+    """A head bounded in a thread (HEAD_SECONDS) still let one client hold every thread by opening connections
+    faster than the deadline freed them: here 40 connections of one byte each on 2 threads, and /healthz waited
+    behind them for 5 s a pair. Heads are now gathered on gunicorn's poller and a thread is given only to a whole
+    one (app/web/request_head.py); one address has at most GATHERING_PER_ADDRESS being gathered, and a newer
+    connection closes its oldest."""
+    from app.web.request_head import GATHERING_PER_ADDRESS, HEAD_SECONDS
+
+    deployment.start("web", WEB_THREADS="2", WEB_CONCURRENCY="1")
+    slow = []
+    try:
+        began = time.monotonic()
+        for _ in range(40):
+            slow.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+            slow[-1].sendall(b"G")
+        for _ in range(3):  # before: the first took 5 s, behind the first two
+            asked = time.monotonic()
+            assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - asked < 1
+        assert time.monotonic() - began < HEAD_SECONDS, "the slow heads were still open while /healthz was answered"
+        kept_alive = requests.Session()  # a kept-alive connection's next head is gathered too
+        for _ in range(2):
+            assert kept_alive.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        kept_alive.close()
+        for sock in slow:  # each closed as a client gone once its head's time ran out
+            assert sock.recv(100) == b""
+        many = [socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+                for _ in range(GATHERING_PER_ADDRESS + 5)]
+        slow.extend(many)
+        for sock in many[:5]:  # the oldest five are closed by the newest five, at once
+            assert select.select([sock], [], [], 3)[0], "closed within seconds, not at the head's deadline"
+            assert sock.recv(100) == b""
+        many[-1].sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        assert answer_of(many[-1]).split(b"\r\n")[0].split()[1] == b"200"
+    finally:
+        for sock in slow:
+            sock.close()
+
+
 def test_a_connection_opened_ahead_is_still_answered_seconds_later(deployment):
     """A review: a first byte is awaited on gunicorn's poller after 0.5 s, for its --keep-alive (2 s by default), so
     a connection opened ahead (a browser's preconnect, a pool) and used 4 s later was closed unanswered; gunicorn's own
