@@ -28,6 +28,10 @@ from tests.test_incomplete_body import assert_nothing_stored, request_head
 
 pytestmark = pytest.mark.processes
 
+#: a photo whose upload is too large to be gathered on the poller (app/web/request_head.py): its body is read in a
+#: thread, where the bounds under test apply
+READ_IN_A_THREAD = "photos/hubble_deep_field.jpg"
+
 
 @pytest.fixture
 def deployment(env, tmp_path):
@@ -83,7 +87,7 @@ def test_one_uploaders_slow_bodies_cannot_take_every_thread(deployment, data_fil
     held every thread of a web process, and /healthz and another uploader's upload timed out for as long as they
     went on. An uploader's bodies now take at most ATTACHE_MAX_BODIES_PER_UPLOADER threads of a process."""
     deployment.start("web", WEB_THREADS="4", ATTACHE_MAX_BODIES_PER_UPLOADER="2")
-    data = data_file("photos/chelsea.jpg").read_bytes()
+    data = data_file(READ_IN_A_THREAD).read_bytes()
     slow = []
     try:
         started_uploads(deployment, data, 4, slow)  # as many as the web process has threads
@@ -111,7 +115,7 @@ def test_refused_clients_that_keep_their_side_open_never_stall_the_process(deplo
     and a few bytes and never closed stopped the process answering (/healthz timed out) for their 2 s each, one
     after another. No token is needed for it."""
     deployment.start("web")
-    data = data_file("photos/chelsea.jpg").read_bytes()
+    data = data_file(READ_IN_A_THREAD).read_bytes()
     head = (f"POST /v1/attachments HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer not-a-token\r\n"
             f"Content-Type: image/jpeg\r\nContent-Length: {len(data)}\r\n\r\n").encode()
     lingering = []
@@ -197,6 +201,74 @@ def test_heads_that_never_end_take_no_thread_however_many(deployment):
             sock.close()
 
 
+def test_a_head_that_does_not_end_within_its_limit_is_refused_without_a_thread(deployment):
+    """A review: a head of exactly GATHER_BYTES that never ended was handed to a thread, whose parser waited
+    HEAD_SECONDS for the rest (70 such every 4 s from one address: /healthz 4.8 s). Now a 431 at once."""
+    from app.web.request_head import GATHER_BYTES
+
+    deployment.start("web", WEB_THREADS="2", WEB_CONCURRENCY="1")
+    line = b"X-Padding: " + b"p" * 8000 + b"\r\n"
+    head = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n" + line * (GATHER_BYTES // len(line) + 1)
+    long_heads = []
+    try:
+        for _ in range(4):  # twice the threads
+            long_heads.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+            long_heads[-1].sendall(head[:GATHER_BYTES])
+        for sock in long_heads:  # before: no answer; each connection closed after HEAD_SECONDS in a thread
+            assert select.select([sock], [], [], 2)[0], "answered at once"
+            answer = sock.recv(65536)
+            assert answer.split(b"\r\n")[0].split()[1] == b"431" and b"request_head_too_large" in answer
+        asked = time.monotonic()
+        assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+        assert time.monotonic() - asked < 1
+        answered = requests.get(deployment.url + "/healthz", headers={"X-Padding": "p" * 8000}, timeout=5)
+        assert answered.status_code == 200, "a long head within the limit is answered"
+    finally:
+        for sock in long_heads:
+            sock.close()
+
+
+def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
+    """A review: anyone may post the sign-in forms, whose bodies are read before anyone is known; 80 posts to
+    /ops/login announcing a 1000-byte body never sent held every thread for ATTACHE_BODY_IDLE_SECONDS (60 s), and
+    /healthz timed out. A body that fits in GATHER_BYTES with its head is now gathered on the poller before a thread
+    takes it, and a sign-in form's body is at most SIGN_IN_FORM_MAX_BYTES (one too large to gather, up to
+    FORM_MAX_BYTES before, is refused before it is read)."""
+    from app.web.request import FORM_MAX_BYTES
+
+    deployment.start("web", WEB_THREADS="2", WEB_CONCURRENCY="1")
+    form = "Content-Type: application/x-www-form-urlencoded\r\n"
+    unsent = []
+    try:
+        for path in ("/ops/login", "/", "/ops/login", "/sign-out", "/ops/logout", "/ops/login"):
+            unsent.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+            unsent[-1].sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}Content-Length: 1000\r\n\r\n"
+                               "token=".encode())
+        for _ in range(3):  # before: the first timed out behind the two held threads
+            asked = time.monotonic()
+            assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
+            assert time.monotonic() - asked < 1
+        large = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+        unsent.append(large)
+        large.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}"  # too large to gather
+                      f"Content-Length: {FORM_MAX_BYTES}\r\n\r\n".encode())
+        assert answer_of(large).split(b"\r\n")[0].split()[1] == b"413"  # before: a thread waited for the body
+        trickled = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+        unsent.append(trickled)  # a small body sent in pieces, and a chunked one, are still answered
+        body = b"token=not-a-token"
+        trickled.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body[:5])
+        time.sleep(1)  # the client's own pause is what is under test
+        trickled.sendall(body[5:])
+        assert answer_of(trickled).split(b"\r\n")[0].split()[1] == b"400"  # no CSRF token: refused, but answered
+        chunked = requests.post(deployment.url + "/ops/login", data=iter([b"token=", b"x"]), timeout=5,
+                                headers={"Content-Type": "application/x-www-form-urlencoded"})
+        assert chunked.status_code == 400, chunked.text
+    finally:
+        for sock in unsent:
+            sock.close()
+
+
 def test_a_connection_opened_ahead_is_still_answered_seconds_later(deployment):
     """A review: a first byte is awaited on gunicorn's poller after 0.5 s, for its --keep-alive (2 s by default), so
     a connection opened ahead (a browser's preconnect, a pool) and used 4 s later was closed unanswered; gunicorn's own
@@ -245,7 +317,7 @@ def test_a_download_nobody_reads_is_cut_off_and_frees_its_thread(deployment, tmp
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
     idle = {"ATTACHE_BODY_IDLE_SECONDS": "1"}  # abandoned after ten idle periods: 10 s
     deployment.start("web", **idle)
-    data = data_file("photos/chelsea.jpg").read_bytes()
+    data = data_file(READ_IN_A_THREAD).read_bytes()
     sock = socket.create_connection(("127.0.0.1", deployment.port), timeout=30)
     try:
         sock.sendall(request_head(deployment, "image/jpeg", length=len(data), key=str(uuid.uuid4())).encode()

@@ -43,7 +43,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["attache_answers"] = BodiesInFlight(  # and the downloads it streams to one client at once
         settings.max_downloads_per_client, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
-    request_head.install()  # under gunicorn gthread: a request's head within seconds, a first byte without a thread
+    request_head.install(settings.body_idle_seconds)  # under gunicorn gthread: a thread only for a request here
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
     app.secret_key = settings.secret_key or hashlib.sha256(
         b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()

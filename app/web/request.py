@@ -39,8 +39,14 @@ from app.web.spool import HashingSpool, remove_abandoned_spools
 UPLOAD_ENDPOINT = "attachments.upload"
 #: the views that take an upload's bytes as a raw body (tus creation and PATCH, app.web.tus)
 RAW_UPLOAD_ENDPOINTS = ("tus.create", "tus.patch")
-#: the body limit of every route but the upload
+#: the body limit of every route but the upload and the sign-in forms
 FORM_MAX_BYTES = 1024 * 1024
+#: the forms anyone may post, signed in or not (their bodies are read before anyone is known)
+SIGN_IN_ENDPOINTS = ("console.login", "console.logout", "page.sign_in", "page.sign_out")
+#: their body limit: a token and a CSRF field. Small enough to arrive whole on gunicorn's poller before a thread
+#: takes it (app.web.request_head): with 1 MiB allowed, 80 posts announcing a body never sent held every thread for
+#: ATTACHE_BODY_IDLE_SECONDS (an adversarial review), no token needed
+SIGN_IN_FORM_MAX_BYTES = 16 * 1024
 #: multipart framing around the file part, on top of the upload limit
 MULTIPART_HEADROOM_BYTES = 1024 * 1024
 
@@ -82,6 +88,8 @@ class UploadRequest(Request):
             return current_app.extensions["attache"].settings.max_upload_bytes + MULTIPART_HEADROOM_BYTES
         if self.endpoint in RAW_UPLOAD_ENDPOINTS:
             return current_app.extensions["attache"].settings.max_upload_bytes
+        if self.endpoint in SIGN_IN_ENDPOINTS:
+            return SIGN_IN_FORM_MAX_BYTES
         return FORM_MAX_BYTES
 
     @max_content_length.setter

@@ -1,4 +1,4 @@
-"""A request's head gathered on the worker's poller, without a thread, and read within a deadline.
+"""A request's head, and a small body, gathered on the worker's poller without a thread, within deadlines.
 
 gunicorn 27's gthread worker gives a new connection a thread, waits up to
 5 s there for its first byte (``DEFAULT_WORKER_DATA_TIMEOUT``), then reads
@@ -9,22 +9,34 @@ token needed, and 100 connections that sent nothing, reopened as the server
 closed them, held threads 5 s each. Bounding the head by a deadline in the
 thread (the eleventh session) left one client able to take every thread by
 opening connections faster than the deadline freed them: some 64 every 5 s
-for two processes of 32 threads (the twelfth session's test sent 50).
+for two processes of 32 threads.
 
-:func:`install` gathers a head on the poller instead, as an event-loop
+:func:`install` gathers a request on the poller instead, as an event-loop
 server does: a new connection, and a kept-alive one whose next request
 begins, gets a thread only once its head has arrived whole (up to the blank
-line that ends it) or :data:`GATHER_BYTES` of it have. Until then its bytes
-are read as they come, without blocking, by the worker's main thread. It
+line that ends it), and with it a body small enough to fit in
+:data:`GATHER_BYTES` with its head (a ``Content-Length`` or a chunked one;
+not one whose client awaits ``100 Continue``). Until then its bytes are
+read as they come, without blocking, by the worker's main thread. A head
+that has not ended within :data:`GATHER_BYTES` is answered ``431`` there
+and then (a review: one of exactly that size, handed to a thread, held it
+for the head's deadline); a larger body is read in a thread, where its
+route refuses it before reading (``413``, ``401``) or bounds it per
+uploader (``app/web/bodies_in_flight.py``); the sign-in forms, which anyone
+may post, take at most 16 KiB (``app/web/request.py``). A new connection
 has gunicorn's ``--keep-alive`` plus :data:`FIRST_BYTE_SECONDS` for its
 first byte (5 s in the Procfile: a connection opened ahead, as browsers and
-pools do, and used 3 s later is answered; a review), and :data:`HEAD_SECONDS`
-from that byte for the rest, or it is closed as a client gone. One address
-has at most :data:`GATHERING_PER_ADDRESS` heads being gathered in a process;
-a newer connection from it closes its oldest, so one address cannot fill
-gunicorn's ``--worker-connections`` (1000) and keep others from being
-accepted. In the thread the parser still has :data:`HEAD_SECONDS` for what
-it reads of a head itself (one longer than :data:`GATHER_BYTES`).
+pools do, and used 3 s later is answered; a review), and
+:data:`HEAD_SECONDS` from that byte for the rest of its head, or it is
+closed as a client gone. A small body may be silent for
+``ATTACHE_BODY_IDLE_SECONDS``, as in a thread; then a thread takes it with
+what came and its connection's reading side shut, and answers it as a body
+cut short (``400 incomplete_body``) without waiting.
+One address has at most :data:`GATHERING_PER_ADDRESS` requests being
+gathered in a process; a newer connection from it closes its oldest, so one
+address cannot fill gunicorn's ``--worker-connections`` (1000) and keep
+others from being accepted. In the thread the parser keeps
+:data:`HEAD_SECONDS` for what it still reads of a head itself.
 
 What is left: many addresses at once can still fill ``--worker-connections``
 with heads never finished, each for seconds; before clients you do not
@@ -50,14 +62,25 @@ HEAD_SECONDS = 5.0
 #: seconds a new connection has for its first byte beyond gunicorn's ``--keep-alive`` (gunicorn's own thread wait
 #: was 5, ours 0.5 before heads were gathered on the poller); a thread's drain of an unread body has as long
 FIRST_BYTE_SECONDS = 0.5
-#: bytes of a head gathered on the poller at most: a longer one (gunicorn allows some 800 KB) is read on in a thread
+#: bytes of a request gathered on the poller at most: a head that has not ended within them is refused with ``431``
+#: (gunicorn's own limits allow some 800 KB), a body that does not fit with its head is read in a thread
 GATHER_BYTES = 64 * 1024
 #: heads gathered at once from one address, per process; one more closes the oldest
 GATHERING_PER_ADDRESS = 128
+_TOO_LARGE_MESSAGE = (b'{"error":"request_head_too_large","message":"a request\'s head (its request line and '
+                      b'headers) is at most 65536 bytes here"}')
+#: the answer to a head that has not ended within GATHER_BYTES, given without a thread
+HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nContent-Length: " + str(len(_TOO_LARGE_MESSAGE)).encode() + b"\r\n\r\n"
+                  + _TOO_LARGE_MESSAGE)
 
 
-def install() -> bool:
-    """Patch gunicorn's HTTP/1 parser and gthread worker, if this process is one of its gthread workers."""
+def install(body_idle_seconds: float) -> bool:
+    """Patch gunicorn's HTTP/1 parser and gthread worker, if this process is one of its gthread workers.
+
+    ``body_idle_seconds`` (``ATTACHE_BODY_IDLE_SECONDS``) is how long a body being gathered may be silent, as one
+    read in a thread may: then the request goes to a thread with what came, its connection's reading side shut,
+    and is answered as one cut short (``400 incomplete_body`` on the upload) without waiting."""
     gthread = sys.modules.get("gunicorn.workers.gthread")
     if gthread is None or not hasattr(gthread, "DEFAULT_WORKER_DATA_TIMEOUT"):
         return False
@@ -98,24 +121,103 @@ def install() -> bool:
     parser.Parser.__next__ = parser.Parser.next = next_within_deadline
     unreader.SocketUnreader.chunk = chunk
     gthread.DEFAULT_WORKER_DATA_TIMEOUT = min(gthread.DEFAULT_WORKER_DATA_TIMEOUT, FIRST_BYTE_SECONDS)
-    _gather_heads_on_the_poller(gthread)
+    _gather_heads_on_the_poller(gthread, body_idle_seconds)
     return True
 
 
-def _head_ends(data, start: int = 0) -> bool:
-    """Whether ``data`` holds a blank line after ``start``: a head's end (a bare LF's, for the parser to judge)."""
-    return data.find(b"\r\n\r\n", start) >= 0 or data.find(b"\n\n", start) >= 0
+#: what :func:`_whole` says of the bytes gathered so far
+WAIT, WHOLE, TOO_LARGE = "wait", "whole", "too large"
+#: a chunked body being gathered (its length is known only at its end)
+CHUNKED = -1
+
+
+def _head_end(data, start: int = 0) -> int | None:
+    """Where the head in ``data`` ends (after its blank line; a bare LF's too, for the parser to judge), or None."""
+    ends = [at + len(blank) for blank in (b"\r\n\r\n", b"\n\n") if (at := data.find(blank, start)) >= 0]
+    return min(ends) if ends else None
+
+
+def _body_to_gather(head: bytes, end: int) -> int | None:
+    """How many bytes the request ends at, when its body is one to gather on the poller too: a declared
+    ``Content-Length`` that fits in :data:`GATHER_BYTES` with its head, or :data:`CHUNKED`. None when there is
+    nothing to wait for: no body, a larger one (its route refuses it, or bounds it by uploader, in a thread), a
+    client waiting for ``100 Continue``, or framing the parser must judge (it refuses what is ambiguous)."""
+    lengths, codings, expects = [], [], False
+    for line in head.split(b"\n")[1:]:
+        name, colon, value = line.partition(b":")
+        if not colon:
+            continue
+        name = name.strip().lower()
+        if name == b"content-length":
+            lengths.append(value.strip())
+        elif name == b"transfer-encoding":
+            codings.append(value.strip().lower())
+        elif name == b"expect":
+            expects = True
+    if expects or len(lengths) + len(codings) != 1:
+        return None
+    if codings:
+        return CHUNKED if codings == [b"chunked"] else None
+    if not lengths[0].isdigit() or len(lengths[0]) > 12:
+        return None
+    total = end + int(lengths[0])
+    return total if end < total <= GATHER_BYTES else None
+
+
+def _chunked_end(data, at: int) -> tuple[bool, int]:
+    """Whether the chunked body in ``data`` whose next chunk begins at ``at`` has ended (after its trailers), and
+    where to look next time; broken framing counts as ended (the parser refuses it in a thread, at once: its bytes
+    are there). Each call reads on from where the last stopped, so a body sent a byte at a time costs no more."""
+    while True:
+        eol = data.find(b"\r\n", at)
+        if eol < 0:
+            return len(data) - at > 1024, at  # a size line this long is broken
+        size = bytes(data[at:eol]).split(b";", 1)[0].strip()
+        if not size or len(size) > 8 or size.strip(b"0123456789abcdefABCDEF"):
+            return True, at
+        if int(size, 16) == 0:
+            trailer = eol + 2
+            while (eol := data.find(b"\r\n", trailer)) >= 0:  # trailers, up to a blank line
+                if eol == trailer:
+                    return True, at
+                trailer = eol + 2
+            return False, at
+        following = eol + 2 + int(size, 16) + 2
+        if following > len(data):
+            return False, at
+        at = following
 
 
 class _Head:
-    """A connection's head being gathered: its bytes so far, and when it is given up."""
+    """A connection's request being gathered: its bytes so far, when it is given up, its address, and once its head
+    has come, where it ends and where the request does (a length, :data:`CHUNKED`, or None for the head alone)."""
 
-    __slots__ = ("buffer", "deadline", "address")
+    __slots__ = ("buffer", "deadline", "address", "end", "until", "looked")
 
     def __init__(self, buffer: bytearray, deadline: float, address):
         self.buffer = buffer
         self.deadline = deadline
         self.address = address
+        self.end: int | None = None
+        self.until: int | None = None
+        self.looked = 0  # where the next look for the head's end, or the chunked body's next chunk, begins
+
+    def whole(self) -> str:
+        """:data:`WHOLE` once a thread may take the request: its head and any small body it declared are here."""
+        data = self.buffer
+        if self.end is None:
+            self.end = _head_end(data, max(0, self.looked - 3))
+            if self.end is None:
+                self.looked = len(data)
+                return TOO_LARGE if len(data) >= GATHER_BYTES else WAIT
+            self.until = _body_to_gather(bytes(data[:self.end]), self.end)
+            self.looked = self.end
+        if self.until is None:
+            return WHOLE
+        if self.until == CHUNKED:
+            ended, self.looked = _chunked_end(data, self.looked)
+            return WHOLE if ended or len(data) >= GATHER_BYTES else WAIT
+        return WHOLE if len(data) >= self.until else WAIT
 
 
 class _Heads:
@@ -160,7 +262,7 @@ class _Heads:
         return out
 
 
-def _gather_heads_on_the_poller(gthread) -> None:
+def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
     worker = gthread.ThreadWorker
     enqueue, handle, murder_pending = worker.enqueue_req, worker.handle, worker.murder_pending
 
@@ -176,20 +278,21 @@ def _gather_heads_on_the_poller(gthread) -> None:
         return found
 
     def enqueue_req(self, conn):
-        """Main thread: a connection whose (next) request is to be read goes to a thread once its head is here."""
+        """Main thread: a connection whose (next) request is to be read goes to a thread once it is here whole."""
         if getattr(conn, "attache_head", None) is not None or not gatherable(self, conn):
             return enqueue(self, conn)
         held = conn.parser.unreader.take_buffered() if conn.parser is not None else b""  # a drain's read-ahead
-        if _head_ends(held):
-            return dispatch(self, conn, held)
+        now = time.monotonic()
+        # a kept-alive connection comes here readable; a new one may not have sent a byte yet
+        wait = HEAD_SECONDS if held or conn.parser is not None else self.cfg.keepalive + FIRST_BYTE_SECONDS
         address = conn.client[0] if isinstance(conn.client, tuple) else conn.client
+        head = _Head(bytearray(held), now + wait, address)
+        if held and (verdict := head.whole()) != WAIT:
+            return settle(self, conn, head, verdict)
         pending = heads(self)
         oldest = pending.oldest_beyond(address, GATHERING_PER_ADDRESS)
         if oldest is not None:
             drop(self, oldest)
-        now = time.monotonic()
-        # a kept-alive connection comes here readable; a new one may not have sent a byte yet
-        wait = HEAD_SECONDS if held or conn.parser is not None else self.cfg.keepalive + FIRST_BYTE_SECONDS
         try:
             conn.sock.setblocking(False)
             self.poller.register(conn.sock, selectors.EVENT_READ, lambda sock: gather(self, conn))
@@ -197,11 +300,14 @@ def _gather_heads_on_the_poller(gthread) -> None:
             self.nr_conns -= 1
             conn.close()
             return None
-        pending.add(conn, _Head(bytearray(held), now + wait, address))
+        pending.add(conn, head)
+        if head.end is not None:  # a body on its way already
+            pending.due(conn, now + body_idle_seconds)
         return None
 
     def gather(self, conn) -> None:
-        head = heads(self).by_conn.get(conn)
+        pending = heads(self)
+        head = pending.by_conn.get(conn)
         if head is None:
             return
         try:
@@ -210,16 +316,35 @@ def _gather_heads_on_the_poller(gthread) -> None:
             return
         except OSError:
             data = b""
-        if not data:  # the client went away (or reset) before its head was whole
-            drop(self, conn)
-            return
-        if not head.buffer and conn.parser is None:  # a new connection's first bytes: the rest within HEAD_SECONDS
-            heads(self).due(conn, time.monotonic() + HEAD_SECONDS)
-        start = max(0, len(head.buffer) - 3)
-        head.buffer += data
-        if _head_ends(head.buffer, start) or len(head.buffer) >= GATHER_BYTES:
+        if not data:  # the client closed its side, or went away, before its request was whole
             forget(self, conn)
-            dispatch(self, conn, bytes(head.buffer))
+            if head.end is None:  # before its head: closed as a client gone
+                self.nr_conns -= 1
+                conn.close()
+            else:  # mid-body: a thread answers it as a body cut short (its reads end at once)
+                dispatch(self, conn, bytes(head.buffer))
+            return
+        now = time.monotonic()
+        if not head.buffer and conn.parser is None:  # a new connection's first bytes: the rest within HEAD_SECONDS
+            pending.due(conn, now + HEAD_SECONDS)
+        head.buffer += data
+        verdict = head.whole()
+        if verdict != WAIT:
+            forget(self, conn)
+            settle(self, conn, head, verdict)
+        elif head.end is not None:  # a small body: silent for body_idle_seconds at most, as in a thread
+            pending.due(conn, now + body_idle_seconds)
+
+    def settle(self, conn, head: _Head, verdict: str):
+        if verdict == TOO_LARGE:
+            try:
+                conn.sock.send(HEAD_TOO_LARGE)  # a few hundred bytes into an empty send buffer: never blocks
+            except OSError:
+                pass
+            self.nr_conns -= 1
+            conn.close()
+            return None
+        return dispatch(self, conn, bytes(head.buffer))
 
     def forget(self, conn) -> None:
         heads(self).remove(conn)
@@ -252,8 +377,18 @@ def _gather_heads_on_the_poller(gthread) -> None:
 
     def murder_pending_and_heads(self):
         murder_pending(self)
-        for conn in heads(self).expired(time.monotonic()):
-            drop(self, conn)
+        pending = heads(self)
+        for conn in pending.expired(time.monotonic()):
+            head = pending.by_conn[conn]
+            if head.end is None:  # a head that did not come: closed as a client gone
+                drop(self, conn)
+                continue
+            forget(self, conn)  # a body that went silent: answered as one cut short, by a thread that need not wait
+            try:
+                conn.sock.shutdown(socket.SHUT_RD)
+            except OSError:
+                pass
+            dispatch(self, conn, bytes(head.buffer))
 
     worker.enqueue_req = enqueue_req
     worker.handle = handle_gathered
