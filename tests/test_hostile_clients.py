@@ -244,6 +244,14 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
             unsent.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
             unsent[-1].sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}Content-Length: 1000\r\n\r\n"
                                "token=".encode())
+        # a second review: framings the gatherer left to a thread, which gunicorn reads a body by
+        padding = "X-Padding: " + "p" * 8000 + "\r\n"
+        for framing in ("Expect: 100-continue\r\nContent-Length: 100", "Content-Length: 0000000000100",
+                        "Transfer-Encoding: gzip, chunked", "Transfer-Encoding: identity\r\nTransfer-Encoding: chunked",
+                        padding * 7 + "Content-Length: 3000"):
+            for _ in range(2):  # as many as the threads
+                unsent.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+                unsent[-1].sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}{framing}\r\n\r\n".encode())
         for _ in range(3):  # before: the first timed out behind the two held threads
             asked = time.monotonic()
             assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
@@ -264,6 +272,14 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
         chunked = requests.post(deployment.url + "/ops/login", data=iter([b"token=", b"x"]), timeout=5,
                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
         assert chunked.status_code == 400, chunked.text
+        awaiting = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+        unsent.append(awaiting)  # told to send its body once, then answered
+        awaiting.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}Expect: 100-continue\r\n"
+                         f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode())
+        assert awaiting.recv(100) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        awaiting.sendall(body)
+        answer = answer_of(awaiting)
+        assert answer.split(b"\r\n")[0].split()[1] == b"400" and b"100 Continue" not in answer
     finally:
         for sock in unsent:
             sock.close()

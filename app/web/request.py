@@ -33,6 +33,7 @@ from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
 from app.web.body import READ_BLOCK_BYTES, BodyStream
+from app.web.request_head import BODY_BYTES_GATHERED
 from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files
@@ -43,10 +44,13 @@ RAW_UPLOAD_ENDPOINTS = ("tus.create", "tus.patch")
 FORM_MAX_BYTES = 1024 * 1024
 #: the forms anyone may post, signed in or not (their bodies are read before anyone is known)
 SIGN_IN_ENDPOINTS = ("console.login", "console.logout", "page.sign_in", "page.sign_out")
-#: their body limit: a token and a CSRF field. Small enough to arrive whole on gunicorn's poller before a thread
-#: takes it (app.web.request_head): with 1 MiB allowed, 80 posts announcing a body never sent held every thread for
-#: ATTACHE_BODY_IDLE_SECONDS (an adversarial review), no token needed
-SIGN_IN_FORM_MAX_BYTES = 16 * 1024
+#: their body limit: a token and a CSRF field. What gunicorn's poller always gathers with a head
+#: (app.web.request_head), so such a body is here whole, or refused, before a thread reads it: with 1 MiB allowed,
+#: 80 posts announcing a body never sent held every thread for ATTACHE_BODY_IDLE_SECONDS (an adversarial review)
+SIGN_IN_FORM_MAX_BYTES = BODY_BYTES_GATHERED
+#: seconds a sign-in form's body may keep a thread waiting, where gunicorn's poller did not gather it (framing it
+#: does not read ahead of the parser: a review found five ways, each holding a thread 60 s, no token needed)
+SIGN_IN_BODY_IDLE_SECONDS = 1.0
 #: multipart framing around the file part, on top of the upload limit
 MULTIPART_HEADROOM_BYTES = 1024 * 1024
 
@@ -101,14 +105,14 @@ class UploadRequest(Request):
         """The body, limited to :attr:`max_content_length` by the :class:`BodyStream` (a body of exactly the
         limit is whole); read in blocks but on the raw-body routes of resumable uploads, which keep the bytes
         of a body cut short (see :mod:`app.web.body`)."""
-        self.bound_silence()
+        self.bound_silence(SIGN_IN_BODY_IDLE_SECONDS if self.endpoint in SIGN_IN_ENDPOINTS else None)
         limit = self.max_content_length
         if limit is not None and self.content_length is not None and self.content_length > limit:
             raise RequestEntityTooLarge()  # before reading a byte
         block = 0 if self.endpoint in RAW_UPLOAD_ENDPOINTS else READ_BLOCK_BYTES
         return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block)
 
-    def bound_silence(self) -> None:
+    def bound_silence(self, seconds: float | None = None) -> None:
         """A client that stops sending mid-body, or stops reading an answer, must not hold a thread for ever.
 
         gunicorn's gthread worker reads a body from, and writes an answer to,
@@ -118,11 +122,11 @@ class UploadRequest(Request):
         after ``ATTACHE_BODY_IDLE_SECONDS`` and the body ends incomplete
         (``400 incomplete_body``), and a write that makes no progress for as
         long ends the connection. The body's stream sets it; a download, as it
-        answers.
+        answers. ``seconds`` instead of the setting: the sign-in forms' shorter bound.
         """
         sock = self.environ.get("gunicorn.socket")
         if sock is not None:
-            sock.settimeout(current_app.extensions["attache"].settings.body_idle_seconds)
+            sock.settimeout(seconds or current_app.extensions["attache"].settings.body_idle_seconds)
 
     def body_unread(self) -> bool:
         """A body was sent (a ``Content-Length`` above 0, or chunked) and not read to its end: an answer given

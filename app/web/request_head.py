@@ -15,15 +15,20 @@ for two processes of 32 threads.
 server does: a new connection, and a kept-alive one whose next request
 begins, gets a thread only once its head has arrived whole (up to the blank
 line that ends it), and with it a body small enough to fit in
-:data:`GATHER_BYTES` with its head (a ``Content-Length`` or a chunked one;
-not one whose client awaits ``100 Continue``). Until then its bytes are
-read as they come, without blocking, by the worker's main thread. A head
-that has not ended within :data:`GATHER_BYTES` is answered ``431`` there
-and then (a review: one of exactly that size, handed to a thread, held it
-for the head's deadline); a larger body is read in a thread, where its
-route refuses it before reading (``413``, ``401``) or bounds it per
+:data:`GATHER_BYTES` with its head, or in :data:`BODY_BYTES_GATHERED`
+whatever the head's length, framed as gunicorn will read it (a
+``Content-Length``, or a ``Transfer-Encoding`` ending in ``chunked``; a
+client awaiting ``100 Continue`` is told to send it from here). Until then
+its bytes are read as they come, without blocking, by the worker's main
+thread, each byte looked at a few times at most, however it is split. A
+head that has not ended within :data:`GATHER_BYTES` is answered ``431``
+there and then (a review: one of exactly that size, handed to a thread,
+held it for the head's deadline); a larger body is read in a thread, where
+its route refuses it before reading (``413``, ``401``) or bounds it per
 uploader (``app/web/bodies_in_flight.py``); the sign-in forms, which anyone
-may post, take at most 16 KiB (``app/web/request.py``). A new connection
+may post, take at most :data:`BODY_BYTES_GATHERED` and wait 1 s at most in
+a thread for a body not gathered (``app/web/request.py``; a second review
+found five framings a thread had waited 60 s for). A new connection
 has gunicorn's ``--keep-alive`` plus :data:`FIRST_BYTE_SECONDS` for its
 first byte (5 s in the Procfile: a connection opened ahead, as browsers and
 pools do, and used 3 s later is answered; a review), and
@@ -65,10 +70,14 @@ FIRST_BYTE_SECONDS = 0.5
 #: bytes of a request gathered on the poller at most: a head that has not ended within them is refused with ``431``
 #: (gunicorn's own limits allow some 800 KB), a body that does not fit with its head is read in a thread
 GATHER_BYTES = 64 * 1024
+#: bytes of a body gathered however long its head: the sign-in forms' limit (app.web.request), so that one is
+#: always here whole, or refused, before a thread reads it
+BODY_BYTES_GATHERED = 16 * 1024
 #: heads gathered at once from one address, per process; one more closes the oldest
 GATHERING_PER_ADDRESS = 128
 _TOO_LARGE_MESSAGE = (b'{"error":"request_head_too_large","message":"a request\'s head (its request line and '
                       b'headers) is at most 65536 bytes here"}')
+CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: the answer to a head that has not ended within GATHER_BYTES, given without a thread
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
                   b"Connection: close\r\nContent-Length: " + str(len(_TOO_LARGE_MESSAGE)).encode() + b"\r\n\r\n"
@@ -96,7 +105,11 @@ def install(body_idle_seconds: float) -> bool:
             return next_request(self)
         reader.attache_head_deadline = time.monotonic() + HEAD_SECONDS
         try:
-            return next_request(self)
+            request = next_request(self)
+            if getattr(reader, "attache_continued", False):  # the gatherer said 100 Continue (and got the body)
+                reader.attache_continued = False
+                request._expected_100_continue = False
+            return request
         finally:
             reader.attache_head_deadline = None
             try:
@@ -137,70 +150,76 @@ def _head_end(data, start: int = 0) -> int | None:
     return min(ends) if ends else None
 
 
-def _body_to_gather(head: bytes, end: int) -> int | None:
-    """How many bytes the request ends at, when its body is one to gather on the poller too: a declared
-    ``Content-Length`` that fits in :data:`GATHER_BYTES` with its head, or :data:`CHUNKED`. None when there is
-    nothing to wait for: no body, a larger one (its route refuses it, or bounds it by uploader, in a thread), a
-    client waiting for ``100 Continue``, or framing the parser must judge (it refuses what is ambiguous)."""
-    lengths, codings, expects = [], [], False
-    for line in head.split(b"\n")[1:]:
+def _framing(head: bytes) -> tuple[int | None, bool]:
+    """A head's body as gunicorn will read it (``message.Message.set_body_reader``): its declared length, or
+    :data:`CHUNKED` (a ``Transfer-Encoding`` list, in one or more fields, that ends with ``chunked``, in HTTP/1.1),
+    or None for no body or framing the parser refuses before reading one; and whether the client awaits
+    ``100 Continue`` before sending it."""
+    lines = head.split(b"\n")
+    http11 = lines[0].rstrip().endswith(b"HTTP/1.1")
+    lengths, codings, awaits = [], [], False
+    for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
             continue
         name = name.strip().lower()
         if name == b"content-length":
-            lengths.append(value.strip())
+            lengths.append(value.strip(b" \t\r"))
         elif name == b"transfer-encoding":
-            codings.append(value.strip().lower())
+            codings += [coding.strip(b" \t\r").lower() for coding in value.split(b",")]
         elif name == b"expect":
-            expects = True
-    if expects or len(lengths) + len(codings) != 1:
-        return None
+            awaits = http11 and value.strip(b" \t\r").lower() == b"100-continue"
     if codings:
-        return CHUNKED if codings == [b"chunked"] else None
-    if not lengths[0].isdigit() or len(lengths[0]) > 12:
-        return None
-    total = end + int(lengths[0])
-    return total if end < total <= GATHER_BYTES else None
+        chunked = codings[-1] == b"chunked" and codings.count(b"chunked") == 1 and http11 and not lengths
+        return (CHUNKED if chunked else None), awaits
+    if len(lengths) == 1 and lengths[0].isdigit():
+        return int(lengths[0]) or None, awaits
+    return None, awaits
 
 
-def _chunked_end(data, at: int) -> tuple[bool, int]:
-    """Whether the chunked body in ``data`` whose next chunk begins at ``at`` has ended (after its trailers), and
-    where to look next time; broken framing counts as ended (the parser refuses it in a thread, at once: its bytes
-    are there). Each call reads on from where the last stopped, so a body sent a byte at a time costs no more."""
-    while True:
+def _chunked_end(data, at: int, trailers: bool) -> tuple[bool, int, bool]:
+    """Whether the chunked body in ``data`` has ended (after its trailers); ``at`` is where the next chunk (or, with
+    ``trailers``, the next trailer line) begins. Returns that, and where to read on next time. Broken framing counts
+    as ended: the parser refuses it in a thread, at once, its bytes being there. Each call reads on from where the
+    last stopped, so a body sent a byte at a time costs no more than one sent whole."""
+    while not trailers:
         eol = data.find(b"\r\n", at)
         if eol < 0:
-            return len(data) - at > 1024, at  # a size line this long is broken
+            return len(data) - at > 1024, at, False  # a size line this long is broken
         size = bytes(data[at:eol]).split(b";", 1)[0].strip()
         if not size or len(size) > 8 or size.strip(b"0123456789abcdefABCDEF"):
-            return True, at
+            return True, at, False
         if int(size, 16) == 0:
-            trailer = eol + 2
-            while (eol := data.find(b"\r\n", trailer)) >= 0:  # trailers, up to a blank line
-                if eol == trailer:
-                    return True, at
-                trailer = eol + 2
-            return False, at
+            at, trailers = eol + 2, True
+            break
         following = eol + 2 + int(size, 16) + 2
         if following > len(data):
-            return False, at
+            return False, at, False
         at = following
+    while (eol := data.find(b"\r\n", at)) >= 0:  # trailer lines, up to a blank one
+        if eol == at:
+            return True, at, True
+        at = eol + 2
+    return False, at, True
 
 
 class _Head:
     """A connection's request being gathered: its bytes so far, when it is given up, its address, and once its head
-    has come, where it ends and where the request does (a length, :data:`CHUNKED`, or None for the head alone)."""
+    has come, where it ends and its body's length (or :data:`CHUNKED`, or None when only the head is gathered)."""
 
-    __slots__ = ("buffer", "deadline", "address", "end", "until", "looked")
+    __slots__ = ("buffer", "deadline", "queued", "address", "end", "until", "limit", "looked", "trailers", "awaits")
 
     def __init__(self, buffer: bytearray, deadline: float, address):
         self.buffer = buffer
         self.deadline = deadline
+        self.queued = float("inf")  # the deadline its entry in _Heads.deadlines has
         self.address = address
         self.end: int | None = None
-        self.until: int | None = None
-        self.looked = 0  # where the next look for the head's end, or the chunked body's next chunk, begins
+        self.until: int | None = None  # the body's length, or CHUNKED, when it is gathered too
+        self.limit = GATHER_BYTES  # bytes of the request gathered at most
+        self.awaits = False  # the client awaits 100 Continue before sending its body
+        self.looked = 0  # where the next look for the head's end, or the chunked body's next line, begins
+        self.trailers = False
 
     def whole(self) -> str:
         """:data:`WHOLE` once a thread may take the request: its head and any small body it declared are here."""
@@ -210,18 +229,27 @@ class _Head:
             if self.end is None:
                 self.looked = len(data)
                 return TOO_LARGE if len(data) >= GATHER_BYTES else WAIT
-            self.until = _body_to_gather(bytes(data[:self.end]), self.end)
-            self.looked = self.end
+            self.looked = self.limit = self.end
+            length, self.awaits = _framing(bytes(data[:self.end]))
+            room = max(GATHER_BYTES - self.end, BODY_BYTES_GATHERED)
+            if length == CHUNKED or (length is not None and length <= room):
+                self.until, self.limit = length, self.end + room
         if self.until is None:
             return WHOLE
         if self.until == CHUNKED:
-            ended, self.looked = _chunked_end(data, self.looked)
-            return WHOLE if ended or len(data) >= GATHER_BYTES else WAIT
-        return WHOLE if len(data) >= self.until else WAIT
+            ended, self.looked, self.trailers = _chunked_end(data, self.looked, self.trailers)
+            return WHOLE if ended or len(data) >= self.limit else WAIT
+        return WHOLE if len(data) >= self.end + self.until else WAIT
 
 
 class _Heads:
-    """One worker's heads being gathered: by connection, by deadline (a heap, stale entries skipped), by address."""
+    """One worker's requests being gathered: by connection, by deadline, by address.
+
+    The deadlines are a heap with one live entry per connection: a deadline
+    moved later is pushed again only when its entry comes up (a body's
+    every packet moves it), so a body sent a byte at a time does not grow
+    the heap; entries of connections gone are skipped, and the heap is
+    rebuilt when they outnumber the live ones."""
 
     def __init__(self):
         self.by_conn: dict = {}
@@ -235,8 +263,14 @@ class _Heads:
         self.by_address[head.address].append(conn)
 
     def due(self, conn, deadline: float) -> None:
-        self.by_conn[conn].deadline = deadline
-        heapq.heappush(self.deadlines, (deadline, next(self.order), conn))
+        head = self.by_conn[conn]
+        head.deadline = deadline
+        if deadline < head.queued:
+            head.queued = deadline
+            heapq.heappush(self.deadlines, (deadline, next(self.order), conn))
+            if len(self.deadlines) > 2 * len(self.by_conn) + 1024:
+                self.deadlines = [(h.queued, next(self.order), c) for c, h in self.by_conn.items()]
+                heapq.heapify(self.deadlines)
 
     def remove(self, conn) -> _Head | None:
         head = self.by_conn.pop(conn, None)
@@ -255,10 +289,15 @@ class _Heads:
     def expired(self, now: float) -> list:
         out = []
         while self.deadlines and self.deadlines[0][0] <= now:
-            deadline, _, conn = heapq.heappop(self.deadlines)
+            queued, _, conn = heapq.heappop(self.deadlines)
             head = self.by_conn.get(conn)
-            if head is not None and head.deadline == deadline:
-                out.append(conn)
+            if head is None or queued != head.queued:  # gone, or queued again earlier
+                continue
+            if head.deadline > now:  # moved later meanwhile: queued again for then
+                head.queued = head.deadline
+                heapq.heappush(self.deadlines, (head.deadline, next(self.order), conn))
+                continue
+            out.append(conn)
         return out
 
 
@@ -303,6 +342,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
         pending.add(conn, head)
         if head.end is not None:  # a body on its way already
             pending.due(conn, now + body_idle_seconds)
+            invite(conn, head)
         return None
 
     def gather(self, conn) -> None:
@@ -311,7 +351,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
         if head is None:
             return
         try:
-            data = conn.sock.recv(GATHER_BYTES - len(head.buffer))
+            data = conn.sock.recv(head.limit - len(head.buffer))
         except (BlockingIOError, InterruptedError):
             return
         except OSError:
@@ -334,6 +374,18 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
             settle(self, conn, head, verdict)
         elif head.end is not None:  # a small body: silent for body_idle_seconds at most, as in a thread
             pending.due(conn, now + body_idle_seconds)
+            invite(conn, head)
+
+    def invite(conn, head: _Head) -> None:
+        """A client that awaits ``100 Continue`` before a body gathered here is told to send it from here (gunicorn
+        tells it in the thread, which would wait for the body there)."""
+        if head.awaits:
+            head.awaits = False
+            try:
+                conn.sock.send(CONTINUE)  # 25 bytes into an empty send buffer: never blocks
+            except OSError:
+                return
+            conn.attache_continued = True
 
     def settle(self, conn, head: _Head, verdict: str):
         if verdict == TOO_LARGE:
@@ -373,6 +425,9 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
                 conn.init()  # an HTTP/1 parser (TLS and HTTP/2 prior knowledge are never gathered)
             if head:
                 conn.parser.unreader.unread(head)
+            if getattr(conn, "attache_continued", False):  # gunicorn must not send a second one
+                conn.attache_continued = False
+                conn.parser.unreader.attache_continued = True
         return handle(self, conn)
 
     def murder_pending_and_heads(self):
