@@ -41,7 +41,7 @@ from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import UNFINISHED, jobs, variants
 from app.adapters.storage import Storage
 from app.core import objects
-from scheduler.locking import sweep_storage
+from scheduler.locking import exclusive, sweep_storage
 
 log = logging.getLogger("attache.scheduler.objects")
 
@@ -91,11 +91,16 @@ class ObjectGc:
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "decided_elsewhere": 0,
                   "abandoned_writes": 0, "empty_directories": 0, "skipped": 0}
-        sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
-                      lambda chunk: self._process(chunk, counts, dry_run), counts,
-                      first=None if dry_run else lambda: self._finish_decided(counts),
-                      then=lambda: counts.update(self.storage.remove_leftovers(self.config.grace_seconds,
-                                                                               dry_run=dry_run)))
+        with exclusive(self.engine, self.name) as lock:
+            if not lock:
+                counts["skipped"] = 1
+                return counts
+            if not dry_run:
+                self._finish_decided(counts)
+            sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
+                          lambda chunk: self._process(chunk, counts, dry_run))
+            lock.renew()
+            counts.update(self.storage.remove_leftovers(self.config.grace_seconds, dry_run=dry_run))
         if counts["removed"] or counts["abandoned_writes"] or counts["empty_directories"]:
             log.info("object gc removed %(removed)d unreferenced objects, %(abandoned_writes)d abandoned writes "
                      "and %(empty_directories)d empty directories", counts, extra=counts)

@@ -74,11 +74,12 @@ class Retirement:
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"retired": 0, "objects_removed": 0, "objects_kept": 0, "skipped": 0}
-        with exclusive(self.engine, self.name) as held:
-            if not held:
+        with exclusive(self.engine, self.name) as lock:
+            if not lock:
                 counts["skipped"] = 1
                 return counts
             while True:
+                lock.renew()
                 with transaction(self.engine) as conn:
                     oldest = conn.execute(oldest_live_version_query()).scalar()
                     if oldest is None:  # nothing is published and unretired

@@ -37,7 +37,7 @@ from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import UNFINISHED, JobState, attachments, jobs
 from app.adapters.storage import Storage
 from app.core import resumable, staging
-from scheduler.locking import sweep_storage
+from scheduler.locking import exclusive, sweep_storage
 
 log = logging.getLogger("attache.scheduler.staging")
 
@@ -73,14 +73,17 @@ class StagingCleanup:
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0, "uploads_expired": 0, "parts_removed": 0}
-        sweep_storage(self.engine, self.name, self.storage.list_objects(PREFIX), self.config.batch,
-                      lambda chunk: self._process(chunk, counts, dry_run), counts)
-        if counts["skipped"]:
-            return counts
-        counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage, batch=self.config.batch,
-                                                             dry_run=dry_run)
-        sweep_storage(self.engine, self.name, self.storage.list_objects(resumable.PREFIX),
-                      self.config.batch, lambda chunk: self._process_parts(chunk, counts, dry_run), counts)
+        with exclusive(self.engine, self.name) as lock:  # one lock for the round: its parts are one round's
+            if not lock:
+                counts["skipped"] = 1
+                return counts
+            sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
+                          lambda chunk: self._process(chunk, counts, dry_run))
+            lock.renew()
+            counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage,
+                                                                 batch=self.config.batch, dry_run=dry_run)
+            sweep_storage(lock, self.storage.list_objects(resumable.PREFIX), self.config.batch,
+                          lambda chunk: self._process_parts(chunk, counts, dry_run))
         if counts["removed"] or counts["uploads_expired"] or counts["parts_removed"]:
             log.info("staging cleanup removed %(removed)d of %(examined)d staged objects, forgot "
                      "%(uploads_expired)d expired uploads and removed %(parts_removed)d unneeded parts",

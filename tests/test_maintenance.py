@@ -13,7 +13,7 @@ from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres.models import attachments, jobs, outbox, variants
 from app.core import outbox as outbox_rows
-from app.core import pipeline, states
+from app.core import pipeline, resumable, states
 from app.core.steps import Step
 from app.observability.tracing import new_traceparent
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
@@ -357,6 +357,51 @@ def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, 
         assert held
         assert StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()["skipped"] == 1
     assert StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()["skipped"] == 0
+
+
+def test_a_scheduler_paused_holding_a_cleanups_lock_holds_it_a_lease_at_most(services, settings):
+    """An adversarial review: a scheduler SIGSTOPped in a cleanup's round kept its lock for as long as it stayed
+    stopped (a session-level lock, its connection idle outside any transaction), and every other scheduler skipped
+    the cleanup meanwhile: 90 rounds in 90 s. The lock is now its transaction's, which PostgreSQL ends after a
+    lease idle (idle_in_transaction_session_timeout): here 2 s."""
+    from app.adapters.postgres.db import make_engine
+    from app.errors import DatabaseUnavailable
+
+    paused = make_engine(settings.database_url, process="scheduler", idle_in_transaction_seconds=2)
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig())
+    try:
+        with exclusive(paused, "staging_cleanup") as lock:  # taken, then never touched again: a stopped round
+            assert lock
+            assert cleanup.run_once()["skipped"] == 1
+            wait_for(lambda: cleanup.run_once()["skipped"] == 0, timeout=20, interval=0.5,
+                     message="the paused scheduler's lock freed")  # before: skipped for as long as it was held
+            with pytest.raises(DatabaseUnavailable):  # the paused round, resumed, stops at its next batch
+                lock.renew()
+    finally:
+        paused.dispose()
+
+
+def test_a_staging_cleanup_round_holds_its_lock_from_start_to_end(services, engine, monkeypatch):
+    """An adversarial review: the round swept staged objects and tus parts under the lock taken twice; another
+    scheduler taking it between the two made the round, which had removed 2,000 objects, count as skipped (no
+    success recorded: a cleanup seen as stalled)."""
+    taken_between = []
+    list_objects = services.storage.list_objects
+
+    def listing(prefix):
+        if prefix == resumable.PREFIX:  # the second sweep's listing (tus parts): another scheduler tries now
+            other = exclusive(engine, "staging_cleanup")
+            taken_between.append((other, other.__enter__()))
+        return list_objects(prefix)
+
+    monkeypatch.setattr(services.storage, "list_objects", listing)
+    try:
+        counts = StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()
+    finally:
+        for other, _ in taken_between:
+            other.__exit__(None, None, None)
+    assert [bool(held) for _, held in taken_between] == [False]  # before: True, and the round said skipped
+    assert counts["skipped"] == 0
 
 
 # --- unreferenced objects ------------------------------------------------------------
