@@ -30,6 +30,7 @@ ALARM_SECONDS = 14
 IN_FLIGHT = 9
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_a_broker_out_of_room_blocks_the_work_and_loses_nothing(env, tmp_path, engine, storage_dir, data_file):
     rabbit = PrivateRabbit()
     deployment = Deployment({**env, "BROKER_URL": rabbit.url}, tmp_path)

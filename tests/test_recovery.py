@@ -60,7 +60,8 @@ def test_worker_killed_mid_render_is_recovered_through_its_lease(deployment, eng
     assert {"attache web", "attache worker", "attache scheduler"} <= names, names
 
 
-@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+@pytest.mark.parametrize("broker_kind", [  # the RabbitMQ run, 16-17 s, in make soak (the marker's 15 s)
+    pytest.param("rabbitmq", marks=pytest.mark.long), "postgres"])
 def test_a_file_that_kills_every_worker_ends_failed_worker_lost(deployment, engine, data_file):
     deployment.env["ATTACHE_MAX_ATTEMPTS"] = "2"
     # Each new worker takes the redelivered render and dies at once, renewing the attempt's lease, until
@@ -119,7 +120,8 @@ def test_a_render_that_never_returns_ends_its_attempt_at_the_step_time_limit(dep
     assert (timed_out["job_id"], timed_out["attempt"], timed_out["level"]) == (str(job_id), 1, "error"), timed_out
 
 
-@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+@pytest.mark.parametrize("broker_kind", [  # the PostgreSQL broker's run, 20 s, in make soak (the marker's 15 s)
+    "rabbitmq", pytest.param("postgres", marks=pytest.mark.long)])
 def test_a_worker_whose_step_stays_inside_a_call_into_c_exits_for_a_fresh_one(deployment, engine, storage_dir,
                                                                              data_file):
     # One thread, and the render that hangs holds it: the retried attempt had nowhere to run in that worker, and a
@@ -405,7 +407,8 @@ def test_steps_that_live_through_a_spell_longer_than_their_lease_are_not_charged
     assert charged == [] and attempts == [1] * len(accepted), (charged, attempts)
 
 
-@pytest.mark.parametrize("one_step", [True, False], ids=["one step", "a render message per variant"])
+@pytest.mark.parametrize("one_step", [  # 16-17 s each: the second in make soak (the marker's 15 s)
+    pytest.param(True, id="one step"), pytest.param(False, id="a render message per variant", marks=pytest.mark.long)])
 def test_a_full_storage_disk_that_outlasts_the_retry_budget_costs_no_attempt(env, tmp_path, engine, data_file,
                                                                               one_step):
     """Storage full (ENOSPC) as the worker writes the variants: each try cost the job an attempt, the managed

@@ -60,6 +60,7 @@ def _through(url: str, host: str, port: int, **query: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc, query="&".join(filter(None, [parts.query, extra]))))
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_a_worker_cut_off_in_silence_loses_nothing_and_works_again(deployment, env, engine, storage_dir, data_file):
     database, broker = urlsplit(env["DATABASE_URL"]), urlsplit(env["BROKER_URL"])
     host = SecondHost()

@@ -125,6 +125,7 @@ def test_tuspy_resumes_after_the_web_process_is_killed(deployment, link, engine,
     assert head.headers["Attachment-Id"] == attachment_id, "a later HEAD names the attachment too"
 
 
+@pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_the_upload_page_resumes_in_a_real_browser(deployment, link, engine, storage_dir, data_file, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
