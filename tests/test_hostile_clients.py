@@ -9,6 +9,7 @@ mid-upload left its spool file for ever; a full temporary directory was a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import socket
@@ -252,10 +253,22 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
             for _ in range(2):  # as many as the threads
                 unsent.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
                 unsent[-1].sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}{framing}\r\n\r\n".encode())
+        # a third: framings read otherwise than the parser, then a byte every 0.8 s (each read's own bound was 1 s)
+        chunked = f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}Transfer-Encoding: chunked\r\n\r\n"
+        tricklers = []
+        for start in ("\r\n" + chunked + "100\r\n", chunked + "0000000100\r\n", chunked + "100;" + "x" * 2000):
+            for _ in range(2):
+                tricklers.append(socket.create_connection(("127.0.0.1", deployment.port), timeout=20))
+                tricklers[-1].sendall(start.encode())
+        unsent.extend(tricklers)
         for _ in range(3):  # before: the first timed out behind the two held threads
             asked = time.monotonic()
+            for sock in tricklers:
+                with contextlib.suppress(OSError):  # the server may have refused it
+                    sock.send(b"t")
             assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
             assert time.monotonic() - asked < 1
+            time.sleep(0.8)  # the tricklers' own pace is what is under test
         large = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
         unsent.append(large)
         large.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}"  # too large to gather

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -22,6 +25,7 @@ from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
+from tests.conftest import REPO
 from tests.processes import read_only, wait_for
 from tests.sql_log import sql_log
 from tests.tcp import Listener
@@ -360,26 +364,58 @@ def test_cleanups_skip_a_round_while_another_scheduler_holds_the_lock(services, 
     assert StagingCleanup(services.engine, services.storage, StagingCleanupConfig()).run_once()["skipped"] == 0
 
 
+#: a scheduler's round holding the staging cleanup's lock, in a process of its own: it says so, then waits
+HOLDER = """
+import sys, time
+from app.adapters.postgres.db import make_engine
+from scheduler.locking import exclusive
+engine = make_engine(sys.argv[1], process="scheduler", idle_in_transaction_seconds=float(sys.argv[2]))
+with exclusive(engine, "staging_cleanup") as lock:
+    print("held" if lock else "not held", flush=True)
+    time.sleep(600)
+"""
+
+
 def test_a_scheduler_paused_holding_a_cleanups_lock_holds_it_a_lease_at_most(services, settings):
     """An adversarial review: a scheduler SIGSTOPped in a cleanup's round kept its lock for as long as it stayed
     stopped (a session-level lock, its connection idle outside any transaction), and every other scheduler skipped
     the cleanup meanwhile: 90 rounds in 90 s. The lock is now its transaction's, which PostgreSQL ends after a
-    lease idle (idle_in_transaction_session_timeout): here 2 s."""
-    from app.adapters.postgres.db import make_engine
-    from app.errors import DatabaseUnavailable
-
-    paused = make_engine(settings.database_url, process="scheduler", idle_in_transaction_seconds=2)
+    lease idle (idle_in_transaction_session_timeout): here 2 s. While the holder runs, it keeps it."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, settings.database_url, "2"], stdout=subprocess.PIPE,
+                              text=True, cwd=REPO)
     cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig())
     try:
-        with exclusive(paused, "staging_cleanup") as lock:  # taken, then never touched again: a stopped round
-            assert lock
+        assert holder.stdout.readline().strip() == "held"
+        for _ in range(3):  # running, it keeps its lock past the idle limit
             assert cleanup.run_once()["skipped"] == 1
-            wait_for(lambda: cleanup.run_once()["skipped"] == 0, timeout=20, interval=0.5,
-                     message="the paused scheduler's lock freed")  # before: skipped for as long as it was held
-            with pytest.raises(DatabaseUnavailable):  # the paused round, resumed, stops at its next batch
-                lock.renew()
+            time.sleep(1.5)  # the holder's own time passing is what is under test
+        os.kill(holder.pid, signal.SIGSTOP)
+        wait_for(lambda: cleanup.run_once()["skipped"] == 0, timeout=20, interval=0.5,
+                 message="the stopped scheduler's lock freed")  # before: skipped for as long as it was stopped
     finally:
-        paused.dispose()
+        holder.kill()
+        holder.wait(10)
+
+
+def test_a_round_whose_batches_outlast_the_idle_limit_keeps_its_lock(services, settings, storage_dir, monkeypatch):
+    """A review of the lock made its transaction's: touched only between batches, a round whose batch took longer
+    than the idle limit (a slow store, a backlog) lost its lock at every round and failed. Here a batch of 2.5 s
+    under a 1 s limit."""
+    from app.adapters.postgres.db import make_engine
+
+    for name in ("a", "b"):
+        path = storage_dir / "staging" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"orphan")
+    limited = make_engine(settings.database_url, process="scheduler", idle_in_transaction_seconds=1)
+    cleanup = StagingCleanup(limited, services.storage, StagingCleanupConfig(batch=1))
+    slow = cleanup._process
+    monkeypatch.setattr(cleanup, "_process", lambda *args: (time.sleep(2.5), slow(*args)))
+    try:
+        counts = cleanup.run_once()  # before: DatabaseUnavailable at the second batch
+    finally:
+        limited.dispose()
+    assert counts["skipped"] == 0 and counts["examined"] == 2
 
 
 def test_a_staging_cleanup_round_holds_its_lock_from_start_to_end(services, engine, monkeypatch):
