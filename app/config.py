@@ -134,8 +134,8 @@ class Settings:
     body_idle_seconds: float = setting(
         "ATTACHE_BODY_IDLE_SECONDS", 60.0, _float(1),
         "a client that sends no body bytes for this long is cut off (400 incomplete_body), as is one that takes "
-        "longer to read a download's next 64 KiB; spool files untouched for ten times this are removed as "
-        "abandoned")
+        "longer to read a download's next 64 KiB (a sign-in form's body, which anyone may post, has 1 s in all); "
+        "spool files untouched for ten times this are removed as abandoned")
     max_bodies_per_uploader: int = setting(
         "ATTACHE_MAX_BODIES_PER_UPLOADER", 8, _int(0),
         "upload bodies (POST /v1/attachments, tus creations with a body and PATCHes) one uploader may send to "

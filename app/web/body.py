@@ -34,6 +34,7 @@ byte to tell its end from a byte too many.
 from __future__ import annotations
 
 import io
+import time
 from typing import IO
 
 from werkzeug.exceptions import RequestEntityTooLarge
@@ -44,12 +45,13 @@ READ_BLOCK_BYTES = 1024 * 1024
 
 class BodyStream(io.RawIOBase):
     def __init__(self, stream: IO[bytes], declared_length: int | None, *, max_length: int | None = None,
-                 block_bytes: int = READ_BLOCK_BYTES):
+                 block_bytes: int = READ_BLOCK_BYTES, deadline: float | None = None):
         super().__init__()
         self._stream = stream
         self.declared_length = declared_length
         self.max_length = max_length
         self.block_bytes = block_bytes
+        self.deadline = deadline  # time.monotonic() past which the body is not waited for: it ends incomplete
         self.received = 0
         self.ended = False
         self.error: BaseException | None = None
@@ -95,6 +97,9 @@ class BodyStream(io.RawIOBase):
             size = min(size, self.max_length + 1 - self.received)
         if size <= 0:
             self.ended = True
+            return False
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self.error, self.ended = TimeoutError("the body took longer than its route allows"), True
             return False
         try:
             data = self._stream.read(size)

@@ -43,14 +43,15 @@ RAW_UPLOAD_ENDPOINTS = ("tus.create", "tus.patch")
 #: the body limit of every route but the upload and the sign-in forms
 FORM_MAX_BYTES = 1024 * 1024
 #: the forms anyone may post, signed in or not (their bodies are read before anyone is known)
-SIGN_IN_ENDPOINTS = ("console.login", "console.logout", "page.sign_in", "page.sign_out")
+SIGN_IN_ENDPOINTS = ("console.login", "page.sign_in", "page.sign_out")
 #: their body limit: a token and a CSRF field. What gunicorn's poller always gathers with a head
 #: (app.web.request_head), so such a body is here whole, or refused, before a thread reads it: with 1 MiB allowed,
 #: 80 posts announcing a body never sent held every thread for ATTACHE_BODY_IDLE_SECONDS (an adversarial review)
 SIGN_IN_FORM_MAX_BYTES = BODY_BYTES_GATHERED
-#: seconds a sign-in form's body may keep a thread waiting, where gunicorn's poller did not gather it (framing it
-#: does not read ahead of the parser: a review found five ways, each holding a thread 60 s, no token needed)
-SIGN_IN_BODY_IDLE_SECONDS = 1.0
+#: seconds a sign-in form's body may keep a thread waiting in all, where gunicorn's poller did not gather it
+#: (reviews found framings it read otherwise than the parser, each holding a thread 60 s, no token needed); each
+#: read waits as long at most, so a thread waits twice that at most
+SIGN_IN_BODY_SECONDS = 1.0
 #: multipart framing around the file part, on top of the upload limit
 MULTIPART_HEADROOM_BYTES = 1024 * 1024
 
@@ -105,12 +106,14 @@ class UploadRequest(Request):
         """The body, limited to :attr:`max_content_length` by the :class:`BodyStream` (a body of exactly the
         limit is whole); read in blocks but on the raw-body routes of resumable uploads, which keep the bytes
         of a body cut short (see :mod:`app.web.body`)."""
-        self.bound_silence(SIGN_IN_BODY_IDLE_SECONDS if self.endpoint in SIGN_IN_ENDPOINTS else None)
+        sign_in = self.endpoint in SIGN_IN_ENDPOINTS
+        self.bound_silence(SIGN_IN_BODY_SECONDS if sign_in else None)
         limit = self.max_content_length
         if limit is not None and self.content_length is not None and self.content_length > limit:
             raise RequestEntityTooLarge()  # before reading a byte
         block = 0 if self.endpoint in RAW_UPLOAD_ENDPOINTS else READ_BLOCK_BYTES
-        return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block)
+        return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block,
+                          deadline=time.monotonic() + SIGN_IN_BODY_SECONDS if sign_in else None)
 
     def bound_silence(self, seconds: float | None = None) -> None:
         """A client that stops sending mid-body, or stops reading an answer, must not hold a thread for ever.

@@ -26,8 +26,8 @@ there and then (a review: one of exactly that size, handed to a thread,
 held it for the head's deadline); a larger body is read in a thread, where
 its route refuses it before reading (``413``, ``401``) or bounds it per
 uploader (``app/web/bodies_in_flight.py``); the sign-in forms, which anyone
-may post, take at most :data:`BODY_BYTES_GATHERED` and wait 1 s at most in
-a thread for a body not gathered (``app/web/request.py``; a second review
+may post, take at most :data:`BODY_BYTES_GATHERED` and wait 1 s in all
+(2 s at most) in a thread for a body not gathered (``app/web/request.py``; a second review
 found five framings a thread had waited 60 s for). A new connection
 has gunicorn's ``--keep-alive`` plus :data:`FIRST_BYTE_SECONDS` for its
 first byte (5 s in the Procfile: a connection opened ahead, as browsers and
@@ -73,10 +73,13 @@ GATHER_BYTES = 64 * 1024
 #: bytes of a body gathered however long its head: the sign-in forms' limit (app.web.request), so that one is
 #: always here whole, or refused, before a thread reads it
 BODY_BYTES_GATHERED = 16 * 1024
+#: a chunk's size line (with its extensions) at most before the framing counts as broken: gunicorn's
+#: ``--limit-request-field_size``, 8190
+SIZE_LINE_BYTES = 8192
 #: heads gathered at once from one address, per process; one more closes the oldest
 GATHERING_PER_ADDRESS = 128
 _TOO_LARGE_MESSAGE = (b'{"error":"request_head_too_large","message":"a request\'s head (its request line and '
-                      b'headers) is at most 65536 bytes here"}')
+                      b'headers) is at most ' + str(GATHER_BYTES).encode() + b' bytes here"}')
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: the answer to a head that has not ended within GATHER_BYTES, given without a thread
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
@@ -155,7 +158,7 @@ def _framing(head: bytes) -> tuple[int | None, bool]:
     :data:`CHUNKED` (a ``Transfer-Encoding`` list, in one or more fields, that ends with ``chunked``, in HTTP/1.1),
     or None for no body or framing the parser refuses before reading one; and whether the client awaits
     ``100 Continue`` before sending it."""
-    lines = head.split(b"\n")
+    lines = head.lstrip(b"\r\n").split(b"\n")  # empty lines before the request line are skipped, as gunicorn does
     http11 = lines[0].rstrip().endswith(b"HTTP/1.1")
     lengths, codings, awaits = [], [], False
     for line in lines[1:]:
@@ -185,9 +188,9 @@ def _chunked_end(data, at: int, trailers: bool) -> tuple[bool, int, bool]:
     while not trailers:
         eol = data.find(b"\r\n", at)
         if eol < 0:
-            return len(data) - at > 1024, at, False  # a size line this long is broken
+            return len(data) - at > SIZE_LINE_BYTES, at, False  # a size line this long is broken
         size = bytes(data[at:eol]).split(b";", 1)[0].strip()
-        if not size or len(size) > 8 or size.strip(b"0123456789abcdefABCDEF"):
+        if not size or size.strip(b"0123456789abcdefABCDEF"):  # any length: gunicorn reads 0000000001
             return True, at, False
         if int(size, 16) == 0:
             at, trailers = eol + 2, True
@@ -207,13 +210,15 @@ class _Head:
     """A connection's request being gathered: its bytes so far, when it is given up, its address, and once its head
     has come, where it ends and its body's length (or :data:`CHUNKED`, or None when only the head is gathered)."""
 
-    __slots__ = ("buffer", "deadline", "queued", "address", "end", "until", "limit", "looked", "trailers", "awaits")
+    __slots__ = ("buffer", "deadline", "queued", "address", "begun", "end", "until", "limit", "looked", "trailers",
+                 "awaits")
 
     def __init__(self, buffer: bytearray, deadline: float, address):
         self.buffer = buffer
         self.deadline = deadline
         self.queued = float("inf")  # the deadline its entry in _Heads.deadlines has
         self.address = address
+        self.begun = False  # its request line has begun (after any empty lines)
         self.end: int | None = None
         self.until: int | None = None  # the body's length, or CHUNKED, when it is gathered too
         self.limit = GATHER_BYTES  # bytes of the request gathered at most
@@ -225,6 +230,12 @@ class _Head:
         """:data:`WHOLE` once a thread may take the request: its head and any small body it declared are here."""
         data = self.buffer
         if self.end is None:
+            if not self.begun:  # empty lines before the request line are skipped, as gunicorn does
+                while self.looked < len(data) and data[self.looked] in b"\r\n":
+                    self.looked += 1
+                if self.looked == len(data):
+                    return TOO_LARGE if len(data) >= GATHER_BYTES else WAIT
+                self.begun, self.looked = True, self.looked + 3
             self.end = _head_end(data, max(0, self.looked - 3))
             if self.end is None:
                 self.looked = len(data)
