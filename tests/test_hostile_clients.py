@@ -269,6 +269,15 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
             assert requests.get(deployment.url + "/healthz", timeout=5).status_code == 200
             assert time.monotonic() - asked < 1
             time.sleep(0.8)  # the tricklers' own pace is what is under test
+        # a fourth: a body past what is gathered, read on in a thread, whose chunks gunicorn reads in one read
+        long_chunked = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+        unsent.append(long_chunked)
+        long_chunked.sendall((chunked + "1\r\na\r\n" * 12_000).encode())
+        began = time.monotonic()
+        while not select.select([long_chunked], [], [], 0.5)[0]:  # before: no answer while it trickled
+            assert time.monotonic() - began < 4, "answered within its second, however it trickles"
+            long_chunked.send(b"1\r\nb\r\n")
+        assert long_chunked.recv(100).split(b"\r\n")[0].split()[1] == b"400"
         large = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
         unsent.append(large)
         large.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}"  # too large to gather

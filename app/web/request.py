@@ -33,7 +33,7 @@ from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
 from app.web.body import READ_BLOCK_BYTES, BodyStream
-from app.web.request_head import BODY_BYTES_GATHERED
+from app.web.request_head import BODY_BYTES_GATHERED, read_by
 from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files
@@ -108,12 +108,15 @@ class UploadRequest(Request):
         of a body cut short (see :mod:`app.web.body`)."""
         sign_in = self.endpoint in SIGN_IN_ENDPOINTS
         self.bound_silence(SIGN_IN_BODY_SECONDS if sign_in else None)
+        deadline = time.monotonic() + SIGN_IN_BODY_SECONDS if sign_in else None
+        if deadline is not None and self.environ.get("gunicorn.socket") is not None:
+            read_by(self.environ["gunicorn.socket"], deadline)  # within gunicorn's reads too
         limit = self.max_content_length
         if limit is not None and self.content_length is not None and self.content_length > limit:
             raise RequestEntityTooLarge()  # before reading a byte
         block = 0 if self.endpoint in RAW_UPLOAD_ENDPOINTS else READ_BLOCK_BYTES
         return BodyStream(get_input_stream(self.environ), self.content_length, max_length=limit, block_bytes=block,
-                          deadline=time.monotonic() + SIGN_IN_BODY_SECONDS if sign_in else None)
+                          deadline=deadline)
 
     def bound_silence(self, seconds: float | None = None) -> None:
         """A client that stops sending mid-body, or stops reading an answer, must not hold a thread for ever.

@@ -60,6 +60,7 @@ import selectors
 import socket
 import sys
 import time
+import weakref
 from collections import defaultdict, deque
 
 #: seconds a request's head has, from its connection's turn in a thread: a client sends it in one or two packets
@@ -87,6 +88,19 @@ HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type
                   + _TOO_LARGE_MESSAGE)
 
 
+#: a connection's socket -> when reads of its current request's body end (:func:`read_by`)
+_read_deadlines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def read_by(sock, deadline: float) -> None:
+    """Reads on ``sock`` (the ``gunicorn.socket`` of the request being served) end by ``deadline``
+    (``time.monotonic()``), however the client paces its bytes: each read waits until then at most and none
+    starts after, and the body then ends cut short. For bodies read before anyone is known, the sign-in forms':
+    gunicorn reads a chunked body's chunks in one read of the application's, which a client sending a byte a
+    second kept going for as long as it liked (a fourth review). Under another server it does nothing."""
+    _read_deadlines[sock] = deadline
+
+
 def install(body_idle_seconds: float) -> bool:
     """Patch gunicorn's HTTP/1 parser and gthread worker, if this process is one of its gthread workers.
 
@@ -107,6 +121,7 @@ def install(body_idle_seconds: float) -> bool:
         if not isinstance(reader, unreader.SocketUnreader):
             return next_request(self)
         reader.attache_head_deadline = time.monotonic() + HEAD_SECONDS
+        _read_deadlines.pop(reader.sock, None)  # the previous request's, on a kept-alive connection
         try:
             request = next_request(self)
             if getattr(reader, "attache_continued", False):  # the gatherer said 100 Continue (and got the body)
@@ -122,16 +137,22 @@ def install(body_idle_seconds: float) -> bool:
 
     def chunk(self, size_hint=None):
         deadline = getattr(self, "attache_head_deadline", None)
+        body = _read_deadlines.get(self.sock)
+        if body is not None:
+            deadline = body if deadline is None else min(deadline, body)
         if deadline is None:
             return receive(self, size_hint)
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise errors.NoMoreData(b"")  # gthread closes it quietly, as a client gone
+            raise errors.NoMoreData(b"")  # gthread closes it quietly, as a client gone; a body ends cut short
+        previous = self.sock.gettimeout()
         self.sock.settimeout(remaining)
         try:
             return receive(self, size_hint)
         except socket.timeout:
             raise errors.NoMoreData(b"") from None
+        finally:
+            self.sock.settimeout(previous)
 
     next_within_deadline.attache_head_deadline = True
     parser.Parser.__next__ = parser.Parser.next = next_within_deadline
