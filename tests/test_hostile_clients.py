@@ -205,7 +205,7 @@ def test_heads_that_never_end_take_no_thread_however_many(deployment):
 def test_a_head_that_does_not_end_within_its_limit_is_refused_without_a_thread(deployment):
     """A review: a head of exactly GATHER_BYTES that never ended was handed to a thread, whose parser waited
     HEAD_SECONDS for the rest (70 such every 4 s from one address: /healthz 4.8 s). Now a 431 at once."""
-    from app.web.request_head import GATHER_BYTES
+    from app.web.framing import GATHER_BYTES
 
     deployment.start("web", WEB_THREADS="2", WEB_CONCURRENCY="1")
     line = b"X-Padding: " + b"p" * 8000 + b"\r\n"

@@ -1,4 +1,5 @@
-"""The request gatherer's reading of heads and small bodies (app/web/request_head.py), without a server.
+"""The request gatherer's reading of heads and small bodies (app/web/framing.py, app/web/request_head.py),
+without a server.
 
 What it reads runs on gunicorn's main thread, the one that accepts every
 connection: a request sent a byte at a time must cost it no more than one
@@ -6,7 +7,8 @@ sent whole, and its deadlines must not grow with the packets."""
 
 from __future__ import annotations
 
-from app.web.request_head import GATHER_BYTES, TOO_LARGE, WAIT, WHOLE, _Head, _Heads
+from app.web.framing import GATHER_BYTES, TOO_LARGE, WAIT, WHOLE, PartialRequest
+from app.web.request_head import _Heads
 
 
 class CountingBuffer(bytearray):
@@ -23,7 +25,7 @@ class CountingBuffer(bytearray):
 def trickled(payload: bytes) -> tuple[str, int]:
     """Feed ``payload`` a byte at a time; what the gatherer said last, and the bytes its searches scanned."""
     CountingBuffer.scanned = 0
-    head = _Head(CountingBuffer(), 0.0, "client")
+    head = PartialRequest(CountingBuffer(), 0.0, "client")
     verdict = WAIT
     for at in range(len(payload)):
         head.buffer += payload[at:at + 1]
@@ -53,7 +55,7 @@ def test_what_is_gathered_and_what_a_thread_reads():
     100 Continue, a length with leading zeros, ``gzip, chunked``, two Transfer-Encoding fields, and a long head
     leaving less than the form's limit for its body."""
     def verdict(data: bytes) -> str:
-        return _Head(bytearray(data), 0.0, "client").whole()
+        return PartialRequest(bytearray(data), 0.0, "client").whole()
 
     head = b"POST /ops/login HTTP/1.1\r\nHost: x\r\n"
     assert verdict(head) == WAIT
@@ -92,7 +94,7 @@ def test_a_deadline_moved_at_every_packet_keeps_one_entry():
     """A review: every packet of a body pushed its new deadline, and 128 connections sending a byte at a time grew
     the heap by an entry a byte until their first deadline came (some 80 bytes each)."""
     heads = _Heads()
-    heads.add("conn", _Head(bytearray(), 10.0, "client"))
+    heads.add("conn", PartialRequest(bytearray(), 10.0, "client"))
     for second in range(10_000):
         heads.due("conn", 10.0 + second)
     assert len(heads.deadlines) == 1

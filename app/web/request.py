@@ -33,7 +33,8 @@ from werkzeug.utils import cached_property
 from werkzeug.wsgi import get_input_stream
 
 from app.web.body import READ_BLOCK_BYTES, BodyStream
-from app.web.request_head import BODY_BYTES_GATHERED, read_by
+from app.web.framing import BODY_BYTES_GATHERED
+from app.web.request_head import read_by
 from app.web.spool import HashingSpool, remove_abandoned_spools
 
 #: the one view that receives files

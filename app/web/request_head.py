@@ -15,18 +15,20 @@ for two processes of 32 threads.
 server does: a new connection, and a kept-alive one whose next request
 begins, gets a thread only once its head has arrived whole (up to the blank
 line that ends it), and with it a body small enough to fit in
-:data:`GATHER_BYTES` with its head, or in :data:`BODY_BYTES_GATHERED`
+:data:`~app.web.framing.GATHER_BYTES` with its head, or in
+:data:`~app.web.framing.BODY_BYTES_GATHERED`
 whatever the head's length, framed as gunicorn will read it (a
 ``Content-Length``, or a ``Transfer-Encoding`` ending in ``chunked``; a
 client awaiting ``100 Continue`` is told to send it from here). Until then
 its bytes are read as they come, without blocking, by the worker's main
-thread, each byte looked at a few times at most, however it is split. A
-head that has not ended within :data:`GATHER_BYTES` is answered ``431``
+thread, each byte looked at a few times at most, however it is split
+(``app/web/framing.py`` reads them). A
+head that has not ended within ``GATHER_BYTES`` is answered ``431``
 there and then (a review: one of exactly that size, handed to a thread,
 held it for the head's deadline); a larger body is read in a thread, where
 its route refuses it before reading (``413``, ``401``) or bounds it per
 uploader (``app/web/bodies_in_flight.py``); the sign-in forms, which anyone
-may post, take at most :data:`BODY_BYTES_GATHERED` and wait 1 s in all
+may post, take at most ``BODY_BYTES_GATHERED`` and wait 1 s in all
 (2 s at most) in a thread for a body not gathered (``app/web/request.py``; a second review
 found five framings a thread had waited 60 s for). A new connection
 has gunicorn's ``--keep-alive`` plus :data:`FIRST_BYTE_SECONDS` for its
@@ -63,20 +65,13 @@ import time
 import weakref
 from collections import defaultdict, deque
 
+from app.web.framing import GATHER_BYTES, TOO_LARGE, WAIT, PartialRequest
+
 #: seconds a request's head has, from its connection's turn in a thread: a client sends it in one or two packets
 HEAD_SECONDS = 5.0
 #: seconds a new connection has for its first byte beyond gunicorn's ``--keep-alive`` (gunicorn's own thread wait
 #: was 5, ours 0.5 before heads were gathered on the poller); a thread's drain of an unread body has as long
 FIRST_BYTE_SECONDS = 0.5
-#: bytes of a request gathered on the poller at most: a head that has not ended within them is refused with ``431``
-#: (gunicorn's own limits allow some 800 KB), a body that does not fit with its head is read in a thread
-GATHER_BYTES = 64 * 1024
-#: bytes of a body gathered however long its head: the sign-in forms' limit (app.web.request), so that one is
-#: always here whole, or refused, before a thread reads it
-BODY_BYTES_GATHERED = 16 * 1024
-#: a chunk's size line (with its extensions) at most before the framing counts as broken: gunicorn's
-#: ``--limit-request-field_size``, 8190
-SIZE_LINE_BYTES = 8192
 #: heads gathered at once from one address, per process; one more closes the oldest
 GATHERING_PER_ADDRESS = 128
 _TOO_LARGE_MESSAGE = (b'{"error":"request_head_too_large","message":"a request\'s head (its request line and '
@@ -162,118 +157,6 @@ def install(body_idle_seconds: float) -> bool:
     return True
 
 
-#: what :func:`_whole` says of the bytes gathered so far
-WAIT, WHOLE, TOO_LARGE = "wait", "whole", "too large"
-#: a chunked body being gathered (its length is known only at its end)
-CHUNKED = -1
-
-
-def _head_end(data, start: int = 0) -> int | None:
-    """Where the head in ``data`` ends (after its blank line; a bare LF's too, for the parser to judge), or None."""
-    ends = [at + len(blank) for blank in (b"\r\n\r\n", b"\n\n") if (at := data.find(blank, start)) >= 0]
-    return min(ends) if ends else None
-
-
-def _framing(head: bytes) -> tuple[int | None, bool]:
-    """A head's body as gunicorn will read it (``message.Message.set_body_reader``): its declared length, or
-    :data:`CHUNKED` (a ``Transfer-Encoding`` list, in one or more fields, that ends with ``chunked``, in HTTP/1.1),
-    or None for no body or framing the parser refuses before reading one; and whether the client awaits
-    ``100 Continue`` before sending it."""
-    lines = head.lstrip(b"\r\n").split(b"\n")  # empty lines before the request line are skipped, as gunicorn does
-    http11 = lines[0].rstrip().endswith(b"HTTP/1.1")
-    lengths, codings, awaits = [], [], False
-    for line in lines[1:]:
-        name, colon, value = line.partition(b":")
-        if not colon:
-            continue
-        name = name.strip().lower()
-        if name == b"content-length":
-            lengths.append(value.strip(b" \t\r"))
-        elif name == b"transfer-encoding":
-            codings += [coding.strip(b" \t\r").lower() for coding in value.split(b",")]
-        elif name == b"expect":
-            awaits = http11 and value.strip(b" \t\r").lower() == b"100-continue"
-    if codings:
-        chunked = codings[-1] == b"chunked" and codings.count(b"chunked") == 1 and http11 and not lengths
-        return (CHUNKED if chunked else None), awaits
-    if len(lengths) == 1 and lengths[0].isdigit():
-        return int(lengths[0]) or None, awaits
-    return None, awaits
-
-
-def _chunked_end(data, at: int, trailers: bool) -> tuple[bool, int, bool]:
-    """Whether the chunked body in ``data`` has ended (after its trailers); ``at`` is where the next chunk (or, with
-    ``trailers``, the next trailer line) begins. Returns that, and where to read on next time. Broken framing counts
-    as ended: the parser refuses it in a thread, at once, its bytes being there. Each call reads on from where the
-    last stopped, so a body sent a byte at a time costs no more than one sent whole."""
-    while not trailers:
-        eol = data.find(b"\r\n", at)
-        if eol < 0:
-            return len(data) - at > SIZE_LINE_BYTES, at, False  # a size line this long is broken
-        size = bytes(data[at:eol]).split(b";", 1)[0].strip()
-        if not size or size.strip(b"0123456789abcdefABCDEF"):  # any length: gunicorn reads 0000000001
-            return True, at, False
-        if int(size, 16) == 0:
-            at, trailers = eol + 2, True
-            break
-        following = eol + 2 + int(size, 16) + 2
-        if following > len(data):
-            return False, at, False
-        at = following
-    while (eol := data.find(b"\r\n", at)) >= 0:  # trailer lines, up to a blank one
-        if eol == at:
-            return True, at, True
-        at = eol + 2
-    return False, at, True
-
-
-class _Head:
-    """A connection's request being gathered: its bytes so far, when it is given up, its address, and once its head
-    has come, where it ends and its body's length (or :data:`CHUNKED`, or None when only the head is gathered)."""
-
-    __slots__ = ("buffer", "deadline", "queued", "address", "begun", "end", "until", "limit", "looked", "trailers",
-                 "awaits")
-
-    def __init__(self, buffer: bytearray, deadline: float, address):
-        self.buffer = buffer
-        self.deadline = deadline
-        self.queued = float("inf")  # the deadline its entry in _Heads.deadlines has
-        self.address = address
-        self.begun = False  # its request line has begun (after any empty lines)
-        self.end: int | None = None
-        self.until: int | None = None  # the body's length, or CHUNKED, when it is gathered too
-        self.limit = GATHER_BYTES  # bytes of the request gathered at most
-        self.awaits = False  # the client awaits 100 Continue before sending its body
-        self.looked = 0  # where the next look for the head's end, or the chunked body's next line, begins
-        self.trailers = False
-
-    def whole(self) -> str:
-        """:data:`WHOLE` once a thread may take the request: its head and any small body it declared are here."""
-        data = self.buffer
-        if self.end is None:
-            if not self.begun:  # empty lines before the request line are skipped, as gunicorn does
-                while self.looked < len(data) and data[self.looked] in b"\r\n":
-                    self.looked += 1
-                if self.looked == len(data):
-                    return TOO_LARGE if len(data) >= GATHER_BYTES else WAIT
-                self.begun, self.looked = True, self.looked + 3
-            self.end = _head_end(data, max(0, self.looked - 3))
-            if self.end is None:
-                self.looked = len(data)
-                return TOO_LARGE if len(data) >= GATHER_BYTES else WAIT
-            self.looked = self.limit = self.end
-            length, self.awaits = _framing(bytes(data[:self.end]))
-            room = max(GATHER_BYTES - self.end, BODY_BYTES_GATHERED)
-            if length == CHUNKED or (length is not None and length <= room):
-                self.until, self.limit = length, self.end + room
-        if self.until is None:
-            return WHOLE
-        if self.until == CHUNKED:
-            ended, self.looked, self.trailers = _chunked_end(data, self.looked, self.trailers)
-            return WHOLE if ended or len(data) >= self.limit else WAIT
-        return WHOLE if len(data) >= self.end + self.until else WAIT
-
-
 class _Heads:
     """One worker's requests being gathered: by connection, by deadline, by address.
 
@@ -289,7 +172,7 @@ class _Heads:
         self.by_address: dict = defaultdict(deque)
         self.order = itertools.count()
 
-    def add(self, conn, head: _Head) -> None:
+    def add(self, conn, head: PartialRequest) -> None:
         self.by_conn[conn] = head
         self.due(conn, head.deadline)
         self.by_address[head.address].append(conn)
@@ -304,7 +187,7 @@ class _Heads:
                 self.deadlines = [(h.queued, next(self.order), c) for c, h in self.by_conn.items()]
                 heapq.heapify(self.deadlines)
 
-    def remove(self, conn) -> _Head | None:
+    def remove(self, conn) -> PartialRequest | None:
         head = self.by_conn.pop(conn, None)
         if head is not None:
             waiting = self.by_address[head.address]
@@ -357,7 +240,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
         # a kept-alive connection comes here readable; a new one may not have sent a byte yet
         wait = HEAD_SECONDS if held or conn.parser is not None else self.cfg.keepalive + FIRST_BYTE_SECONDS
         address = conn.client[0] if isinstance(conn.client, tuple) else conn.client
-        head = _Head(bytearray(held), now + wait, address)
+        head = PartialRequest(bytearray(held), now + wait, address)
         if held and (verdict := head.whole()) != WAIT:
             return settle(self, conn, head, verdict)
         pending = heads(self)
@@ -408,7 +291,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
             pending.due(conn, now + body_idle_seconds)
             invite(conn, head)
 
-    def invite(conn, head: _Head) -> None:
+    def invite(conn, head: PartialRequest) -> None:
         """A client that awaits ``100 Continue`` before a body gathered here is told to send it from here (gunicorn
         tells it in the thread, which would wait for the body there)."""
         if head.awaits:
@@ -419,7 +302,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
                 return
             conn.attache_continued = True
 
-    def settle(self, conn, head: _Head, verdict: str):
+    def settle(self, conn, head: PartialRequest, verdict: str):
         if verdict == TOO_LARGE:
             try:
                 conn.sock.send(HEAD_TOO_LARGE)  # a few hundred bytes into an empty send buffer: never blocks
