@@ -29,8 +29,11 @@ held it for the head's deadline); a larger body is read in a thread, where
 its route refuses it before reading (``413``, ``401``) or bounds it per
 uploader (``app/web/bodies_in_flight.py``); the sign-in forms, which anyone
 may post, take at most ``BODY_BYTES_GATHERED`` and wait 1 s in all
-(2 s at most) in a thread for a body not gathered (``app/web/request.py``; a second review
-found five framings a thread had waited 60 s for). A new connection
+(2 s at most) in a thread for a body not gathered, within gunicorn's own
+reads too (:func:`read_by`, ``app/web/request.py``; reviews found eight
+framings read otherwise than gunicorn's parser, and a chunked body gunicorn
+read in one read while its client trickled, each holding a thread for 60 s
+or as long as the client liked). A new connection
 has gunicorn's ``--keep-alive`` plus :data:`FIRST_BYTE_SECONDS` for its
 first byte (5 s in the Procfile: a connection opened ahead, as browsers and
 pools do, and used 3 s later is answered; a review), and
@@ -46,7 +49,9 @@ others from being accepted. In the thread the parser keeps
 :data:`HEAD_SECONDS` for what it still reads of a head itself.
 
 What is left: many addresses at once can still fill ``--worker-connections``
-with heads never finished, each for seconds; before clients you do not
+with heads never finished, each for seconds, and a request gathered holds
+up to 80 KiB (some 80 MiB a process at 1000 connections); clients behind a
+balancer that does not buffer, or a NAT, share one address's 128; before clients you do not
 trust, a buffering proxy with per-client limits belongs in front
 (``docs/deploy.md``). TLS served by gunicorn itself and HTTP/2 with prior
 knowledge (neither in the default setup) keep gunicorn's own handling,
