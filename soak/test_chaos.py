@@ -139,6 +139,8 @@ def world(tmp_path):
         if rabbit is not None:
             rabbit.start()
         database_url = postgres.url("attache")
+        spools = tmp_path / "web-tmp"
+        spools.mkdir()
         db.ensure_database(database_url)
         db.upgrade(database_url)
         env = {
@@ -152,6 +154,7 @@ def world(tmp_path):
             "ATTACHE_RECONCILE_AFTER_SECONDS": "20", "ATTACHE_RECONCILE_INTERVAL_SECONDS": "1",
             "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "2", "ATTACHE_CLEANUP_INTERVAL_SECONDS": "5",
             "WORKER_THREADS": "4",
+            "TMPDIR": str(spools),  # a web SIGKILLed mid-upload leaves its spool: here, not in the machine's /tmp
         }
         deployment = Deployment(env, tmp_path)
         deployment.session.headers["Authorization"] = f"Bearer {TOKEN}"
