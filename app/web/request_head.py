@@ -88,7 +88,8 @@ HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type
                   + _TOO_LARGE_MESSAGE)
 
 
-#: a connection's socket -> when reads of its current request's body end (:func:`read_by`)
+#: a connection's socket -> when reads for its current request end: its head's (HEAD_SECONDS), then its body's if
+#: one was set (:func:`read_by`)
 _read_deadlines: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
@@ -112,7 +113,7 @@ def install(body_idle_seconds: float) -> bool:
         return False
     from gunicorn.http import errors, parser, unreader
 
-    if getattr(parser.Parser.__next__, "attache_head_deadline", False):
+    if getattr(parser.Parser.__next__, "attache_reads_by", False):
         return False
     next_request, receive = parser.Parser.__next__, unreader.SocketUnreader.chunk
 
@@ -120,8 +121,7 @@ def install(body_idle_seconds: float) -> bool:
         reader = self.unreader
         if not isinstance(reader, unreader.SocketUnreader):
             return next_request(self)
-        reader.attache_head_deadline = time.monotonic() + HEAD_SECONDS
-        _read_deadlines.pop(reader.sock, None)  # the previous request's, on a kept-alive connection
+        _read_deadlines[reader.sock] = time.monotonic() + HEAD_SECONDS  # not the previous request's body's
         try:
             request = next_request(self)
             if getattr(reader, "attache_continued", False):  # the gatherer said 100 Continue (and got the body)
@@ -129,17 +129,14 @@ def install(body_idle_seconds: float) -> bool:
                 request._expected_100_continue = False
             return request
         finally:
-            reader.attache_head_deadline = None
+            _read_deadlines.pop(reader.sock, None)
             try:
                 reader.sock.settimeout(None)  # blocking again, as gthread reads and writes the rest
             except OSError:
                 pass
 
     def chunk(self, size_hint=None):
-        deadline = getattr(self, "attache_head_deadline", None)
-        body = _read_deadlines.get(self.sock)
-        if body is not None:
-            deadline = body if deadline is None else min(deadline, body)
+        deadline = _read_deadlines.get(self.sock)
         if deadline is None:
             return receive(self, size_hint)
         remaining = deadline - time.monotonic()
@@ -154,7 +151,7 @@ def install(body_idle_seconds: float) -> bool:
         finally:
             self.sock.settimeout(previous)
 
-    next_within_deadline.attache_head_deadline = True
+    next_within_deadline.attache_reads_by = True
     parser.Parser.__next__ = parser.Parser.next = next_within_deadline
     unreader.SocketUnreader.chunk = chunk
     gthread.DEFAULT_WORKER_DATA_TIMEOUT = min(gthread.DEFAULT_WORKER_DATA_TIMEOUT, FIRST_BYTE_SECONDS)
