@@ -817,6 +817,49 @@ def test_s3_http_errors_are_translated(fixed_answer_server, status, code, expect
     _assert_clean(info.value)
 
 
+class _LateDelete(http.server.BaseHTTPRequestHandler):
+    """Says every object is there; takes a DELETE and answers it too late (S3 carrying it out after the client
+    gave up)."""
+
+    deletes: list[str] = []
+
+    def do_HEAD(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "4")
+        self.send_header("ETag", '"0"')
+        self.send_header("Last-Modified", "Sun, 06 Dec 2026 12:00:00 GMT")
+        self.end_headers()
+
+    def do_DELETE(self):
+        type(self).deletes.append(self.path)
+        time.sleep(1.5)  # past the client's read timeout
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_s3_a_delete_whose_answer_is_lost_is_sent_once_and_raises():
+    """A DELETE whose answer never came may still be carried out. The pool sent it again; the retry's answer said
+    the removal was done, the object GC forgot its decision, a replay wrote the key again, and the first DELETE,
+    landing late, removed it under a ready attachment (an adversarial run). Sent once, the removal raises: the GC's
+    decision stays on record. Before: sent three times, the last one's answer taken."""
+    handler = type("Handler", (_LateDelete,), {"deletes": []})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        store = S3Storage("attache-test", endpoint=f"http://127.0.0.1:{server.server_address[1]}",
+                          region="us-east-1", access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                          http_client=make_http_client(connect_timeout=1, read_timeout=0.3))
+        with pytest.raises(StorageUnavailable):
+            store.delete(KEY)
+        assert len(handler.deletes) == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 # --- configuration ----------------------------------------------------------
 
 
