@@ -409,6 +409,55 @@ def test_two_patches_at_the_same_offset_never_both_append(client, engine, storag
     assert [(storage_dir / p).read_bytes() for p in parts(storage_dir)] == [photo[:winner]]
 
 
+def test_a_patch_that_lost_its_session_while_storing_its_part_cannot_replace_an_acknowledged_one(
+        client, engine, storage_dir, photo, monkeypatch):
+    """A PATCH paused while it stores its part (a frozen machine) whose session ends meanwhile (the server drops a
+    silent client; a failover) has lost the row's lock: another PATCH takes the offset and is answered 204. Parts
+    were keyed by their offset alone, so the thawed PATCH replaced the acknowledged part with its own bytes, and the
+    upload was accepted spliced: its original was bytes no 204 had acknowledged (an adversarial run; with S3 the
+    window is the part's whole transfer). Now each part has a key of its own and only the parts the row names are
+    joined."""
+    from app.adapters.storage.filesystem import FilesystemStorage
+
+    location = create(client, len(photo)).headers["Location"]
+    first = len(photo) // 2
+    other = photo[:64] + bytes(reversed(photo[64:first]))  # what the paused PATCH sends: same length, other bytes
+    paused, thaw = threading.Event(), threading.Event()
+    real = FilesystemStorage.adopt_file
+
+    def pausing(self, key, path, content_type=None):
+        if not paused.is_set():  # the first PATCH's only
+            paused.set()
+            assert thaw.wait(30)
+        return real(self, key, path, content_type)
+
+    monkeypatch.setattr(FilesystemStorage, "adopt_file", pausing)
+    answers = {}
+    auth = {"Authorization": client.environ_base["HTTP_AUTHORIZATION"]}
+    thawed = threading.Thread(target=lambda: answers.setdefault(
+        "paused", patch(client.application.test_client(), location, 0, other, auth)))
+    thawed.start()
+    try:
+        assert paused.wait(30)
+        with engine.connect() as conn:  # the paused PATCH's session ends: its lock on the row goes with it
+            ended = conn.execute(text(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
+            assert ended.scalar() == 1
+        acknowledged = patch(client, location, 0, photo[:first])
+        assert acknowledged.status_code == 204, acknowledged.json
+    finally:
+        thaw.set()
+        thawed.join(30)
+    assert answers["paused"].status_code == 503, answers["paused"].json
+    last = patch(client, location, first, photo[first:])
+    assert last.status_code == 204, last.json
+    with engine.connect() as conn:
+        sha256 = conn.execute(select(attachments.c.sha256)).scalar_one()
+    assert sha256 == hashlib.sha256(photo).hexdigest(), "the original is the bytes the 204s acknowledged"
+    assert parts(storage_dir) == [], "the paused PATCH's part went with its failed transaction"
+
+
 def test_a_retried_last_patch_after_a_lost_answer_makes_no_second_attachment(client, engine, storage_dir, photo):
     """The web died after the handoff committed but before the upload's row said so: the client retries."""
     location = create(client, len(photo)).headers["Location"]
@@ -418,8 +467,9 @@ def test_a_retried_last_patch_after_a_lost_answer_makes_no_second_attachment(cli
     first = patch(client, location, half, photo[half:])
     attachment_id = first.headers["Attachment-Id"]
     with engine.begin() as conn:  # the row as it was before the lost COMMIT
-        conn.execute(update(uploads).where(uploads.c.id == upload_id).values(upload_offset=half, attachment_id=None))
-    (storage_dir / resumable.part_key(upload_id, 0)).write_bytes(photo[:half])
+        names = conn.execute(update(uploads).where(uploads.c.id == upload_id).values(
+            upload_offset=half, attachment_id=None, parts=uploads.c.parts[1:1]).returning(uploads.c.parts)).scalar_one()
+    (storage_dir / resumable.parts_prefix(upload_id) / names[0]).write_bytes(photo[:half])
 
     retried = patch(client, location, half, photo[half:])
     assert retried.status_code == 204 and retried.headers["Attachment-Id"] == attachment_id
@@ -454,12 +504,35 @@ def test_an_expired_upload_is_gone_and_the_staging_cleanup_removes_its_bytes(cli
     assert len(parts(storage_dir)) == 5
     counts = cleanup.run_once()
     assert (counts["uploads_expired"], counts["parts_removed"]) == (1, 2)
-    assert parts(storage_dir) == [f"partial/{live.rsplit('/', 1)[1]}/{0:020d}"], "the live upload keeps its bytes"
+    kept, = parts(storage_dir)
+    assert kept.startswith(f"partial/{live.rsplit('/', 1)[1]}/{0:020d}."), "the live upload keeps its bytes"
     assert client.head(expiring, headers=TUS).status_code == 404
     assert client.head(live, headers=TUS).headers["Upload-Offset"] == "1000"
     assert client.head(finished.headers["Location"], headers=TUS).headers["Attachment-Id"] == \
         finished.headers["Attachment-Id"]
     assert count(engine, attachments) == 1
+
+
+def test_the_staging_cleanup_removes_a_part_no_row_names_once_the_offset_has_passed_it(client, services, engine,
+                                                                                     storage_dir, photo):
+    """A part whose PATCH never committed (its session ended, its answer lost) is named by no row: once the
+    upload's offset has passed it no PATCH writes there again, and the cleanup removes it within a round, not a day
+    later with the upload. The named part and one at the offset (a PATCH may be storing it) stay."""
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    send(client, location, photo[:1000], 1000)
+    named, = parts(storage_dir)
+    stale = resumable.part_key(upload_id, 0, uuid.uuid4().hex)
+    writing = resumable.part_key(upload_id, 1000, uuid.uuid4().hex)
+    services.storage.put_bytes(stale, b"a PATCH that lost its session")
+    services.storage.put_bytes(writing, b"a PATCH storing its part")
+
+    counts = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=3600)).run_once()
+    assert counts["parts_removed"] == 1
+    assert parts(storage_dir) == sorted([named, writing])
+    assert patch(client, location, 1000, photo[1000:]).status_code == 204
+    with engine.connect() as conn:
+        assert conn.execute(select(attachments.c.sha256)).scalar_one() == hashlib.sha256(photo).hexdigest()
 
 
 def test_the_expiry_index_serves_the_cleanup(engine):

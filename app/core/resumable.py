@@ -2,8 +2,10 @@
 
 An upload is a row in ``uploads`` (owner, ``Upload-Length``, how far it
 has got, its ``Upload-Metadata``, when it expires) and the bytes received
-so far, one storage object per accepted PATCH: ``partial/{upload_id}/{offset}``
-(the offset zero-padded to 20 digits). Every backend stores parts the same
+so far, one storage object per accepted PATCH:
+``partial/{upload_id}/{offset}.{token}`` (the offset zero-padded to 20
+digits, the token the PATCH's own), named in the row's ``parts`` in the
+transaction that moves its offset. Every backend stores parts the same
 way: each part is written atomically like any other object, so a process
 killed mid-PATCH never leaves half an append behind (a filesystem append
 would, and S3 cannot append at all), and the offset in the row moves only
@@ -11,11 +13,20 @@ after its part is stored.
 
 * **Append.** A PATCH's body is received first, then the row is locked
   (``SELECT … FOR UPDATE``), its offset compared with the PATCH's, the part
-  stored under that offset and the offset advanced, in that transaction.
-  Two PATCHes at the same offset therefore never both append: the second
-  finds the offset moved and gets ``409``. A part stored whose row update
-  never committed lies exactly where the next PATCH at that offset writes,
-  and is replaced by it, so the parts from offset 0 always chain.
+  stored under a key of its own and the offset advanced with the part's
+  name, in that transaction. Two PATCHes at the same offset therefore never
+  both append: the second finds the offset moved and gets ``409``. Only the
+  parts the row names are ever joined: a PATCH whose session ended while it
+  stored its part (a frozen machine, a failover: the row's lock went with
+  the session, and another PATCH took the offset and was answered ``204``)
+  stores it under its own key, which no committed row names, so it can
+  neither replace the acknowledged part nor be joined (an adversarial run:
+  when parts were keyed by their offset alone, the thawed PATCH's bytes
+  replaced the acknowledged part, and the upload was accepted spliced). A
+  part whose row update never committed is removed by its PATCH when the
+  outcome is clear, else with the upload, or by the staging cleanup once the
+  offset has passed it. Uploads created before migration 0024 (``parts``
+  NULL) keep parts keyed by their offset alone, as they were written.
 * **The last byte.** Under the same lock the parts are concatenated into a
   local spool and handed to :func:`app.core.intake.accept`, the durable
   handoff of ``POST /v1/attachments`` (verified, staged, job and outbox in
@@ -47,7 +58,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -82,8 +93,19 @@ def parts_prefix(upload_id: uuid.UUID) -> str:
     return f"{PREFIX}{upload_id}/"
 
 
-def part_key(upload_id: uuid.UUID, offset: int) -> str:
-    return f"{parts_prefix(upload_id)}{offset:020d}"
+def part_key(upload_id: uuid.UUID, offset: int, token: str | None = None) -> str:
+    """Where a part lies: by its offset and its PATCH's token (without a token: an upload from before 0024)."""
+    return f"{parts_prefix(upload_id)}{offset:020d}" + (f".{token}" if token is not None else "")
+
+
+def _part_name(key: str) -> tuple[uuid.UUID, int, str | None] | None:
+    """The upload, offset and token of a part's key; None for a key :func:`part_key` never makes."""
+    upload_id, _, name = key[len(PREFIX):].partition("/")
+    offset, dot, token = name.partition(".")
+    try:
+        return uuid.UUID(upload_id), int(offset), (token if dot else None)
+    except ValueError:
+        return None
 
 
 #: the Idempotency-Keys of resumable uploads' hand-offs; a client's key may not begin with it
@@ -112,6 +134,8 @@ class Upload:
     expires_at: datetime
     #: the whole upload's SHA-256 (hex) its creation's ``Repr-Digest`` promised, or None
     expected_sha256: str | None = None
+    #: the keys' last parts (``{offset}.{token}``) of the parts appended, in order; None: created before 0024
+    parts: tuple[str, ...] | None = ()
 
     @property
     def complete(self) -> bool:
@@ -121,7 +145,8 @@ class Upload:
     @classmethod
     def of(cls, row) -> "Upload":
         return cls(row.id, row.owner, row.upload_length, row.upload_offset, row.upload_metadata, row.filename,
-                   row.attachment_id, row.expires_at, row.expected_sha256)
+                   row.attachment_id, row.expires_at, row.expected_sha256,
+                   None if row.parts is None else tuple(row.parts))
 
 
 def create(services, *, owner: str, length: int, filename: str, metadata: str | None,
@@ -228,34 +253,49 @@ def _settle(services, upload: Upload) -> tuple[Upload, bool]:
 def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: intake.Received,
             spool: Callable[[], object], traceparent: str, tracestate: str | None, handed_off: list) -> Upload:
     refused: AttacheError | None = None
-    with transaction(services.engine) as conn:
-        upload = _visible(conn, upload_id, owner, lock=True)
-        if upload.complete and offset == upload.length and part.size == 0:
-            return upload  # a retried empty PATCH at the end: nothing to do
-        if upload.complete or offset != upload.offset:
-            raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")
-        if part.size > upload.length - offset:
-            raise UploadTooLarge(f"the PATCH goes past Upload-Length {upload.length}")
-        values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
-        try:
-            _check_first_bytes(services, upload, offset, part)
-            if offset + part.size == upload.length:  # refused before the parts are joined, probed and staged
-                pending.admit(conn, upload.owner, services.settings.max_pending_per_uploader)
-            if part.size:  # moved in where the store can (the spool was fsynced): a copy took the part's bytes
-                # twice on the disk at once, past the spool's floor (an adversarial run), and its time
-                services.storage.adopt_file(part_key(upload.id, offset), part.path)
-                values["upload_offset"] = offset + part.size
-            if values.get("upload_offset") == upload.length:
-                values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
-                handed_off.append(replace(upload, offset=upload.length, attachment_id=values["attachment_id"]))
-        except (PermanentError, UploadRejected) as exc:
-            if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
-                raise
-            conn.execute(delete(uploads).where(uploads.c.id == upload.id))
-            refused = exc
-        if refused is None:
-            upload = Upload.of(conn.execute(update(uploads).where(uploads.c.id == upload.id).values(**values)
-                                            .returning(uploads)).one())
+    stored: str | None = None  # the key of the part this PATCH stored under a token of its own
+    rolled_back = True  # until the block's last statement ran: an error before then is a clear rollback
+    try:
+        with transaction(services.engine) as conn:
+            upload = _visible(conn, upload_id, owner, lock=True)
+            if upload.complete and offset == upload.length and part.size == 0:
+                return upload  # a retried empty PATCH at the end: nothing to do
+            if upload.complete or offset != upload.offset:
+                raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")
+            if part.size > upload.length - offset:
+                raise UploadTooLarge(f"the PATCH goes past Upload-Length {upload.length}")
+            values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
+            try:
+                _check_first_bytes(services, upload, offset, part)
+                if offset + part.size == upload.length:  # refused before the parts are joined, probed and staged
+                    pending.admit(conn, upload.owner, services.settings.max_pending_per_uploader)
+                if part.size:  # moved in where the store can (the spool was fsynced): a copy took the part's bytes
+                    # twice on the disk at once, past the spool's floor (an adversarial run), and its time
+                    token = None if upload.parts is None else uuid.uuid4().hex
+                    key = part_key(upload.id, offset, token)
+                    services.storage.adopt_file(key, part.path)
+                    values["upload_offset"] = offset + part.size
+                    if token is not None:
+                        stored = key
+                        name = key[len(parts_prefix(upload.id)):]
+                        values["parts"] = func.array_append(uploads.c.parts, name)
+                        upload = replace(upload, parts=(*upload.parts, name))  # joined with the others below
+                if values.get("upload_offset") == upload.length:
+                    values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
+                    handed_off.append(replace(upload, offset=upload.length, attachment_id=values["attachment_id"]))
+            except (PermanentError, UploadRejected) as exc:
+                if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
+                    raise
+                conn.execute(delete(uploads).where(uploads.c.id == upload.id))
+                refused = exc
+            if refused is None:
+                upload = Upload.of(conn.execute(update(uploads).where(uploads.c.id == upload.id).values(**values)
+                                                .returning(uploads)).one())
+            rolled_back = False  # from here on an error is the COMMIT's own: the row may name the part
+    except BaseException:
+        if stored is not None and rolled_back and not handed_off:  # no row names it, nor ever will
+            _remove(services.storage, stored)
+        raise
     if refused is not None:
         log.info("upload %s refused at offset %d: %s", upload_id, offset, refused.error_code)
         _remove_parts(services.storage, upload_id)
@@ -297,18 +337,22 @@ def part_removable(engine: Engine, key: str) -> bool | None:
     """Whether the part at ``key`` is needed by no upload: True, False, or None for a key this module never wrote.
 
     A part is removable once its upload is gone (terminated, refused, forgotten)
-    or finished (its bytes are staged). An expired upload's parts go with the
+    or finished (its bytes are staged), and when its row does not name it though
+    the upload's offset has passed it (its PATCH's transaction never committed;
+    no PATCH writes there again). An expired upload's parts go with the
     upload, in :func:`forget_expired`.
     """
-    upload_id, _, offset = key[len(PREFIX):].partition("/")
-    try:
-        upload_id = uuid.UUID(upload_id)
-        int(offset)
-    except ValueError:
+    named = _part_name(key)
+    if named is None:
         return None
+    upload_id, offset, token = named
     with transaction(engine) as conn:
-        row = conn.execute(select(uploads.c.attachment_id).where(uploads.c.id == upload_id)).one_or_none()
-    return row is None or row.attachment_id is not None
+        row = conn.execute(select(uploads.c.attachment_id, uploads.c.upload_offset, uploads.c.parts)
+                           .where(uploads.c.id == upload_id)).one_or_none()
+    if row is None or row.attachment_id is not None:
+        return True
+    return token is not None and row.parts is not None and offset < row.upload_offset and \
+        key[len(parts_prefix(upload_id)):] not in row.parts
 
 
 # --- inside ---------------------------------------------------------------------------
@@ -374,17 +418,25 @@ def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent
 
 
 def _copy_parts(services, upload: Upload, sink) -> None:
-    """Write the chain of parts from offset 0 to the upload's length into ``sink``; :class:`PartsMissing` if broken."""
-    parts = {}
-    for info in services.storage.list_objects(parts_prefix(upload.id)):
-        with contextlib.suppress(ValueError):
-            parts[int(info.key.rsplit("/", 1)[1])] = info
+    """Write the chain of parts from offset 0 to the upload's length into ``sink``; :class:`PartsMissing` if broken.
+
+    The parts are those the row names (and the one this PATCH stored); an upload from before migration 0024 has
+    the parts its PATCHes left under their offsets."""
+    if upload.parts is None:
+        chain = {}
+        for info in services.storage.list_objects(parts_prefix(upload.id)):
+            named = _part_name(info.key)
+            if named is not None and named[2] is None:
+                chain[named[1]] = info.key
+    else:
+        chain = {int(name.partition(".")[0]): parts_prefix(upload.id) + name for name in upload.parts}
     position = 0
     while position < upload.length:
-        info = parts.get(position)
+        key = chain.get(position)
+        info = services.storage.stat(key) if key is not None else None
         if info is None or info.size == 0:
             raise PartsMissing(f"the upload's bytes from offset {position} are missing; start a new upload")
-        with contextlib.closing(services.storage.open_stream(info.key, chunk_size=COPY_CHUNK)) as stream:
+        with contextlib.closing(services.storage.open_stream(key, chunk_size=COPY_CHUNK)) as stream:
             for chunk in stream:
                 sink.write(chunk)
         position += info.size
@@ -400,3 +452,11 @@ def _remove_parts(storage: Storage, upload_id: uuid.UUID, *, quietly: bool = Tru
         if not quietly:
             raise
         log.warning("could not remove the parts of upload %s; the staging cleanup will", upload_id)
+
+
+def _remove(storage: Storage, key: str) -> None:
+    """Remove one part, quietly: one left is removed with its upload, or by the staging cleanup."""
+    try:
+        storage.delete(key)
+    except AttacheError:
+        log.warning("could not remove the part %s; the staging cleanup will", key)

@@ -379,6 +379,9 @@ uploads = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     # the whole upload's SHA-256 (hex) its creation's Repr-Digest promised, checked at the last byte (migration 0022)
     Column("expected_sha256", Text),
+    # the keys' last parts (``{offset}.{token}``) of the parts its committed PATCHes stored, in order; NULL for an
+    # upload created before migration 0024, whose parts are keyed by offset alone (app.core.resumable)
+    Column("parts", ARRAY(Text), server_default=text("'{}'")),
     CheckConstraint("upload_length > 0 AND upload_offset BETWEEN 0 AND upload_length",
                     name="uploads_offset_check"),
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
