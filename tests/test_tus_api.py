@@ -16,13 +16,14 @@ import threading
 import uuid
 
 import pytest
-from sqlalchemy import func, select, text, update
+from sqlalchemy import delete, func, select, text, update
 
 from app.adapters.postgres.models import (
     attachments,
     idempotency_keys,
     jobs,
     outbox,
+    upload_parts,
     uploads,
 )
 from app.core import resumable
@@ -466,10 +467,11 @@ def test_a_retried_last_patch_after_a_lost_answer_makes_no_second_attachment(cli
     send(client, location, photo[:half], 1 << 20)
     first = patch(client, location, half, photo[half:])
     attachment_id = first.headers["Attachment-Id"]
-    with engine.begin() as conn:  # the row as it was before the lost COMMIT
-        names = conn.execute(update(uploads).where(uploads.c.id == upload_id).values(
-            upload_offset=half, attachment_id=None, parts=uploads.c.parts[1:1]).returning(uploads.c.parts)).scalar_one()
-    (storage_dir / resumable.parts_prefix(upload_id) / names[0]).write_bytes(photo[:half])
+    with engine.begin() as conn:  # the rows as they were before the lost COMMIT
+        conn.execute(update(uploads).where(uploads.c.id == upload_id).values(upload_offset=half, attachment_id=None))
+        conn.execute(delete(upload_parts).where(upload_parts.c.upload_id == upload_id, upload_parts.c.offset > 0))
+        token = conn.execute(select(upload_parts.c.token)).scalar_one()
+    (storage_dir / resumable.part_key(upload_id, 0, token)).write_bytes(photo[:half])
 
     retried = patch(client, location, half, photo[half:])
     assert retried.status_code == 204 and retried.headers["Attachment-Id"] == attachment_id
@@ -511,6 +513,25 @@ def test_an_expired_upload_is_gone_and_the_staging_cleanup_removes_its_bytes(cli
     assert client.head(finished.headers["Location"], headers=TUS).headers["Attachment-Id"] == \
         finished.headers["Attachment-Id"]
     assert count(engine, attachments) == 1
+
+
+def test_an_upload_made_before_its_parts_were_named_is_finished_from_its_offset_keyed_parts(client, engine,
+                                                                                          storage_dir, photo):
+    """An upload whose first PATCHes an earlier release stored (parts keyed by offset alone, no upload_parts row)
+    goes on from where it was after the upgrade, and its bytes are joined whole."""
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    half = len(photo) // 2
+    with engine.begin() as conn:  # what an earlier release's PATCH left: the offset moved, the part under it
+        conn.execute(update(uploads).where(uploads.c.id == upload_id).values(upload_offset=half))
+    legacy = storage_dir / resumable.part_key(upload_id, 0)
+    legacy.parent.mkdir(parents=True)
+    legacy.write_bytes(photo[:half])
+    done = patch(client, location, half, photo[half:])
+    assert done.status_code == 204, done.json
+    with engine.connect() as conn:
+        assert conn.execute(select(attachments.c.sha256)).scalar_one() == hashlib.sha256(photo).hexdigest()
+    assert parts(storage_dir) == []
 
 
 def test_the_staging_cleanup_removes_a_part_no_row_names_once_the_offset_has_passed_it(client, services, engine,

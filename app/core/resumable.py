@@ -4,29 +4,30 @@ An upload is a row in ``uploads`` (owner, ``Upload-Length``, how far it
 has got, its ``Upload-Metadata``, when it expires) and the bytes received
 so far, one storage object per accepted PATCH:
 ``partial/{upload_id}/{offset}.{token}`` (the offset zero-padded to 20
-digits, the token the PATCH's own), named in the row's ``parts`` in the
-transaction that moves its offset. Every backend stores parts the same
-way: each part is written atomically like any other object, so a process
-killed mid-PATCH never leaves half an append behind (a filesystem append
-would, and S3 cannot append at all), and the offset in the row moves only
-after its part is stored.
+digits, the token the PATCH's own), named by a row of ``upload_parts`` in
+the transaction that moves the upload's offset. Every backend stores parts
+the same way: each part is written atomically like any other object, so a
+process killed mid-PATCH never leaves half an append behind (a filesystem
+append would, and S3 cannot append at all), and the offset in the row
+moves only after its part is stored.
 
 * **Append.** A PATCH's body is received first, then the row is locked
   (``SELECT … FOR UPDATE``), its offset compared with the PATCH's, the part
-  stored under a key of its own and the offset advanced with the part's
-  name, in that transaction. Two PATCHes at the same offset therefore never
-  both append: the second finds the offset moved and gets ``409``. Only the
-  parts the row names are ever joined: a PATCH whose session ended while it
-  stored its part (a frozen machine, a failover: the row's lock went with
-  the session, and another PATCH took the offset and was answered ``204``)
-  stores it under its own key, which no committed row names, so it can
-  neither replace the acknowledged part nor be joined (an adversarial run:
-  when parts were keyed by their offset alone, the thawed PATCH's bytes
-  replaced the acknowledged part, and the upload was accepted spliced). A
-  part whose row update never committed is removed by its PATCH when the
-  outcome is clear, else with the upload, or by the staging cleanup once the
-  offset has passed it. Uploads created before migration 0024 (``parts``
-  NULL) keep parts keyed by their offset alone, as they were written.
+  stored under a key of its own, named in ``upload_parts`` and the offset
+  advanced, in that transaction. Two PATCHes at the same offset therefore
+  never both append: the second finds the offset moved and gets ``409``.
+  Only the parts ``upload_parts`` names are ever joined: a PATCH whose
+  session ended while it stored its part (a frozen machine, a failover: the
+  row's lock went with the session, and another PATCH took the offset and
+  was answered ``204``) stores it under its own key, which no committed row
+  names, so it can neither replace the acknowledged part nor be joined (an
+  adversarial run: when parts were keyed by their offset alone, the thawed
+  PATCH's bytes replaced the acknowledged part, and the upload was accepted
+  spliced). A part no committed row names is removed by its PATCH when its
+  transaction clearly rolled back, else with the upload, or by the staging
+  cleanup once the offset has passed it. Uploads created before migration
+  0024 (bytes and no ``upload_parts`` rows) keep parts keyed by their offset
+  alone, as they were written.
 * **The last byte.** Under the same lock the parts are concatenated into a
   local spool and handed to :func:`app.core.intake.accept`, the durable
   handoff of ``POST /v1/attachments`` (verified, staged, job and outbox in
@@ -58,13 +59,13 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable
 
-from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from app.adapters import imaging
 from app.adapters.postgres.db import lock_not_available, transaction
-from app.adapters.postgres.models import uploads
+from app.adapters.postgres.models import upload_parts, uploads
 from app.adapters.storage import Storage
 from app.core import intake, pending
 from app.errors import (
@@ -134,8 +135,6 @@ class Upload:
     expires_at: datetime
     #: the whole upload's SHA-256 (hex) its creation's ``Repr-Digest`` promised, or None
     expected_sha256: str | None = None
-    #: the keys' last parts (``{offset}.{token}``) of the parts appended, in order; None: created before 0024
-    parts: tuple[str, ...] | None = ()
 
     @property
     def complete(self) -> bool:
@@ -145,8 +144,7 @@ class Upload:
     @classmethod
     def of(cls, row) -> "Upload":
         return cls(row.id, row.owner, row.upload_length, row.upload_offset, row.upload_metadata, row.filename,
-                   row.attachment_id, row.expires_at, row.expected_sha256,
-                   None if row.parts is None else tuple(row.parts))
+                   row.attachment_id, row.expires_at, row.expected_sha256)
 
 
 def create(services, *, owner: str, length: int, filename: str, metadata: str | None,
@@ -271,17 +269,15 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     pending.admit(conn, upload.owner, services.settings.max_pending_per_uploader)
                 if part.size:  # moved in where the store can (the spool was fsynced): a copy took the part's bytes
                     # twice on the disk at once, past the spool's floor (an adversarial run), and its time
-                    token = None if upload.parts is None else uuid.uuid4().hex
+                    token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
                     services.storage.adopt_file(key, part.path)
                     values["upload_offset"] = offset + part.size
                     if token is not None:
                         stored = key
-                        name = key[len(parts_prefix(upload.id)):]
-                        values["parts"] = func.array_append(uploads.c.parts, name)
-                        upload = replace(upload, parts=(*upload.parts, name))  # joined with the others below
+                        conn.execute(insert(upload_parts).values(upload_id=upload.id, offset=offset, token=token))
                 if values.get("upload_offset") == upload.length:
-                    values["attachment_id"] = _hand_off(services, upload, spool, traceparent, tracestate)
+                    values["attachment_id"] = _hand_off(services, conn, upload, spool, traceparent, tracestate)
                     handed_off.append(replace(upload, offset=upload.length, attachment_id=values["attachment_id"]))
             except (PermanentError, UploadRejected) as exc:
                 if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
@@ -337,22 +333,23 @@ def part_removable(engine: Engine, key: str) -> bool | None:
     """Whether the part at ``key`` is needed by no upload: True, False, or None for a key this module never wrote.
 
     A part is removable once its upload is gone (terminated, refused, forgotten)
-    or finished (its bytes are staged), and when its row does not name it though
-    the upload's offset has passed it (its PATCH's transaction never committed;
-    no PATCH writes there again). An expired upload's parts go with the
-    upload, in :func:`forget_expired`.
+    or finished (its bytes are staged), and when no row of ``upload_parts``
+    names it though the upload's offset has passed it (its PATCH's transaction
+    never committed; no PATCH writes there again). An expired upload's parts go
+    with the upload, in :func:`forget_expired`.
     """
     named = _part_name(key)
     if named is None:
         return None
     upload_id, offset, token = named
     with transaction(engine) as conn:
-        row = conn.execute(select(uploads.c.attachment_id, uploads.c.upload_offset, uploads.c.parts)
+        row = conn.execute(select(uploads.c.attachment_id, uploads.c.upload_offset, upload_parts.c.token)
+                           .select_from(uploads.outerjoin(upload_parts, (upload_parts.c.upload_id == uploads.c.id)
+                                                          & (upload_parts.c.offset == offset)))
                            .where(uploads.c.id == upload_id)).one_or_none()
     if row is None or row.attachment_id is not None:
         return True
-    return token is not None and row.parts is not None and offset < row.upload_offset and \
-        key[len(parts_prefix(upload_id)):] not in row.parts
+    return token is not None and offset < row.upload_offset and row.token != token
 
 
 # --- inside ---------------------------------------------------------------------------
@@ -396,12 +393,18 @@ def _check_first_bytes(services, upload: Upload, offset: int, part: intake.Recei
         imaging.claimed_family(fh.read(imaging.SNIFF_BYTES), services.limits)
 
 
-def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent: str,
+def _keyed_by_offset(conn, upload: Upload) -> bool:
+    """Whether the upload was made before migration 0024: it has bytes, and no row names its parts."""
+    return upload.offset > 0 and conn.execute(
+        select(upload_parts.c.offset).where(upload_parts.c.upload_id == upload.id).limit(1)).first() is None
+
+
+def _hand_off(services, conn, upload: Upload, spool: Callable[[], object], traceparent: str,
               tracestate: str | None) -> uuid.UUID:
     """Concatenate the parts and give them to the durable handoff of every upload; the attachment's id."""
     sink = spool()
     try:
-        _copy_parts(services, upload, sink)
+        _copy_parts(services.storage, _chain(conn, services.storage, upload), upload.length, sink)
         received = sink.finish()
     except BaseException:
         sink.discard()
@@ -417,30 +420,34 @@ def _hand_off(services, upload: Upload, spool: Callable[[], object], traceparent
     return accepted.attachment_id
 
 
-def _copy_parts(services, upload: Upload, sink) -> None:
-    """Write the chain of parts from offset 0 to the upload's length into ``sink``; :class:`PartsMissing` if broken.
+def _chain(conn, storage: Storage, upload: Upload) -> dict[int, str]:
+    """The key of the part at each offset: those ``upload_parts`` names (this PATCH's among them, in its
+    transaction); for an upload from before migration 0024, the parts its PATCHes left under their offsets."""
+    named = conn.execute(select(upload_parts.c.offset, upload_parts.c.token)
+                         .where(upload_parts.c.upload_id == upload.id)).all()
+    if named:
+        return {offset: part_key(upload.id, offset, token) for offset, token in named}
+    chain = {}
+    for key in storage.list_keys(parts_prefix(upload.id)):
+        part = _part_name(key)
+        if part is not None and part[2] is None:
+            chain[part[1]] = key
+    return chain
 
-    The parts are those the row names (and the one this PATCH stored); an upload from before migration 0024 has
-    the parts its PATCHes left under their offsets."""
-    if upload.parts is None:
-        chain = {}
-        for info in services.storage.list_objects(parts_prefix(upload.id)):
-            named = _part_name(info.key)
-            if named is not None and named[2] is None:
-                chain[named[1]] = info.key
-    else:
-        chain = {int(name.partition(".")[0]): parts_prefix(upload.id) + name for name in upload.parts}
+
+def _copy_parts(storage: Storage, chain: dict[int, str], length: int, sink) -> None:
+    """Write the chain of parts from offset 0 to ``length`` into ``sink``; :class:`PartsMissing` if broken."""
     position = 0
-    while position < upload.length:
+    while position < length:
         key = chain.get(position)
-        info = services.storage.stat(key) if key is not None else None
+        info = storage.stat(key) if key is not None else None
         if info is None or info.size == 0:
             raise PartsMissing(f"the upload's bytes from offset {position} are missing; start a new upload")
-        with contextlib.closing(services.storage.open_stream(key, chunk_size=COPY_CHUNK)) as stream:
+        with contextlib.closing(storage.open_stream(key, chunk_size=COPY_CHUNK)) as stream:
             for chunk in stream:
                 sink.write(chunk)
         position += info.size
-    if position != upload.length:
+    if position != length:
         raise PartsMissing("the upload's parts do not add up to its length; start a new upload")
 
 

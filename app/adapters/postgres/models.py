@@ -379,9 +379,6 @@ uploads = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     # the whole upload's SHA-256 (hex) its creation's Repr-Digest promised, checked at the last byte (migration 0022)
     Column("expected_sha256", Text),
-    # the keys' last parts (``{offset}.{token}``) of the parts its committed PATCHes stored, in order; NULL for an
-    # upload created before migration 0024, whose parts are keyed by offset alone (app.core.resumable)
-    Column("parts", ARRAY(Text), server_default=text("'{}'")),
     CheckConstraint("upload_length > 0 AND upload_offset BETWEEN 0 AND upload_length",
                     name="uploads_offset_check"),
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
@@ -389,6 +386,17 @@ uploads = Table(
 Index("uploads_expires_idx", uploads.c.expires_at)  # the staging cleanup: which uploads have expired?
 Index("uploads_open_owner_idx", uploads.c.owner,  # a creation: the uploader's unfinished uploads (migration 0023)
       postgresql_where=text("attachment_id IS NULL"))
+
+#: the part each committed PATCH of a resumable upload stored: ``partial/{upload_id}/{offset:020d}.{token}``
+#: (app.core.resumable; migration 0024). An upload with bytes and no row here was made before 0024: its parts are
+#: keyed by offset alone.
+upload_parts = Table(
+    "upload_parts",
+    metadata,
+    Column("upload_id", UUID(as_uuid=True), ForeignKey("uploads.id", ondelete="CASCADE"), primary_key=True),
+    Column("offset", BigInteger, primary_key=True),
+    Column("token", Text, nullable=False),
+)
 
 #: the one row whose ``last_sequence`` numbers the events, gapless and in commit order
 event_counter = Table(

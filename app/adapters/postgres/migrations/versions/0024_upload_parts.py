@@ -1,4 +1,4 @@
-"""uploads.parts: the parts a resumable upload's committed PATCHes stored, each under a key of its own
+"""upload_parts: the part each committed PATCH of a resumable upload stored, under a key of its own
 
 Parts were keyed by their offset alone, and the row's lock was all that
 kept two PATCHes from writing the same key. A PATCH whose session ended
@@ -6,11 +6,14 @@ while it stored its part (a frozen machine, a failover) lost the lock,
 another PATCH took the offset and was answered ``204``, and the first,
 thawed, replaced that part with its own bytes: the upload was accepted
 spliced, or lost (an adversarial run). Each part now has its PATCH's own
-token in its key, and the row names the parts its committed PATCHes
-stored; only those are joined.
+token in its key, and a row here names the part a committed PATCH
+stored at each offset (one row per offset: its primary key); only those
+are joined. A row a PATCH, not an array in the upload's row: an array
+is rewritten whole at each PATCH, quadratic in a client's many small
+ones.
 
-Uploads created before this revision keep ``parts`` NULL and their parts
-keyed by offset (the column's default applies to new rows only).
+Uploads created before this revision have bytes and no rows here: their
+parts stay keyed by offset alone.
 
 Revision ID: 0024
 Revises: 0023
@@ -27,9 +30,14 @@ depends_on = None
 
 
 def upgrade() -> None:
-    op.add_column("uploads", sa.Column("parts", postgresql.ARRAY(sa.Text()), nullable=True))
-    op.alter_column("uploads", "parts", server_default=sa.text("'{}'"))
+    op.create_table(
+        "upload_parts",
+        sa.Column("upload_id", postgresql.UUID(as_uuid=True), sa.ForeignKey("uploads.id", ondelete="CASCADE"),
+                  primary_key=True),
+        sa.Column("offset", sa.BigInteger(), primary_key=True),
+        sa.Column("token", sa.Text(), nullable=False),
+    )
 
 
 def downgrade() -> None:
-    op.drop_column("uploads", "parts")
+    op.drop_table("upload_parts")
