@@ -15,7 +15,7 @@ from app import errors
 #: exception classes defined elsewhere on purpose, and why
 NOT_ERRORS = {
     # a private signal inside intake (another request took the Idempotency-Key first), never raised out of it
-    "app.core.intake._LostRace",
+    "app.core.intake.LostRace",
     # a pika connection error raised and translated inside the RabbitMQ adapter
     "app.adapters.broker.rabbitmq.AnswerTimeout",
 }

@@ -183,7 +183,7 @@ def test_a_request_that_lost_the_race_for_its_key_returns_the_winner_even_at_the
             received.discard()
 
     upload(services, data_file(PHOTO))  # one of the uploader's two
-    look = intake._earlier
+    look = intake.earlier
     first = []
 
     def earlier_then_the_other_request_commits(*args):
@@ -193,7 +193,7 @@ def test_a_request_that_lost_the_race_for_its_key_returns_the_winner_even_at_the
             first[0] = accept("k")  # the winner, from start to COMMIT, between the loser's look and its own
         return found
 
-    monkeypatch.setattr(intake, "_earlier", earlier_then_the_other_request_commits)
+    monkeypatch.setattr(intake, "earlier", earlier_then_the_other_request_commits)
     second = accept("k")
     assert not first[0].replayed and second.attachment_id == first[0].attachment_id and second.replayed
 

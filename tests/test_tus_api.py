@@ -26,7 +26,7 @@ from app.adapters.postgres.models import (
     upload_parts,
     uploads,
 )
-from app.core import resumable
+from app.core import intake, resumable
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.conftest import OTHER_UPLOADER_TOKEN, authed
 from tests.filesystems import small_filesystem
@@ -289,33 +289,88 @@ def test_no_room_to_join_the_parts_is_a_503_that_keeps_the_upload(client, engine
     assert count(engine, attachments) == 1 and parts(storage_dir) == []
 
 
-def test_a_connection_lost_after_the_handoff_committed_still_answers_the_attachment(client, engine, storage_dir,
-                                                                                     photo, monkeypatch):
-    """The last byte's handoff commits the attachment on a connection of its own; the upload's row is updated on
-    the PATCH's. That connection lost in between (a failover, a pooler restarted) answered 503 though the attachment
-    was queued and became ready: a client that gave up was never told of it, and a retried creation-with-upload
-    made a second one (an adversarial run). Now the answer names the attachment and the row is brought up to date."""
-    real = resumable._hand_off
+def _end_the_patchs_session(engine) -> int:
+    """End the sessions idle in a transaction (the PATCH's, holding its row's lock): a failover, a frozen machine
+    whose session the server dropped."""
+    with engine.connect() as conn:
+        return conn.execute(text(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND state = 'idle in transaction' AND pid <> pg_backend_pid()")).scalar()
 
-    def hand_off_then_lose_the_connection(*args, **kwargs):
-        made = real(*args, **kwargs)
-        with engine.connect() as conn:  # the PATCH's transaction, waiting on its row lock for the COMMIT
-            conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-                              "current_database() AND state = 'idle in transaction' AND pid <> pg_backend_pid()"))
-        return made
 
-    monkeypatch.setattr(resumable, "_hand_off", hand_off_then_lose_the_connection)
+def test_a_connection_lost_in_the_last_patch_commits_nothing_and_its_retry_finishes_the_upload(
+        client, engine, storage_dir, photo, monkeypatch):
+    """The last byte's attachment, job and outbox row are written in the PATCH's own transaction: its connection
+    lost (a failover, a pooler restarted) leaves neither an attachment nor a completed upload, nor staged bytes,
+    and the client's retry finishes it. (When the handoff committed on a connection of its own, the row's update
+    could be lost after it; and a PATCH whose session had ended could make an attachment of bytes another PATCH's
+    204 had contradicted.)"""
+    real = intake.record
+
+    def lose_the_connection_then_record(conn, *args, **kwargs):
+        assert _end_the_patchs_session(engine) == 1
+        return real(conn, *args, **kwargs)
+
     location = create(client, len(photo)).headers["Location"]
     assert patch(client, location, 0, photo[:1000]).status_code == 204
-    last = patch(client, location, 1000, photo[1000:])  # before: 503 database_unavailable
-    assert last.status_code == 204, last.json
-    assert last.headers["Upload-Offset"] == str(len(photo)) and last.headers["Attachment-Id"]
-    settled = client.head(location, headers=TUS)
-    assert settled.headers["Upload-Offset"] == str(len(photo))
-    assert settled.headers["Attachment-Id"] == last.headers["Attachment-Id"] and parts(storage_dir) == []
-    whole = create(client, len(photo), data=photo, content_type=PART)  # creation-with-upload: before, 503, no Location
-    assert whole.status_code == 201 and whole.headers["Attachment-Id"] and whole.headers["Location"]
-    assert count(engine, attachments) == 2
+    monkeypatch.setattr(intake, "record", lose_the_connection_then_record)
+    lost = patch(client, location, 1000, photo[1000:])
+    assert lost.status_code == 503 and lost.json["error"] == "database_unavailable", lost.json
+    monkeypatch.undo()
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "1000"
+    assert count(engine, attachments) == 0 and not list((storage_dir / "staging").glob("*"))
+    assert len(parts(storage_dir)) == 1, "the acknowledged part stays; the lost PATCH's went with its rollback"
+    last = patch(client, location, 1000, photo[1000:])
+    assert last.status_code == 204 and last.headers["Attachment-Id"], last.json
+    assert client.head(location, headers=TUS).headers["Attachment-Id"] == last.headers["Attachment-Id"]
+    assert count(engine, attachments) == 1 and parts(storage_dir) == []
+
+
+def test_a_last_patch_that_lost_its_session_while_joining_makes_no_attachment(client, engine, storage_dir, photo,
+                                                                             monkeypatch):
+    """A last PATCH paused while it joins the parts (a frozen machine) whose session ends meanwhile has lost the
+    row's lock: another PATCH sends other bytes at its offset and is answered 204. Thawed, the last PATCH made an
+    attachment of its own bytes, contradicting that 204, and completed the upload past its offset (an adversarial
+    run), when its handoff committed in a transaction of its own. Now it commits nothing, and the upload goes on
+    from the 204's offset."""
+    first, second = 1000, 3000
+    location = create(client, len(photo)).headers["Location"]
+    assert patch(client, location, 0, photo[:first]).status_code == 204
+    paused, thaw = threading.Event(), threading.Event()
+    real = resumable._copy_parts
+
+    def pausing(*args, **kwargs):
+        if not paused.is_set():
+            paused.set()
+            assert thaw.wait(30)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(resumable, "_copy_parts", pausing)
+    other = photo[first:-2000] + bytes(255 - b for b in photo[-2000:-2]) + photo[-2:]  # an image still, other bytes
+    answers = {}
+    auth = {"Authorization": client.environ_base["HTTP_AUTHORIZATION"]}
+    thawed = threading.Thread(target=lambda: answers.setdefault(
+        "last", patch(client.application.test_client(), location, first, other, auth)))
+    thawed.start()
+    try:
+        assert paused.wait(30)
+        assert _end_the_patchs_session(engine) == 1
+        acknowledged = patch(client, location, first, photo[first:second])
+        assert acknowledged.status_code == 204, acknowledged.json
+    finally:
+        thaw.set()
+        thawed.join(30)
+    monkeypatch.undo()
+    assert answers["last"].status_code == 503, answers["last"].json
+    assert count(engine, attachments) == 0, "before: an attachment of the paused PATCH's bytes"
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(second)
+    done = patch(client, location, second, photo[second:])
+    assert done.status_code == 204, done.json
+    with engine.connect() as conn:
+        made = conn.execute(select(attachments.c.sha256, attachments.c.staging_key)).one()
+    assert made.sha256 == hashlib.sha256(photo).hexdigest()
+    assert parts(storage_dir) == [], "the paused PATCH's part and staged bytes went with its rollback"
+    assert [str(p.relative_to(storage_dir)) for p in (storage_dir / "staging").glob("*")] == [made.staging_key]
 
 
 def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,

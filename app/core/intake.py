@@ -20,7 +20,7 @@ Order matters and each step is a failure window:
 3. the message is published with a confirm and the row marked (window 3:
    an unconfirmed publish leaves the row unmarked; a duplicate is harmless);
    2 and 3 are one :class:`~app.core.unit_of_work.UnitOfWork`, which asks
-   :func:`_committed_after_all` when the COMMIT's outcome is unknown. The
+   :func:`committed_after_all` when the COMMIT's outcome is unknown. The
    web's unit of work hands the row to its background publisher
    (:mod:`app.core.background_publisher`) and returns at COMMIT: nothing
    after the COMMIT is needed for the work to survive;
@@ -79,11 +79,11 @@ class Accepted:
     replayed: bool = False
 
 
-class _LostRace(Exception):
+class LostRace(Exception):
     """Another request with the same Idempotency-Key committed first."""
 
 
-def _earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
+def earlier(services: Producer, owner: str, idempotency_key: str, sha256: str) -> Accepted | None:
     """The attachment an unexpired key already made, or None; a key reused for other bytes is refused."""
     ttl = interval(services.settings.idempotency_ttl_seconds)
     with transaction(services.engine) as conn:
@@ -111,7 +111,51 @@ def _claim_key(conn, services: Producer, owner: str, idempotency_key: str, sha25
         where=idempotency_keys.c.created_at <= func.now() - ttl,
     ).returning(idempotency_keys.c.principal)
     if conn.execute(statement).first() is None:
-        raise _LostRace()
+        raise LostRace()
+
+
+@dataclass(frozen=True)
+class Staged:
+    """An upload's bytes staged (step 1), under the id its attachment will have."""
+
+    attachment_id: uuid.UUID
+    key: str
+    info: imaging.ImageInfo
+
+
+def stage(services: ImageProducer, received: Received) -> Staged:
+    """Step 1: probe the header (refusals raise PermanentError), then stage the bytes (the spool was fsynced)."""
+    info = imaging.probe(received.path, services.limits)  # header only
+    attachment_id = uuid.uuid4()
+    key = pipeline.staging_key(attachment_id)
+    services.storage.adopt_file(key, received.path, content_type=info.content_type)
+    faults.point("after_staging")
+    return Staged(attachment_id, key, info)
+
+
+def record(conn, services: ImageProducer, staged: Staged, received: Received, *, filename: str, owner: str,
+           traceparent: str, tracestate: str | None, idempotency_key: str | None) -> uuid.UUID:
+    """Step 2, in the caller's transaction: the attachment, its key, its ``queued`` job and outbox message; the
+    job's id. Raises :class:`LostRace` when another transaction holds the Idempotency-Key."""
+    settings = services.settings
+    staging.lock(conn, staged.key)  # the staging cleanup cannot remove the bytes from here to COMMIT
+    if not staging.usable(conn, services.storage, staged.key):  # it did, or decided to, while this request was
+        raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
+    info = staged.info
+    conn.execute(_ATTACHMENT, dict(
+        id=staged.attachment_id, owner=owner, filename=filename, content_type=info.content_type,
+        format=info.format, size=received.size, sha256=received.sha256, width=info.width,
+        height=info.height, staging_key=staged.key))
+    if idempotency_key is not None:
+        _claim_key(conn, services, owner, idempotency_key, received.sha256, staged.attachment_id)
+    # 429 when the uploader has its fill; after the key, so a request that lost the race for it returns the
+    # winner's attachment rather than a refusal the winner's COMMIT caused
+    pending.admit(conn, owner, settings.max_pending_per_uploader)
+    job_id, _ = states.create_job(
+        conn, attachment_id=staged.attachment_id, pipeline_version=settings.pipeline_version,
+        max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
+        actor=f"web:{owner}")
+    return job_id
 
 
 def accept(services: ImageProducer, received: Received, *, filename: str, owner: str, traceparent: str,
@@ -125,72 +169,58 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
     """
     settings = services.settings
     if idempotency_key is not None:
-        earlier = _earlier(services, owner, idempotency_key, received.sha256)
-        if earlier is not None:
-            return earlier
-    info = imaging.probe(received.path, services.limits)  # header only; refusals raise PermanentError
-    attachment_id = uuid.uuid4()
-    key = pipeline.staging_key(attachment_id)
-    services.storage.adopt_file(key, received.path, content_type=info.content_type)  # the spool was fsynced
-    faults.point("after_staging")
+        found = earlier(services, owner, idempotency_key, received.sha256)
+        if found is not None:
+            return found
+    staged = stage(services, received)
     committing = False
 
     def landed(error: Exception) -> bool:
-        return _committed_after_all(services, attachment_id, key, error)
+        return committed_after_all(services, staged, error)
 
     try:
-        with services.unit_of_work.begin(after_commit=_window_2, landed=landed, behind=True) as work:
-            conn = work.conn
-            staging.lock(conn, key)  # the staging cleanup cannot remove the bytes from here to COMMIT
-            if not staging.usable(conn, services.storage, key):  # it did, or decided to, while this request was
-                raise StorageUnavailable("the staged upload was removed while the request waited; retry")  # paused
-            conn.execute(_ATTACHMENT, dict(
-                id=attachment_id, owner=owner, filename=filename, content_type=info.content_type,
-                format=info.format, size=received.size, sha256=received.sha256, width=info.width,
-                height=info.height, staging_key=key))
-            if idempotency_key is not None:
-                _claim_key(conn, services, owner, idempotency_key, received.sha256, attachment_id)
-            # 429 when the uploader has its fill; after the key, so a request that lost the race for it returns the
-            # winner's attachment rather than a refusal the winner's COMMIT caused
-            pending.admit(conn, owner, settings.max_pending_per_uploader)
-            job_id, _ = states.create_job(
-                conn, attachment_id=attachment_id, pipeline_version=settings.pipeline_version,
-                max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
-                actor=f"web:{owner}")
+        with services.unit_of_work.begin(after_commit=window_2, landed=landed, behind=True) as work:
+            job_id = record(work.conn, services, staged, received, filename=filename, owner=owner,
+                            traceparent=traceparent, tracestate=tracestate, idempotency_key=idempotency_key)
             committing = True  # every statement succeeded: an error from here on is the COMMIT's own
-    except _LostRace:
-        _forget_staging(services, key)
-        earlier = _earlier(services, owner, idempotency_key, received.sha256)
-        if earlier is None:  # pragma: no cover - the winner committed before we looked
+    except LostRace:
+        forget_staging(services, staged.key)
+        found = earlier(services, owner, idempotency_key, received.sha256)
+        if found is None:  # pragma: no cover - the winner committed before we looked
             raise DatabaseUnavailable("the upload could not be recorded; retry")
-        return earlier
+        return found
     except Exception as exc:
-        if committing:  # the COMMIT failed and no row is to be seen: never remove bytes a row may point at
-            raise DatabaseUnavailable("the upload's outcome is unknown; retry with the same "
-                                      "Idempotency-Key") from exc
-        else:  # a clear rollback: no row was committed, so the staged bytes go too
-            _forget_staging(services, key)
-            if isinstance(exc, DatabaseUnavailable):
-                raise
-            if isinstance(exc, SQLAlchemyError):
-                raise DatabaseUnavailable("the upload could not be recorded") from exc
+        error = unrecorded(services, staged, exc, committing)
+        if error is exc:
             raise
+        raise error from exc
     except BaseException:  # interrupted: an interrupted COMMIT may have landed, so staging stays then
         if not committing:
-            _forget_staging(services, key)
+            forget_staging(services, staged.key)
         raise
-    log.info("upload accepted", extra={"attachment_id": str(attachment_id), "job_id": str(job_id),
+    log.info("upload accepted", extra={"attachment_id": str(staged.attachment_id), "job_id": str(job_id),
                                        "size": received.size})
-    return Accepted(attachment_id, job_id, settings.pipeline_version)
+    return Accepted(staged.attachment_id, job_id, settings.pipeline_version)
 
 
-def _window_2() -> None:
+def unrecorded(services: ImageProducer, staged: Staged, exc: Exception, committing: bool) -> Exception:
+    """The error to raise for an upload whose transaction failed; its staged bytes removed if no row can point at
+    them. ``committing``: every statement had succeeded, so the error is the COMMIT's own."""
+    if committing:  # the COMMIT failed and no row is to be seen: never remove bytes a row may point at
+        return DatabaseUnavailable("the upload's outcome is unknown; retry with the same Idempotency-Key")
+    forget_staging(services, staged.key)  # a clear rollback: no row was committed, so the staged bytes go too
+    if isinstance(exc, SQLAlchemyError) and not isinstance(exc, AttacheError):
+        return DatabaseUnavailable("the upload could not be recorded")
+    return exc
+
+
+def window_2() -> None:
     """Between the upload's COMMIT and its publish: the fault points of window 2."""
     faults.point("during_commit")  # raises, as a COMMIT whose answer was lost
     faults.point("after_commit")  # kills: committed, nothing published
 
 
-def _committed_after_all(services: Database, attachment_id: uuid.UUID, key: str, error: BaseException) -> bool:
+def committed_after_all(services: Database, staged: Staged, error: BaseException) -> bool:
     """After an error raised by COMMIT, look whether the rows landed; the staged object stays either way.
 
     True only when a fresh connection sees the attachment row (the handoff
@@ -200,15 +230,16 @@ def _committed_after_all(services: Database, attachment_id: uuid.UUID, key: str,
     after its grace period.
     """
     log.warning("the upload's COMMIT failed with an unknown outcome (%s); staged object %s left to the "
-                "staging cleanup", error, key, extra={"attachment_id": str(attachment_id)})
+                "staging cleanup", error, staged.key, extra={"attachment_id": str(staged.attachment_id)})
     try:
         with transaction(services.engine) as conn:
-            return conn.execute(select(attachments.c.id).where(attachments.c.id == attachment_id)).first() is not None
+            return conn.execute(select(attachments.c.id).where(attachments.c.id == staged.attachment_id)
+                                ).first() is not None
     except (AttacheError, SQLAlchemyError):
         return False
 
 
-def _forget_staging(services: ImageProducer, key: str) -> None:
+def forget_staging(services: ImageProducer, key: str) -> None:
     try:
         services.storage.delete(key)
     except AttacheError:

@@ -29,14 +29,20 @@ moves only after its part is stored.
   0024 (bytes and no ``upload_parts`` rows) keep parts keyed by their offset
   alone, as they were written.
 * **The last byte.** Under the same lock the parts are concatenated into a
-  local spool and handed to :func:`app.core.intake.accept`, the durable
-  handoff of ``POST /v1/attachments`` (verified, staged, job and outbox in
-  one transaction), with the Idempotency-Key ``tus:{upload_id}``: if the
-  process dies after that handoff committed but before the row says so,
-  the client's retry of the last PATCH returns the same attachment instead
-  of a second one. Then the row records ``attachment_id`` and the parts
-  are removed. An upload whose bytes are refused (not an image attache
-  processes, a bomb…) is terminated with the refusal.
+  local spool, which goes through the durable handoff of ``POST
+  /v1/attachments`` (:func:`app.core.intake.stage`: probed, staged;
+  :func:`app.core.intake.record`: attachment, job and outbox row) in the
+  PATCH's own transaction, with the row's ``attachment_id``: the upload is
+  complete, with its attachment, or nothing of the last PATCH is. A last
+  PATCH whose session ended while it joined (its lock gone, another PATCH
+  since answered ``204`` at its offset) commits nothing: when the handoff
+  committed in a transaction of its own, such a PATCH made an attachment of
+  bytes that ``204`` had contradicted (an adversarial run). The
+  Idempotency-Key ``tus:{upload_id}`` is still claimed: an upload whose
+  handoff an earlier release committed apart from its row is settled with
+  that attachment, not given a second. Then the parts are removed. An upload
+  whose bytes are refused (not an image attache processes, a bomb…) is
+  terminated with the refusal.
 * **The first bytes.** A first part that holds the upload's first
   ``SNIFF_BYTES`` (64) is checked for an accepted image format's magic
   bytes before it is stored: something else is refused (``415
@@ -211,50 +217,37 @@ def append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: int
     at ``offset``; the refusals of the handoff (``PermanentError``, ``UploadRejected``)
     terminate the upload and are raised again, but for a retryable one (``SpoolUnavailable``: no room
     to join the parts right now; ``TooManyPending``: the uploader has its fill of uploads still being processed),
-    which leaves the upload at ``offset``: the client's retry of the PATCH
-    resumes it, and the part it stored is written again under the same key.
+    which leaves the upload at ``offset``: the client's retry of the PATCH resumes it.
     """
-    handed_off: list[Upload] = []  # the upload as its committed handoff left it, whatever becomes of this transaction
-    try:
-        upload, settled = _append(services, upload_id, owner=owner, offset=offset, part=part, spool=spool,
-                                  traceparent=traceparent, tracestate=tracestate, handed_off=handed_off), True
-    except DatabaseUnavailable:
-        if not handed_off:
-            raise
-        # The handoff committed on its own connection and this one was lost after it: the attachment exists and
-        # is queued, so the upload is done and the answer says so. A 503 here left a client that gave up never
-        # told of an attachment that became ready, and a retried creation-with-upload made a second one (an
-        # adversarial run: the connection ended between the handoff and this COMMIT).
-        log.warning("upload %s handed off; the connection recording it was lost", upload_id,
-                    extra={"attachment_id": str(handed_off[0].attachment_id)})
-        upload, settled = _settle(services, handed_off[0])
-    if upload.complete and settled:
+    upload = _append(services, upload_id, owner=owner, offset=offset, part=part, spool=spool,
+                     traceparent=traceparent, tracestate=tracestate)
+    if upload.complete:
         log.info("upload %s complete", upload_id, extra={"attachment_id": str(upload.attachment_id)})
         _remove_parts(services.storage, upload_id)
     return upload
 
 
-def _settle(services, upload: Upload) -> tuple[Upload, bool]:
-    """Record ``upload`` (complete) in its row; whether that was done. Not done (the database is gone again), the
-    parts stay: the client's retry of the last PATCH joins them again and the handoff's Idempotency-Key finds the
-    same attachment, or the upload expires with them."""
-    try:
-        with transaction(services.engine) as conn:
-            row = conn.execute(update(uploads).where(uploads.c.id == upload.id).values(
-                upload_offset=upload.length, attachment_id=upload.attachment_id, updated_at=_now(conn),
-                expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one_or_none()
-    except DatabaseUnavailable:
-        return upload, False
-    return (Upload.of(row), True) if row is not None else (upload, False)
-
-
 def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: intake.Received,
-            spool: Callable[[], object], traceparent: str, tracestate: str | None, handed_off: list) -> Upload:
+            spool: Callable[[], object], traceparent: str, tracestate: str | None) -> Upload:
+    """The PATCH in one transaction, the last byte's attachment, job and outbox row among its writes: a PATCH whose
+    session ended (its row's lock with it) commits nothing. The attachment was once recorded in a transaction of
+    its own, and a last PATCH paused in its join after its session ended made one of bytes another PATCH's ``204``
+    had contradicted, and completed the upload over that PATCH's offset (an adversarial run)."""
     refused: AttacheError | None = None
     stored: str | None = None  # the key of the part this PATCH stored under a token of its own
+    staged: list[intake.Staged] = []  # the last byte's bytes, staged
     rolled_back = True  # until the block's last statement ran: an error before then is a clear rollback
+
+    def landed(error: Exception) -> bool:  # the COMMIT's outcome unknown: its attachment row is the witness
+        return bool(staged) and intake.committed_after_all(services, staged[0], error)
+
+    def after_commit() -> None:
+        if staged:
+            intake.window_2()
+
     try:
-        with transaction(services.engine) as conn:
+        with services.unit_of_work.begin(after_commit=after_commit, landed=landed, behind=True) as work:
+            conn = work.conn
             upload = _visible(conn, upload_id, owner, lock=True)
             if upload.complete and offset == upload.length and part.size == 0:
                 return upload  # a retried empty PATCH at the end: nothing to do
@@ -277,26 +270,68 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                         stored = key
                         conn.execute(insert(upload_parts).values(upload_id=upload.id, offset=offset, token=token))
                 if values.get("upload_offset") == upload.length:
-                    values["attachment_id"] = _hand_off(services, conn, upload, spool, traceparent, tracestate)
-                    handed_off.append(replace(upload, offset=upload.length, attachment_id=values["attachment_id"]))
+                    whole = _join(services, conn, upload, spool)
+                    try:
+                        if upload.expected_sha256 is not None and whole.sha256 != upload.expected_sha256:
+                            raise DigestMismatch("the upload's bytes do not match the Repr-Digest its creation sent")
+                        staged.append(intake.stage(services, whole))
+                    finally:
+                        whole.discard()
             except (PermanentError, UploadRejected) as exc:
                 if exc.retryable:  # the web's temporary directory is full: the upload stays where it was, to resume
                     raise
                 conn.execute(delete(uploads).where(uploads.c.id == upload.id))
                 refused = exc
             if refused is None:
+                if staged:
+                    intake.record(conn, services, staged[0], whole, filename=upload.filename, owner=upload.owner,
+                                  traceparent=traceparent, tracestate=tracestate,
+                                  idempotency_key=handoff_key(upload.id))
+                    values["attachment_id"] = staged[0].attachment_id
                 upload = Upload.of(conn.execute(update(uploads).where(uploads.c.id == upload.id).values(**values)
                                                 .returning(uploads)).one())
-            rolled_back = False  # from here on an error is the COMMIT's own: the row may name the part
-    except BaseException:
-        if stored is not None and rolled_back and not handed_off:  # no row names it, nor ever will
-            _remove(services.storage, stored)
+            rolled_back = False  # from here on an error is the COMMIT's own: its rows may have landed
+    except intake.LostRace:  # an earlier handoff of this upload committed apart from its row (an earlier release)
+        _forget(services, stored, staged)
+        found = intake.earlier(services, upload.owner, handoff_key(upload.id), whole.sha256)
+        if found is None:  # pragma: no cover - it committed, so it is there
+            raise DatabaseUnavailable("the upload could not be recorded; retry") from None
+        return _settle(services, replace(upload, offset=upload.length, attachment_id=found.attachment_id))
+    except Exception as exc:
+        if rolled_back:
+            _forget(services, stored, [])
+        if staged:  # the staged bytes go with a clear rollback; an unknown COMMIT keeps them for the cleanup
+            error = intake.unrecorded(services, staged[0], exc, committing=not rolled_back)
+            if error is not exc:
+                raise error from exc
+        raise
+    except BaseException:  # interrupted: an interrupted COMMIT may have landed, so what it names stays then
+        if rolled_back:
+            _forget(services, stored, staged)
         raise
     if refused is not None:
         log.info("upload %s refused at offset %d: %s", upload_id, offset, refused.error_code)
         _remove_parts(services.storage, upload_id)
         raise refused
     return upload
+
+
+def _forget(services, stored: str | None, staged: list) -> None:
+    """What a PATCH whose transaction rolled back wrote to storage: no row names it, nor ever will."""
+    if stored is not None:
+        _remove(services.storage, stored)
+    for each in staged:
+        intake.forget_staging(services, each.key)
+
+
+def _settle(services, upload: Upload) -> Upload:
+    """Record ``upload`` (complete) in its row. Not done (the database is gone again): the client's retry of the
+    last PATCH finds the same attachment by the handoff's Idempotency-Key, or the upload expires."""
+    with transaction(services.engine) as conn:
+        row = conn.execute(update(uploads).where(uploads.c.id == upload.id).values(
+            upload_offset=upload.length, attachment_id=upload.attachment_id, updated_at=_now(conn),
+            expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one_or_none()
+    return Upload.of(row) if row is not None else upload
 
 
 def terminate(services, upload_id: uuid.UUID, owner: str) -> None:
@@ -399,25 +434,15 @@ def _keyed_by_offset(conn, upload: Upload) -> bool:
         select(upload_parts.c.offset).where(upload_parts.c.upload_id == upload.id).limit(1)).first() is None
 
 
-def _hand_off(services, conn, upload: Upload, spool: Callable[[], object], traceparent: str,
-              tracestate: str | None) -> uuid.UUID:
-    """Concatenate the parts and give them to the durable handoff of every upload; the attachment's id."""
+def _join(services, conn, upload: Upload, spool: Callable[[], object]) -> intake.Received:
+    """The parts concatenated into a spool, received as a POST's body is."""
     sink = spool()
     try:
         _copy_parts(services.storage, _chain(conn, services.storage, upload), upload.length, sink)
-        received = sink.finish()
+        return sink.finish()
     except BaseException:
         sink.discard()
         raise
-    try:
-        if upload.expected_sha256 is not None and received.sha256 != upload.expected_sha256:
-            raise DigestMismatch("the upload's bytes do not match the Repr-Digest its creation sent")
-        accepted = intake.accept(services, received, filename=upload.filename, owner=upload.owner,
-                                 traceparent=traceparent, tracestate=tracestate,
-                                 idempotency_key=handoff_key(upload.id))
-    finally:
-        received.discard()
-    return accepted.attachment_id
 
 
 def _chain(conn, storage: Storage, upload: Upload) -> dict[int, str]:
