@@ -14,6 +14,7 @@ from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.services import Services
 from scheduler.counter_fold import CounterFold
+from scheduler.embedded_database import EmbeddedDatabase, EmbeddedDatabaseConfig
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
@@ -36,7 +37,9 @@ class Sweeper:
 def sweepers(services: Services) -> list[Sweeper]:
     settings = services.settings
     engine, storage = services.engine, services.storage
-    return [
+    kept = [Sweeper(EmbeddedDatabase(settings.data_dir), EmbeddedDatabaseConfig().interval_seconds)] \
+        if settings.embedded_database else []
+    return kept + [
         Sweeper(OutboxRelay(services.publisher,
                             OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
                 settings.outbox_interval_seconds),

@@ -7,7 +7,9 @@ the OS user ``pgserver``) and stops the server it starts.
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -17,6 +19,7 @@ import uuid
 import sqlalchemy as sa
 
 from app.adapters.postgres import embedded
+from tests.processes import wait_for
 
 
 def forget_this_process() -> None:
@@ -90,3 +93,39 @@ def test_processes_that_start_together_on_a_fresh_server_all_get_the_database():
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         admin.dispose()
+
+
+def test_a_server_killed_while_attache_runs_is_started_again_by_the_scheduler():
+    """``kill -9`` of the embedded postmaster (the OOM killer) left every process up and unable to reach it, until
+    someone ran ``attache db upgrade`` (an adversarial run). The scheduler's round starts it again, on the URL every
+    process holds."""
+    from scheduler.embedded_database import EmbeddedDatabase
+
+    data_dir = tempfile.mkdtemp(prefix="attache-killed-server-")
+    try:
+        url = embedded.start(data_dir)
+        keeper = EmbeddedDatabase(data_dir)
+        assert keeper.run_once() == {"started": 0}
+        postmaster = int((embedded.pgdata(data_dir) / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        wait_for(lambda: not embedded.running(data_dir), timeout=10, message="the postmaster to die")
+        rounds = []
+
+        def a_round():  # as the scheduler runs it: a round that fails (the dead server's lock file not yet
+            try:        # stale) is logged, and the next one tries again
+                rounds.append(keeper.run_once())
+            except Exception as exc:
+                rounds.append(exc)
+            return embedded.running(data_dir)
+
+        wait_for(a_round, timeout=30, interval=0.5, message="the scheduler to start the server again")
+        assert rounds[-1] == {"started": 1}, rounds
+        engine = sa.create_engine(url)  # the URL the processes hold
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+        engine.dispose()
+        assert keeper.run_once() == {"started": 0}
+    finally:
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)

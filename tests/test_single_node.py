@@ -106,6 +106,22 @@ def test_make_up_with_nothing_running_takes_an_upload_to_ready(newcomer_root, da
         assert default_port_connections(make.pid) == []
         assert (newcomer_root / "var" / "pgdata" / "PG_VERSION").exists(), "the data lives under ATTACHE_DATA_DIR"
         assert embedded.running(str(newcomer_root / "var"))
+
+        # the server killed (kill -9, the OOM killer): the scheduler starts it again and every process reconnects;
+        # before, they all stayed up without it until someone ran `attache db upgrade`
+        postmaster = int((newcomer_root / "var" / "pgdata" / "postmaster.pid").read_text().split()[0])
+        os.kill(postmaster, signal.SIGKILL)
+        wait_for(lambda: not embedded.running(str(newcomer_root / "var")), timeout=10, message="the postmaster to die")
+        wait_for(lambda: embedded.running(str(newcomer_root / "var")), timeout=30, interval=0.5,
+                 message=f"the scheduler to start the server again: {output()[-3000:]}")
+        with open(data_file("photos/chelsea.jpg"), "rb") as fh:
+            again = wait_for(lambda: (lambda r: r if r.status_code == 202 else None)(session.post(
+                url + "/v1/attachments", files={"file": ("chelsea.jpg", fh.seek(0) or fh)}, timeout=30)),
+                timeout=30, interval=0.5, message="an upload accepted again")
+        status = wait_for(lambda: (lambda s: s if s["state"] in ("ready", "failed") else None)(
+            session.get(f"{url}/v1/attachments/{again.json()['id']}", timeout=10).json()),
+            timeout=60, interval=0.2, message="the upload after the restart to end")
+        assert status["state"] == "ready", status
     finally:
         # honcho starts each process in a session of its own: kill the whole tree, not only make's group
         with contextlib.suppress(psutil.NoSuchProcess):

@@ -16,6 +16,10 @@ process still stops the server. A ``postmaster.pid`` left by a crash is
 stale unless its pid is a PostgreSQL on this data directory (the pid may
 have been reused by another process): :func:`running` says no, ``attache db
 stop`` signals nobody, and :func:`start` removes the file and starts the server.
+A server killed while attache runs is started again by the scheduler
+(``scheduler/embedded_database.py``); before, every process stayed up,
+unable to reach it, until someone ran ``attache db upgrade`` (an
+adversarial run).
 
 Run as root, pgserver runs the server as an OS user of its own
 (``pgserver``), which it creates on first use.
@@ -115,6 +119,20 @@ def _forget_stale_postmaster(directory: Path) -> None:
     pid_file = directory / "postmaster.pid"
     if pid_file.exists() and _postmaster(directory) is None:
         pid_file.unlink(missing_ok=True)
+
+
+def start_again(data_dir: str) -> str:
+    """Start the embedded server if it is down (killed, OOM), though this process started or found it before: its
+    URL, the same socket as before, so every process's pool reconnects to it."""
+    directory = pgdata(data_dir)
+    module = _server_module()
+    server = module.PostgresServer._instances.get(directory)  # noqa: SLF001 - pgserver's handle of this process
+    if server is None or directory not in _urls:  # this process never started it, nor found it running
+        return start(data_dir)
+    with module.PostgresServer._lock:  # noqa: SLF001
+        _forget_stale_postmaster(directory)
+        server.ensure_postgres_running()  # pg_ctl start, on the data directory and socket it had
+    return _urls[directory]
 
 
 def running(data_dir: str) -> bool:
