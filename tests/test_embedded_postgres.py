@@ -7,6 +7,7 @@ the OS user ``pgserver``) and stops the server it starts.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import threading
 import uuid
+from pathlib import Path
 
 import sqlalchemy as sa
 
@@ -126,6 +128,33 @@ def test_a_server_killed_while_attache_runs_is_started_again_by_the_scheduler():
         engine.dispose()
         assert keeper.run_once() == {"started": 0}
     finally:
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_first_start_killed_while_initdb_runs_leaves_nothing_the_next_start_trips_on():
+    """pgserver runs initdb in the data directory and skips it once PG_VERSION is there, which initdb writes first:
+    a first start killed during initdb left a data directory every later start failed on ("database "postgres" does
+    not exist", or "in recovery mode" for good), and only removing it by hand helped (an adversarial run)."""
+    data_dir = tempfile.mkdtemp(prefix="attache-killed-initdb-")
+    first = subprocess.Popen([sys.executable, "-c", "import sys; from app.adapters.postgres import embedded; "
+                              "embedded.start(sys.argv[1])", data_dir], start_new_session=True,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: any(Path(data_dir).rglob("PG_VERSION")), timeout=30, interval=0.005,
+                 message="initdb to begin")
+        os.killpg(first.pid, signal.SIGKILL)  # the process and its initdb
+        first.wait(10)
+        url = embedded.start(data_dir)
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT count(*) FROM pg_database WHERE datname = 'postgres'")).scalar() == 1
+        engine.dispose()
+        assert not embedded.pgdata(data_dir).with_name("pgdata.initdb").exists()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(first.pid, signal.SIGKILL)
         embedded.stop(data_dir)
         forget_this_process()
         shutil.rmtree(data_dir, ignore_errors=True)

@@ -19,7 +19,9 @@ stop`` signals nobody, and :func:`start` removes the file and starts the server.
 A server killed while attache runs is started again by the scheduler
 (``scheduler/embedded_database.py``); before, every process stayed up,
 unable to reach it, until someone ran ``attache db upgrade`` (an
-adversarial run).
+adversarial run). A data directory is made beside its place and moved in
+once ``initdb`` is done (:func:`_initialize`): a first start killed during
+``initdb`` leaves nothing a later start trips on.
 
 Run as root, pgserver runs the server as an OS user of its own
 (``pgserver``), which it creates on first use.
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from pathlib import Path
 from urllib.parse import quote
@@ -88,6 +91,8 @@ def start(data_dir: str) -> str:
         if directory.exists():
             _forget_dead_pids(directory)
             _forget_stale_postmaster(directory)
+        if not (directory / "PG_VERSION").exists() and _empty_or_missing(directory):
+            _initialize(module, directory)
     server = module.get_server(directory, cleanup_mode="stop")
     socket_dir = server.get_postmaster_info().socket_dir
     base = f"postgresql://postgres@/%s?host={quote(str(socket_dir), safe='/')}"
@@ -96,6 +101,35 @@ def start(data_dir: str) -> str:
     ensure_database(base % DATABASE)
     _urls[directory] = base % DATABASE
     return _urls[directory]
+
+
+def _empty_or_missing(directory: Path) -> bool:
+    return not directory.exists() or not any(directory.iterdir())
+
+
+def _initialize(module, directory: Path) -> None:
+    """``initdb`` into a directory beside ``directory``, moved in place once whole.
+
+    pgserver runs ``initdb`` in the data directory itself and skips it once
+    ``PG_VERSION`` is there, which ``initdb`` writes first: a first start
+    killed while it ran (a power cut on a newcomer's first ``make up``) left
+    a data directory no later start could use or repair ("database
+    "postgres" does not exist", or "in recovery mode" for good; an
+    adversarial run). What a killed ``initdb`` leaves here is removed by the
+    next start.
+    """
+    fresh = directory.with_name(directory.name + ".initdb")
+    shutil.rmtree(fresh, ignore_errors=True)
+    fresh.mkdir()
+    module.PostgresServer(fresh, cleanup_mode=None).ensure_pgdata_inited()  # initdb, as the server's OS user
+    if directory.exists():
+        directory.rmdir()  # empty
+    os.rename(fresh, directory)
+    descriptor = os.open(directory.parent, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
 
 
 def _postmaster(directory: Path) -> int | None:
