@@ -326,6 +326,29 @@ def test_a_connection_lost_in_the_last_patch_commits_nothing_and_its_retry_finis
     assert count(engine, attachments) == 1 and parts(storage_dir) == []
 
 
+def test_a_creation_with_upload_whose_database_went_away_keeps_the_upload_and_says_where_it_is(
+        client, engine, storage_dir, photo, monkeypatch):
+    """A creation-with-upload of the whole file whose transaction's outcome is unknown (its COMMIT's answer lost, the
+    database gone a while) was answered 503 with no Location and the upload cancelled: its attachment, made after
+    all, was one the client could never learn of, and its retry made a second (an adversarial run). Now the 503
+    names the upload, whose HEAD says where it stands: here its connection was lost before the COMMIT, so nothing
+    of it landed, and the client finishes it."""
+    real = intake.record
+
+    def lose_the_connection_then_record(conn, *args, **kwargs):
+        assert _end_the_patchs_session(engine) == 1
+        return real(conn, *args, **kwargs)
+
+    monkeypatch.setattr(intake, "record", lose_the_connection_then_record)
+    lost = create(client, len(photo), data=photo, content_type=PART)
+    monkeypatch.undo()
+    assert lost.status_code == 503 and lost.headers.get("Location"), (lost.status_code, dict(lost.headers))
+    assert client.head(lost.headers["Location"], headers=TUS).headers["Upload-Offset"] == "0"
+    done = patch(client, lost.headers["Location"], 0, photo)
+    assert done.status_code == 204 and done.headers["Attachment-Id"], done.json
+    assert count(engine, attachments) == 1 and count(engine, uploads) == 1
+
+
 def test_a_last_patch_that_lost_its_session_while_joining_makes_no_attachment(client, engine, storage_dir, photo,
                                                                              monkeypatch):
     """A last PATCH paused while it joins the parts (a frozen machine) whose session ends meanwhile has lost the

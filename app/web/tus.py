@@ -48,6 +48,7 @@ from werkzeug.http import http_date
 from app.core import filenames, resumable
 from app.errors import (
     ChecksumMismatch,
+    DatabaseUnavailable,
     IncompleteBody,
     OffsetMismatch,
     PermanentError,
@@ -170,6 +171,13 @@ def create():
                 raise
             response = refusal(exc)
             response.headers.update({**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
+            return response
+        except DatabaseUnavailable as exc:  # the upload is kept, and named: its COMMIT may have landed unseen
+            # (the answer lost, the database gone a while), and an upload cancelled then, or answered without its
+            # Location, left an attachment the client could never learn of, and its retry made a second (an
+            # adversarial run). HEAD on the Location says where the upload stands, and what it made.
+            response = refusal(exc)
+            response.headers.update(headers)
             return response
         except Exception:
             _forget(upload)  # a refusal carries no Location: nobody could reach the upload again

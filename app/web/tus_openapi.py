@@ -147,7 +147,12 @@ def paths() -> dict:
                                             "arrived (without a checksum); resume it here."),
                         "Upload-Offset": _header("With `incomplete_body`: where to resume.",
                                                  {"type": "string", "pattern": "^[0-9]+$"})}},
-                    **UNAUTHORIZED, **VERSION, **UNAVAILABLE,
+                    **UNAUTHORIZED, **VERSION,
+                    "503": {**UNAVAILABLE["503"], "headers": {
+                        **UNAVAILABLE["503"]["headers"],
+                        "Location": _header("With `database_unavailable` and a body: the upload was made and is kept "
+                                            "(its body's outcome may be unknown); HEAD here says where it stands and "
+                                            "what it made.")}},
                 },
             },
         },
