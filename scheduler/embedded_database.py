@@ -5,7 +5,8 @@ that needs the database starts an embedded server, and every process keeps its U
 afterwards (``kill -9``, the OOM killer) was never started again: web, worker and scheduler stayed up,
 answering ``503`` and retrying, until someone ran ``attache db upgrade`` (an adversarial run). Each
 round looks for the server's postmaster and, if there is none, starts it again on the same data directory
-and socket; every process's pool then reconnects on its own. Not built outside single-node mode.
+and socket; every process's pool then reconnects on its own. A server stopped on purpose (``attache db
+stop``, which empties the list of processes using it) stays stopped. Not built outside single-node mode.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class EmbeddedDatabase:
         self.data_dir = data_dir
 
     def run_once(self) -> dict[str, int]:
-        if embedded.running(self.data_dir):
+        if embedded.running(self.data_dir) or not embedded.in_use(self.data_dir):  # stopped on purpose
             return {"started": 0}
         log.warning("the embedded PostgreSQL of %s is not running: starting it again", embedded.pgdata(self.data_dir))
         embedded.start_again(self.data_dir)

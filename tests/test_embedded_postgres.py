@@ -127,6 +127,8 @@ def test_a_server_killed_while_attache_runs_is_started_again_by_the_scheduler():
             assert conn.execute(sa.text("SELECT 1")).scalar() == 1
         engine.dispose()
         assert keeper.run_once() == {"started": 0}
+        assert embedded.stop(data_dir)  # attache db stop: stopped on purpose, it stays stopped
+        assert keeper.run_once() == {"started": 0} and not embedded.running(data_dir)
     finally:
         embedded.stop(data_dir)
         forget_this_process()

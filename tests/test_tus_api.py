@@ -612,6 +612,23 @@ def test_an_upload_made_before_its_parts_were_named_is_finished_from_its_offset_
     assert parts(storage_dir) == []
 
 
+def test_a_part_an_earlier_release_stored_in_a_new_upload_is_joined(client, engine, storage_dir, photo):
+    """While a deploy replaces the webs, an earlier release's web may take a PATCH of an upload a new one made: it
+    stores its part under the offset alone and names it nowhere. The new web's last PATCH joins it with the named
+    ones (before: "bytes missing", and the upload was ended)."""
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    first, second = 1000, 3000
+    assert patch(client, location, 0, photo[:first]).status_code == 204
+    with engine.begin() as conn:  # what the earlier release's PATCH left: the offset moved, its part under it
+        conn.execute(update(uploads).where(uploads.c.id == upload_id).values(upload_offset=second))
+    (storage_dir / resumable.part_key(upload_id, first)).write_bytes(photo[first:second])
+    done = patch(client, location, second, photo[second:])
+    assert done.status_code == 204, done.json
+    with engine.connect() as conn:
+        assert conn.execute(select(attachments.c.sha256)).scalar_one() == hashlib.sha256(photo).hexdigest()
+
+
 def test_the_staging_cleanup_removes_a_part_no_row_names_once_the_offset_has_passed_it(client, services, engine,
                                                                                      storage_dir, photo):
     """A part whose PATCH never committed (its session ended, its answer lost) is named by no row: once the

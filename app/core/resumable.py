@@ -447,16 +447,16 @@ def _join(services, conn, upload: Upload, spool: Callable[[], object]) -> intake
 
 def _chain(conn, storage: Storage, upload: Upload) -> dict[int, str]:
     """The key of the part at each offset: those ``upload_parts`` names (this PATCH's among them, in its
-    transaction); for an upload from before migration 0024, the parts its PATCHes left under their offsets."""
-    named = conn.execute(select(upload_parts.c.offset, upload_parts.c.token)
-                         .where(upload_parts.c.upload_id == upload.id)).all()
-    if named:
-        return {offset: part_key(upload.id, offset, token) for offset, token in named}
+    transaction), and at any other offset a part keyed by the offset alone: an upload from before migration 0024,
+    or a PATCH an earlier release's web stored while a deploy replaced the webs."""
     chain = {}
     for key in storage.list_keys(parts_prefix(upload.id)):
         part = _part_name(key)
         if part is not None and part[2] is None:
             chain[part[1]] = key
+    named = conn.execute(select(upload_parts.c.offset, upload_parts.c.token)
+                         .where(upload_parts.c.upload_id == upload.id)).all()
+    chain.update({offset: part_key(upload.id, offset, token) for offset, token in named})
     return chain
 
 

@@ -166,6 +166,10 @@ def create():
         except IncompleteBody as exc:  # the upload was made: without its Location the client could not resume it
             try:
                 upload = resumable.find(_services(), upload.id, upload.owner)
+            except DatabaseUnavailable as lost:  # kept and named, as below: HEAD says where to resume
+                response = refusal(lost)
+                response.headers.update(headers)
+                return response
             except Exception:
                 _forget(upload)
                 raise

@@ -91,7 +91,7 @@ def start(data_dir: str) -> str:
         if directory.exists():
             _forget_dead_pids(directory)
             _forget_stale_postmaster(directory)
-        if not (directory / "PG_VERSION").exists() and _empty_or_missing(directory):
+        if not directory.exists():  # (an existing directory, perhaps a mount point, is left to pgserver)
             _initialize(module, directory)
     server = module.get_server(directory, cleanup_mode="stop")
     socket_dir = server.get_postmaster_info().socket_dir
@@ -101,10 +101,6 @@ def start(data_dir: str) -> str:
     ensure_database(base % DATABASE)
     _urls[directory] = base % DATABASE
     return _urls[directory]
-
-
-def _empty_or_missing(directory: Path) -> bool:
-    return not directory.exists() or not any(directory.iterdir())
 
 
 def _initialize(module, directory: Path) -> None:
@@ -120,10 +116,11 @@ def _initialize(module, directory: Path) -> None:
     """
     fresh = directory.with_name(directory.name + ".initdb")
     shutil.rmtree(fresh, ignore_errors=True)
+    if fresh.exists():
+        raise RuntimeError(f"{fresh} is left from a first start killed during initdb, and cannot be removed by "
+                           "this user: remove it, then start again")
     fresh.mkdir()
     module.PostgresServer(fresh, cleanup_mode=None).ensure_pgdata_inited()  # initdb, as the server's OS user
-    if directory.exists():
-        directory.rmdir()  # empty
     os.rename(fresh, directory)
     descriptor = os.open(directory.parent, os.O_RDONLY)
     try:
@@ -167,6 +164,15 @@ def start_again(data_dir: str) -> str:
         _forget_stale_postmaster(directory)
         server.ensure_postgres_running()  # pg_ctl start, on the data directory and socket it had
     return _urls[directory]
+
+
+def in_use(data_dir: str) -> bool:
+    """Whether a live process still uses the server (pgserver's list; ``attache db stop`` empties it)."""
+    try:
+        pids = json.loads((pgdata(data_dir) / ".handle_pids.json").read_text() or "[]")
+    except (OSError, ValueError):
+        return False
+    return any(_alive(pid) for pid in pids)
 
 
 def running(data_dir: str) -> bool:

@@ -13,7 +13,9 @@ is rewritten whole at each PATCH, quadratic in a client's many small
 ones.
 
 Uploads created before this revision have bytes and no rows here: their
-parts stay keyed by offset alone.
+parts stay keyed by offset alone, and a part an earlier release's web
+stores meanwhile is joined too (``docs/deploy.md``: upgrade every web and
+scheduler soon after this revision).
 
 Revision ID: 0024
 Revises: 0023
