@@ -130,7 +130,8 @@ def test_windows_2_and_3_commit_survives_a_dead_producer(deployment, engine, sto
     wait_for(relayed, timeout=20, message="the scheduler to publish and mark the abandoned row")
 
 
-@pytest.mark.parametrize("fault", ["after_object_write", "after_result_commit"])
+@pytest.mark.parametrize("fault", [  # window 5 on this path (7-15 s) in make soak: make test proves it on the default
+    "after_object_write", pytest.param("after_result_commit", marks=pytest.mark.long)])  # path (inspect makes all)
 def test_windows_4_and_5_worker_dies_around_the_result(deployment, engine, storage_dir, data_file, fault):
     deployment.start("web")
     deployment.start("scheduler")

@@ -146,8 +146,8 @@ def test_measured_peak_of_the_hostile_file_stays_under_its_price(data_file, tmp_
 # --- libwebp's own files ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("method", [0, 4, 6])
-@pytest.mark.parametrize("kind", ["photo", "screenshot"])
+@pytest.mark.parametrize("method", [0, 4, pytest.param(6, marks=pytest.mark.long)])  # 6: 4-11 s an encode, in make
+@pytest.mark.parametrize("kind", ["photo", "screenshot"])                            # soak
 def test_lossless_webps_from_libwebp_are_accepted_and_priced_within_the_budget(tmp_path, kind, method) -> None:
     img = photo((2000, 1500)) if kind == "photo" else screenshot()
     path = tmp_path / f"{kind}_{method}.webp"

@@ -407,8 +407,9 @@ def test_steps_that_live_through_a_spell_longer_than_their_lease_are_not_charged
     assert charged == [] and attempts == [1] * len(accepted), (charged, attempts)
 
 
-@pytest.mark.parametrize("one_step", [  # 16-17 s each: the second in make soak (the marker's 15 s)
-    pytest.param(True, id="one step"), pytest.param(False, id="a render message per variant", marks=pytest.mark.long)])
+@pytest.mark.parametrize("one_step", [  # 16-17 s each: both in make soak (the marker's 15 s)
+    pytest.param(True, id="one step", marks=pytest.mark.long),
+    pytest.param(False, id="a render message per variant", marks=pytest.mark.long)])
 def test_a_full_storage_disk_that_outlasts_the_retry_budget_costs_no_attempt(env, tmp_path, engine, data_file,
                                                                               one_step):
     """Storage full (ENOSPC) as the worker writes the variants: each try cost the job an attempt, the managed
