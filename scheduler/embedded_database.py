@@ -12,17 +12,14 @@ stop``, which empties the list of processes using it) stays stopped. Not built o
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 from app.adapters.postgres import embedded
 
 log = logging.getLogger("attache.scheduler.embedded_database")
 
 
-@dataclass(frozen=True)
-class EmbeddedDatabaseConfig:
-    #: how often the scheduler looks (seconds): how long single-node mode stays without its database at most
-    interval_seconds: float = 5.0
+#: how often the scheduler looks (seconds): how long single-node mode stays without its database at most
+INTERVAL_SECONDS = 5.0
 
 
 class EmbeddedDatabase:

@@ -13,8 +13,8 @@ from app.core import states
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.services import Services
+from scheduler import embedded_database
 from scheduler.counter_fold import CounterFold
-from scheduler.embedded_database import EmbeddedDatabase, EmbeddedDatabaseConfig
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
@@ -37,7 +37,7 @@ class Sweeper:
 def sweepers(services: Services) -> list[Sweeper]:
     settings = services.settings
     engine, storage = services.engine, services.storage
-    kept = [Sweeper(EmbeddedDatabase(settings.data_dir), EmbeddedDatabaseConfig().interval_seconds)] \
+    kept = [Sweeper(embedded_database.EmbeddedDatabase(settings.data_dir), embedded_database.INTERVAL_SECONDS)] \
         if settings.embedded_database else []
     return kept + [
         Sweeper(OutboxRelay(services.publisher,

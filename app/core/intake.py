@@ -209,7 +209,7 @@ def unrecorded(services: ImageProducer, staged: Staged, exc: Exception, committi
     if committing:  # the COMMIT failed and no row is to be seen: never remove bytes a row may point at
         return DatabaseUnavailable("the upload's outcome is unknown; retry with the same Idempotency-Key")
     forget_staging(services, staged.key)  # a clear rollback: no row was committed, so the staged bytes go too
-    if isinstance(exc, SQLAlchemyError) and not isinstance(exc, AttacheError):
+    if isinstance(exc, SQLAlchemyError):
         return DatabaseUnavailable("the upload could not be recorded")
     return exc
 

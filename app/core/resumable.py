@@ -72,7 +72,7 @@ from sqlalchemy.exc import OperationalError
 from app.adapters import imaging
 from app.adapters.postgres.db import lock_not_available, transaction
 from app.adapters.postgres.models import upload_parts, uploads
-from app.adapters.storage import Storage
+from app.adapters.storage import ObjectInfo, Storage
 from app.core import intake, pending
 from app.errors import (
     AttacheError,
@@ -445,30 +445,30 @@ def _join(services, conn, upload: Upload, spool: Callable[[], object]) -> intake
         raise
 
 
-def _chain(conn, storage: Storage, upload: Upload) -> dict[int, str]:
-    """The key of the part at each offset: those ``upload_parts`` names (this PATCH's among them, in its
-    transaction), and at any other offset a part keyed by the offset alone: an upload from before migration 0024,
-    or a PATCH an earlier release's web stored while a deploy replaced the webs."""
-    chain = {}
-    for key in storage.list_keys(parts_prefix(upload.id)):
+def _chain(conn, storage: Storage, upload: Upload) -> dict[int, ObjectInfo | None]:
+    """The part at each offset, from one listing: those ``upload_parts`` names (this PATCH's among them, in its
+    transaction; None for one not in storage), and at any other offset a part keyed by the offset alone: an upload
+    from before migration 0024, or a PATCH an earlier release's web stored while a deploy replaced the webs."""
+    listed = {info.key: info for info in storage.list_objects(parts_prefix(upload.id))}
+    chain: dict[int, ObjectInfo | None] = {}
+    for key, info in listed.items():
         part = _part_name(key)
         if part is not None and part[2] is None:
-            chain[part[1]] = key
+            chain[part[1]] = info
     named = conn.execute(select(upload_parts.c.offset, upload_parts.c.token)
                          .where(upload_parts.c.upload_id == upload.id)).all()
-    chain.update({offset: part_key(upload.id, offset, token) for offset, token in named})
+    chain.update({offset: listed.get(part_key(upload.id, offset, token)) for offset, token in named})
     return chain
 
 
-def _copy_parts(storage: Storage, chain: dict[int, str], length: int, sink) -> None:
+def _copy_parts(storage: Storage, chain: dict[int, ObjectInfo | None], length: int, sink) -> None:
     """Write the chain of parts from offset 0 to ``length`` into ``sink``; :class:`PartsMissing` if broken."""
     position = 0
     while position < length:
-        key = chain.get(position)
-        info = storage.stat(key) if key is not None else None
+        info = chain.get(position)
         if info is None or info.size == 0:
             raise PartsMissing(f"the upload's bytes from offset {position} are missing; start a new upload")
-        with contextlib.closing(storage.open_stream(key, chunk_size=COPY_CHUNK)) as stream:
+        with contextlib.closing(storage.open_stream(info.key, chunk_size=COPY_CHUNK)) as stream:
             for chunk in stream:
                 sink.write(chunk)
         position += info.size

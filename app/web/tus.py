@@ -167,22 +167,16 @@ def create():
             try:
                 upload = resumable.find(_services(), upload.id, upload.owner)
             except DatabaseUnavailable as lost:  # kept and named, as below: HEAD says where to resume
-                response = refusal(lost)
-                response.headers.update(headers)
-                return response
+                return _named(lost, headers)
             except Exception:
                 _forget(upload)
                 raise
-            response = refusal(exc)
-            response.headers.update({**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
-            return response
+            return _named(exc, {**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
         except DatabaseUnavailable as exc:  # the upload is kept, and named: its COMMIT may have landed unseen
             # (the answer lost, the database gone a while), and an upload cancelled then, or answered without its
             # Location, left an attachment the client could never learn of, and its retry made a second (an
             # adversarial run). HEAD on the Location says where the upload stands, and what it made.
-            response = refusal(exc)
-            response.headers.update(headers)
-            return response
+            return _named(exc, headers)
         except Exception:
             _forget(upload)  # a refusal carries no Location: nobody could reach the upload again
             raise
@@ -247,6 +241,13 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
         raise IncompleteBody(f"the body ended early; the {part.size} bytes that arrived were kept: resume at "
                              f"Upload-Offset {upload.offset}")
     return upload
+
+
+def _named(exc, headers: dict[str, str]) -> Response:
+    """The refusal of a creation whose upload is kept, with the headers that name it."""
+    response = refusal(exc)
+    response.headers.update(headers)
+    return response
 
 
 def _forget(upload: resumable.Upload) -> None:

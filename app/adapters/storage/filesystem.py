@@ -96,7 +96,7 @@ class FilesystemStorage(Storage):
                 if exc.errno != errno.EXDEV:
                     raise
                 return self.put_file(key, path, content_type=content_type)
-            _fsync_dir(target.parent)
+            fsync_dir(target.parent)
         return ObjectInfo(key, size)
 
     def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> ObjectInfo:
@@ -135,7 +135,7 @@ class FilesystemStorage(Storage):
                 os.unlink(path)
             except _MISSING:
                 return False
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return True
 
     # --- reading -----------------------------------------------------------
@@ -309,7 +309,7 @@ class FilesystemStorage(Storage):
             except BaseException:
                 _unlink_quietly(tmp)
                 raise
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         return ObjectInfo(key, size)
 
     def _in_directory(self, directory: Path, place: Callable[[], T]) -> T:
@@ -337,7 +337,7 @@ class FilesystemStorage(Storage):
                 os.mkdir(new)
             except FileExistsError:
                 continue
-            _fsync_dir(new.parent)
+            fsync_dir(new.parent)
 
     @contextlib.contextmanager
     def _errors(self, op: str, key: str) -> Iterator[None]:
@@ -379,7 +379,7 @@ def _clone(src: BinaryIO, dst: BinaryIO) -> int:
     return copied + _copy_chunks(src, dst)
 
 
-def _fsync_dir(directory: Path) -> None:
+def fsync_dir(directory: Path) -> None:
     """Make a directory's entries (a rename, link, unlink or mkdir) durable."""
     fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     try:
