@@ -8,7 +8,7 @@ import subprocess
 import uuid
 
 import pytest
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, insert, select, text, update
 
 from app.adapters.postgres.models import attachments, jobs, outbox
 from app.core import pipeline, states
@@ -58,10 +58,13 @@ def test_backfill_killed_mid_run_is_resumed_without_doubles(env, engine):
     first.wait(timeout=30)
     made, _, _ = v2_counts(engine)
     assert 0 < made < COUNT, f"killed mid-run ({made} of {COUNT})"
-    second = backfill(env, "--batch", "50")
+    second = backfill(env, "--batch", "50", "--reason", "resumed after the kill")
     out, err = second.communicate(timeout=120)
     assert second.returncode == 0, err
     assert v2_counts(engine) == (COUNT, 1, COUNT), "every attachment once, one message each"
+    with engine.connect() as conn:
+        reasons = conn.execute(text("SELECT reason FROM audit_log ORDER BY id")).scalars().all()
+    assert reasons[0] == "backfill to version 2" and reasons[-1] == "resumed after the kill", reasons
 
 
 def test_two_backfills_at_once_create_each_job_once(env, engine):

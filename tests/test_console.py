@@ -108,6 +108,15 @@ def test_operator_token_logs_in_and_the_session_never_holds_the_token(app):
     assert dashboard.headers["Content-Security-Policy"] == CSP
 
 
+def test_logout_ends_every_copy_of_the_session(app):
+    client = signed_in(app)
+    copy = app.test_client()
+    copy.set_cookie("session", client.get_cookie("session").value)
+    assert client.post("/ops/logout", data={"csrf_token": csrf_of(client.get("/ops").text)}).status_code == 303
+    assert copy.get("/ops").status_code == 302, "a copy of the cookie outlived the logout"
+    assert copy.get("/v1/ops/jobs").status_code == 401
+
+
 def test_wrong_token_is_401_and_uploader_token_is_403(app):
     client = app.test_client()
     wrong = login(client, "not-a-valid-token")

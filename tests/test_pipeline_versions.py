@@ -15,7 +15,7 @@ from PIL import Image
 from sqlalchemy import func, select, text
 
 from app.adapters.imaging import VariantSpec
-from app.adapters.postgres.models import audit_log, jobs, outbox, variants
+from app.adapters.postgres.models import audit_log, job_history, jobs, outbox, variants
 from app.config import Settings
 from app.core import backfill, operations, pipeline, states
 from app.core.workflow import Workflow
@@ -237,16 +237,20 @@ def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_servic
     ops = authed(app, OPERATOR_TOKEN)
     estimate = ops.post("/v1/ops/pipelines/2/backfill", json={"dry_run": True}).json
     assert estimate["candidates"] == 2 and 0 < estimate["seconds_per_job"] < 60, estimate
-    with caplog.at_level(logging.INFO, logger="attache.backfill"):
-        done = ops.post("/v1/ops/pipelines/2/backfill", json={"batch": 1})
+    assert ops.post("/v1/ops/pipelines/2/backfill", json={"reason": 7}).status_code == 400
+    with caplog.at_level(logging.INFO, logger="attache.backfill"):  # the operator's reason (an adversarial run:
+        done = ops.post("/v1/ops/pipelines/2/backfill",  # it was dropped for "backfill to version 2")
+                        json={"batch": 1, "reason": "webp for the gallery, ticket 42"})
     assert done.status_code == 200 and done.json["created"] == 2, done.json
     with engine.connect() as conn:
         made = set(map(str, conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).scalars()))
-        rows = conn.execute(select(audit_log.c.actor, audit_log.c.action, audit_log.c.target,
+        rows = conn.execute(select(audit_log.c.actor, audit_log.c.action, audit_log.c.target, audit_log.c.reason,
                                    audit_log.c.details).order_by(audit_log.c.id)).all()
-    assert [(r.action, r.target, r.actor.startswith("backfill:operator:")) for r in rows] == \
-        [("pipeline.backfill", "pipeline:2", True)] * 2, "one row per batch"
+        histories = set(conn.execute(select(job_history.c.reason).where(job_history.c.job_id.in_(made))).scalars())
+    assert [(r.action, r.target, r.actor.startswith("backfill:operator:"), r.reason) for r in rows] == \
+        [("pipeline.backfill", "pipeline:2", True, "webp for the gallery, ticket 42")] * 2, "one row per batch"
     assert {job for r in rows for job in r.details["jobs"]} == made and len(made) == 2
+    assert histories == {"webp for the gallery, ticket 42"}
 
 
 def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_services, app, engine, data_file,

@@ -8,8 +8,9 @@ import re
 import pytest
 from sqlalchemy import func, select
 
-from app.adapters.postgres.models import attachments, uploads
+from app.adapters.postgres.models import attachments, ended_sessions, uploads
 from app.config import Settings
+from app.core.auth import Token
 from app.web import create_app
 from app.web.page import limit_in_mb
 from tests.conftest import OPERATOR_TOKEN, OTHER_UPLOADER_TOKEN, UPLOADER_TOKEN, authed
@@ -191,6 +192,35 @@ def test_revoking_the_token_ends_the_session_for_the_api_and_the_page(app, data_
     assert 'id="sign-in"' in client.get("/").text
 
 
+def test_replacing_the_token_ends_the_sessions_it_signed_in(app):
+    """The principal keeps its name and role with a new token: a session signed in with the old one is refused
+    (an adversarial run: the old token's bearer got 401 and its console cookie kept full powers)."""
+    client = signed_in(app, OPERATOR_TOKEN)
+    assert client.get("/v1/ops/outbox").status_code == 200
+    app.extensions["attache_tokens"] = tuple(
+        Token("a-new-token-of-olga", t.identity) if t.secret == OPERATOR_TOKEN else t
+        for t in app.extensions["attache_tokens"])
+    assert client.get("/v1/ops/outbox").status_code == 401
+    assert 'id="sign-in"' in client.get("/").text
+    assert signed_in(app, "a-new-token-of-olga").get("/v1/ops/outbox").status_code == 200
+
+
+def test_a_copy_of_the_cookie_is_refused_once_its_session_signed_out(app, engine):
+    client = signed_in(app, OPERATOR_TOKEN)
+    copy = app.test_client()
+    copy.set_cookie("session", client.get_cookie("session").value)
+    assert copy.get("/v1/ops/outbox").status_code == 200
+    page = client.get("/")
+    assert client.post("/sign-out", data={"csrf_token": csrf_field(page.text)}).status_code == 303
+    assert client.get("/v1/ops/outbox").status_code == 401
+    assert copy.get("/v1/ops/outbox").status_code == 401, "the copy outlived the sign-out"
+    assert 'id="sign-in"' in copy.get("/").text
+    other = signed_in(app, OPERATOR_TOKEN)
+    assert other.get("/v1/ops/outbox").status_code == 200, "a new sign-in of the same principal is not ended"
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(ended_sessions)).scalar() == 1
+
+
 def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     dev = {k: v for k, v in env.items() if k != "ATTACHE_API_TOKENS"}
@@ -202,6 +232,16 @@ def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, 
         assert (session["principal"], session["role"]) == ("dev", "operator")
     remote = app.test_client().get("/", environ_base={"REMOTE_ADDR": "10.1.2.3"})
     assert remote.status_code == 200 and 'id="sign-in"' in remote.text, "only the local user is signed in"
+    for host in ("localhost:8000", "127.0.0.1:8000", "[::1]:8000", "LOCALHOST"):
+        assert 'id="principal">dev<' in app.test_client().get("/", headers={"Host": host}).text, host
+    # a page of another site whose name resolves to 127.0.0.1 (DNS rebinding) reaches the server from this machine
+    # with its own name: it must not be signed in as the operator (an adversarial run purged a DLQ that way)
+    for host in ("attacker.example:8000", "attacker.example", "localhost.attacker.example", "[::1"):
+        rebound = app.test_client()
+        page = rebound.get("/", headers={"Host": host})
+        assert 'id="sign-in"' in page.text, host
+        assert rebound.get("/ops/login", headers={"Host": host}).status_code == 200, host
+        assert rebound.get("/v1/ops/jobs", headers={"Host": host}).status_code == 401, host
     app.extensions["attache"].close()
     prod = create_app(Settings.from_env(env))
     assert 'id="sign-in"' in prod.test_client().get("/").text, "outside development mode, a sign-in is needed"

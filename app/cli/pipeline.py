@@ -32,9 +32,10 @@ def pipeline_list(as_json: bool) -> None:
 @click.option("--to", "to_version", type=int, required=True, help="The pipeline version to reprocess into.")
 @click.option("--dry-run", is_flag=True, help="Count and estimate; change nothing.")
 @click.option("--batch", type=click.IntRange(1, 10_000), default=100, show_default=True)
+@click.option("--reason", help='Why; kept in the audit log and each new job\'s history (else "backfill to version N").')
 @json_option
 @fail_on_attache_errors
-def pipeline_backfill(to_version: int, dry_run: bool, batch: int, as_json: bool) -> None:
+def pipeline_backfill(to_version: int, dry_run: bool, batch: int, reason: str | None, as_json: bool) -> None:
     """Create jobs at version N for every attachment ready at an older one (idempotent, resumable)."""
     from app.core import backfill
 
@@ -51,6 +52,6 @@ def pipeline_backfill(to_version: int, dry_run: bool, batch: int, as_json: bool)
     with Progress(console=console(), disable=as_json) as progress:
         task = progress.add_task(f"backfill to v{to_version}", total=estimate.candidates)
         result = backfill.run(svc, to_version, batch=batch, actor=f"backfill:{operator()}",
-                              progress=lambda n: progress.advance(task, n))
+                              reason=reason, progress=lambda n: progress.advance(task, n))
     emit({"dry_run": False, "to_version": to_version, **result}, as_json,
          lambda r: say(f"created {r['created']} job(s) at v{to_version}, published {r['published']}"))

@@ -88,8 +88,8 @@ def effective_tokens(configured: tuple[Token, ...], dev_mode: bool) -> tuple[Tok
     return (dev_token(),)
 
 
-def authenticate(tokens: tuple[Token, ...], header: str | None) -> Identity | None:
-    """The identity for an ``Authorization: Bearer …`` header, or None."""
+def token_for(tokens: tuple[Token, ...], header: str | None) -> Token | None:
+    """The configured token an ``Authorization: Bearer …`` header presents, or None."""
     if not header:
         return None
     scheme, _, presented = header.partition(" ")
@@ -99,5 +99,11 @@ def authenticate(tokens: tuple[Token, ...], header: str | None) -> Identity | No
     found = None
     for token in tokens:  # compare against every token: time does not depend on which matched
         if hmac.compare_digest(token.secret.encode(), presented_bytes):
-            found = token.identity
+            found = token
     return found
+
+
+def authenticate(tokens: tuple[Token, ...], header: str | None) -> Identity | None:
+    """The identity for an ``Authorization: Bearer …`` header, or None."""
+    found = token_for(tokens, header)
+    return found.identity if found is not None else None

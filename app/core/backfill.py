@@ -67,11 +67,13 @@ def estimate(services: Database, to_version: int) -> Estimate:
 
 
 def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "backfill",
-        progress: Callable[[int], None] | None = None) -> dict[str, int]:
-    """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once."""
+        reason: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, int]:
+    """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once.
+    ``reason``: the operator's, kept in the audit log and the jobs' history (else "backfill to version N")."""
     pipeline.get(to_version)
     if batch < 1:
         raise ValueError("batch must be >= 1")
+    why = (audit.clean(reason) or "").strip() or f"backfill to version {to_version}"
     created = published = 0
     while True:
         with services.unit_of_work.begin() as work:  # the batch's messages are published after its COMMIT
@@ -79,12 +81,12 @@ def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "
                                     .limit(batch).with_for_update(of=attachments, skip_locked=True)).scalars().all()
             made = [states.create_job(work.conn, attachment_id=attachment_id, pipeline_version=to_version,
                                       max_attempts=services.settings.max_attempts, traceparent=new_traceparent(),
-                                      tracestate=None, actor=actor, reason=f"backfill to version {to_version}")
+                                      tracestate=None, actor=actor, reason=why)
                     for attachment_id in ids]
             jobs_made = [str(job[0]) for job in made if job is not None]
             if jobs_made:  # the audit trail's row, in the transaction that made the jobs
                 audit.record(work.conn, actor=actor, action="pipeline.backfill", target=f"pipeline:{to_version}",
-                             reason=f"backfill to version {to_version}", details={"jobs": jobs_made})
+                             reason=why, details={"jobs": jobs_made})
         if not ids:
             break
         created += len(jobs_made)

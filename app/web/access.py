@@ -5,9 +5,12 @@ read the caller from :func:`identity`.
 
 Callers send ``Authorization: Bearer <token>``. A request with no
 ``Authorization`` header may instead ride on the signed-in Flask session of
-the upload page or the ``/ops`` console (``principal``, ``role``, ``since``),
-which counts only while that principal still holds a configured token of that
-role and for at most :data:`SESSION_MAX_AGE_SECONDS`; an unsafe method (POST…)
+the upload page or the ``/ops`` console (``principal``, ``role``, ``since``, the
+session's id ``sid`` and ``key``, a keyed hash of the token it signed in with),
+which counts only while that token is still configured for that principal and
+role, for at most :data:`SESSION_MAX_AGE_SECONDS`, and until it signs out
+(:func:`end_session`: any copy of the cookie is refused from then on, see
+:mod:`app.core.browser_sessions`); an unsafe method (POST…)
 from a session must also carry the session's CSRF token in ``X-CSRF-Token``,
 else ``403 csrf``. The session is what lets a browser's ``<img>`` and XHRs in
 — they cannot add a bearer header.
@@ -20,10 +23,14 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from urllib.parse import urlsplit
 
 from flask import Blueprint, current_app, g, request, session
 
-from app.core.auth import ROLES, Identity, authenticate
+from app.adapters.postgres.db import transaction
+from app.core import browser_sessions
+from app.core.auth import ROLES, Identity, Token, authenticate
 from app.web.responses import error
 
 #: how long a browser sign-in lasts (the console and the upload page share the session)
@@ -31,6 +38,10 @@ SESSION_MAX_AGE_SECONDS = 12 * 3600
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 LOOPBACK = ("127.0.0.1", "::1")
+#: the names the local developer's browser reaches a development server by; a page of another site whose name
+#: resolves to 127.0.0.1 (DNS rebinding) sends its own name in ``Host`` and is not signed in
+LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+SESSION_KEYS = ("principal", "role", "since", "sid", "key")
 
 log = logging.getLogger("attache.access")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -49,19 +60,49 @@ def _deny(status: int, code: str, message: str):
 def session_identity() -> Identity | None:
     """The signed-in principal of this browser session, or None.
 
-    Valid while a configured token still gives that principal that role (revoking
-    the token ends its sessions) and for at most :data:`SESSION_MAX_AGE_SECONDS`.
+    Valid while the token it signed in with is still configured for that
+    principal and role (replacing or revoking the token ends its sessions),
+    for at most :data:`SESSION_MAX_AGE_SECONDS`, and until it signs out.
     """
-    principal, role, since = session.get("principal"), session.get("role"), session.get("since")
-    if not isinstance(principal, str) or role not in ROLES or not isinstance(since, (int, float)):
+    principal, role, since, sid, key = (session.get(name) for name in SESSION_KEYS)
+    if not isinstance(principal, str) or role not in ROLES or not isinstance(since, (int, float)) \
+            or not isinstance(sid, str) or not isinstance(key, str):
         return None
-    held = any(t.identity.principal == principal and t.identity.role == role
-               for t in current_app.extensions["attache_tokens"])
-    if not held or time.time() - since > SESSION_MAX_AGE_SECONDS:
-        for key in ("principal", "role", "since"):
-            session.pop(key, None)
+    claimed = Identity(principal, role)
+    held = False
+    for token in current_app.extensions["attache_tokens"]:  # every one compared, as authenticate() does
+        held |= hmac.compare_digest(_fingerprint(token), key) and token.identity == claimed
+    if not held or time.time() - since > SESSION_MAX_AGE_SECONDS or _ended(sid):
+        for name in SESSION_KEYS:
+            session.pop(name, None)
         return None
-    return Identity(principal, role)
+    return claimed
+
+
+def _fingerprint(token: Token) -> str:
+    """What a session keeps of the token it signed in with: a hash keyed by the session's signing key (the
+    cookie can be read by whoever holds it; a weak token cannot be guessed from it)."""
+    return hmac.new(current_app.secret_key.encode(), b"attache-session-token:" + token.secret.encode(),
+                    "sha256").hexdigest()
+
+
+def _ended(sid: str) -> bool:
+    """The session ``sid`` signed out (looked up once a request)."""
+    if g.get("attache_session_ended") is None:
+        with transaction(current_app.extensions["attache"].engine) as conn:
+            g.attache_session_ended = browser_sessions.ended(conn, sid)
+    return g.attache_session_ended
+
+
+def end_session() -> None:
+    """Sign this browser out: its session is refused from now on, this cookie's copies too."""
+    sid, since = session.get("sid"), session.get("since")
+    if isinstance(sid, str) and isinstance(since, (int, float)):
+        expires = datetime.fromtimestamp(since + SESSION_MAX_AGE_SECONDS, timezone.utc)
+        with transaction(current_app.extensions["attache"].engine) as conn:
+            browser_sessions.end(conn, sid, expires)
+        log.info("%s signed out", session.get("principal"))
+    session.clear()
 
 
 def session_csrf_ok(presented: str | None) -> bool:
@@ -85,21 +126,32 @@ def form_csrf_ok() -> bool:
     return session_csrf_ok(request.form.get(CSRF_FIELD, ""))
 
 
-def start_session(found: Identity) -> None:
-    """Sign a browser in: a fresh session (no fixation) with a fresh CSRF token; never the token itself."""
+def start_session(token: Token) -> None:
+    """Sign a browser in with ``token``: a fresh session (no fixation) with a fresh id and CSRF token; never the
+    token itself."""
     session.clear()
+    found = token.identity
     session["principal"], session["role"], session["since"] = found.principal, found.role, int(time.time())
+    session["sid"], session["key"] = secrets.token_urlsafe(24), _fingerprint(token)
     session["csrf"] = secrets.token_urlsafe(32)
     log.info("%s signed in (%s)", found.principal, found.role)
 
 
-def local_developer(role: str | None = None) -> Identity | None:
-    """Development mode with no tokens configured: the local user is signed in without typing."""
+def local_developer(role: str | None = None) -> Token | None:
+    """Development mode with no tokens configured: the local user is signed in without typing (a request from
+    this machine, to this machine by a local name)."""
     settings = current_app.extensions["attache"].settings
-    if not settings.dev_mode or settings.api_tokens or request.remote_addr not in LOOPBACK:
+    if not settings.dev_mode or settings.api_tokens or request.remote_addr not in LOOPBACK \
+            or _host_name() not in LOCAL_HOSTS:
         return None
-    return next((t.identity for t in current_app.extensions["attache_tokens"]
-                 if role is None or t.identity.role == role), None)
+    return next((t for t in current_app.extensions["attache_tokens"] if role is None or t.identity.role == role), None)
+
+
+def _host_name() -> str | None:
+    try:
+        return urlsplit(f"//{request.host}").hostname
+    except ValueError:  # an unbalanced "[" in Host
+        return None
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,10 @@ Login
     ``POST /ops/login`` takes an operator's API token once and keeps only
     ``principal`` and ``role`` in the signed session cookie (never the token).
     GET pages also accept ``Authorization: Bearer <operator token>`` so curl
-    works without a session. A session stays valid only while its principal
-    still holds an operator token (revoking the token ends the session) and
-    for at most :data:`SESSION_MAX_AGE_SECONDS`.
+    works without a session. A session stays valid only while the token it
+    signed in with is still an operator's (replacing or revoking the token
+    ends the session), for at most :data:`SESSION_MAX_AGE_SECONDS`, and until
+    ``POST /ops/logout`` (which ends every copy of the cookie).
 CSRF
     Every POST (login included) carries ``csrf_token``, compared in constant
     time with the token in the session; a mismatch is 400 and changes nothing.
@@ -51,14 +52,13 @@ from flask import (
     redirect,
     render_template,
     request,
-    session,
     url_for,
 )
 
 from app.adapters.postgres.models import JobState
 from app.core import activity, operations, timeline
 from app.core import search as finder
-from app.core.auth import Identity, authenticate
+from app.core.auth import Identity, authenticate, token_for
 from app.errors import (
     AttacheError,
     AttachmentNotFound,
@@ -73,6 +73,7 @@ from app.errors import (
 )
 from app.web.access import (
     csrf_token,
+    end_session,
     form_csrf_ok,
     local_developer,
     session_identity,
@@ -264,12 +265,12 @@ def login_form():
 @bp.post("/login")
 def login():
     presented = request.form.get("token", "").strip()
-    found = authenticate(_tokens(), f"Bearer {presented}") if presented else None
+    found = token_for(_tokens(), f"Bearer {presented}") if presented else None
     if found is None:
         log.info("console: login refused (unknown token)")
         return _page("login.html", 401, error="That token is not valid.")
-    if found.role != OPERATOR:
-        log.info("console: login refused for %s (role %s)", found.principal, found.role)
+    if found.identity.role != OPERATOR:
+        log.info("console: login refused for %s (role %s)", found.identity.principal, found.identity.role)
         return _page("login.html", 403, error="This console is for operators; that token has another role.")
     start_session(found)
     return redirect(url_for("console.dashboard"), code=303)
@@ -277,7 +278,7 @@ def login():
 
 @bp.post("/logout")
 def logout():
-    session.clear()
+    end_session()
     return redirect(url_for("console.login_form"), code=303)
 
 

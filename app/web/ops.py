@@ -322,7 +322,8 @@ def dlq_purge(queue: str):
     answers={
         200: ok("The estimate (dry run) or what was created.", BackfillEstimate, BackfillResult),
         400: refused("The body is JSON but not an object (`[]`, `0`, `\"\"`, `false` and `null` count as `{}`), or "
-                     f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused).", "bad_request"),
+                     f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused), or `reason` is not a "
+                     "string.", "bad_request"),
         404: refused("The pipeline version is not registered.", "not_found"),
     },
 )
@@ -340,10 +341,12 @@ def backfill(version: int):
     batch = body.get("batch", DEFAULT_BACKFILL_BATCH)
     if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BACKFILL_BATCH:
         return _error(400, "bad_request", f"batch must be an integer between 1 and {MAX_BACKFILL_BATCH}")
+    reason = _reason(body)
     estimate = backfill_module.estimate(_services(), version).as_dict()
     if body.get("dry_run"):
         return answer(BackfillEstimate(dry_run=True, **estimate))
-    result = backfill_module.run(_services(), version, batch=batch, actor=f"backfill:operator:{identity().principal}")
+    result = backfill_module.run(_services(), version, batch=batch, actor=f"backfill:operator:{identity().principal}",
+                                 reason=reason)
     return answer(BackfillResult(dry_run=False, to_version=version, **result))
 
 

@@ -3,7 +3,7 @@
 Sign-in
     Without a session, ``/`` shows a small sign-in form: an API token of either
     role (uploader or operator), sent once with the form's CSRF token. The
-    Flask session then holds ``principal``, ``role`` and ``since`` exactly like
+    Flask session then holds ``principal``, ``role``, ``since`` and its id exactly like
     the ``/ops`` console's (never the token), so an operator signed in on one is
     signed in on the other; an uploader's session is refused by the console.
     In development mode with no tokens configured, a request from the local
@@ -28,13 +28,13 @@ from flask import (
     redirect,
     render_template,
     request,
-    session,
     url_for,
 )
 
-from app.core.auth import authenticate
+from app.core.auth import token_for
 from app.web.access import (
     csrf_token,
+    end_session,
     form_csrf_ok,
     local_developer,
     session_identity,
@@ -89,7 +89,7 @@ def index():
         if developer is None:
             return _sign_in_form()
         start_session(developer)
-        who = developer
+        who = developer.identity
     settings = _settings()
     return render_template("upload.html", who=who, csrf=csrf_token(), chunk_bytes=settings.upload_chunk_bytes,
                            max_bytes=settings.max_upload_bytes, max_mb=limit_in_mb(settings.max_upload_bytes))
@@ -102,7 +102,7 @@ def sign_in():
         return _sign_in_form(400, "This form was not sent from this page (CSRF check failed). "
                                   "Reload the page and try again.")
     presented = request.form.get("token", "").strip()
-    found = authenticate(_tokens(), f"Bearer {presented}") if presented else None
+    found = token_for(_tokens(), f"Bearer {presented}") if presented else None
     if found is None:
         log.info("page: sign-in refused (unknown token)")
         return _sign_in_form(401, "That token is not valid.")
@@ -113,5 +113,5 @@ def sign_in():
 @bp.post("/sign-out")
 def sign_out():
     if form_csrf_ok():
-        session.clear()
+        end_session()
     return redirect(url_for("page.index"), code=303)

@@ -417,6 +417,8 @@ class BackfillRequest(BaseModel):
     dry_run: bool = Field(False, description="Only estimate; create nothing (any truthy JSON value counts).")
     batch: int = Field(DEFAULT_BACKFILL_BATCH, ge=1, le=MAX_BACKFILL_BATCH,
                        description="Jobs created per transaction.")
+    reason: AuditReason = Field(None, description="Why; kept in the audit log and each new job's history "
+                                                  "(else \"backfill to version N\").")
 
 
 class BackfillEstimate(Body):

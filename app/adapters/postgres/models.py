@@ -478,3 +478,12 @@ Index("webhook_deliveries_due_idx", webhook_deliveries.c.next_attempt_at,
       postgresql_where=text("state = 'pending'"))
 Index("webhook_deliveries_state_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.state,
       webhook_deliveries.c.id)
+
+#: browser sessions signed out before their cookie's age ran out (app.web.access, migration 0025): the cookie is
+#: signed, not stored, so a copy of it stays valid until ``expires_at`` unless its session is named here
+ended_sessions = Table(
+    "ended_sessions",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+)
