@@ -13,11 +13,11 @@ import time
 
 import pytest
 from sqlalchemy import select, text
-from sqlalchemy.exc import IntegrityError, InternalError
+from sqlalchemy.exc import IntegrityError, InternalError, OperationalError
 
 from app.adapters.postgres.models import audit_log, jobs, variants, webhook_deliveries
 from app.config import Settings
-from app.core import backfill, events, pipeline
+from app.core import backfill, events, pipeline, webhooks
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.core.workflow import Workflow
@@ -90,7 +90,8 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
                     "http://[::1]/hook", "http://[::ffff:127.0.0.1]/hook", "http://localhost/hook",
                     "http://192.168.0.1/", "http://100.64.0.1/",
                     "http://[2002:7f00:1::1]/hook",  # 6to4 of 127.0.0.1
-                    "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/hook"):  # Teredo, client 10.0.0.1
+                    "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/hook",  # Teredo, client 10.0.0.1
+                    "http://[fec0::1]/hook", "http://[feff::1]/hook"):  # site-local (deprecated; routed inside a site)
             response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
             assert response.status_code == 422, (url, response.json)
             assert response.json["error"] == "webhook_target_refused"
@@ -366,8 +367,9 @@ def test_enable_resumes_a_disabled_subscription_with_the_events_it_missed_once_e
                                .where(audit_log.c.action == "webhook.enable")).all()
     assert [d["id"] for d in sent] == ready and [d["delivery"]["sequence"] for d in sent] == [1, 2, 3]
     assert [d["id"] for _, d in other.verified(steady["secret"])] == ready, "the other subscription had each once"
-    assert [(a, r, d["recovered_deliveries"]) for a, r, d in audited] == [
-        ("webhook.enable", "endpoint redeployed", 2)]
+    assert [(a, r, d.get("recovered_deliveries"), d.get("already_enabled")) for a, r, d in audited] == [
+        ("webhook.enable", "endpoint redeployed", 2, None), ("webhook.enable", None, None, True)], \
+        "an enable that changed nothing is audited too (an adversarial run: it left no row)"
 
 
 def test_enable_waits_for_an_event_still_being_written_and_makes_its_delivery(app, engine, receivers, data_file):
@@ -399,6 +401,78 @@ def test_enable_waits_for_an_event_still_being_written_and_makes_its_delivery(ap
                             .order_by(webhook_deliveries.c.sequence)).all()
         ready = conn.execute(text("SELECT sequence FROM events WHERE type = 'attachment.ready' ORDER BY sequence"))
         assert made == [(event, number) for number, event in enumerate(ready.scalars(), start=1)]
+
+
+def _lock_waiters(engine) -> int:
+    with engine.connect() as look:
+        return look.execute(text("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
+                                 "WHERE NOT l.granted AND a.datname = current_database()")).scalar()
+
+
+def test_an_enable_never_deadlocks_with_an_events_transaction(app, engine, receivers, data_file):
+    """An adversarial run: six threads disabling and enabling while jobs finished made 70-108 deadlocks in 120
+    uploads (operators got 503, publish steps were retried). The cycle: an enable waiting with an event's
+    transaction for a disable's row lock took the row first, then waited for the event counter, which the event's
+    transaction held while it waited for the row. Now an enable takes the counter before the row."""
+    hook = register(app, receivers().url, events=["attachment.ready"])
+    ops = authed(app, OPERATOR_TOKEN)
+    attachment = upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/disable", json={}).status_code == 200
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/enable", json={}).status_code == 200
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.attachment_id == attachment)).one()
+    answers, emitted = [], []
+    event_may_commit = threading.Event()
+
+    def event_transaction():  # as a worker's publish: the counter, then the subscriptions' rows
+        try:
+            with engine.connect() as writer, writer.begin():
+                emitted.append(events.emit(writer, job, "attachment.ready"))
+                event_may_commit.wait(30)
+        except Exception as exc:  # noqa: BLE001 - the deadlock's victim, when it is this side
+            emitted.append(exc)
+
+    with engine.connect() as disabling, disabling.begin():
+        webhooks.disable(disabling, hook["id"], actor="test", reason=None)  # holds the row, uncommitted
+        enabling = threading.Thread(target=lambda: answers.append(ops.post(f"/v1/ops/webhooks/{hook['id']}/enable")))
+        enabling.start()
+        wait_for(lambda: _lock_waiters(engine) == 1, timeout=10, message="the enable to wait for the row")
+        writing = threading.Thread(target=event_transaction)
+        writing.start()
+        wait_for(lambda: _lock_waiters(engine) == 2, timeout=10, message="the event to wait for the row")
+    wait_for(lambda: emitted or not enabling.is_alive(), timeout=10, message="the event or the enable to go on")
+    event_may_commit.set()
+    writing.join(timeout=30)
+    enabling.join(timeout=30)
+    assert emitted and isinstance(emitted[0], int), emitted
+    assert answers and answers[0].status_code == 200, answers[0].json
+    with engine.connect() as conn:
+        made = conn.execute(select(webhook_deliveries.c.event_sequence)
+                            .where(webhook_deliveries.c.subscription_id == hook["id"])).scalars().all()
+    assert emitted[0] in made, "the event committed while the subscription was disabled got its delivery"
+
+
+def test_a_disable_paused_in_its_transaction_holds_the_jobs_back_only_briefly(app, engine, receivers, data_file,
+                                                                              monkeypatch):
+    """An adversarial run: a web SIGSTOPped inside a disable held the subscription's row; every event's transaction
+    waited for it holding the event counter, so no job anywhere became ready for as long as the web stayed
+    stopped (40 and 60 s). Now PostgreSQL ends such a transaction after IDLE_HOLDING_SECONDS."""
+    monkeypatch.setattr(webhooks, "IDLE_HOLDING_SECONDS", 1.0)
+    hook = register(app, receivers().url, events=["attachment.ready"])
+    attachment = upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.attachment_id == attachment)).one()
+    with engine.connect() as paused:
+        paused.begin()
+        webhooks.disable(paused, hook["id"], actor="test", reason=None)  # and the process stops here
+        began = time.monotonic()
+        with engine.connect() as writer, writer.begin():
+            writer.execute(text("SET LOCAL lock_timeout = '8s'"))  # before: waited as long as the pause
+            events.emit(writer, job, "attachment.ready")
+        assert time.monotonic() - began < 6
+        with pytest.raises(OperationalError):  # its session was ended: nothing of the disable committed
+            paused.execute(text("SELECT 1"))
+    assert authed(app, OPERATOR_TOKEN).get("/v1/ops/webhooks").json["webhooks"][0]["disabled_at"] is None
 
 
 @pytest.mark.parametrize("status, retry_after, max_attempts", [(429, "60", 10), (503, None, 10), (500, "60", 10),

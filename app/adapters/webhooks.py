@@ -73,12 +73,16 @@ def parse(url: str) -> Target:
 
 def is_public(address: str) -> bool:
     """A globally routable unicast address; an IPv6 address that carries an IPv4 one (mapped, 6to4,
-    Teredo) only if that one is too (a 6to4 relay would otherwise reach ``2002:7f00:1::`` = 127.0.0.1)."""
+    Teredo) only if that one is too (a 6to4 relay would otherwise reach ``2002:7f00:1::`` = 127.0.0.1); never
+    a site-local IPv6 one (``fec0::/10``: deprecated, still routed inside the sites that use it, and not
+    private to Python's ``ipaddress``)."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if isinstance(ip, ipaddress.IPv6Address):
         embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
         if embedded is not None:
             return is_public(str(embedded))
+        if ip.is_site_local:
+            return False
     return ip.is_global and not (ip.is_multicast or ip.is_private or ip.is_loopback or ip.is_link_local
                                  or ip.is_reserved or ip.is_unspecified)
 

@@ -119,6 +119,5 @@ def webhooks_enable(subscription_id: uuid.UUID, reason: str | None, as_json: boo
     """Deliver to a disabled subscription again, with the events it missed meanwhile."""
     from app.core import webhooks as core
 
-    with _conn() as conn:
-        row = core.enable(conn, subscription_id, actor=f"operator:{operator()}", reason=reason)
+    row = core.enable(services().engine, subscription_id, actor=f"operator:{operator()}", reason=reason)
     emit(row, as_json, lambda r: say(f"webhook {r['id']} enabled: {r['deliveries']['pending']} deliveries pending"))

@@ -42,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.adapters import webhooks as endpoints
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import interval, transaction
+from app.adapters.postgres.db import bound_idleness, interval, transaction
 from app.adapters.postgres.models import (
     event_counter,
     events,
@@ -128,6 +128,11 @@ def subscription(conn: Connection, subscription_id) -> dict:
 
 #: the events' counter (its one row): read by a disable, locked by an enable as an event's transaction locks it
 _EVENT_COUNTER = select(event_counter.c.last_sequence).where(event_counter.c.id == 1)
+#: the longest a disable's or an enable's transaction may sit idle: it holds the subscription's row, which every
+#: event's transaction may wait for while it holds the events' counter, and with it every job's move to ``ready``
+#: or ``failed`` (a web paused in a disable held every completion for as long as it stayed paused: 40 and 60 s in
+#: an adversarial run). The web's engine has no such bound of its own (``app.services``)
+IDLE_HOLDING_SECONDS = 5.0
 
 
 def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
@@ -136,6 +141,7 @@ def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None
     The first disable keeps the event counter as it stands (``disabled_after_event``): the events after it are the
     gap :func:`enable` makes deliveries for.
     """
+    bound_idleness(conn, IDLE_HOLDING_SECONDS)
     table = webhook_subscriptions.c
     found = conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                          .values(disabled_at=func.coalesce(table.disabled_at, func.now()),
@@ -150,58 +156,83 @@ def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None
     return subscription(conn, subscription_id)
 
 
-#: the deliveries a disabled subscription's events after ``:after`` would have had, numbered on from ``:last``; an
-#: event that has its delivery (made by a transaction that took the subscription's row before the disable) is left
+#: the deliveries a disabled subscription's events after ``:after`` (up to ``:up_to``, if not NULL) would have had,
+#: numbered on from ``:last``; an event that has its delivery (made by a transaction that took the subscription's
+#: row before the disable) is left
 _RECOVER = text("""
     INSERT INTO webhook_deliveries (subscription_id, event_sequence, sequence)
     SELECT :id, e.sequence, :last + row_number() OVER (ORDER BY e.sequence)
     FROM events e
-    WHERE e.sequence > :after AND e.type = ANY(:kinds)
-      AND (CAST(:uploader AS text) IS NULL OR e.owner = :uploader)
+    WHERE e.sequence > :after AND (CAST(:up_to AS bigint) IS NULL OR e.sequence <= :up_to)
+      AND e.type = ANY(:kinds) AND (CAST(:uploader AS text) IS NULL OR e.owner = :uploader)
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d
                       WHERE d.subscription_id = :id AND d.event_sequence = e.sequence)
     ORDER BY e.sequence
 """)
 
 
-def enable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
-    """Deliver to a disabled subscription again (an operator's disable, or the deliverer's on ``410 Gone``); audited.
-
-    Its pending deliveries go out, and the events it missed while disabled get their deliveries, numbered on from
-    its last one, in event order: the endpoint sees what it would have seen, later. A subscription disabled before
-    the gap was recorded (``disabled_after_event`` is NULL: before migration 0018) recovers nothing; the audit
-    entry says so. Enabling an enabled subscription changes nothing.
-    """
+def _locked_subscription(conn: Connection, subscription_id):
     table = webhook_subscriptions.c
     row = conn.execute(select(table.disabled_at, table.disabled_after_event, table.events, table.uploader,
                               table.last_sequence)
                        .where(table.id == subscription_id).with_for_update()).one_or_none()
     if row is None:
         raise WebhookNotFound(f"no webhook subscription {subscription_id}")
-    if row.disabled_at is None:
+    return row
+
+
+def _recover(conn: Connection, subscription_id, row, up_to: int | None) -> int:
+    """Make the missed deliveries after ``row.disabled_after_event``; how many."""
+    return conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event, up_to=up_to,
+                                       kinds=list(row.events), uploader=row.uploader, last=row.last_sequence)
+                        ).rowcount
+
+
+def enable(engine: Engine, subscription_id, *, actor: str, reason: str | None) -> dict:
+    """Deliver to a disabled subscription again (an operator's disable, or the deliverer's on ``410 Gone``); audited.
+
+    Its pending deliveries go out, and the events it missed while disabled get their deliveries, numbered on from
+    its last one, in event order: the endpoint sees what it would have seen, later. A subscription disabled before
+    the gap was recorded (``disabled_after_event`` is NULL: before migration 0018) recovers nothing; the audit
+    entry says so. Enabling an enabled subscription changes nothing (audited all the same, as a second disable is).
+
+    Two transactions. The first makes the deliveries of the events committed so far, however many, holding the
+    subscription's row and not the events' counter, so nobody's events wait for it; it moves the gap's start past
+    them (the subscription stays disabled). The second takes the counter's row and then the subscription's, in
+    the order an event's transaction takes them (:func:`fan_out` holds the counter and waits for a subscription
+    whose row another transaction changed), makes the deliveries of the events since, and enables: an event still
+    open meanwhile is waited for and recovered, and a later one finds the subscription enabled. The two taken in
+    the other order deadlocked with events' transactions (an adversarial run: 70-108 deadlocks in 120 uploads with
+    six threads disabling and enabling; operators got ``503``, publish steps were retried).
+    """
+    table = webhook_subscriptions.c
+    recovered = 0
+    with transaction(engine) as conn:
+        bound_idleness(conn, IDLE_HOLDING_SECONDS)
+        row = _locked_subscription(conn, subscription_id)
+        if row.disabled_at is not None and row.disabled_after_event is not None:
+            # an event's sequence is taken under the counter's lock until its COMMIT: the committed ones are 1..n
+            up_to = conn.execute(_EVENT_COUNTER).scalar_one()
+            recovered = _recover(conn, subscription_id, row, up_to)
+            conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
+                         .values(disabled_after_event=up_to, last_sequence=table.last_sequence + recovered))
+    with transaction(engine) as conn:
+        bound_idleness(conn, IDLE_HOLDING_SECONDS)
+        conn.execute(_EVENT_COUNTER.with_for_update())
+        row = _locked_subscription(conn, subscription_id)
+        target = AUDIT_TARGET.format(subscription_id)
+        if row.disabled_at is None:
+            audit.record(conn, actor=actor, action="webhook.enable", target=target, reason=reason,
+                         details={"already_enabled": True})
+            return subscription(conn, subscription_id)
+        since = None if row.disabled_after_event is None else _recover(conn, subscription_id, row, None)
+        conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
+                     .values(disabled_at=None, disabled_after_event=None,
+                             last_sequence=table.last_sequence + (since or 0)))
+        audit.record(conn, actor=actor, action="webhook.enable", target=target, reason=reason,
+                     details={"disabled_at": row.disabled_at.isoformat(),
+                              "recovered_deliveries": None if since is None else recovered + since})
         return subscription(conn, subscription_id)
-    recovered = None
-    if row.disabled_after_event is not None:
-        recovered = 0
-        # twice: the gap as committed, however long, without holding up anyone's events; then, holding the event
-        # counter's row as an event's transaction takes it, what came since. An event still open then (its fan_out
-        # found the subscription disabled) is waited for and recovered, and a later one waits for this transaction
-        # and finds the subscription enabled: without the lock, an event committed after the look and before the
-        # enable had no delivery, ever (an adversarial review). An event's fan_out never waits on this row: it
-        # passes over a disabled subscription, so the two locks, taken in this order, meet no cycle
-        for holding_the_counter in (False, True):
-            if holding_the_counter:
-                conn.execute(_EVENT_COUNTER.with_for_update())
-            recovered += conn.execute(_RECOVER, dict(id=subscription_id, after=row.disabled_after_event,
-                                                     kinds=list(row.events), uploader=row.uploader,
-                                                     last=row.last_sequence + recovered)).rowcount
-    conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
-                 .values(disabled_at=None, disabled_after_event=None,
-                         last_sequence=table.last_sequence + (recovered or 0)))
-    audit.record(conn, actor=actor, action="webhook.enable", target=AUDIT_TARGET.format(subscription_id),
-                 reason=reason, details={"disabled_at": row.disabled_at.isoformat(),
-                                         "recovered_deliveries": recovered})
-    return subscription(conn, subscription_id)
 
 
 # --- deliveries: born with the event ------------------------------------------------------

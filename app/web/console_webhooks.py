@@ -104,8 +104,7 @@ def webhook_disable(subscription_id: uuid.UUID):
 @bp.post("/webhooks/<uuid:subscription_id>/enable")
 def webhook_enable(subscription_id: uuid.UUID):
     try:
-        with transaction(_engine()) as conn:
-            enabled = webhooks.enable(conn, subscription_id, actor=_actor(), reason=_reason())
+        enabled = webhooks.enable(_engine(), subscription_id, actor=_actor(), reason=_reason())
     except WebhookNotFound as exc:
         return _message(status_of(exc), "No such webhook", str(exc))
     log.info("console: %s enabled webhook %s", principal(), subscription_id)

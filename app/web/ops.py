@@ -423,7 +423,8 @@ def disable_webhook(subscription_id: uuid.UUID):
            description="Undoes a disable (an operator's, or the one a `410 Gone` answer makes): its pending "
                        "deliveries are sent, and the events it missed while disabled get their deliveries, numbered "
                        "on from its last one, in event order. Enabling an enabled subscription changes nothing. "
-                       "Audited (`webhook.enable`, with the number of deliveries recovered).",
+                       "Audited (`webhook.enable`, with the number of deliveries recovered; an enable that changed "
+                       "nothing too).",
            body=OptionalReason,
            answers={200: ok("The subscription, enabled.", WebhookSubscription), 404: NO_SUCH_WEBHOOK,
                     400: refused("The body is not a JSON object, or its `reason` is not a string.", "bad_request")})
@@ -431,9 +432,8 @@ def enable_webhook(subscription_id: uuid.UUID):
     from app.core import webhooks
 
     reason = _optional_reason()
-    with _webhook_conn() as conn:
-        return answer(WebhookSubscription.model_validate(webhooks.enable(
-            conn, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
+    return answer(WebhookSubscription.model_validate(webhooks.enable(
+        _services().engine, subscription_id, actor=f"operator:{identity().principal}", reason=reason)))
 
 
 @bp.get("/webhooks/<uuid:subscription_id>/deliveries")

@@ -66,6 +66,13 @@ def interval(seconds: float):
     return text(f"interval '{float(seconds):.3f} seconds'")
 
 
+def bound_idleness(conn: Connection, seconds: float) -> None:
+    """This transaction ends (rolled back, its locks freed, its session closed) if its client leaves it idle for
+    ``seconds``: for a transaction that holds a row the whole pipeline may wait for, in a process whose engine has
+    no such bound (the web's)."""
+    conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(seconds * 1000))}"))
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
     """``BEGIN ... COMMIT`` that turns a lost database, or a pool with no connection free in time, into
