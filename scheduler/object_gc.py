@@ -49,8 +49,13 @@ PREFIX = "attachments/"
 
 
 def referenced_query(keys: list[str]):
-    """The keys among ``keys`` that a variant row points at (an index lookup: ``variants_storage_key_idx``)."""
-    return select(variants.c.storage_key).where(variants.c.storage_key.in_(keys))
+    """The keys among ``keys`` that a live variant row points at (an index lookup: ``variants_storage_key_idx``).
+
+    A retired row is no reference: its version is served no more, and retirement removed its objects once, never
+    to look at the row again. An object written under its key afterwards (a late attempt of the retired version,
+    paused in its render, woken after retirement; an adversarial run) would otherwise stay for good; one shared
+    with a live row (an original) is kept by that row."""
+    return select(variants.c.storage_key).where(variants.c.storage_key.in_(keys), variants.c.retired_at.is_(None))
 
 
 def in_flight_query(attachment_ids):

@@ -238,6 +238,8 @@ def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_servic
     estimate = ops.post("/v1/ops/pipelines/2/backfill", json={"dry_run": True}).json
     assert estimate["candidates"] == 2 and 0 < estimate["seconds_per_job"] < 60, estimate
     assert ops.post("/v1/ops/pipelines/2/backfill", json={"reason": 7}).status_code == 400
+    mistyped = ops.post("/v1/ops/pipelines/2/backfill", json={"dryRun": True})  # ran the backfill (an adversarial run)
+    assert mistyped.status_code == 400 and "dryRun" in mistyped.json["message"], mistyped.json
     with caplog.at_level(logging.INFO, logger="attache.backfill"):  # the operator's reason (an adversarial run:
         done = ops.post("/v1/ops/pipelines/2/backfill",  # it was dropped for "backfill to version 2")
                         json={"batch": 1, "reason": "webp for the gallery, ticket 42"})
@@ -274,6 +276,28 @@ def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_ser
     assert served(app, accepted.attachment_id)["pipeline_version"] == 2
     assert served(app, accepted.attachment_id, 1)["variants"] == {}
     assert retirement(quiet_services, 0).run_once()["retired"] == 0
+
+
+def test_a_retired_object_written_again_by_a_late_attempt_is_collected(quiet_services, app, engine, data_file,
+                                                                        storage_dir):
+    """An adversarial run: a v1 worker paused in its render (its lease lost, v1 made ready by attempt 2, v2 ready,
+    v1 retired and its objects removed) wrote its variant when it woke, under the retired row's key; the object GC
+    counted a retired row as a reference, and retirement never looks at a retired row again: the object stayed
+    for good."""
+    from scheduler.object_gc import ObjectGc, ObjectGcConfig
+
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    run(Workflow(quiet_services), engine, accepted.job_id)
+    with engine.connect() as conn:
+        v1_keys = dict(conn.execute(select(variants.c.variant, variants.c.storage_key)).all())
+    thumbnail = (storage_dir / v1_keys["thumbnail"]).read_bytes()
+    run(Workflow(quiet_services), engine, new_job(quiet_services, accepted.attachment_id, 2))
+    assert retirement(quiet_services, 0).run_once()["objects_removed"] == 3
+    quiet_services.storage.put_bytes(v1_keys["thumbnail"], thumbnail)  # the late attempt's write
+    counts = ObjectGc(quiet_services.engine, quiet_services.storage, ObjectGcConfig(grace_seconds=0)).run_once()
+    assert not (storage_dir / v1_keys["thumbnail"]).exists(), counts
+    assert (storage_dir / v1_keys["original"]).exists(), "the original, shared with v2's live row, stays"
+    assert served(app, accepted.attachment_id)["pipeline_version"] == 2
 
 
 def test_a_redelivery_to_a_ready_job_of_a_retired_version_is_a_no_op(quiet_services, engine, data_file, storage_dir):

@@ -322,8 +322,9 @@ def dlq_purge(queue: str):
     answers={
         200: ok("The estimate (dry run) or what was created.", BackfillEstimate, BackfillResult),
         400: refused("The body is JSON but not an object (`[]`, `0`, `\"\"`, `false` and `null` count as `{}`), or "
-                     f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused), or `reason` is not a "
-                     "string.", "bad_request"),
+                     f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused), `reason` is not a "
+                     "string, or a field is not one of these (a mistyped `dryRun` would otherwise run the "
+                     "backfill).", "bad_request"),
         404: refused("The pipeline version is not registered.", "not_found"),
     },
 )
@@ -334,6 +335,10 @@ def backfill(version: int):
     body = request.get_json(silent=True) or {}
     if not isinstance(body, dict):
         return _error(400, "bad_request", "send a JSON object")
+    unknown = sorted(set(body) - set(BackfillRequest.model_fields))
+    if unknown:  # a mistyped "dryRun" ran the whole backfill (an adversarial run)
+        return _error(400, "bad_request", f"unknown field(s) {', '.join(unknown)}; the fields are "
+                                          f"{', '.join(BackfillRequest.model_fields)}")
     try:
         pipeline.get(version)
     except LookupError as exc:

@@ -414,6 +414,8 @@ class PurgeResult(Body):
 class BackfillRequest(BaseModel):
     """A backfill, or only its estimate."""
 
+    model_config = ConfigDict(extra="forbid")
+
     dry_run: bool = Field(False, description="Only estimate; create nothing (any truthy JSON value counts).")
     batch: int = Field(DEFAULT_BACKFILL_BATCH, ge=1, le=MAX_BACKFILL_BATCH,
                        description="Jobs created per transaction.")
