@@ -21,6 +21,7 @@ from app.adapters.postgres import db
 from app.adapters.postgres.liveness import LIVENESS
 from tests.netns import SecondHost
 from tests.pgcluster import PrivateCluster
+from tests.processes import wait_for
 from tests.tcp import Listener
 
 #: a silent server must be found within this many seconds of the cut (the settings give about 10-15)
@@ -240,3 +241,32 @@ def test_the_server_ends_the_session_of_a_client_gone_silent_and_frees_its_locks
             holder.wait()
         host.remove()
         cluster.destroy()
+
+
+def test_the_web_answers_503_soon_when_a_proxy_before_postgresql_swallows_every_byte(env, tmp_path, data_file):
+    """An adversarial run: a pooler or proxy whose backend went silent still acknowledges every byte, so TCP never
+    finds the server gone; an upload talking to the database waited for as long as the outage lasted (60 and 150
+    s, longer than gunicorn's --timeout), and held its uploader's body slots meanwhile. Now the web waits
+    ATTACHE_DATABASE_ANSWER_SECONDS for the server's next byte, then answers 503."""
+    from tests.processes import Deployment
+
+    target = urlsplit(env["DATABASE_URL"])
+    proxy = Listener(upstream=(target.hostname, target.port or 5432))
+    deployment = Deployment({**env, "DATABASE_URL": env["DATABASE_URL"].replace(
+        target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"), "ATTACHE_DATABASE_ANSWER_SECONDS": "2"},
+        tmp_path)
+    try:
+        deployment.start("web")
+        assert deployment.upload(data_file("photos/chelsea.jpg")).status_code == 202
+        proxy.frozen.set()  # bytes vanish both ways; connections stay open, new ones are taken
+        for _ in range(2):  # a pooled connection, then a new one
+            began = time.monotonic()
+            refused = deployment.upload(data_file("photos/coffee.jpg"))
+            assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
+            assert time.monotonic() - began < FOUND_WITHIN / 2, time.monotonic() - began
+        proxy.frozen.clear()
+        wait_for(lambda: deployment.upload(data_file("photos/coffee.jpg")).status_code == 202, timeout=30,
+                 message="uploads accepted again once the proxy forwards")
+    finally:
+        deployment.stop_all()
+        proxy.close()

@@ -30,11 +30,25 @@ every other process meanwhile (``tests/test_silent_database.py``).
 Each can be set in the database URL's query string
 (``?keepalives_idle=30&tcp_user_timeout=60000``), which wins on both sides;
 the URL's own ``options`` come after attache's, so they win too.
+
+Neither finds a server that is gone while something on the way still
+acknowledges every byte: a pooler or a TCP proxy whose backend went silent,
+a PostgreSQL process stopped on a live host. The kernel sees a healthy
+peer, and a query waited for its answer for as long as the outage lasted
+(an adversarial run: uploads in flight answered after 60 and 150 s, when
+the outage ended; the ones that came meanwhile were refused with ``503``
+at once). :func:`bound_answers` puts a deadline on each wait for the
+server in a process (the web's): no byte for that long, and the connection
+is closed and the statement fails as a lost connection.
 """
 
 from __future__ import annotations
 
+import select
 from typing import Mapping
+
+import psycopg2
+from psycopg2 import extensions
 
 #: libpq connection parameters (names and units as libpq's: seconds, and milliseconds for tcp_user_timeout)
 LIVENESS: Mapping[str, str] = {
@@ -69,3 +83,30 @@ def liveness_params(given: Mapping[str, object], server: Mapping[str, object] | 
         options.append(str(given["options"]))
     params["options"] = " ".join(options)
     return params
+
+
+#: the longest a wait for the server's next byte may take in a process that called :func:`bound_answers`
+_answer_seconds: float | None = None
+
+
+def _wait_with_a_deadline(conn) -> None:
+    """psycopg2's wait callback (its "green" mode: each statement sent without blocking, then waited for here):
+    :func:`psycopg2.extras.wait_select` with a deadline. psycopg2 closes a connection whose callback raised."""
+    while True:
+        state = conn.poll()
+        if state == extensions.POLL_OK:
+            return
+        fd = conn.fileno()
+        reading, writing = ([fd], []) if state == extensions.POLL_READ else ([], [fd])
+        if not any(select.select(reading, writing, [], _answer_seconds)):
+            raise psycopg2.OperationalError(f"PostgreSQL sent nothing for {_answer_seconds:g} s; taken as gone")
+
+
+def bound_answers(seconds: float) -> None:
+    """From now on every psycopg2 connection of this process waits at most ``seconds`` for each next byte of the
+    server (its answer to a statement, the steps of a connect); then the connection is closed and the statement
+    raises ``OperationalError``, which the pool takes for a lost connection. A statement that legitimately runs
+    longer without a byte is cut too: ``seconds`` must exceed the process's slowest."""
+    global _answer_seconds
+    _answer_seconds = seconds
+    extensions.set_wait_callback(_wait_with_a_deadline)
