@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import time
 
 import pytest
 from sqlalchemy import func, select
@@ -219,6 +220,37 @@ def test_a_copy_of_the_cookie_is_refused_once_its_session_signed_out(app, engine
     assert other.get("/v1/ops/outbox").status_code == 200, "a new sign-in of the same principal is not ended"
     with engine.connect() as conn:
         assert conn.execute(select(func.count()).select_from(ended_sessions)).scalar() == 1
+
+
+def test_a_sign_out_the_database_cannot_record_says_so_and_leaves_the_session(app, database_url):
+    """A re-attack: with the database unable to write, signing out answered JSON, and the session, said to be
+    ended, was not. Now the page says it is still signed in (503, Retry-After), on the page and the console."""
+    from tests.processes import read_only
+
+    page_client = signed_in(app, OPERATOR_TOKEN)
+    token = csrf_field(page_client.get("/").text)
+    with read_only(database_url):
+        answer = page_client.post("/sign-out", data={"csrf_token": token})
+        assert answer.status_code == 503 and answer.headers["Retry-After"], answer.text
+        assert "still signed in" in answer.text and 'id="principal">olga<' in answer.text
+        console = page_client.post("/ops/logout", data={"csrf_token": token})
+        assert console.status_code == 503 and "still signed in" in console.text and "<h1>" in console.text
+    assert page_client.get("/v1/ops/outbox").status_code == 200, "still signed in, as it was told"
+
+
+def test_a_session_cookie_with_a_made_up_id_or_time_is_refused_not_a_500(app):
+    """A re-attack (with the signing key): a session id with a NUL answered 500 on every route; a sign-in time far
+    in the future never expired, and signing out answered 500."""
+    client = signed_in(app, OPERATOR_TOKEN)
+    for change in ({"sid": "a\x00" * 16}, {"sid": "short"}, {"since": 10**20}, {"since": 1e20}, {"since": "1"},
+                   {"since": int(time.time()) + 3600}):
+        forged = app.test_client()
+        forged.set_cookie("session", client.get_cookie("session").value)
+        with forged.session_transaction() as session:
+            session.update(change)
+        assert forged.get("/v1/ops/outbox").status_code == 401, change
+        token = csrf_field(forged.get("/").text)
+        assert forged.post("/sign-out", data={"csrf_token": token}).status_code == 303, change
 
 
 def test_development_mode_signs_the_local_user_in_without_typing(env, tmp_path, monkeypatch):

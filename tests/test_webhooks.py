@@ -15,12 +15,14 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.exc import IntegrityError, InternalError, OperationalError
 
+from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import audit_log, jobs, variants, webhook_deliveries
 from app.config import Settings
 from app.core import backfill, events, pipeline, webhooks
 from app.core.retry import RetryPolicy
 from app.core.webhooks import Deliverer, DelivererConfig
 from app.core.workflow import Workflow
+from app.errors import DatabaseUnavailable
 from app.web import create_app
 from tests.conftest import OPERATOR_TOKEN, OTHER_UPLOADER_TOKEN, authed
 from tests.driver import run
@@ -473,6 +475,33 @@ def test_a_disable_paused_in_its_transaction_holds_the_jobs_back_only_briefly(ap
         with pytest.raises(OperationalError):  # its session was ended: nothing of the disable committed
             paused.execute(text("SELECT 1"))
     assert authed(app, OPERATOR_TOKEN).get("/v1/ops/webhooks").json["webhooks"][0]["disabled_at"] is None
+
+
+def test_disables_queued_behind_a_paused_one_give_up_soon_rather_than_hold_the_row_in_turn(app, engine, receivers):
+    """A re-attack of the bound above: a web paused in a disable had other threads' disables and enables queued in
+    PostgreSQL behind it; when its session was ended each took the row in turn and held it, idle, for as long
+    again (completions held ~15 s by a 20 s pause). Now they wait LOCK_WAIT_SECONDS at most for the row."""
+    hook = register(app, receivers().url, events=["attachment.ready"])
+    outcomes = []
+
+    def queued_disable():
+        began = time.monotonic()
+        try:
+            with transaction(engine) as conn:
+                webhooks.disable(conn, hook["id"], actor="test", reason=None)
+            outcomes.append(("disabled", time.monotonic() - began))
+        except DatabaseUnavailable:
+            outcomes.append(("refused", time.monotonic() - began))
+
+    with engine.connect() as paused, paused.begin():
+        webhooks.disable(paused, hook["id"], actor="test", reason=None)  # and the web stops here
+        queued = [threading.Thread(target=queued_disable) for _ in range(2)]
+        for thread in queued:
+            thread.start()
+        for thread in queued:
+            thread.join(timeout=10)
+        assert len(outcomes) == 2, "the queued disables still wait for the paused one"
+    assert all(what == "refused" and took < webhooks.LOCK_WAIT_SECONDS + 3 for what, took in outcomes), outcomes
 
 
 @pytest.mark.parametrize("status, retry_after, max_attempts", [(429, "60", 10), (503, None, 10), (500, "60", 10),

@@ -42,7 +42,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from app.adapters import webhooks as endpoints
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import bound_idleness, interval, transaction
+from app.adapters.postgres.db import hold_briefly, interval, transaction
 from app.adapters.postgres.models import (
     event_counter,
     events,
@@ -133,6 +133,15 @@ _EVENT_COUNTER = select(event_counter.c.last_sequence).where(event_counter.c.id 
 #: or ``failed`` (a web paused in a disable held every completion for as long as it stayed paused: 40 and 60 s in
 #: an adversarial run). The web's engine has no such bound of its own (``app.services``)
 IDLE_HOLDING_SECONDS = 5.0
+#: the longest a disable's or an enable's statement waits for a lock: the transactions of a paused web, queued in
+#: PostgreSQL behind the one holding the row, took it in turn when its session was ended, each for
+#: IDLE_HOLDING_SECONDS (completions held 15 s by a 20 s pause; an adversarial run). Events hold the counter for
+#: a few statements, other operators' disables and enables for as long: 2 s is ample
+LOCK_WAIT_SECONDS = 2.0
+
+
+def _hold_briefly(conn: Connection) -> None:
+    hold_briefly(conn, idle_seconds=IDLE_HOLDING_SECONDS, lock_seconds=LOCK_WAIT_SECONDS)
 
 
 def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None) -> dict:
@@ -141,7 +150,7 @@ def disable(conn: Connection, subscription_id, *, actor: str, reason: str | None
     The first disable keeps the event counter as it stands (``disabled_after_event``): the events after it are the
     gap :func:`enable` makes deliveries for.
     """
-    bound_idleness(conn, IDLE_HOLDING_SECONDS)
+    _hold_briefly(conn)
     table = webhook_subscriptions.c
     found = conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                          .values(disabled_at=func.coalesce(table.disabled_at, func.now()),
@@ -208,7 +217,7 @@ def enable(engine: Engine, subscription_id, *, actor: str, reason: str | None) -
     table = webhook_subscriptions.c
     recovered = 0
     with transaction(engine) as conn:
-        bound_idleness(conn, IDLE_HOLDING_SECONDS)
+        _hold_briefly(conn)
         row = _locked_subscription(conn, subscription_id)
         if row.disabled_at is not None and row.disabled_after_event is not None:
             # an event's sequence is taken under the counter's lock until its COMMIT: the committed ones are 1..n
@@ -217,7 +226,7 @@ def enable(engine: Engine, subscription_id, *, actor: str, reason: str | None) -
             conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                          .values(disabled_after_event=up_to, last_sequence=table.last_sequence + recovered))
     with transaction(engine) as conn:
-        bound_idleness(conn, IDLE_HOLDING_SECONDS)
+        _hold_briefly(conn)
         conn.execute(_EVENT_COUNTER.with_for_update())
         row = _locked_subscription(conn, subscription_id)
         target = AUDIT_TARGET.format(subscription_id)

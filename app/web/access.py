@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass
@@ -42,6 +43,11 @@ LOOPBACK = ("127.0.0.1", "::1")
 #: resolves to 127.0.0.1 (DNS rebinding) sends its own name in ``Host`` and is not signed in
 LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
 SESSION_KEYS = ("principal", "role", "since", "sid", "key")
+#: what a sign-out that could not be recorded tells the browser
+NOT_SIGNED_OUT = ("The database is unavailable, so this session could not be ended: you are still signed in, here "
+                  "and wherever this session's cookie was copied. Try signing out again in a moment.")
+#: a session's id, as :func:`start_session` makes it (``secrets.token_urlsafe(24)``)
+SESSION_ID = re.compile(r"[A-Za-z0-9_-]{32}")
 
 log = logging.getLogger("attache.access")
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -65,14 +71,14 @@ def session_identity() -> Identity | None:
     for at most :data:`SESSION_MAX_AGE_SECONDS`, and until it signs out.
     """
     principal, role, since, sid, key = (session.get(name) for name in SESSION_KEYS)
-    if not isinstance(principal, str) or role not in ROLES or not isinstance(since, (int, float)) \
-            or not isinstance(sid, str) or not isinstance(key, str):
+    if not isinstance(principal, str) or role not in ROLES or not isinstance(since, int) \
+            or not isinstance(sid, str) or not SESSION_ID.fullmatch(sid) or not isinstance(key, str):
         return None
     claimed = Identity(principal, role)
     held = False
     for token in current_app.extensions["attache_tokens"]:  # every one compared, as authenticate() does
         held |= hmac.compare_digest(_fingerprint(token), key) and token.identity == claimed
-    if not held or time.time() - since > SESSION_MAX_AGE_SECONDS or _ended(sid):
+    if not held or not 0 <= time.time() - since <= SESSION_MAX_AGE_SECONDS or _ended(sid):
         for name in SESSION_KEYS:
             session.pop(name, None)
         return None
@@ -95,9 +101,11 @@ def _ended(sid: str) -> bool:
 
 
 def end_session() -> None:
-    """Sign this browser out: its session is refused from now on, this cookie's copies too."""
+    """Sign this browser out: its session is refused from now on, this cookie's copies too. Raises
+    :class:`DatabaseUnavailable` when that cannot be recorded; the browser then stays signed in (its callers say
+    so), rather than believe itself signed out while a copy of its cookie still works."""
     sid, since = session.get("sid"), session.get("since")
-    if isinstance(sid, str) and isinstance(since, (int, float)):
+    if session_identity() is not None:  # a valid session (an ended or made-up one has nothing to end)
         expires = datetime.fromtimestamp(since + SESSION_MAX_AGE_SECONDS, timezone.utc)
         with transaction(current_app.extensions["attache"].engine) as conn:
             browser_sessions.end(conn, sid, expires)

@@ -64,6 +64,7 @@ from app.errors import (
     AttachmentNotFound,
     BadSelection,
     BrokerUnavailable,
+    DatabaseUnavailable,
     JobConflict,
     JobNotFound,
     MissingReason,
@@ -72,6 +73,7 @@ from app.errors import (
     UnknownQueue,
 )
 from app.web.access import (
+    NOT_SIGNED_OUT,
     csrf_token,
     end_session,
     form_csrf_ok,
@@ -278,7 +280,10 @@ def login():
 
 @bp.post("/logout")
 def logout():
-    end_session()
+    try:
+        end_session()
+    except DatabaseUnavailable:
+        return _message(503, "Not signed out", NOT_SIGNED_OUT) + ({"Retry-After": "5"},)
     return redirect(url_for("console.login_form"), code=303)
 
 

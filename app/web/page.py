@@ -28,11 +28,14 @@ from flask import (
     redirect,
     render_template,
     request,
+    session,
     url_for,
 )
 
-from app.core.auth import token_for
+from app.core.auth import Identity, token_for
+from app.errors import DatabaseUnavailable
 from app.web.access import (
+    NOT_SIGNED_OUT,
     csrf_token,
     end_session,
     form_csrf_ok,
@@ -90,9 +93,14 @@ def index():
             return _sign_in_form()
         start_session(developer)
         who = developer.identity
+    return _upload_page(who)
+
+
+def _upload_page(who, status: int = 200, error: str | None = None, **headers):
     settings = _settings()
     return render_template("upload.html", who=who, csrf=csrf_token(), chunk_bytes=settings.upload_chunk_bytes,
-                           max_bytes=settings.max_upload_bytes, max_mb=limit_in_mb(settings.max_upload_bytes))
+                           max_bytes=settings.max_upload_bytes, max_mb=limit_in_mb(settings.max_upload_bytes),
+                           error=error), status, headers
 
 
 @bp.post("/")
@@ -113,5 +121,9 @@ def sign_in():
 @bp.post("/sign-out")
 def sign_out():
     if form_csrf_ok():
-        end_session()
+        try:
+            end_session()
+        except DatabaseUnavailable:  # still signed in: the page says so (its principal as the cookie names it)
+            who = Identity(session.get("principal"), session.get("role"))
+            return _upload_page(who, 503, NOT_SIGNED_OUT, **{"Retry-After": "5"})
     return redirect(url_for("page.index"), code=303)

@@ -66,11 +66,14 @@ def interval(seconds: float):
     return text(f"interval '{float(seconds):.3f} seconds'")
 
 
-def bound_idleness(conn: Connection, seconds: float) -> None:
-    """This transaction ends (rolled back, its locks freed, its session closed) if its client leaves it idle for
-    ``seconds``: for a transaction that holds a row the whole pipeline may wait for, in a process whose engine has
-    no such bound (the web's)."""
-    conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(seconds * 1000))}"))
+def hold_briefly(conn: Connection, *, idle_seconds: float, lock_seconds: float) -> None:
+    """For a transaction that holds a row the whole pipeline may wait for, in a process whose engine has no such
+    bounds (the web's): it ends (rolled back, its locks freed, its session closed) if its client leaves it idle
+    for ``idle_seconds``, and each of its statements waits ``lock_seconds`` at most for a lock (then
+    :func:`transaction` raises :class:`DatabaseUnavailable`). The second keeps a paused process's other
+    transactions, queued in PostgreSQL behind the first, from taking the row in turn and each holding it idle."""
+    conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(idle_seconds * 1000))}"))
+    conn.execute(text(f"SET LOCAL lock_timeout = {max(1, int(lock_seconds * 1000))}"))
 
 
 @contextlib.contextmanager
