@@ -36,6 +36,9 @@ from app.web.responses import error
 
 #: how long a browser sign-in lasts (the console and the upload page share the session)
 SESSION_MAX_AGE_SECONDS = 12 * 3600
+#: how far ahead of this web's clock a session's sign-in time may be (another web signed it in; hosts' clocks differ
+#: by this much at most); a sign-in time further ahead is made up, and would never expire
+CLOCK_SKEW_SECONDS = 300
 CSRF_HEADER = "X-CSRF-Token"
 CSRF_FIELD = "csrf_token"
 LOOPBACK = ("127.0.0.1", "::1")
@@ -78,7 +81,7 @@ def session_identity() -> Identity | None:
     held = False
     for token in current_app.extensions["attache_tokens"]:  # every one compared, as authenticate() does
         held |= hmac.compare_digest(_fingerprint(token), key) and token.identity == claimed
-    if not held or not 0 <= time.time() - since <= SESSION_MAX_AGE_SECONDS or _ended(sid):
+    if not held or not -CLOCK_SKEW_SECONDS <= time.time() - since <= SESSION_MAX_AGE_SECONDS or _ended(sid):
         for name in SESSION_KEYS:
             session.pop(name, None)
         return None
