@@ -230,7 +230,9 @@ class Settings:
         "connection costs at most one")
     retire_grace_seconds: float = setting(
         "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0),
-        "objects of a pipeline version are collected this long after a newer version is ready")
+        "objects of a pipeline version are collected this long after a newer version is ready (below "
+        "ATTACHE_PRESIGN_SECONDS, a presigned URL of the older version handed out just before can fail before it "
+        "expires; caches and pages holding old URLs need it longer still)")
     cleanup_interval_seconds: float = setting(
         "ATTACHE_CLEANUP_INTERVAL_SECONDS", 300.0, _float(0.1), "how often the staging and object cleanups run")
     outbox_publish_after_seconds: float = setting(
