@@ -313,7 +313,42 @@ def test_purge_all_removes_nothing_when_the_queue_holds_more_than_confirmed(dlq,
                            "count": 3, "completed_at": ANY}
 
 
-@pytest.mark.parametrize("choice", [{}, {"message_ids": []}, {"message_ids": [""]}, {"expected": 0},
+def test_purge_all_beside_another_operators_listing_counts_what_the_listing_holds(dlq, services, broker_url, engine,
+                                                                                     monkeypatch):
+    """An adversarial run: a listing holds the messages it reads unacked, and RabbitMQ counts only ready ones; a
+    purge of "all, 3 expected" beside it saw 2 of 5, went ahead and took messages nobody had seen. The tools now
+    act on a queue one at a time."""
+    import threading
+
+    from app.adapters.broker import dead_letter_tools
+
+    ids = dead_letter_three(services, broker_url, count=5)
+    reading, go_on = threading.Event(), threading.Event()
+    describe = dead_letter_tools._describe
+
+    def slow_describe(body, properties):  # the other operator's listing, holding its three messages for a while
+        if len(seen) == 2:
+            reading.set()
+            go_on.wait(10)
+        seen.append(1)
+        return describe(body, properties)
+
+    seen: list[int] = []
+    monkeypatch.setattr(dead_letter_tools, "_describe", slow_describe)
+    listed = []
+    listing = threading.Thread(target=lambda: listed.append(dlq.listing(XQ, limit=3)))
+    listing.start()
+    assert reading.wait(10)
+    threading.Timer(1.0, go_on.set).start()  # the listing ends a second later
+    with pytest.raises(MoreThanExpected) as refused:
+        dlq.purge(XQ, actor="ops:dan", expected=3, reason="the three I saw")
+    listing.join(10)
+    assert refused.value.depth == 5 and listed and listed[0]["depth"] == 5
+    assert depth(broker_url, XQ) == 5 and audit_rows(engine) == [], ids
+
+
+@pytest.mark.parametrize("choice", [{}, {"message_ids": []}, {"message_ids": [""]}, {"message_ids": ["a\x00b"]},
+                                    {"message_ids": ["\udcff\udcfe-id"]}, {"expected": 0},
                                     {"expected": True}, {"expected": "3"}, {"message_ids": ["x"], "expected": 3}])
 def test_nothing_chosen_is_nothing_done(dlq, dead, broker_url, engine, choice):
     for action in (dlq.requeue, dlq.purge):

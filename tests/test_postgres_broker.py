@@ -16,6 +16,7 @@ from dramatiq.message import Message
 from sqlalchemy import text
 
 from app.adapters.broker.postgres import DELIVERY_COUNT
+from app.errors import BadSelection
 from tests.processes import wait_for
 
 LIMIT = 2
@@ -71,6 +72,39 @@ def test_a_message_past_its_delivery_limit_is_dead_lettered_and_requeued_with_a_
         dead_letters.close()
     finally:
         consumer.close()
+
+
+@pytest.mark.parametrize("written", ['"hello"', "[1]", '{"options": {"x_delivery_count": "abc"}}', "{}",
+                                     '{"options": {}, "queue_name": "attache.inspect"}'],
+                         ids=["string", "array", "bad-count", "empty", "no-fields"])
+def test_a_row_that_is_no_message_is_dead_lettered_and_the_queue_goes_on(services, engine, written):
+    """An adversarial run: a row written into the broker's table by hand (a JSON string, an array, a delivery count
+    that is not a number) made every claim of its queue fail, for good: uploads behind it stayed queued, and the
+    dead-letter tools showed nothing (or answered 500 for the queue's listing). A row that decoded to no message
+    stayed claimed for good."""
+    broker = services.broker
+    payload = {"job_id": str(uuid.uuid4()), "step": "inspect", "attempt": 1}
+    good = broker.enqueue(Message(queue_name="attache.inspect", actor_name="inspect", args=(payload,), kwargs={},
+                                  options={}))
+    with engine.begin() as conn:  # ahead of the good one
+        conn.execute(text("""INSERT INTO dramatiq.queue (queue_name, message_id, "state", message, available_at)
+                             VALUES ('attache.inspect', CAST(:id AS uuid), 'queued', CAST(:message AS jsonb),
+                                     now() - interval '1 minute')"""),
+                     {"id": (odd := str(uuid.uuid4())), "message": written})
+    consumer = broker.consume("attache.inspect")
+    try:
+        assert claim(consumer).message_id == good.message_id
+    finally:
+        consumer.close()
+    dead_letters = services.dead_letters
+    try:
+        listed = dead_letters.listing("attache.inspect.XQ")
+        assert listed["depth"] == 1 and [m["message_id"] for m in listed["messages"]] == [odd]
+        with pytest.raises(BadSelection):
+            dead_letters.requeue("attache.inspect", actor="ops:olga", message_ids=[odd])
+        assert dead_letters.purge("attache.inspect", actor="ops:olga", message_ids=[odd])["purged"] == 1
+    finally:
+        dead_letters.close()
 
 
 def test_a_publish_to_an_unreachable_database_is_broker_unavailable_within_the_timeout():

@@ -40,7 +40,7 @@ from typing import Any, Iterable, Iterator
 
 import pika
 import pika.exceptions
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 from app import faults
 from app.adapters.broker.dead_letter_recorder import job_id_of
@@ -111,6 +111,11 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
     }
 
 
+#: the advisory locks of the dead-letter tools (one a queue: :meth:`DeadLetters._alone`)
+NAMESPACE = 727278
+_ALONE = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))")
+
+
 class DeadLetters:
     """The dead-letter queues of ``queues``, the step queues (``[step.queue for step in Step]``), in RabbitMQ.
 
@@ -152,6 +157,17 @@ class DeadLetters:
             with contextlib.suppress(*PUBLISH_ERRORS):
                 if connection.is_open:
                     connection.close()
+
+    @contextlib.contextmanager
+    def _alone(self, xq: str) -> Iterator[None]:
+        """One listing, requeue or purge of ``xq`` at a time, in every process (a transaction-level advisory lock
+        held meanwhile). A listing holds the messages it reads unacked until it hands them back, and RabbitMQ
+        counts only the ready ones: a purge of "all, N expected" beside another operator's listing counted fewer
+        than the queue held, went ahead and took messages nobody had seen (an adversarial run). Nothing else
+        consumes a dead-letter queue."""
+        with transaction(self.engine) as conn:
+            conn.execute(_ALONE, {"ns": NAMESPACE, "queue": xq})
+            yield
 
     @staticmethod
     def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
@@ -224,7 +240,7 @@ class DeadLetters:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         items = []
-        with self._connection(f"messages {xq}") as connection:
+        with self._alone(xq), self._connection(f"messages {xq}") as connection:
             if self._depth(connection, xq) is None:
                 return {"depth": 0, "messages": []}
             channel = connection.channel()
@@ -293,6 +309,8 @@ class DeadLetters:
             wanted = list(dict.fromkeys(message_ids))
             if not wanted or not all(isinstance(m, str) and m for m in wanted):
                 raise BadSelection("message_ids must be a non-empty list of message ids")
+            if not all(m.isprintable() for m in wanted):  # the audit log (JSONB) holds no NUL: the console's 500,
+                raise BadSelection("message ids are printable text: no control characters")  # the CLI's traceback
             if len(wanted) > MAX_MESSAGE_IDS:
                 raise BadSelection(f"at most {MAX_MESSAGE_IDS} message ids per call")
             return {"message_ids": wanted}
@@ -334,7 +352,7 @@ class DeadLetters:
         audit_id: int | None = None
         depth = 0
         try:
-            with self._connection(f"{verb} {xq}") as connection:
+            with self._alone(xq), self._connection(f"{verb} {xq}") as connection:
                 depth = self._depth(connection, xq) or 0
                 if expected is not None and depth > expected:
                     raise MoreThanExpected(xq, depth, expected)

@@ -52,6 +52,7 @@ from urllib.parse import parse_qsl, urlsplit, urlunsplit
 
 import psycopg
 from dramatiq.common import current_millis, dq_name, q_name, xq_name
+from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 from dramatiq_postgres import PostgresBroker as LibraryBroker
 from dramatiq_postgres import init as init_schema
@@ -86,28 +87,39 @@ POLL_SECONDS = 1.0
 #: everything a publish or an inspection can raise when PostgreSQL is away
 PUBLISH_ERRORS = (PsycopgError, PoolTimeout, OSError)
 
+#: a message with no options object, or a delivery count that is not a small integer, was not written by a
+#: producer of this broker: it is dead-lettered as it is (``deliveries`` NULL) rather than fail every claim of its
+#: queue (one such row, written by hand, stopped the step's queue for good and showed in no dead-letter listing:
+#: an adversarial run)
 CLAIM = dedent(f"""\
     WITH next AS (
-        SELECT message_id, COALESCE((message->'options'->>'{DELIVERY_COUNT}')::int, 0) AS deliveries
+        SELECT message_id,
+               CASE WHEN jsonb_typeof(message) = 'object' AND jsonb_typeof(message->'options') = 'object'
+                         AND COALESCE(message->'options'->>'{DELIVERY_COUNT}', '0') ~ '^[0-9]{{1,9}}$'
+                    THEN COALESCE((message->'options'->>'{DELIVERY_COUNT}')::int, 0) END AS deliveries
         FROM {TABLE}
         WHERE queue_name = %(queue)s AND "state" = 'queued' AND available_at <= NOW()
         ORDER BY available_at, position
         LIMIT %(limit)s
         FOR UPDATE SKIP LOCKED
+    ), judged AS (
+        SELECT message_id, deliveries, deliveries IS NULL OR deliveries > %(delivery_limit)s AS dead FROM next
     )
     UPDATE {TABLE} AS q SET
-        "state" = CASE WHEN next.deliveries > %(delivery_limit)s THEN 'rejected'::{SCHEMA}.state
-                       ELSE 'consumed'::{SCHEMA}.state END,
-        worker_id = CASE WHEN next.deliveries > %(delivery_limit)s THEN NULL ELSE %(worker)s::uuid END,
-        consumed_at = CASE WHEN next.deliveries > %(delivery_limit)s THEN NULL ELSE NOW() END,
+        "state" = CASE WHEN judged.dead THEN 'rejected'::{SCHEMA}.state ELSE 'consumed'::{SCHEMA}.state END,
+        worker_id = CASE WHEN judged.dead THEN NULL ELSE %(worker)s::uuid END,
+        consumed_at = CASE WHEN judged.dead THEN NULL ELSE NOW() END,
         mtime = NOW(),
-        message = CASE WHEN next.deliveries > %(delivery_limit)s
-                       THEN jsonb_set(q.message, '{{options,{DEAD_LETTERED}}}', '"delivery_limit"')
-                       ELSE jsonb_set(q.message, '{{options,{DELIVERY_COUNT}}}', to_jsonb(next.deliveries + 1)) END
-    FROM next
-    WHERE q.message_id = next.message_id
-    RETURNING q."state"::text, q.message::text
+        message = CASE WHEN judged.deliveries IS NULL THEN q.message
+                       WHEN judged.dead THEN jsonb_set(q.message, '{{options,{DEAD_LETTERED}}}', '"delivery_limit"')
+                       ELSE jsonb_set(q.message, '{{options,{DELIVERY_COUNT}}}', to_jsonb(judged.deliveries + 1)) END
+    FROM judged
+    WHERE q.message_id = judged.message_id
+    RETURNING q.message_id::text, q."state"::text, q.message::text
     """)
+#: a claimed row that is no Dramatiq message after all: dead-lettered, in the claim's transaction
+REJECT = f"""UPDATE {TABLE} SET "state" = 'rejected', worker_id = NULL, consumed_at = NULL, mtime = NOW()
+             WHERE message_id = %s"""
 
 ENQUEUE = dedent(f"""\
     WITH enqueued AS (
@@ -303,17 +315,23 @@ class LimitedConsumer(PostgresConsumer):
 
     @raise_connection_error
     def claim(self, limit):
+        claimed = []
         with transaction(self.get_consume_conn()) as curs:
             curs.execute(CLAIM, {"queue": self.queue_name, "limit": limit, "worker": self.broker.worker_id,
                                  "delivery_limit": self.broker.delivery_limit})
-            rows = curs.fetchall()
-        for state, payload in rows:
-            message = Message.decode(payload.encode("utf-8"))
-            if state == "rejected":
-                log.warning("message dead-lettered after %s deliveries", self.broker.delivery_limit + 1,
-                            extra={"message_id": message.message_id, "queue": self.queue_name})
-                continue
-            self.buffer.append(message)
+            for message_id, state, payload in curs.fetchall():
+                if state == "rejected":
+                    log.warning("message dead-lettered: past %s deliveries, or not a message of this broker",
+                                self.broker.delivery_limit + 1,
+                                extra={"message_id": message_id, "queue": self.queue_name})
+                    continue
+                try:
+                    claimed.append(Message.decode(payload.encode("utf-8")))
+                except DecodeError:  # an object with options, and not a Dramatiq message all the same
+                    log.warning("message dead-lettered: not a Dramatiq message",
+                                extra={"message_id": message_id, "queue": self.queue_name})
+                    curs.execute(REJECT, (message_id,))
+        self.buffer.extend(claimed)
 
 
 __all__ = ["DEAD_LETTERED", "DELIVERY_COUNT", "PostgresBroker", "TABLE", "fresh", "libpq_url", "make_pool",

@@ -26,6 +26,7 @@ import json
 from typing import Iterable, Iterator
 
 from dramatiq.common import dq_name
+from dramatiq.errors import DecodeError
 from dramatiq.message import Message
 from psycopg.types.json import Json
 
@@ -40,12 +41,14 @@ from app.adapters.broker.postgres import (
     make_pool,
     xq_name,
 )
-from app.errors import BrokerUnavailable
+from app.errors import BadSelection, BrokerUnavailable
 
 REJECTED = f"""FROM {TABLE} WHERE "state" = 'rejected' AND queue_name IN (%s, %s)"""
 
 
-def _describe(message_id: str, envelope: dict, mtime) -> dict:
+def _describe(message_id: str, envelope, mtime) -> dict:
+    if not isinstance(envelope, dict):  # not a Dramatiq message (written by hand): shown as it is (it was a 500)
+        envelope = {"args": [envelope]}
     options = envelope.get("options") if isinstance(envelope.get("options"), dict) else {}
     args = envelope.get("args")
     traceback = options.get("traceback")
@@ -119,7 +122,11 @@ class PostgresDeadLetters(DeadLetters):
 
         def prepare(connection):
             def move(cursor, message_id: str, envelope: dict) -> None:
-                message = fresh(Message.decode(json.dumps(envelope).encode()))
+                try:
+                    message = fresh(Message.decode(json.dumps(envelope).encode()))
+                except DecodeError:  # it was a 500
+                    raise BadSelection(f"dead letter {message_id} is not a Dramatiq message and cannot be "
+                                       "requeued; purge it") from None
                 message = message.copy(queue_name=original, options={REQUEUED_BY_HEADER: actor})
                 message = Message(**{**message.asdict(), "options": {
                     k: v for k, v in message.options.items() if k not in ("eta", "traceback")}})
