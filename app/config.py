@@ -137,11 +137,12 @@ class Settings:
         "longer to read a download's next 64 KiB (a sign-in form's body, which anyone may post, has 1 s in all); "
         "spool files untouched for ten times this are removed as abandoned")
     database_answer_seconds: float = setting(
-        "ATTACHE_DATABASE_ANSWER_SECONDS", 30.0, _float(1),
-        "the web waits this long at most for PostgreSQL's next byte (a statement's answer); then it takes the "
-        "server for gone and answers 503: a pooler or proxy whose backend went silent still acknowledges every "
-        "byte, so TCP never finds it; must exceed the web's slowest statement (the console's searches and "
-        "charts stop at 5 and 10 s, its lock waits at 10 s)")
+        "ATTACHE_DATABASE_ANSWER_SECONDS", 30.0, _float(12),
+        "the web waits this long at most for PostgreSQL's answer to a statement, a COMMIT or a pool's ping; then "
+        "it cuts the connection, logs it and answers 503: a pooler or proxy whose backend went silent still "
+        "acknowledges every byte, so TCP never finds it; at least 12, above the web's slowest statements (the "
+        "console's searches and charts stop at 5 and 10 s, its lock waits at 10 s); a connect has libpq's "
+        "connect_timeout (5 s)")
     max_bodies_per_uploader: int = setting(
         "ATTACHE_MAX_BODIES_PER_UPLOADER", 8, _int(0),
         "upload bodies (POST /v1/attachments, tus creations with a body and PATCHes) one uploader may send to "

@@ -98,6 +98,12 @@ MIN_IDLE_IN_TRANSACTION_SECONDS = 5.0
 #: paused web process inside an upload's transaction held the Idempotency-Key's row, and every retry with that
 #: key (each holding a connection and a thread) waited for as long as it stayed paused
 WEB_LOCK_TIMEOUT_SECONDS = 10.0
+#: the longest a web request's transaction may sit idle, waiting for its process, before PostgreSQL ends it: a
+#: request whose connection the web cut (ATTACHE_DATABASE_ANSWER_SECONDS) behind a proxy that kept the server's side
+#: open left its transaction open there, holding an Idempotency-Key's row for good (every retry of that key waited
+#: and answered 503; an adversarial run). Long enough for a tus upload's last PATCH, which joins its parts under
+#: its row's lock (50 MB, the default limit, read and written in 120 s is 0.4 MB/s)
+WEB_IDLE_IN_TRANSACTION_SECONDS = 120.0
 
 
 class Services:
@@ -124,6 +130,7 @@ class Services:
     @cached_property
     def engine(self):
         from app.adapters.postgres.db import make_engine
+        from app.adapters.postgres.liveness import AnswerWatch
 
         # a worker's and a scheduler's transactions hold job and outbox rows (FOR UPDATE) for a few statements;
         # one idle for a whole lease belongs to a process that stopped mid-transaction (SIGSTOP, a frozen VM),
@@ -132,12 +139,17 @@ class Services:
         # scheduler held two expired jobs for its whole 2-minute pause; an adversarial review). A scheduler's
         # cleanups call storage inside a transaction, each call bounded by the storage client's timeouts; one
         # cut short fails its round, and the next round checks again. The web may wait on storage under a row
-        # lock for long (a tus upload's last PATCH joins its parts), so it gets no such limit.
+        # lock for longer (a tus upload's last PATCH joins its parts): WEB_IDLE_IN_TRANSACTION_SECONDS.
         bounded = self._consumer or self._process == "scheduler"
+        web = self._process == "web"
         idle = max(self.settings.lease_seconds, MIN_IDLE_IN_TRANSACTION_SECONDS) if bounded else None
-        return make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
-                           idle_in_transaction_seconds=idle,
-                           lock_timeout_seconds=WEB_LOCK_TIMEOUT_SECONDS if self._process == "web" else None)
+        engine = make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
+                             idle_in_transaction_seconds=WEB_IDLE_IN_TRANSACTION_SECONDS if web else idle,
+                             lock_timeout_seconds=WEB_LOCK_TIMEOUT_SECONDS if web else None)
+        if web:  # a request waits this long at most for an answer, then 503 (the worker's and the scheduler's
+            # waits hold no client: their leases and rounds resume the work)
+            AnswerWatch(engine, self.settings.database_answer_seconds, "ATTACHE_DATABASE_ANSWER_SECONDS")
+        return engine
 
     @cached_property
     def storage(self):

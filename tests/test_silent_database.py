@@ -253,20 +253,42 @@ def test_the_web_answers_503_soon_when_a_proxy_before_postgresql_swallows_every_
     target = urlsplit(env["DATABASE_URL"])
     proxy = Listener(upstream=(target.hostname, target.port or 5432))
     deployment = Deployment({**env, "DATABASE_URL": env["DATABASE_URL"].replace(
-        target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"), "ATTACHE_DATABASE_ANSWER_SECONDS": "2"},
+        target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"), "ATTACHE_DATABASE_ANSWER_SECONDS": "12"},
         tmp_path)
     try:
         deployment.start("web")
         assert deployment.upload(data_file("photos/chelsea.jpg")).status_code == 202
         proxy.frozen.set()  # bytes vanish both ways; connections stay open, new ones are taken
-        for _ in range(2):  # a pooled connection, then a new one
+        for _ in range(2):  # a pooled connection's ping (cut after 12 s), then another's or a new one's
             began = time.monotonic()
             refused = deployment.upload(data_file("photos/coffee.jpg"))
             assert refused.status_code == 503 and refused.headers.get("Retry-After"), refused.text
-            assert time.monotonic() - began < FOUND_WITHIN / 2, time.monotonic() - began
+            assert time.monotonic() - began < 12 + 5 + 3, time.monotonic() - began  # the cut, then a reconnect
+        assert "PostgreSQL sent no answer for 12 s (ATTACHE_DATABASE_ANSWER_SECONDS)" in deployment.logs()
         proxy.frozen.clear()
         wait_for(lambda: deployment.upload(data_file("photos/coffee.jpg")).status_code == 202, timeout=30,
                  message="uploads accepted again once the proxy forwards")
     finally:
         deployment.stop_all()
         proxy.close()
+
+
+def test_the_web_still_moves_on_to_the_next_host_of_its_url_when_the_first_is_silent(env, tmp_path, data_file):
+    """A re-attack of the fix above, first made with psycopg2's "green" mode: connects no longer kept libpq's
+    connect_timeout (30 s, not 5, to a 503) nor its failover to the URL's next host (every upload refused while a
+    healthy host was listed)."""
+    from tests.processes import Deployment
+
+    target = urlsplit(env["DATABASE_URL"])
+    silent = Listener()  # accepts, never answers
+    url = f"postgresql://{target.username}@{target.path}?host=127.0.0.1,{target.hostname}" \
+          f"&port={silent.port},{target.port or 5432}"
+    deployment = Deployment({**env, "DATABASE_URL": url}, tmp_path)
+    try:
+        deployment.start("web")
+        began = time.monotonic()
+        assert deployment.upload(data_file("photos/chelsea.jpg")).status_code == 202
+        assert time.monotonic() - began < 15
+    finally:
+        deployment.stop_all()
+        silent.close()

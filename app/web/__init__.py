@@ -14,7 +14,6 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from werkzeug.exceptions import HTTPException
 
-from app.adapters.postgres import liveness
 from app.config import Settings
 from app.core.auth import effective_tokens
 from app.errors import DatabaseUnavailable, TooManyDownloadsAtOnce, UploadRejected
@@ -36,7 +35,6 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.request_class = UploadRequest
     # body limits per route, spooling only for the upload view, spools removed at the request's end
     app.extensions["attache"] = Services(settings, pool_size=10, process="web")
-    liveness.bound_answers(settings.database_answer_seconds)  # a statement waits for PostgreSQL this long at most
     # spools of a process killed mid-upload (the one this worker may replace)
     ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)

@@ -37,18 +37,28 @@ a PostgreSQL process stopped on a live host. The kernel sees a healthy
 peer, and a query waited for its answer for as long as the outage lasted
 (an adversarial run: uploads in flight answered after 60 and 150 s, when
 the outage ended; the ones that came meanwhile were refused with ``503``
-at once). :func:`bound_answers` puts a deadline on each wait for the
-server in a process (the web's): no byte for that long, and the connection
-is closed and the statement fails as a lost connection.
+at once). :class:`AnswerWatch` puts a deadline on each wait for an answer
+on an engine (the web's): a statement, a COMMIT or a pool's ping still
+waiting after that long has its socket shut down by a watchdog thread, so
+libpq's blocked read returns and the statement fails as a lost connection.
+Connecting keeps libpq's own ``connect_timeout`` and its failover between
+the hosts of a URL (psycopg2's "green" mode, tried first, gave both up).
 """
 
 from __future__ import annotations
 
-import select
-from typing import Mapping
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Iterator, Mapping
 
-import psycopg2
-from psycopg2 import extensions
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+
+log = logging.getLogger("attache.database")
 
 #: libpq connection parameters (names and units as libpq's: seconds, and milliseconds for tcp_user_timeout)
 LIVENESS: Mapping[str, str] = {
@@ -85,28 +95,76 @@ def liveness_params(given: Mapping[str, object], server: Mapping[str, object] | 
     return params
 
 
-#: the longest a wait for the server's next byte may take in a process that called :func:`bound_answers`
-_answer_seconds: float | None = None
+class AnswerWatch:
+    """Cuts the connections of ``engine`` whose statement, COMMIT, ROLLBACK or ping has waited ``seconds`` for its
+    answer: their sockets are shut down, the waiting call raises ``OperationalError`` ("server closed the connection
+    unexpectedly"), and the pool discards the connection. Checked every ``seconds / 10`` (at least every second)."""
+
+    def __init__(self, engine: Engine, seconds: float, setting: str):
+        self.seconds, self.setting = seconds, setting
+        self._waiting: dict[int, tuple[int, float]] = {}  # id(DBAPI connection) -> (its socket's fd, since)
+        self._lock = threading.Lock()
+        threading.Thread(target=self._watch, name="attache-answer-watch", daemon=True).start()
+        dialect = engine.dialect
+        for name in ("do_commit", "do_rollback", "do_ping"):
+            setattr(dialect, name, self._watched(getattr(dialect, name)))
+        event.listen(engine, "do_execute", self._execute)
+        event.listen(engine, "do_execute_no_params", self._execute_no_params)
+        event.listen(engine, "do_executemany", self._executemany)
+
+    @contextlib.contextmanager
+    def waiting(self, dbapi_connection) -> Iterator[None]:
+        key = id(dbapi_connection)
+        with self._lock:
+            self._waiting[key] = (dbapi_connection.fileno(), time.monotonic())
+        try:
+            yield
+        finally:
+            with self._lock:  # the watchdog shuts a socket down only while its call is still waiting here
+                self._waiting.pop(key, None)
+
+    def _watched(self, call):
+        def watched(dbapi_connection, *args, **kwargs):
+            with self.waiting(dbapi_connection):
+                return call(dbapi_connection, *args, **kwargs)
+        return watched
+
+    # the dialect's own calls, watched; True: done, no other listener or the dialect does it again
+    def _execute(self, cursor, statement, parameters, context) -> bool:
+        with self.waiting(cursor.connection):
+            cursor.execute(statement, parameters)
+        return True
+
+    def _execute_no_params(self, cursor, statement, context) -> bool:
+        with self.waiting(cursor.connection):
+            cursor.execute(statement)
+        return True
+
+    def _executemany(self, cursor, statement, parameters, context) -> bool:
+        with self.waiting(cursor.connection):
+            cursor.executemany(statement, parameters)
+        return True
+
+    def _watch(self) -> None:
+        interval = min(1.0, self.seconds / 10)
+        while True:
+            time.sleep(interval)
+            now = time.monotonic()
+            with self._lock:
+                late = [(key, fd) for key, (fd, since) in self._waiting.items() if now - since >= self.seconds]
+                for key, fd in late:
+                    self._waiting.pop(key, None)
+                    _shut_down(fd)
+            for _ in late:
+                log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, the request "
+                            "answered 503", self.seconds, self.setting)
 
 
-def _wait_with_a_deadline(conn) -> None:
-    """psycopg2's wait callback (its "green" mode: each statement sent without blocking, then waited for here):
-    :func:`psycopg2.extras.wait_select` with a deadline. psycopg2 closes a connection whose callback raised."""
-    while True:
-        state = conn.poll()
-        if state == extensions.POLL_OK:
-            return
-        fd = conn.fileno()
-        reading, writing = ([fd], []) if state == extensions.POLL_READ else ([], [fd])
-        if not any(select.select(reading, writing, [], _answer_seconds)):
-            raise psycopg2.OperationalError(f"PostgreSQL sent nothing for {_answer_seconds:g} s; taken as gone")
-
-
-def bound_answers(seconds: float) -> None:
-    """From now on every psycopg2 connection of this process waits at most ``seconds`` for each next byte of the
-    server (its answer to a statement, the steps of a connect); then the connection is closed and the statement
-    raises ``OperationalError``, which the pool takes for a lost connection. A statement that legitimately runs
-    longer without a byte is cut too: ``seconds`` must exceed the process's slowest."""
-    global _answer_seconds
-    _answer_seconds = seconds
-    extensions.set_wait_callback(_wait_with_a_deadline)
+def _shut_down(fd: int) -> None:
+    """End the TCP connection of ``fd`` both ways, leaving ``fd`` to its owner (libpq closes it)."""
+    with contextlib.suppress(OSError):
+        sock = socket.socket(fileno=os.dup(fd))
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        finally:
+            sock.close()
