@@ -179,6 +179,34 @@ def test_retry_later_backs_off_through_the_outbox_then_fails_when_spent(engine):
         assert "attempts exhausted" in job.error_reason
 
 
+@pytest.mark.parametrize("skew_hours", [1, -1])
+def test_a_retry_is_due_after_its_delay_on_the_databases_clock_whatever_the_workers(engine, monkeypatch, skew_hours):
+    """An adversarial run: the due time was the worker's clock plus the delay, and everything that reads it compares
+    with the database's now(): a worker an hour ahead delayed a 2 s retry by an hour, one an hour behind spent every
+    attempt in seconds; and a message due by the worker's clock was published at once, without its delay."""
+    import datetime as real
+
+    class Skewed(real.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return real.datetime.now(tz) + real.timedelta(hours=skew_hours)
+
+    from app.core import outbox as outbox_module
+
+    monkeypatch.setattr(states, "datetime", Skewed, raising=False)
+    monkeypatch.setattr(outbox_module, "datetime", Skewed)
+    with engine.begin() as conn:
+        _, job_id = seed(conn, max_attempts=3)
+        states.claim(conn, job_id, 1, LEASE)
+        with outbox_module.collecting(conn) as written:
+            assert states.retry_later(conn, job_id, 1, "storage_unavailable", "down", 30, "w") == "queued"
+        waits = conn.execute(text("SELECT extract(epoch FROM next_attempt_at - now()), "
+                                  "(SELECT extract(epoch FROM max(available_at) - now()) FROM outbox o "
+                                  " WHERE o.job_id = j.id) FROM jobs j WHERE id = :id"), {"id": job_id}).one()
+    assert all(29 <= wait <= 31 for wait in waits), waits
+    assert [w.due for w in written] == [False], "a delayed message waits for the relay"
+
+
 def test_expired_lease_is_recovered_then_fails_worker_lost(engine):
     with engine.begin() as conn:
         _, job_id = seed(conn, max_attempts=2)

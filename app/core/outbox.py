@@ -20,7 +20,7 @@ import logging
 import uuid
 from contextvars import ContextVar
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any, Iterable, Iterator
 
 from dramatiq.message import Message
@@ -95,7 +95,7 @@ def _insert(conn: Connection, payload: dict, available_at: datetime | None) -> i
     row_id = conn.execute(_INSERT, values).scalar_one()
     collector = _written.get()
     if collector is not None and collector[0] is conn:
-        due = available_at is None or available_at <= datetime.now(timezone.utc)
+        due = available_at is None  # a delayed message is the relay's, which compares on the database's clock
         collector[1].append(Written(row_id, values["message_id"], step.queue, step.actor, payload, due))
     return row_id
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -349,7 +349,10 @@ def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason:
     if attempt >= job.max_attempts:
         spent = fail(conn, job_id, attempt, error_code, f"attempts exhausted: {reason}", actor)
         return JobState.FAILED if spent else None
-    due = datetime.now(timezone.utc) + timedelta(seconds=delay_seconds)
+    # on the database's clock, as every reader of it compares (the relay, claims): a worker's clock an hour ahead
+    # delayed a 2 s retry by an hour, one an hour behind spent every attempt in seconds (an adversarial run)
+    due = conn.execute(select(func.now() + bindparam("b_delay", timedelta(seconds=delay_seconds), type_=Interval))
+                       ).scalar_one()
     row = _leave_processing(conn, job_id, attempt, JobState.QUEUED,
                             {"error_code": error_code, "error_reason": reason, "next_attempt_at": due},
                             require_live_lease=False)
