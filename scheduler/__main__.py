@@ -16,6 +16,7 @@ from apscheduler.schedulers.blocking import BlockingScheduler
 from app.errors import AttacheError
 from app.observability import logs
 from app.services import Services, settings_or_exit
+from scheduler.clock_steps import follow_clock_steps
 from scheduler.runs import SweeperRuns
 from scheduler.sweepers import sweepers
 
@@ -55,6 +56,7 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, stop)
     log.info("scheduler started")
+    follow_clock_steps(scheduler)  # a wall clock stepped back would hold every job for the step
     scheduler.start()
     return 0
 
