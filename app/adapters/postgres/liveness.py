@@ -53,6 +53,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from typing import Iterator, Mapping
 
 from sqlalchemy import event
@@ -98,13 +99,15 @@ def liveness_params(given: Mapping[str, object], server: Mapping[str, object] | 
 class AnswerWatch:
     """Cuts the connections of ``engine`` whose statement, COMMIT, ROLLBACK or ping has waited ``seconds`` for its
     answer: their sockets are shut down, the waiting call raises ``OperationalError`` ("server closed the connection
-    unexpectedly"), and the pool discards the connection. Checked every ``seconds / 10`` (at least every second)."""
+    unexpectedly"), and the pool discards the connection. One thread of the process looks every
+    :data:`WATCH_EVERY_SECONDS`."""
 
     def __init__(self, engine: Engine, seconds: float, setting: str):
         self.seconds, self.setting = seconds, setting
         self._waiting: dict[int, tuple[int, float]] = {}  # id(DBAPI connection) -> (its socket's fd, since)
         self._lock = threading.Lock()
-        threading.Thread(target=self._watch, name="attache-answer-watch", daemon=True).start()
+        _watched_engines.add(self)
+        _start_the_watchdog()
         dialect = engine.dialect
         for name in ("do_commit", "do_rollback", "do_ping"):
             setattr(dialect, name, self._watched(getattr(dialect, name)))
@@ -145,19 +148,45 @@ class AnswerWatch:
             cursor.executemany(statement, parameters)
         return True
 
-    def _watch(self) -> None:
-        interval = min(1.0, self.seconds / 10)
+    def cut_the_late(self) -> None:
+        """Shut down the sockets of the calls that have waited ``seconds``."""
+        now = time.monotonic()
+        with self._lock:
+            late = [(key, fd) for key, (fd, since) in self._waiting.items() if now - since >= self.seconds]
+            for key, fd in late:
+                self._waiting.pop(key, None)
+                _shut_down(fd)
+        for _ in late:
+            log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, the request answered "
+                        "503", self.seconds, self.setting)
+
+
+#: every live :class:`AnswerWatch` of this process (one a web engine; tests make many), looked at by one thread
+_watched_engines: "weakref.WeakSet[AnswerWatch]" = weakref.WeakSet()
+_watchdog_started = threading.Lock()
+#: how often the watchdog looks (the settings' minimum is 12 s)
+WATCH_EVERY_SECONDS = 1.0
+
+
+def _forget_the_watchdog() -> None:  # a forked child has none of its parent's threads
+    global _watchdog_started
+    _watchdog_started = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_watchdog)
+
+
+def _start_the_watchdog() -> None:
+    if not _watchdog_started.acquire(blocking=False):
+        return  # running already
+
+    def watch() -> None:
         while True:
-            time.sleep(interval)
-            now = time.monotonic()
-            with self._lock:
-                late = [(key, fd) for key, (fd, since) in self._waiting.items() if now - since >= self.seconds]
-                for key, fd in late:
-                    self._waiting.pop(key, None)
-                    _shut_down(fd)
-            for _ in late:
-                log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, the request "
-                            "answered 503", self.seconds, self.setting)
+            time.sleep(WATCH_EVERY_SECONDS)
+            for watch in list(_watched_engines):
+                watch.cut_the_late()
+
+    threading.Thread(target=watch, name="attache-answer-watch", daemon=True).start()
 
 
 def _shut_down(fd: int) -> None:
