@@ -25,7 +25,7 @@ from unittest.mock import ANY
 import pika
 import pytest
 from dramatiq.message import Message
-from sqlalchemy import insert, select, update
+from sqlalchemy import create_engine, insert, select, update
 
 from app import faults
 from app.adapters.broker.dead_letter_tools import DeadLetters
@@ -345,6 +345,22 @@ def test_purge_all_beside_another_operators_listing_counts_what_the_listing_hold
     listing.join(10)
     assert refused.value.depth == 5 and listed and listed[0]["depth"] == 5
     assert depth(broker_url, XQ) == 5 and audit_rows(engine) == [], ids
+
+
+def test_a_long_action_keeps_its_lock_whatever_the_webs_idle_bound(dlq, dead, broker_url, engine):
+    """A re-attack: the lock's transaction sits idle while RabbitMQ works; the web's engine ends a transaction idle
+    for 120 s, so a requeue longer than that lost its lock and answered 503 with its audit row "failed" after moving
+    every message."""
+    import time
+
+    bounded = create_engine(engine.url, connect_args={"options": "-c idle_in_transaction_session_timeout=500"})
+    try:
+        dlq.engine = bounded
+        with dlq._alone(XQ):
+            time.sleep(1.0)  # idle in the lock's transaction, as during a long requeue
+        assert dlq.purge(XQ, actor="ops", expected=3)["purged"] == 3
+    finally:
+        bounded.dispose()
 
 
 @pytest.mark.parametrize("choice", [{}, {"message_ids": []}, {"message_ids": [""]}, {"message_ids": ["a\x00b"]},

@@ -114,6 +114,7 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
 #: the advisory locks of the dead-letter tools (one a queue: :meth:`DeadLetters._alone`)
 NAMESPACE = 727278
 _ALONE = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))")
+_NO_IDLE_BOUND = text("SET LOCAL idle_in_transaction_session_timeout = 0")
 
 
 class DeadLetters:
@@ -164,8 +165,11 @@ class DeadLetters:
         held meanwhile). A listing holds the messages it reads unacked until it hands them back, and RabbitMQ
         counts only the ready ones: a purge of "all, N expected" beside another operator's listing counted fewer
         than the queue held, went ahead and took messages nobody had seen (an adversarial run). Nothing else
-        consumes a dead-letter queue."""
+        consumes a dead-letter queue. The lock's transaction sits idle for as long as RabbitMQ takes, so it has
+        no idle bound (the web's, 120 s, ended a long requeue's lock under it, and its audit said ``failed``
+        after everything was moved: a re-attack)."""
         with transaction(self.engine) as conn:
+            conn.execute(_NO_IDLE_BOUND)
             conn.execute(_ALONE, {"ns": NAMESPACE, "queue": xq})
             yield
 
