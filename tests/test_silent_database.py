@@ -21,7 +21,7 @@ from app.adapters.postgres import db
 from app.adapters.postgres.liveness import LIVENESS
 from tests.netns import SecondHost
 from tests.pgcluster import PrivateCluster
-from tests.processes import wait_for
+from tests.processes import Deployment, wait_for
 from tests.tcp import Listener
 
 #: a silent server must be found within this many seconds of the cut (the settings give about 10-15)
@@ -248,8 +248,6 @@ def test_the_web_answers_503_soon_when_a_proxy_before_postgresql_swallows_every_
     finds the server gone; an upload talking to the database waited for as long as the outage lasted (60 and 150
     s, longer than gunicorn's --timeout), and held its uploader's body slots meanwhile. Now the web waits
     ATTACHE_DATABASE_ANSWER_SECONDS for the server's next byte, then answers 503."""
-    from tests.processes import Deployment
-
     target = urlsplit(env["DATABASE_URL"])
     proxy = Listener(upstream=(target.hostname, target.port or 5432))
     deployment = Deployment({**env, "DATABASE_URL": env["DATABASE_URL"].replace(
@@ -277,8 +275,6 @@ def test_the_web_still_moves_on_to_the_next_host_of_its_url_when_the_first_is_si
     """A re-attack of the fix above, first made with psycopg2's "green" mode: connects no longer kept libpq's
     connect_timeout (30 s, not 5, to a 503) nor its failover to the URL's next host (every upload refused while a
     healthy host was listed)."""
-    from tests.processes import Deployment
-
     target = urlsplit(env["DATABASE_URL"])
     silent = Listener()  # accepts, never answers
     url = f"postgresql://{target.username}@{target.path}?host=127.0.0.1,{target.hostname}" \

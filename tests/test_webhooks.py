@@ -391,10 +391,7 @@ def test_enable_waits_for_an_event_still_being_written_and_makes_its_delivery(ap
         answers = []
         enabling = threading.Thread(target=lambda: answers.append(ops.post(f"/v1/ops/webhooks/{hook['id']}/enable")))
         enabling.start()
-        with engine.connect() as look:
-            wait_for(lambda: look.execute(text("SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid) "
-                                               "WHERE NOT l.granted AND a.datname = current_database()")).scalar(),
-                     timeout=10, message="the enable to wait for the event's transaction")
+        wait_for(lambda: _lock_waiters(engine), timeout=10, message="the enable to wait for the event's transaction")
     enabling.join(timeout=30)
     assert answers and answers[0].status_code == 200 and answers[0].json["deliveries"]["pending"] == 2
     with engine.connect() as conn:

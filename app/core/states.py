@@ -51,6 +51,7 @@ from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, up
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
+from app.adapters.postgres.db import interval
 from app.adapters.postgres.models import UNFINISHED, JobState, attachments, job_history, jobs, variants
 from app.core import events, objects, outbox
 from app.core.steps import Step
@@ -351,8 +352,7 @@ def retry_later(conn: Connection, job_id, attempt: int, error_code: str, reason:
         return JobState.FAILED if spent else None
     # on the database's clock, as every reader of it compares (the relay, claims): a worker's clock an hour ahead
     # delayed a 2 s retry by an hour, one an hour behind spent every attempt in seconds (an adversarial run)
-    due = conn.execute(select(func.now() + bindparam("b_delay", timedelta(seconds=delay_seconds), type_=Interval))
-                       ).scalar_one()
+    due = conn.execute(select(func.now() + interval(delay_seconds))).scalar_one()
     row = _leave_processing(conn, job_id, attempt, JobState.QUEUED,
                             {"error_code": error_code, "error_reason": reason, "next_attempt_at": due},
                             require_live_lease=False)
