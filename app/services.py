@@ -101,8 +101,8 @@ WEB_LOCK_TIMEOUT_SECONDS = 10.0
 #: the longest a web request's transaction may sit idle, waiting for its process, before PostgreSQL ends it: a
 #: request whose connection the web cut (ATTACHE_DATABASE_ANSWER_SECONDS) behind a proxy that kept the server's side
 #: open left its transaction open there, holding an Idempotency-Key's row for good (every retry of that key waited
-#: and answered 503; an adversarial run). Long enough for a tus upload's last PATCH, which joins its parts under
-#: its row's lock (50 MB, the default limit, read and written in 120 s is 0.4 MB/s)
+#: and answered 503; an adversarial run). A tus PATCH's storage calls under its row's lock (its part stored; the
+#: last one's parts joined and staged) may take longer: its transaction is kept alive meanwhile (``db.kept_alive``)
 WEB_IDLE_IN_TRANSACTION_SECONDS = 120.0
 
 

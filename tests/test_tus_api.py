@@ -13,6 +13,7 @@ import hashlib
 import os
 import tempfile
 import threading
+import time
 import uuid
 
 import pytest
@@ -394,6 +395,41 @@ def test_a_last_patch_that_lost_its_session_while_joining_makes_no_attachment(cl
     assert made.sha256 == hashlib.sha256(photo).hexdigest()
     assert parts(storage_dir) == [], "the paused PATCH's part and staged bytes went with its rollback"
     assert [str(p.relative_to(storage_dir)) for p in (storage_dir / "staging").glob("*")] == [made.staging_key]
+
+
+@pytest.mark.parametrize("slow", ["joining the parts", "storing a part and the staged bytes"])
+def test_a_last_patch_on_slow_storage_outlasts_the_idle_bound_of_its_transaction(client, storage_dir, photo,
+                                                                               monkeypatch, slow):
+    """The web's transactions may idle 120 s at most (a process paused in one is gone, its locks freed). A last
+    PATCH reads the parts from storage and stages the whole under its row's lock, in its transaction: on storage
+    slower than 0.4 MB/s a 50 MB upload's join outlasted the bound every time, and every retry of the PATCH was
+    answered 503. A working process keeps its transaction alive; here the bound is 2 s and storage 3 s slow."""
+    from app.adapters.postgres.db import make_engine
+
+    web = client.application.extensions["attache"]
+    web.__dict__["engine"] = bounded = make_engine(web.database_url, process="web", idle_in_transaction_seconds=2)
+    storage = web.storage
+    slowed = {"joining the parts": (resumable, "_copy_parts"),
+              "storing a part and the staged bytes": (storage, "adopt_file")}[slow]
+    real = getattr(*slowed)
+
+    def slowly(*args, **kwargs):
+        time.sleep(3)
+        return real(*args, **kwargs)
+
+    try:
+        location = create(client, len(photo)).headers["Location"]
+        assert patch(client, location, 0, photo[:1000]).status_code == 204
+        monkeypatch.setattr(*slowed, slowly)
+        last = patch(client, location, 1000, photo[1000:])
+        assert last.status_code == 204, f"before: cut by the idle bound: {last.status_code} {last.json}"
+        monkeypatch.undo()
+        with bounded.connect() as conn:
+            made = conn.execute(select(attachments.c.sha256)).scalar_one()
+        assert made == hashlib.sha256(photo).hexdigest()
+        assert client.head(location, headers=TUS).headers["Upload-Offset"] == str(len(photo))
+    finally:
+        bounded.dispose()
 
 
 def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,

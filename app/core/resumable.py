@@ -70,7 +70,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
 from app.adapters import imaging
-from app.adapters.postgres.db import lock_not_available, transaction
+from app.adapters.postgres.db import kept_alive, lock_not_available, transaction
 from app.adapters.postgres.models import upload_parts, uploads
 from app.adapters.storage import ObjectInfo, Storage
 from app.core import intake, pending
@@ -264,7 +264,8 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     # twice on the disk at once, past the spool's floor (an adversarial run), and its time
                     token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
-                    services.storage.adopt_file(key, part.path)
+                    with kept_alive(conn):  # storage's time, under the row's lock
+                        services.storage.adopt_file(key, part.path)
                     values["upload_offset"] = offset + part.size
                     if token is not None:
                         stored = key
@@ -274,7 +275,8 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     try:
                         if upload.expected_sha256 is not None and whole.sha256 != upload.expected_sha256:
                             raise DigestMismatch("the upload's bytes do not match the Repr-Digest its creation sent")
-                        staged.append(intake.stage(services, whole))
+                        with kept_alive(conn):
+                            staged.append(intake.stage(services, whole))
                     finally:
                         whole.discard()
             except (PermanentError, UploadRejected) as exc:
@@ -436,10 +438,12 @@ def _keyed_by_offset(conn, upload: Upload) -> bool:
 
 def _join(services, conn, upload: Upload, spool: Callable[[], object]) -> intake.Received:
     """The parts concatenated into a spool, received as a POST's body is."""
+    chain = _chain(conn, services.storage, upload)
     sink = spool()
     try:
-        _copy_parts(services.storage, _chain(conn, services.storage, upload), upload.length, sink)
-        return sink.finish()
+        with kept_alive(conn):  # 50 MB of parts read from storage under the row's lock
+            _copy_parts(services.storage, chain, upload.length, sink)
+            return sink.finish()
     except BaseException:
         sink.discard()
         raise

@@ -76,6 +76,43 @@ def hold_briefly(conn: Connection, *, idle_seconds: float, lock_seconds: float) 
     conn.execute(text(f"SET LOCAL lock_timeout = {max(1, int(lock_seconds * 1000))}"))
 
 
+#: the session's idle bound, in milliseconds (0: none), as the transaction sees it (a SET LOCAL included)
+_IDLE_BOUND_MS = text("SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'")
+#: a beat sent this often within the bound: the first long before it, with room for a busy process's GIL
+BEATS_PER_IDLE_BOUND = 4
+
+
+@contextlib.contextmanager
+def kept_alive(conn: Connection) -> Iterator[None]:
+    """For work outside the database inside ``conn``'s transaction (storage calls under a row lock), which must
+    not use ``conn`` meanwhile: a thread sends ``SELECT 1`` a quarter of the session's idle bound apart, so
+    PostgreSQL does not end a transaction whose process is working rather than gone. A paused or frozen process
+    sends none (its threads stop with it) and the bound ends its transaction as before. A tus upload's last PATCH
+    joining 50 MB of parts from storage slower than 0.4 MB/s was cut by the web's 120 s bound every time, its
+    client answered 503 at each retry. A beat that fails stops the beating; the next statement of the
+    transaction finds the connection lost."""
+    bound_ms = conn.execute(_IDLE_BOUND_MS).scalar() or 0
+    if bound_ms <= 0:
+        yield
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(bound_ms / 1000 / BEATS_PER_IDLE_BOUND):
+            try:
+                conn.exec_driver_sql("SELECT 1")
+            except Exception:  # noqa: BLE001 - the transaction's own next statement raises what it means
+                return
+
+    beating = threading.Thread(target=beat, name="attache-transaction-beat", daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        done.set()
+        beating.join()  # no beat on the connection once the caller uses it again
+
+
 @contextlib.contextmanager
 def transaction(engine: Engine) -> Iterator[Connection]:
     """``BEGIN ... COMMIT`` that turns a lost database, or a pool with no connection free in time, into
