@@ -13,6 +13,8 @@ and by ``make bench`` (see tests/data/README.md, "Hostile files").
   decoded, then a scaled copy and 8 bits.
 * :func:`progressive_jpeg` - a progressive JPEG; libjpeg keeps the whole
   image's DCT coefficients (2 B per sample) whatever the draft scale.
+* :func:`jpeg_tiff` - a tiled TIFF whose tiles all name one small JPEG
+  stream, sequential or progressive.
 * :func:`vp8l_groups` - a lossless WebP stream whose entropy image names
   one group of prefix codes per pixel (65,536 at 1024x1024, 295 KB):
   libwebp builds every group's tables before a pixel; :func:`webp_file`
@@ -122,6 +124,25 @@ def progressive_jpeg(path: Path, size: tuple[int, int] = (HOSTILE_SIDE, HOSTILE_
     """
     Image.new("L", size, 128).save(path, "JPEG", quality=50, progressive=True)
     return path
+
+
+def jpeg_tiff(side: int, tile: int = 32, *, progressive: bool, compression: int = 7) -> bytes:
+    """A tiled grey ``side`` x ``side`` TIFF whose tiles are JPEG streams (``compression`` 7, TIFF Technical Note 2),
+    every tile's offset naming the same ``tile`` x ``tile`` JPEG, sequential or progressive: the shape of an
+    adversarial run's 503 KB TIFF (progressive, its scans repeated to 99) that took 15 s of CPU a render."""
+    out = io.BytesIO()
+    Image.linear_gradient("L").resize((tile, tile)).save(out, "JPEG", quality=90, progressive=progressive)
+    jpeg = out.getvalue() + b"\0" * (len(out.getvalue()) & 1)
+    tiles = (-(-side // tile)) ** 2
+    offsets_at = 8 + len(jpeg)
+    counts_at = offsets_at + 4 * tiles
+    tags = [(256, 4, 1, side), (257, 4, 1, side), (258, 3, 1, 8), (259, 3, 1, compression), (262, 3, 1, 1),
+            (277, 3, 1, 1), (284, 3, 1, 1), (322, 3, 1, tile), (323, 3, 1, tile), (324, 4, tiles, offsets_at),
+            (325, 4, tiles, counts_at)]
+    ifd = struct.pack("<H", len(tags)) + b"".join(
+        struct.pack("<HHII", *tag) if tag[1] == 4 else struct.pack("<HHIHH", *tag, 0) for tag in tags) + bytes(4)
+    return (b"II*\0" + struct.pack("<I", counts_at + 4 * tiles) + jpeg + struct.pack(f"<{tiles}I", *[8] * tiles)
+            + struct.pack(f"<{tiles}I", *[len(jpeg)] * tiles) + ifd)
 
 
 class _BitWriter:

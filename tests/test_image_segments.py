@@ -17,7 +17,8 @@ import pytest
 from PIL import Image
 
 from app.adapters.imaging import Limits, probe, segments
-from app.errors import CorruptImage, DecompressionBomb
+from app.errors import CorruptImage, DecompressionBomb, UnsupportedFormat
+from tests import hostile_images
 
 
 def encoded(fmt: str, **params) -> bytes:
@@ -578,3 +579,35 @@ def test_a_sequential_jpeg_of_countless_scans_is_a_bomb(data_file):
     CPU a render (a seventh adversarial run; the walk counted only a progressive JPEG's scans)."""
     with pytest.raises(DecompressionBomb, match="scans"):
         probe(data_file("hostile/jpeg_arith_4096_1000_scans.jpg"), Limits())
+
+
+def test_a_tiff_whose_jpeg_tiles_are_progressive_is_not_processed(tmp_path):
+    """The scan limits of a JPEG did not reach inside a TIFF: 62,500 tiles of 32x32 naming one 2.9 KB progressive
+    JPEG of 99 scans, 503 KB in all, took 15 s of the worker's CPU a render, and a progressive strip's coefficients
+    350 MB over a budget that priced 81 MB (an adversarial run). A TIFF writer's JPEG tiles are one sequential scan
+    each; anything else is refused at the probe, whatever the tile or offset it hides in."""
+    from PIL import Image as PILImage
+
+    from app.adapters.imaging import render
+    from app.core.pipeline import VariantSpec
+
+    sequential = probed(tmp_path, "sequential.tif", hostile_images.jpeg_tiff(512, progressive=False))
+    assert (sequential.width, sequential.format) == (512, "TIFF")
+    path = tmp_path / "sequential.tif"
+    made = render(path, VariantSpec("thumb", "fit", 64, 64), Limits())
+    assert (made.width, made.height) == (64, 64)
+    with PILImage.open(path) as img:
+        img.load()  # libtiff decodes it: the shape is a TIFF's, not a refusal's
+    with pytest.raises(UnsupportedFormat, match="progressive"):
+        probed(tmp_path, "progressive.tif", hostile_images.jpeg_tiff(512, progressive=True))
+    one_of_many = bytearray(hostile_images.jpeg_tiff(512, progressive=False))
+    progressive = hostile_images.jpeg_tiff(32, progressive=True)
+    last_tile_at = len(one_of_many)
+    one_of_many += progressive[8:progressive.index(b"\xff\xd9") + 2]
+    tiles = (512 // 32) ** 2
+    offsets_at = struct.unpack_from("<I", one_of_many, 4)[0] - 8 * tiles  # the offsets, then the counts, then the IFD
+    struct.pack_into("<I", one_of_many, offsets_at + 4 * (tiles - 1), last_tile_at)
+    with pytest.raises(UnsupportedFormat, match="progressive"):
+        probed(tmp_path, "one_of_many.tif", bytes(one_of_many))
+    with pytest.raises(UnsupportedFormat, match="old-style"):
+        probed(tmp_path, "old.tif", hostile_images.jpeg_tiff(64, progressive=False, compression=6))
