@@ -167,6 +167,15 @@ class DatabaseUnavailable(TransientError):
     error_code = "database_unavailable"
 
 
+class OutcomeUnknown(DatabaseUnavailable):
+    """An upload's COMMIT reached PostgreSQL and its answer was lost: the upload may have been accepted. Not a clean
+    refusal (which leaves nothing behind): a retry without an Idempotency-Key may make a second attachment. Its
+    own code, so a client can tell (it was the generic ``database_unavailable``, "retry later": an adversarial run
+    retried as told and got two attachments of one upload)."""
+
+    error_code = "outcome_unknown"
+
+
 class BrokerUnavailable(TransientError):
     """RabbitMQ cannot be reached or did not confirm a publish."""
 

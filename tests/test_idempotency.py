@@ -134,6 +134,7 @@ def test_a_commit_whose_connection_dies_keeps_staging_for_the_cleanup(app, engin
         admin.dispose()
     assert killed == [True]
     assert lost.status_code == 503, lost.json
+    assert lost.json["error"] == "outcome_unknown", "told apart from a refusal that left nothing behind"
     assert count(engine, attachments) == 0, "the server never got the COMMIT"
     assert len(staged(storage_dir)) == 1, "an unknown outcome leaves the staged bytes to the staging cleanup"
     # the key was not used: the retry makes the upload
@@ -173,3 +174,23 @@ def test_a_retry_behind_a_request_that_holds_its_key_is_a_503_not_a_wait(app, en
     assert answers[0].status_code == 503 and answers[0].headers["Retry-After"], answers[0].json
     assert count(engine, attachments) == 1 and staged(storage_dir) == [first.json["id"]]
     app.extensions["attache"].close()
+
+
+def test_a_commit_that_landed_unseen_is_told_apart_from_a_refusal(app, engine, data_file, monkeypatch):
+    """The upload's COMMIT landed, its answer was lost, and the web's look for its row could not reach PostgreSQL
+    either: the upload may have been accepted. It was answered as a clean refusal is (``503
+    database_unavailable``, "retry later"), and a client without an Idempotency-Key that retried as told made a
+    second attachment of one upload (an adversarial run, through a proxy that dropped the COMMIT's answer)."""
+    from app import faults
+    from app.core import intake
+
+    monkeypatch.setenv("ATTACHE_FAULT", "during_commit")  # the COMMIT lands, then the web sees a lost connection
+    monkeypatch.setattr(faults, "_raised", set())
+    monkeypatch.setattr(intake, "committed_after_all", lambda *args: False)  # its look for the row cannot connect
+    client = authed(app)
+    with open(data_file("photos/chelsea.jpg"), "rb") as fh:
+        lost = client.post("/v1/attachments", data={"file": (fh, "chelsea.jpg")}, content_type="multipart/form-data")
+    assert lost.status_code == 503 and lost.headers["Retry-After"], lost.json
+    assert lost.json["error"] == "outcome_unknown", f"before: {lost.json}"
+    assert "may have been accepted" in lost.json["message"] and "Idempotency-Key" in lost.json["message"]
+    assert count(engine, attachments) == 1, "it was accepted: processed as any other upload"

@@ -48,6 +48,7 @@ from app.errors import (
     AttacheError,
     DatabaseUnavailable,
     IdempotencyKeyReused,
+    OutcomeUnknown,
     StorageUnavailable,
 )
 
@@ -207,7 +208,9 @@ def unrecorded(services: ImageProducer, staged: Staged, exc: Exception, committi
     """The error to raise for an upload whose transaction failed; its staged bytes removed if no row can point at
     them. ``committing``: every statement had succeeded, so the error is the COMMIT's own."""
     if committing:  # the COMMIT failed and no row is to be seen: never remove bytes a row may point at
-        return DatabaseUnavailable("the upload's outcome is unknown; retry with the same Idempotency-Key")
+        return OutcomeUnknown("the upload's COMMIT reached the database and its answer was lost: it may have been "
+                              "accepted. Retry with the same Idempotency-Key (the first attachment is answered if "
+                              "it was); without one, a retry may make a second attachment")
     forget_staging(services, staged.key)  # a clear rollback: no row was committed, so the staged bytes go too
     if isinstance(exc, SQLAlchemyError):
         return DatabaseUnavailable("the upload could not be recorded")

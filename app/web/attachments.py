@@ -21,6 +21,7 @@ from app.errors import (
     EffectMissing,
     IncompleteBody,
     ObjectNotFound,
+    OutcomeUnknown,
     PermanentError,
     StorageUnavailable,
     TooManyDownloadsAtOnce,
@@ -78,8 +79,8 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
     description="Streams the body to disk while hashing it, checks the digests, probes the image header, stages "
                 "the original and records the job, its history and its first message in one transaction. `202` "
                 "means the work can no longer be lost (RabbitMQ being down is not a refusal: the outbox keeps the "
-                "message). Any answer other than `202` leaves nothing behind. Send the file as multipart field "
-                "`file`, or as the raw body with its content type (any type but "
+                "message). Any answer other than `202` leaves nothing behind, but `503 outcome_unknown` (see "
+                "below). Send the file as multipart field `file`, or as the raw body with its content type (any type but "
                 "`application/x-www-form-urlencoded` is taken as raw bytes, no Content-Type is refused; the format "
                 "is always sniffed from the bytes).",
     parameters=[
@@ -133,7 +134,12 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
                      "web process (`too_many_uploads_at_once`): refused before the body is read; send it when one "
                      "of them is done.", "too_many_pending", "too_many_uploads_at_once", retry_after=True),
         503: refused("PostgreSQL or storage is down, or the web's temporary directory cannot hold the upload; retry "
-                     "later.", "database_unavailable", "storage_unavailable", "spool_unavailable", retry_after=True),
+                     "later. `outcome_unknown`: the upload's COMMIT reached PostgreSQL and its answer was lost, so the "
+                     "upload may have been accepted (the one answer but `202` that may leave it behind, to be "
+                     "processed as any other): retry with the same Idempotency-Key, which answers the first "
+                     "attachment if it was; a retry without one may make a second.",
+                     "database_unavailable", "storage_unavailable", "spool_unavailable", "outcome_unknown",
+                     retry_after=True),
     },
 )
 def upload():
@@ -141,7 +147,7 @@ def upload():
     try:  # the request removes its spool files when it ends (app.web.request)
         with bodies_in_flight.held(_owner()):
             accepted, received = _accept(services)
-    except (UploadRejected, PermanentError) as exc:
+    except (UploadRejected, PermanentError, OutcomeUnknown) as exc:
         return refusal(exc)
     except (DatabaseUnavailable, StorageUnavailable) as exc:
         return refusal(exc, "the service cannot accept uploads right now; retry later")
