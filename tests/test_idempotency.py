@@ -69,6 +69,17 @@ def test_bad_keys_are_400(app, data_file):
     assert post(authed(app), data_file("photos/chelsea.jpg"), "x" * 300).status_code == 400
 
 
+def test_a_key_is_printable_ascii(app, engine, data_file):
+    """A header's bytes reach the web as Latin-1: a UTF-8 ``café`` was kept as ``cafÃ©`` and ``ключ`` refused, by
+    whether its bytes fell in 0x80-0x9F (an adversarial run). A key is ASCII, as a structured field's string is."""
+    client = authed(app)
+    for key in ("café".encode().decode("latin-1"), "ключ".encode().decode("latin-1"), "caf\xe9"):
+        answer = post(client, data_file("photos/chelsea.jpg"), key)
+        assert (answer.status_code, answer.json["error"]) == (400, "bad_idempotency_key"), (key, answer.json)
+    assert count(engine, attachments) == 0
+    assert post(client, data_file("photos/chelsea.jpg"), "order 42/a~b").status_code == 202
+
+
 @pytest.mark.processes
 def test_a_key_of_a_resumable_uploads_own_shape_is_refused(app, engine, data_file):
     """An adversarial run: a POST under ``tus:<upload id>`` took the key a tus upload's last byte hands off under,

@@ -118,6 +118,19 @@ def test_digest_mismatch_is_422_and_leaves_nothing(client, engine, storage_dir, 
     assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
 
 
+def test_a_malformed_or_empty_digest_header_is_400_not_a_mismatch_or_no_header(client, engine, storage_dir,
+                                                                               data_file):
+    """A hex MD5 (32 characters, valid base64 of 24 bytes) was answered ``422 digest_mismatch``, as if the bytes
+    were wrong; an empty Content-Digest was taken for none and the upload accepted unchecked, where one naming only
+    another algorithm is refused (an adversarial run)."""
+    path = data_file("photos/chelsea.jpg")
+    for headers in ({"Content-MD5": hashlib.md5(path.read_bytes()).hexdigest()}, {"Content-MD5": "AAAA"},
+                    {"Content-Digest": ""}, {"Content-MD5": ""}):
+        response = post_file(client, path, **headers)
+        assert (response.status_code, response.json["error"]) == (400, "bad_digest_header"), (headers, response.json)
+    assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
+
+
 def test_an_md5_is_computed_only_for_a_content_md5_to_check(client, data_file, monkeypatch):
     """MD5 costs twice the SHA-256 here; an upload that sends no Content-MD5 does not pay for it."""
     from app.core import intake

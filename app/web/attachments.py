@@ -84,10 +84,11 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
                 "`application/x-www-form-urlencoded` is taken as raw bytes, no Content-Type is refused; the format "
                 "is always sniffed from the bytes).",
     parameters=[
-        in_header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the bytes "
-                                 "received."),
-        in_header("Content-MD5", "Base64 MD5 of the bytes, verified."),
-        in_header("Idempotency-Key", "1-255 printable characters (surrounding quotes are dropped). A retry of the same "
+        in_header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the file's "
+                                 "bytes: the raw body's, or the `file` part's of a multipart body (not the whole "
+                                 "multipart message's, as RFC 9530 would have it: the file is what is stored)."),
+        in_header("Content-MD5", "Base64 MD5 of the file's bytes (as `Content-Digest`), verified."),
+        in_header("Idempotency-Key", "1-255 printable ASCII characters (surrounding quotes are dropped). A retry of the same "
                                   "content by the same principal while the key is remembered returns the first "
                                   "attachment with `Idempotent-Replayed: true`; the same key with other content is "
                                   "refused (422). Keys beginning with `tus:` are resumable uploads' own (400)."),
@@ -180,8 +181,11 @@ def _idempotency_key() -> str | None:
     if raw is None:
         return None
     key = raw.strip().strip('"')
-    if not key or len(key) > 255 or not key.isprintable():
-        raise UploadRejected("Idempotency-Key must be 1-255 printable characters", error_code="bad_idempotency_key")
+    # ASCII, as a structured field's string is (RFC 8941): a header's bytes reach WSGI as Latin-1, so a UTF-8 key
+    # was kept as mojibake, or refused, by its bytes (an adversarial run)
+    if not key or len(key) > 255 or not key.isascii() or not key.isprintable():
+        raise UploadRejected("Idempotency-Key must be 1-255 printable ASCII characters",
+                             error_code="bad_idempotency_key")
     if key.startswith(resumable.HANDOFF_KEY_PREFIX):  # a POST under a tus upload's key made its last PATCH fail
         raise UploadRejected(f"an Idempotency-Key may not begin with {resumable.HANDOFF_KEY_PREFIX!r} (resumable "
                              "uploads' own)", error_code="bad_idempotency_key")

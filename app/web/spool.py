@@ -194,14 +194,19 @@ def sha256_of(header: str, name: str) -> str:
 
 
 def verify_digests(received: Received, *, content_digest: str | None, content_md5: str | None) -> None:
-    if content_digest:
+    """A header sent is checked, an empty one too (refused as malformed: it was taken for no header, when a
+    Content-Digest naming only another algorithm is refused); an MD5 that is not 16 bytes is malformed, not a
+    mismatch (a hex MD5 was answered ``422 digest_mismatch``: an adversarial run)."""
+    if content_digest is not None:
         if sha256_of(content_digest, "Content-Digest") != received.sha256:
             raise DigestMismatch("Content-Digest sha-256 does not match the bytes received")
-    if content_md5:
+    if content_md5 is not None:
         try:
             expected = base64.b64decode(content_md5.strip(), validate=True)
         except ValueError:  # binascii.Error, and non-ASCII text
             raise UploadRejected("malformed Content-MD5 header", error_code="bad_digest_header") from None
+        if len(expected) != 16:
+            raise UploadRejected("Content-MD5 is not the base64 of 16 bytes", error_code="bad_digest_header")
         if received.md5 is None:  # the spool was made without it: a bug, never a pass
             raise RuntimeError("Content-MD5 to check, but the spool computed no MD5")
         if expected != received.md5:
