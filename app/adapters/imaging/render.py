@@ -245,8 +245,12 @@ def _finish(work: Image.Image, icc_profile: bytes | None, orientation: int) -> I
 def _load(img: Image.Image) -> None:
     """Decode the current (first) frame, translating Pillow's errors.
 
-    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is never enabled: a truncated upload
-    is refused as corrupt rather than rendered with a grey band.
+    ``ImageFile.LOAD_TRUNCATED_IMAGES`` is never enabled: an upload cut short
+    (its file ends before its image data) is refused as corrupt rather than
+    rendered with a grey band. Image data that ends cleanly before the last
+    row (an early EOI, a finished zlib stream) is decoded as far as it goes:
+    libjpeg only warns, and Pillow's PNG decoder reports nothing
+    (``docs/architecture.md``).
     """
     try:
         with bomb_warnings_as_errors():
