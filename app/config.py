@@ -143,6 +143,13 @@ class Settings:
         "acknowledges every byte, so TCP never finds it; at least 12, above the web's slowest statements (the "
         "console's searches and charts stop at 5 and 10 s, its lock waits at 10 s); a connect has libpq's "
         "connect_timeout (5 s)")
+    background_answer_seconds: float = setting(
+        "ATTACHE_BACKGROUND_ANSWER_SECONDS", 300.0, _float(12),
+        "the worker and the scheduler wait this long at most for PostgreSQL's answer to a statement, a COMMIT or "
+        "a pool's ping; then they cut the connection and log it, and the step or the sweeper's round fails and "
+        "runs again: behind a pooler or proxy whose backend went silent and lost their bytes, a worker's thread "
+        "and a scheduler's rounds waited for good, and accepted uploads stayed queued until both were restarted; "
+        "at least 12, above their slowest statements (the PostgreSQL broker's own connections are not cut)")
     max_bodies_per_uploader: int = setting(
         "ATTACHE_MAX_BODIES_PER_UPLOADER", 8, _int(0),
         "upload bodies (POST /v1/attachments, tus creations with a body and PATCHes) one uploader may send to "

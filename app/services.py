@@ -146,9 +146,11 @@ class Services:
         engine = make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
                              idle_in_transaction_seconds=WEB_IDLE_IN_TRANSACTION_SECONDS if web else idle,
                              lock_timeout_seconds=WEB_LOCK_TIMEOUT_SECONDS if web else None)
-        if web:  # a request waits this long at most for an answer, then 503 (the worker's and the scheduler's
-            # waits hold no client: their leases and rounds resume the work)
+        if web:  # a request waits this long at most for an answer, then 503
             AnswerWatch(engine, self.settings.database_answer_seconds, "ATTACHE_DATABASE_ANSWER_SECONDS")
+        elif bounded:  # longer: a step or a round cut is run again, and nobody waits on it; but a wait with no end
+            # held a worker's thread and every sweeper (lease recovery among them) for good (an adversarial run)
+            AnswerWatch(engine, self.settings.background_answer_seconds, "ATTACHE_BACKGROUND_ANSWER_SECONDS")
         return engine
 
     @cached_property

@@ -23,6 +23,8 @@ class Listener:
         self.port = self.server.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.accepted = 0
+        #: bytes that vanished while frozen
+        self.swallowed = 0
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -44,6 +46,8 @@ class Listener:
             while data := source.recv(65536):
                 if not self.frozen.is_set():  # frozen: bytes vanish, nobody hangs up
                     target.sendall(data)
+                else:
+                    self.swallowed += len(data)
         except OSError:
             pass
         if not self.frozen.is_set():  # one side hung up: so does the proxy to the other, as a real one does

@@ -271,6 +271,40 @@ def test_the_web_answers_503_soon_when_a_proxy_before_postgresql_swallows_every_
         proxy.close()
 
 
+def test_a_worker_and_a_scheduler_whose_answers_vanish_behind_a_proxy_carry_on(env, tmp_path, data_file):
+    """An adversarial run: behind a proxy whose backend went silent and lost the bytes sent meanwhile, a worker's
+    thread and the scheduler's rounds (lease recovery, the outbox relay among them) waited for an answer for good:
+    uploads accepted by a web that reached PostgreSQL stayed queued until worker and scheduler were restarted.
+    Now each waits ATTACHE_BACKGROUND_ANSWER_SECONDS (here 12) at most, and the step or round runs again."""
+    target = urlsplit(env["DATABASE_URL"])
+    proxies = {name: Listener(upstream=(target.hostname, target.port or 5432)) for name in ("worker", "scheduler")}
+    deployment = Deployment({**env, "ATTACHE_BACKGROUND_ANSWER_SECONDS": "12"}, tmp_path)
+    try:
+        deployment.start("web")  # straight to PostgreSQL: it accepts uploads throughout
+        for name, proxy in proxies.items():
+            deployment.start(name, DATABASE_URL=env["DATABASE_URL"].replace(
+                target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"))
+        assert deployment.wait_state(deployment.upload(data_file("photos/chelsea.jpg")).json()["id"],
+                                     timeout=60)["state"] == "ready"
+        for proxy in proxies.values():
+            proxy.frozen.set()  # bytes vanish both ways; connections stay open
+        accepted = deployment.upload(data_file("photos/coffee.jpg"))
+        assert accepted.status_code == 202, accepted.text
+        wait_for(lambda: all(proxy.swallowed for proxy in proxies.values()), timeout=30,
+                 message="the worker and the scheduler each sent something that vanished")
+        thawed = time.monotonic()
+        for proxy in proxies.values():
+            proxy.frozen.clear()  # what was lost stays lost: its answer never comes
+        assert deployment.wait_state(accepted.json()["id"], timeout=60)["state"] == "ready", \
+            "before: stuck queued or processing for as long as worker and scheduler lived"
+        assert time.monotonic() - thawed < 12 + 40
+        assert "PostgreSQL sent no answer for 12 s (ATTACHE_BACKGROUND_ANSWER_SECONDS)" in deployment.logs()
+    finally:
+        deployment.stop_all()
+        for proxy in proxies.values():
+            proxy.close()
+
+
 def test_the_web_still_moves_on_to_the_next_host_of_its_url_when_the_first_is_silent(env, tmp_path, data_file):
     """A re-attack of the fix above, first made with psycopg2's "green" mode: connects no longer kept libpq's
     connect_timeout (30 s, not 5, to a 503) nor its failover to the URL's next host (every upload refused while a

@@ -157,8 +157,8 @@ class AnswerWatch:
                 self._waiting.pop(key, None)
                 _shut_down(fd)
         for _ in late:
-            log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, the request answered "
-                        "503", self.seconds, self.setting)
+            log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, and what waited on it "
+                        "fails as a lost connection", self.seconds, self.setting)
 
 
 #: every live :class:`AnswerWatch` of this process (one a web engine; tests make many), looked at by one thread
