@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import uuid
@@ -111,9 +112,17 @@ def test_bad_filters_and_cursors_are_refused_by_name():
 
 
 def test_a_forged_cursor_is_refused(services, seeded):
-    for cursor in ("nonsense", "bm90IGEgY3Vyc29y", "MjAyNi0xMS0zMFQxMjowMHw="):
+    for cursor in ("nonsense", "bm90IGEgY3Vyc29y", "MjAyNi0xMS0zMFQxMjowMHw=",
+                   _forged("0001-01-01T00:00:00+01:00")):
         with pytest.raises(ValueError, match="cursor"):
             operations.find_jobs(services.engine, cursor=cursor)
+    # offsets PostgreSQL refuses (past ±15:59, with seconds): a 500 before (an adversarial run); the same instant
+    for offset in ("+20:00", "-23:59", "+05:30:15.123456"):
+        assert operations.find_jobs(services.engine, cursor=_forged(f"2030-01-01T00:00:00{offset}"))["jobs"]
+
+
+def _forged(created: str) -> str:
+    return base64.urlsafe_b64encode(f"{created}|{uuid.uuid4()}".encode()).decode().rstrip("=")
 
 
 # --- the three doors ------------------------------------------------------------------------
