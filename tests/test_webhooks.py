@@ -474,6 +474,33 @@ def test_a_disable_paused_in_its_transaction_holds_the_jobs_back_only_briefly(ap
     assert authed(app, OPERATOR_TOKEN).get("/v1/ops/webhooks").json["webhooks"][0]["disabled_at"] is None
 
 
+def test_a_process_paused_holding_the_event_counter_holds_the_jobs_back_only_briefly(app, engine, data_file,
+                                                                                     monkeypatch):
+    """An adversarial run: a worker SIGSTOPped right after its transaction took the events' counter held every
+    job's move to ready or failed, in every process, for its whole idle bound: a lease (60 s). Now PostgreSQL ends
+    such a transaction after events.COUNTER_IDLE_SECONDS (here 1 s), whatever its process's own bound."""
+    from app.adapters.postgres.db import make_engine
+
+    monkeypatch.setattr(events, "COUNTER_IDLE_SECONDS", 1.0)
+    attachment = upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    with engine.connect() as conn:
+        job = conn.execute(select(jobs).where(jobs.c.attachment_id == attachment)).one()
+    worker = make_engine(engine.url, process="worker", idle_in_transaction_seconds=60)  # a worker's: a lease
+    try:
+        with worker.connect() as paused:
+            paused.begin()
+            events.emit(paused, job, "attachment.ready")  # and the process stops here
+            began = time.monotonic()
+            with engine.connect() as writer, writer.begin():
+                writer.execute(text("SET LOCAL lock_timeout = '8s'"))  # before: waited the whole pause
+                events.emit(writer, job, "attachment.ready")
+            assert time.monotonic() - began < 6
+            with pytest.raises(OperationalError):  # its session was ended: nothing of it committed
+                paused.execute(text("SELECT 1"))
+    finally:
+        worker.dispose()
+
+
 def test_disables_queued_behind_a_paused_one_give_up_soon_rather_than_hold_the_row_in_turn(app, engine, receivers):
     """A re-attack of the bound above: a web paused in a disable had other threads' disables and enables queued in
     PostgreSQL behind it; when its session was ended each took the row in turn and held it, idle, for as long

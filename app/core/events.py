@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
+from app.adapters.postgres.db import idle_at_most
 from app.adapters.postgres.models import attachments, event_counter, events, jobs
 
 ATTACHMENT_READY = "attachment.ready"
@@ -42,7 +43,15 @@ def body(document: dict) -> str:
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
+#: the longest a transaction that took the counter may sit idle: every job's move to ``ready`` or ``failed``, in
+#: every process, waits for the counter until it commits. A worker paused right after taking it (SIGSTOP, a frozen
+#: VM) held every completion of the deployment for its whole bound, a lease (60 s; an adversarial run). A few
+#: statements follow it before COMMIT (the event, its deliveries, the transition's last writes)
+COUNTER_IDLE_SECONDS = 5.0
+
+
 def _next_sequence(conn: Connection) -> int:
+    idle_at_most(conn, COUNTER_IDLE_SECONDS)
     return conn.execute(update(event_counter).where(event_counter.c.id == 1)
                         .values(last_sequence=event_counter.c.last_sequence + 1)
                         .returning(event_counter.c.last_sequence)).scalar_one()

@@ -72,8 +72,14 @@ def hold_briefly(conn: Connection, *, idle_seconds: float, lock_seconds: float) 
     for ``idle_seconds``, and each of its statements waits ``lock_seconds`` at most for a lock (then
     :func:`transaction` raises :class:`DatabaseUnavailable`). The second keeps a paused process's other
     transactions, queued in PostgreSQL behind the first, from taking the row in turn and each holding it idle."""
-    conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(idle_seconds * 1000))}"))
+    idle_at_most(conn, idle_seconds)
     conn.execute(text(f"SET LOCAL lock_timeout = {max(1, int(lock_seconds * 1000))}"))
+
+
+def idle_at_most(conn: Connection, seconds: float) -> None:
+    """The rest of this transaction ends (rolled back, its locks freed, its session closed) if its client leaves it
+    idle for ``seconds``, whatever the process's own bound."""
+    conn.execute(text(f"SET LOCAL idle_in_transaction_session_timeout = {max(1, int(seconds * 1000))}"))
 
 
 #: the session's idle bound, in milliseconds (0: none), as the transaction sees it (a SET LOCAL included)
