@@ -114,17 +114,21 @@ class DatabaseCollector:
             yield GaugeMetricFamily("attache_leases_expired", "Processing jobs whose lease ran out.", value=expired)
 
             yield _histogram(
-                "attache_job_duration_seconds", "Upload to ready.", conn,
+                "attache_job_duration_seconds",
+                "Upload to ready, over the newest 10,000 ready jobs (a window: it can go down).", conn,
                 "SELECT extract(epoch FROM ready_at - created_at) FROM jobs WHERE state = :ready "
                 "ORDER BY ready_at DESC LIMIT 10000")
             yield _histogram(
-                "attache_attempt_duration_seconds", "Claim to outcome of each attempt.", conn,
+                "attache_attempt_duration_seconds",
+                "Claim to outcome of each attempt, over the newest 10,000 (a window: it can go down).", conn,
                 "SELECT extract(epoch FROM done.at - claim.at) FROM job_history claim "
                 "JOIN LATERAL (SELECT at FROM job_history h WHERE h.job_id = claim.job_id AND h.id > claim.id "
                 "ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = :processing "
                 "ORDER BY claim.id DESC LIMIT 10000")
             yield _histogram(
-                "attache_step_duration_seconds", "Worker time per pipeline step.", conn,
+                "attache_step_duration_seconds",
+                "Worker time per pipeline step, over the newest 10,000 step runs of all steps (a window: it can go "
+                "down).", conn,
                 "SELECT step, seconds FROM (SELECT step, seconds FROM step_runs ORDER BY id DESC LIMIT 10000) recent",
                 labels=["step"])
             yield from _sweepers(conn)
