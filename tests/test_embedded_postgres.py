@@ -15,6 +15,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -94,6 +95,32 @@ def test_processes_that_start_together_on_a_fresh_server_all_get_the_database():
         admin = _admin()
         with admin.connect() as conn:
             conn.exec_driver_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        admin.dispose()
+
+
+def test_ensuring_the_database_waits_on_no_session_lock(database_url):
+    """Behind a pooler in transaction mode a session-level advisory lock around the CREATE was taken and released
+    on different server sessions: an idle one kept it for good and every later start waited for it (an adversarial
+    run, through PgBouncer). Here another session holds the lock the old code took: starts go on."""
+    from sqlalchemy import text
+
+    from app.adapters.postgres.db import ensure_database
+    from tests.conftest import _admin
+
+    name = sa.engine.make_url(database_url).database
+    admin = _admin()
+    try:
+        with admin.connect() as holder:
+            holder.execute(text("SELECT pg_advisory_lock(hashtext(:key))"), {"key": f"attache.ensure_database:{name}"})
+            began = time.monotonic()
+            outcome = []
+            starting = threading.Thread(target=lambda: outcome.append(ensure_database(database_url)), daemon=True)
+            starting.start()
+            starting.join(10)
+            assert outcome == [False], "before: waited for the lock for as long as it was held"
+            assert time.monotonic() - began < 10
+            holder.execute(text("SELECT pg_advisory_unlock_all()"))
+    finally:
         admin.dispose()
 
 

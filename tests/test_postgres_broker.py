@@ -260,3 +260,20 @@ def test_the_pool_gives_no_session_opened_while_the_database_was_read_only(datab
         finally:
             pool.close()
             admin.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+
+def test_the_broker_prepares_no_statement_on_the_server(database_url):
+    """psycopg 3 prepares a statement on the server from its sixth run; behind a pooler in transaction mode one
+    was made on one server session and run on another (DuplicatePreparedStatement, InvalidSqlStatementName, a
+    bind of the wrong parameters: 20-29 consumer errors in 12 uploads, an adversarial run through PgBouncer)."""
+    from app.adapters.broker.postgres import cursor, make_pool
+
+    pool = make_pool(database_url, timeout=2, max_size=1)
+    try:
+        for number in range(10):
+            with cursor(pool) as curs:
+                curs.execute("SELECT %s::int + 1", (number,))
+        with cursor(pool) as curs:
+            assert curs.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
+    finally:
+        pool.close()

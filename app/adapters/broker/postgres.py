@@ -168,6 +168,11 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> Con
     kwargs.setdefault("connect_timeout", str(max(1, int(timeout * 2))))
     kwargs.setdefault("application_name", "attache-broker")
     kwargs.update(liveness_params(kwargs))
+    # no server-side prepared statements: behind a pooler in transaction mode they were made on one server
+    # session and used on another (DuplicatePreparedStatement, InvalidSqlStatementName, "bind message supplies 4
+    # parameters": 20-29 consumer errors in 12 uploads, an adversarial run through PgBouncer); the broker's
+    # statements are a few short ones, parsed each time for some microseconds
+    kwargs["prepare_threshold"] = None
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
                           open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
 

@@ -210,29 +210,35 @@ def time_limit(conn: Connection, seconds: float) -> Iterator[None]:
         raise
 
 
+#: SQLSTATEs of a CREATE DATABASE whose name another took first: the name checked, or the catalog's unique key
+DUPLICATE_DATABASE, UNIQUE_VIOLATION = "42P04", "23505"
+
+
 def ensure_database(database_url: str) -> bool:
     """Create the database named in the URL if it is missing. True if created.
 
     Processes that start together (``make up``: web, worker and scheduler)
-    all call this; the check and the CREATE run under an advisory lock, so
-    exactly one creates the database and the others find it (unlocked, the
-    losers of the race die of a duplicate key in ``pg_database``).
+    all call this; exactly one creates the database, and the others' CREATE
+    fails on the name taken, which says it exists. No session-level lock:
+    one taken around the CREATE (which cannot run in a transaction) was
+    taken and released on different server sessions behind a pooler in
+    transaction mode, and stayed held for good by an idle one, and every
+    later start waited for it (an adversarial run, through PgBouncer).
     """
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     name = url.database
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
-    lock = {"key": f"attache.ensure_database:{name}"}
     try:
         with admin.connect() as conn:
-            conn.execute(text("SELECT pg_advisory_lock(hashtext(:key))"), lock)
-            try:
-                exists = conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar()
-                if not exists:
-                    conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
-                    return True
+            if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar():
                 return False
-            finally:
-                conn.execute(text("SELECT pg_advisory_unlock(hashtext(:key))"), lock)
+            try:
+                conn.exec_driver_sql(f'CREATE DATABASE "{name}"')
+            except DBAPIError as exc:  # another process created it first
+                if getattr(exc.orig, "pgcode", None) in (DUPLICATE_DATABASE, UNIQUE_VIOLATION):
+                    return False
+                raise
+            return True
     finally:
         admin.dispose()
 
