@@ -149,7 +149,8 @@ class Settings:
         "a pool's ping; then they cut the connection and log it, and the step or the sweeper's round fails and "
         "runs again: behind a pooler or proxy whose backend went silent and lost their bytes, a worker's thread "
         "and a scheduler's rounds waited for good, and accepted uploads stayed queued until both were restarted; "
-        "at least 12, above their slowest statements (the PostgreSQL broker's own connections are not cut)")
+        "at least 12, above their slowest statements; the PostgreSQL broker's connections have the same deadline (the "
+        "web's: ATTACHE_DATABASE_ANSWER_SECONDS)")
     max_bodies_per_uploader: int = setting(
         "ATTACHE_MAX_BODIES_PER_UPLOADER", 8, _int(0),
         "upload bodies (POST /v1/attachments, tus creations with a body and PATCHes) one uploader may send to "

@@ -146,12 +146,22 @@ class Services:
         engine = make_engine(self.database_url, pool_size=self._pool_size, process=self._process,
                              idle_in_transaction_seconds=WEB_IDLE_IN_TRANSACTION_SECONDS if web else idle,
                              lock_timeout_seconds=WEB_LOCK_TIMEOUT_SECONDS if web else None)
-        if web:  # a request waits this long at most for an answer, then 503
-            AnswerWatch(engine, self.settings.database_answer_seconds, "ATTACHE_DATABASE_ANSWER_SECONDS")
-        elif bounded:  # longer: a step or a round cut is run again, and nobody waits on it; but a wait with no end
-            # held a worker's thread and every sweeper (lease recovery among them) for good (an adversarial run)
-            AnswerWatch(engine, self.settings.background_answer_seconds, "ATTACHE_BACKGROUND_ANSWER_SECONDS")
+        if self._answer_deadline is not None:
+            AnswerWatch(engine, *self._answer_deadline)
         return engine
+
+    @property
+    def _answer_deadline(self) -> tuple[float, str] | None:
+        """How long this process's connections to PostgreSQL (the engine's, a PostgreSQL broker's) wait for an
+        answer at most, and the setting that says so. The web's requests: then 503. The worker's and the
+        scheduler's, longer: a step or a round cut is run again, and nobody waits on it; but a wait with no end
+        held a worker's thread and every sweeper (lease recovery among them) for good (an adversarial run). The
+        CLI's: none (a migration may take long)."""
+        if self._process == "web":
+            return self.settings.database_answer_seconds, "ATTACHE_DATABASE_ANSWER_SECONDS"
+        if self._consumer or self._process == "scheduler":
+            return self.settings.background_answer_seconds, "ATTACHE_BACKGROUND_ANSWER_SECONDS"
+        return None
 
     @cached_property
     def storage(self):
@@ -166,7 +176,8 @@ class Services:
         from app.adapters.broker import broker_from_settings
 
         return broker_from_settings(self.settings, self.broker_url,
-                                    middleware=self._consumer_middleware() if self._consumer else [])
+                                    middleware=self._consumer_middleware() if self._consumer else [],
+                                    answer_deadline=self._answer_deadline)
 
     def _consumer_middleware(self) -> list:
         from dramatiq.middleware import (

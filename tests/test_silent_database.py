@@ -14,11 +14,13 @@ import select
 import time
 from urllib.parse import urlsplit
 
+import pytest
 from sqlalchemy import create_engine
 
 from app.adapters.broker.postgres import make_pool
 from app.adapters.postgres import db
 from app.adapters.postgres.liveness import LIVENESS
+from tests.conftest import BROKER_KINDS
 from tests.netns import SecondHost
 from tests.pgcluster import PrivateCluster
 from tests.processes import Deployment, wait_for
@@ -271,19 +273,23 @@ def test_the_web_answers_503_soon_when_a_proxy_before_postgresql_swallows_every_
         proxy.close()
 
 
-def test_a_worker_and_a_scheduler_whose_answers_vanish_behind_a_proxy_carry_on(env, tmp_path, data_file):
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+def test_a_worker_and_a_scheduler_whose_answers_vanish_behind_a_proxy_carry_on(env, tmp_path, data_file,
+                                                                                broker_kind):
     """An adversarial run: behind a proxy whose backend went silent and lost the bytes sent meanwhile, a worker's
-    thread and the scheduler's rounds (lease recovery, the outbox relay among them) waited for an answer for good:
-    uploads accepted by a web that reached PostgreSQL stayed queued until worker and scheduler were restarted.
-    Now each waits ATTACHE_BACKGROUND_ANSWER_SECONDS (here 12) at most, and the step or round runs again."""
+    thread and the scheduler's rounds (lease recovery, the outbox relay among them) waited for an answer for good,
+    and so did the PostgreSQL broker's claims: uploads accepted by a web that reached PostgreSQL stayed queued
+    until worker and scheduler were restarted. Now each connection waits ATTACHE_BACKGROUND_ANSWER_SECONDS (here
+    12) at most, and the step, the claim or the round runs again."""
     target = urlsplit(env["DATABASE_URL"])
     proxies = {name: Listener(upstream=(target.hostname, target.port or 5432)) for name in ("worker", "scheduler")}
     deployment = Deployment({**env, "ATTACHE_BACKGROUND_ANSWER_SECONDS": "12"}, tmp_path)
     try:
         deployment.start("web")  # straight to PostgreSQL: it accepts uploads throughout
         for name, proxy in proxies.items():
-            deployment.start(name, DATABASE_URL=env["DATABASE_URL"].replace(
-                target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"))
+            through = env["DATABASE_URL"].replace(target.netloc, f"{target.username}@127.0.0.1:{proxy.port}")
+            deployment.start(name, DATABASE_URL=through,
+                             BROKER_URL=through if broker_kind == "postgres" else env["BROKER_URL"])
         assert deployment.wait_state(deployment.upload(data_file("photos/chelsea.jpg")).json()["id"],
                                      timeout=60)["state"] == "ready"
         for proxy in proxies.values():
@@ -298,11 +304,54 @@ def test_a_worker_and_a_scheduler_whose_answers_vanish_behind_a_proxy_carry_on(e
         assert deployment.wait_state(accepted.json()["id"], timeout=60)["state"] == "ready", \
             "before: stuck queued or processing for as long as worker and scheduler lived"
         assert time.monotonic() - thawed < 12 + 40
-        assert "PostgreSQL sent no answer for 12 s (ATTACHE_BACKGROUND_ANSWER_SECONDS)" in deployment.logs()
+        if broker_kind == "rabbitmq":  # the PostgreSQL broker's waits are polls of 2 s or claims, not always cut
+            wait_for(lambda: "PostgreSQL sent no answer for 12 s (ATTACHE_BACKGROUND_ANSWER_SECONDS)"
+                     in deployment.logs(), timeout=30, message="the lost answers' connections cut")
+        assert deployment.wait_state(deployment.upload(data_file("photos/chelsea.jpg")).json()["id"],
+                                     timeout=60)["state"] == "ready", "and the next upload goes through"
     finally:
         deployment.stop_all()
         for proxy in proxies.values():
             proxy.close()
+
+
+def test_the_postgresql_brokers_wait_for_a_lost_answer_is_cut(database_url):
+    """Behind a proxy whose backend went silent and lost the bytes sent meanwhile, the PostgreSQL broker's claims
+    and heartbeats (psycopg 3, outside the engine) waited for good: the worker took no message until it was
+    restarted (an adversarial run). Its connections' waits are watched as the engine's are."""
+    import threading
+
+    from psycopg import OperationalError
+
+    from app.adapters.broker.postgres import cursor
+    from app.adapters.postgres.liveness import AnswerWatch
+
+    target = urlsplit(database_url)
+    proxy = Listener(upstream=(target.hostname, target.port or 5432))
+    pool = make_pool(database_url.replace(target.netloc, f"{target.username}@127.0.0.1:{proxy.port}"), timeout=5,
+                     answer=AnswerWatch(None, 2, "the test's deadline"))
+    outcome = []
+
+    def claim():
+        try:
+            with cursor(pool) as curs:
+                proxy.frozen.set()  # the statement's bytes vanish; its answer never comes
+                curs.execute("SELECT 1")
+            outcome.append("answered")
+        except OperationalError as exc:
+            outcome.append(exc)
+
+    try:
+        began = time.monotonic()
+        waiting = threading.Thread(target=claim, daemon=True)
+        waiting.start()
+        waiting.join(15)
+        assert outcome and isinstance(outcome[0], OperationalError), f"before: still waiting ({outcome})"
+        assert time.monotonic() - began < 2 + 3
+    finally:
+        proxy.frozen.clear()
+        pool.close()
+        proxy.close()
 
 
 def test_the_web_still_moves_on_to_the_next_host_of_its_url_when_the_first_is_silent(env, tmp_path, data_file):

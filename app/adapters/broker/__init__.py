@@ -14,17 +14,23 @@ from __future__ import annotations
 from typing import Iterable
 
 
-def broker_from_settings(settings, url: str, *, middleware: list | None = None):
-    """The Dramatiq broker of ``settings.broker_kind`` at ``url`` (the resolved ``BROKER_URL``)."""
+def broker_from_settings(settings, url: str, *, middleware: list | None = None,
+                         answer_deadline: tuple[float, str] | None = None):
+    """The Dramatiq broker of ``settings.broker_kind`` at ``url`` (the resolved ``BROKER_URL``).
+    ``answer_deadline``: the seconds a PostgreSQL broker's connection waits at most for an answer, and the setting
+    that says so (None: no deadline)."""
     if settings.broker_kind == "rabbitmq":
         from app.adapters.broker.rabbitmq import AttacheBroker
 
         return AttacheBroker(url=url, delivery_limit=settings.broker_delivery_limit,
                              socket_timeout=settings.publish_timeout_seconds, middleware=middleware or [])
     from app.adapters.broker.postgres import PostgresBroker
+    from app.adapters.postgres.liveness import AnswerWatch
 
+    answer = None if answer_deadline is None else AnswerWatch(None, *answer_deadline)
     return PostgresBroker(url=url, delivery_limit=settings.broker_delivery_limit,
-                          socket_timeout=settings.publish_timeout_seconds, middleware=middleware or [])
+                          socket_timeout=settings.publish_timeout_seconds, middleware=middleware or [],
+                          answer=answer)
 
 
 def dead_letters_from_settings(settings, url: str, engine, *, queues: Iterable[str]):

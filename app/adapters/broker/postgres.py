@@ -64,7 +64,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from app import faults
 from app.adapters.postgres.db import SESSION_READ_ONLY
-from app.adapters.postgres.liveness import liveness_params
+from app.adapters.postgres.liveness import AnswerWatch, liveness_params
 from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
@@ -155,7 +155,22 @@ def libpq_url(database_url: str) -> str:
 POOL_MAX_SIZE = 16
 
 
-def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> ConnectionPool:
+def watched_connections(watch: AnswerWatch) -> type[psycopg.Connection]:
+    """psycopg 3 connections each of whose waits for the server (a statement, a COMMIT, the pool's check, a
+    ``notifies`` poll of 2 s) ``watch`` cuts once it has lasted its deadline. Behind a proxy whose backend went
+    silent and lost their bytes, the broker's claims and heartbeats waited for good and the worker took no
+    message until it was restarted (an adversarial run)."""
+
+    class WatchedConnection(psycopg.Connection):
+        def wait(self, gen, *args, **kwargs):
+            with watch.waiting(self):
+                return super().wait(gen, *args, **kwargs)
+
+    return WatchedConnection
+
+
+def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE,
+              answer: AnswerWatch | None = None) -> ConnectionPool:
     """Connections opened on demand; a checkout (or a connect) waits at most ``timeout`` seconds.
 
     A connection that could not be opened is retried with a growing delay (1, 2, 4, 8... s), for at most twice
@@ -174,7 +189,7 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE) -> Con
     # statements are a few short ones, parsed each time for some microseconds
     kwargs["prepare_threshold"] = None
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
-                          open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
+                          connection_class=watched_connections(answer) if answer else psycopg.Connection, open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
 
 
 def check_writable(connection) -> None:
@@ -204,8 +219,9 @@ def fresh(message: Message) -> Message:
 
 class PostgresBroker(LibraryBroker):
     def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
-                 middleware: list | None = None):
-        self.own_pool = make_pool(url, timeout=socket_timeout)
+                 middleware: list | None = None, answer: AnswerWatch | None = None):
+        """``answer``: cuts a wait for the server's answer on the broker's connections (:func:`watched_connections`)."""
+        self.own_pool = make_pool(url, timeout=socket_timeout, answer=answer)
         super().__init__(pool=self.own_pool, results=False, listen=True, notify=True, poll_interval=POLL_SECONDS,
                          heartbeat_interval=HEARTBEAT_SECONDS, heartbeat_ttl=HEARTBEAT_TTL_SECONDS,
                          maintenance_interval=MAINTENANCE_SECONDS, purge_maxage=None, middleware=middleware)

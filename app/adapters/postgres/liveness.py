@@ -102,12 +102,18 @@ class AnswerWatch:
     unexpectedly"), and the pool discards the connection. One thread of the process looks every
     :data:`WATCH_EVERY_SECONDS`."""
 
-    def __init__(self, engine: Engine, seconds: float, setting: str):
+    def __init__(self, engine: Engine | None, seconds: float, setting: str):
+        """``engine``: whose calls are watched; None: a watch the caller brackets calls with itself
+        (:meth:`waiting`: the PostgreSQL broker's psycopg 3 connections)."""
         self.seconds, self.setting = seconds, setting
         self._waiting: dict[int, tuple[int, float]] = {}  # id(DBAPI connection) -> (its socket's fd, since)
         self._lock = threading.Lock()
         _watched_engines.add(self)
         _start_the_watchdog()
+        if engine is not None:
+            self._watch(engine)
+
+    def _watch(self, engine: Engine) -> None:
         dialect = engine.dialect
         for name in ("do_commit", "do_rollback", "do_ping"):
             setattr(dialect, name, self._watched(getattr(dialect, name)))
