@@ -611,3 +611,62 @@ def test_a_tiff_whose_jpeg_tiles_are_progressive_is_not_processed(tmp_path):
         probed(tmp_path, "one_of_many.tif", bytes(one_of_many))
     with pytest.raises(UnsupportedFormat, match="old-style"):
         probed(tmp_path, "old.tif", hostile_images.jpeg_tiff(64, progressive=False, compression=6))
+
+
+def _jpeg(progressive: bool, side: int = 32) -> bytes:
+    out = io.BytesIO()
+    Image.linear_gradient("L").resize((side, side)).save(out, "JPEG", quality=90, progressive=progressive)
+    return out.getvalue()
+
+
+def _jpeg_tiff(side: int, tile: int, data: bytes, entries: list[tuple[int, int, list[int]]]) -> bytes:
+    """A grey JPEG-compressed (7) TIFF of ``side`` with ``data`` after its header and the offset entries given as
+    ``(tag, type, values)``, each value an offset into ``data`` (written as that type)."""
+    units = {1: "B", 3: "H", 4: "I", 6: "b", 16: "Q", 17: "q", 18: "Q"}
+    tags = [(256, 4, [side]), (257, 4, [side]), (258, 3, [8]), (259, 3, [7]), (262, 3, [1]), (277, 3, [1]),
+            (322, 3, [tile]), (323, 3, [tile]), (278, 3, [tile])]
+    tags += [(tag, kind, [8 + value for value in values]) for tag, kind, values in entries]
+    tags += [(279 if tag == 273 else 325, 4, [len(data)] * len(values)) for tag, _, values in entries]
+    tags.sort(key=lambda entry: entry[0])
+    arrays, at = b"", 8 + len(data) + 2 + 12 * len(tags) + 4
+    ifd = struct.pack("<H", len(tags))
+    for tag, kind, values in tags:
+        packed = struct.pack(f"<{len(values)}{units[kind]}", *values)
+        if len(packed) <= 4:
+            ifd += struct.pack("<HHI", tag, kind, len(values)) + packed.ljust(4, b"\0")
+        else:
+            ifd += struct.pack("<HHII", tag, kind, len(values), at + len(arrays))
+            arrays += packed
+    return b"II*\0" + struct.pack("<I", 8 + len(data)) + data + ifd + bytes(4) + arrays
+
+
+def test_every_offsets_entry_libtiff_may_decode_from_is_checked(tmp_path):
+    """A re-attack of the check above: libtiff decodes from the later of StripOffsets and TileOffsets (one field
+    to it) and reads offsets typed BYTE, SBYTE, SLONG8 or IFD8, which Pillow skips: a baseline strip named by
+    StripOffsets hid 7,056 progressive tiles of 99 scans (14.8 s of CPU a render), and 62,500 behind IFD8 offsets."""
+    baseline, progressive = _jpeg(False), _jpeg(True)
+    data = baseline + progressive
+    tiles = [len(baseline)] * 4  # a 64x64 image of four 32x32 tiles, each the progressive JPEG
+    decoy = _jpeg_tiff(64, 32, data, [(273, 4, [0] * 2), (324, 4, tiles)])
+    with pytest.raises(UnsupportedFormat, match="progressive"):
+        probed(tmp_path, "decoy.tif", decoy)
+    for kind in (1, 6, 17, 18):  # offsets past 127 do not fit SBYTE: the progressive JPEG goes first
+        small = _jpeg_tiff(64, 32, progressive + baseline, [(324, kind, [0] * 4)])
+        with pytest.raises(UnsupportedFormat, match="progressive"):
+            probed(tmp_path, f"type{kind}.tif", small)
+    assert probed(tmp_path, "plain.tif", _jpeg_tiff(64, 32, baseline, [(324, 4, [0] * 4)])).width == 64
+
+
+def test_a_jpeg_tiffs_strips_are_walked_once_each_however_they_are_laid_out(tmp_path):
+    """A re-attack of the check above: each strip an SOI and 2,000 fill bytes, the next strip's SOI after them;
+    each strip's walk, a fill byte a turn, went on through every later strip: 30 s of CPU for 2 MB, in the web and
+    again in every render. A strip's header is walked up to the next strip at most, and one that runs into it is
+    refused."""
+    import time
+
+    strip = b"\xff\xd8" + b"\xff" * 2000
+    data = strip * 990
+    began = time.process_time()
+    with pytest.raises(CorruptImage, match="runs into the next"):
+        probed(tmp_path, "fill.tif", _jpeg_tiff(64, 64, data, [(273, 4, [i * len(strip) for i in range(990)])]))
+    assert time.process_time() - began < 1

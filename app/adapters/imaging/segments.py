@@ -159,20 +159,21 @@ def _tiff_jpeg_strips(fp: BinaryIO, directory: dict[int, _TiffTag]) -> None:
     memory meanwhile, and the scan limits a JPEG has (:data:`MAX_SCAN_PIXELS`) did not reach inside a TIFF: 62,500
     tiles of 32x32 pointing at one 2.9 KB JPEG of 99 scans, 503 KB in all, took 15 s of the worker's CPU a render,
     and progressive strips 350 MB over a budget that priced 81 MB (an adversarial run). Old-style JPEG (6), which
-    names its own streams, is not processed."""
+    names its own streams, is not processed.
+
+    The strips are those of every StripOffsets and TileOffsets entry, of any integer type: libtiff decodes from
+    the later of the two (one field to it), and reads BYTE, SBYTE, SLONG8 and IFD8 offsets Pillow skips (a
+    re-attack hid 7,056 progressive tiles behind a baseline strip, and 62,500 behind IFD8 offsets). Each strip's
+    header is walked only up to the next strip's start, so the walk reads each byte of the file once at most (a
+    strip of 2,000 fill bytes before its next walked through every later one: 30 s of CPU for 2 MB); one whose
+    header runs into the next strip is refused: TIFF writers never overlap them."""
     if _tiff_value(directory, 259) == 6:
         raise UnsupportedFormat("old-style JPEG compression in a TIFF is not processed")
-    offsets = directory.get(273) or directory.get(324)  # Pillow reads strips when StripOffsets is there
-    unit = _TIFF_INTEGERS.get(offsets.kind) if offsets is not None else None
-    if unit is None or offsets.count > MAX_TIFF_STRIPS:
-        return  # no strips to read, or refused as too many by the caller
-    shape = _tiff_file(fp)
-    fp.seek(offsets.at)
-    raw = fp.read(offsets.count * struct.calcsize(unit))
-    starts = sorted(set(struct.unpack(f"{shape.order}{len(raw) // struct.calcsize(unit)}{unit}", raw)))
+    starts = sorted(set(_tiff_strip_offsets(fp)))
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        for start in starts:
-            head = _jpeg_stream_head(data, start)
+        for number, start in enumerate(starts):
+            end = starts[number + 1] if number + 1 < len(starts) else len(data)
+            head = _jpeg_stream_head(data, start, end)
             if head is None:
                 continue  # no JPEG stream there: libtiff's to refuse
             frame, components, first_scan = head
@@ -181,20 +182,62 @@ def _tiff_jpeg_strips(fp: BinaryIO, directory: dict[int, _TiffTag]) -> None:
                                         "processed")
 
 
-def _jpeg_stream_head(data: mmap.mmap, start: int) -> tuple[int, int, int] | None:
+#: every integer TIFF type libtiff reads offsets of (Pillow skips SLONG8 and IFD8, and reads BYTE and SBYTE as bytes)
+_TIFF_OFFSET_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 13: "I", 16: "Q", 17: "q", 18: "Q"}
+#: StripOffsets, TileOffsets
+_TIFF_OFFSET_TAGS = frozenset({273, 324})
+
+
+def _tiff_strip_offsets(fp: BinaryIO) -> list[int]:
+    """Every value of every StripOffsets and TileOffsets entry of the first IFD, whatever its type or copy."""
+    shape = _tiff_file(fp)
+    if shape is None or shape.first >= shape.size:
+        return []
+    fp.seek(shape.first)
+    raw = fp.read(struct.calcsize(shape.count_format))
+    if len(raw) < struct.calcsize(shape.count_format):
+        return []
+    entries = min(struct.unpack(shape.count_format, raw)[0], 65535)
+    table_at = shape.first + len(raw)
+    table = fp.read(entries * shape.entry.size)
+    offsets: list[int] = []
+    for pos in range(0, len(table) - shape.entry.size + 1, shape.entry.size):
+        tag, kind, count, field = shape.entry.unpack_from(table, pos)
+        unit = _TIFF_OFFSET_TYPES.get(kind)
+        if tag not in _TIFF_OFFSET_TAGS or unit is None or not count:
+            continue
+        if count > MAX_TIFF_STRIPS:
+            raise DecompressionBomb(f"the TIFF lists {count} strips or tiles, more than {MAX_TIFF_STRIPS}")
+        length = count * struct.calcsize(unit)
+        where = (struct.unpack(shape.order + ("I" if len(field) == 4 else "Q"), field)[0] if length > len(field)
+                 else table_at + pos + shape.entry.size - len(field))
+        fp.seek(where)
+        values = fp.read(length)
+        count = len(values) // struct.calcsize(unit)
+        unpacked = struct.unpack(f"{shape.order}{count}{unit}", values[:count * struct.calcsize(unit)])
+        offsets.extend(value for value in unpacked if value >= 0)
+    return offsets
+
+
+def _jpeg_stream_head(data: mmap.mmap, start: int, end: int) -> tuple[int, int, int] | None:
     """The frame's marker, its components and its first scan's components of the JPEG stream at ``start``, read
-    segment by segment to its first SOS; None where no such stream is (no SOI, no frame before the scan)."""
-    size, frame = len(data), None
+    segment by segment (fill bytes skipped in C) to its first SOS before ``end``; None where no such stream is (no
+    SOI, no frame before the scan, a marker where none may be). :class:`CorruptImage` if its header runs past
+    ``end`` (into the next strip)."""
+    size, frame = min(len(data), end), None
     if data[start:start + 2] != b"\xff\xd8":
         return None
     pos = start + 2
     for _ in range(MAX_SEGMENTS):
-        if pos >= size or data[pos] != 0xFF:
+        if pos >= size:
+            break
+        if data[pos] != 0xFF:
             return None
-        while pos < size and data[pos] == 0xFF:
-            pos += 1
+        while pos < size and data[pos] == 0xFF:  # fill bytes, 64 KiB at a time
+            run = data[pos:min(size, pos + 65536)]
+            pos += len(run) - len(run.lstrip(b"\xff"))
         if pos + 3 > size:
-            return None
+            break
         marker, pos = data[pos], pos + 1
         if marker in _FRAMES and pos + 8 <= size:
             frame = (marker, data[pos + 7])
@@ -202,7 +245,10 @@ def _jpeg_stream_head(data: mmap.mmap, start: int) -> tuple[int, int, int] | Non
             return None if frame is None else (*frame, data[pos + 2])
         if marker not in _STANDALONE:
             pos += struct.unpack(">H", data[pos:pos + 2])[0]
-    raise DecompressionBomb(f"a JPEG strip of the TIFF has more than {MAX_SEGMENTS} segments before its pixels")
+    else:
+        raise DecompressionBomb(f"a JPEG strip of the TIFF has more than {MAX_SEGMENTS} segments before its pixels")
+    raise CorruptImage("a JPEG strip of the TIFF runs into the next one, or past the end of the file, before its "
+                       "pixels")
 
 
 def _tiff_metadata(fp: BinaryIO) -> int:
