@@ -619,15 +619,18 @@ def _jpeg(progressive: bool, side: int = 32) -> bytes:
     return out.getvalue()
 
 
-def _jpeg_tiff(side: int, tile: int, data: bytes, entries: list[tuple[int, int, list[int]]]) -> bytes:
-    """A grey JPEG-compressed (7) TIFF of ``side`` with ``data`` after its header and the offset entries given as
-    ``(tag, type, values)``, each value an offset into ``data`` (written as that type)."""
+def _jpeg_tiff(side: int, tile: int, data: bytes, entries: list[tuple[int, int, list[int]]],
+               compression: list[tuple[int, int]] = ((3, 7),)) -> bytes:
+    """A grey JPEG-compressed TIFF of ``side`` with ``data`` after its header and the offset entries given as
+    ``(tag, type, values)``, each value an offset into ``data`` (written as that type); ``compression``: the
+    Compression entries, ``(type, value)`` each (one SHORT 7: TIFF Technical Note 2's JPEG)."""
     units = {1: "B", 3: "H", 4: "I", 6: "b", 16: "Q", 17: "q", 18: "Q"}
-    tags = [(256, 4, [side]), (257, 4, [side]), (258, 3, [8]), (259, 3, [7]), (262, 3, [1]), (277, 3, [1]),
+    tags = [(256, 4, [side]), (257, 4, [side]), (258, 3, [8]), (262, 3, [1]), (277, 3, [1]),
             (322, 3, [tile]), (323, 3, [tile]), (278, 3, [tile])]
+    tags += [(259, kind, [value]) for kind, value in compression]
     tags += [(tag, kind, [8 + value for value in values]) for tag, kind, values in entries]
     tags += [(279 if tag == 273 else 325, 4, [len(data)] * len(values)) for tag, _, values in entries]
-    tags.sort(key=lambda entry: entry[0])
+    tags.sort(key=lambda entry: entry[0])  # stable: copies of a tag stay in the order given
     arrays, at = b"", 8 + len(data) + 2 + 12 * len(tags) + 4
     ifd = struct.pack("<H", len(tags))
     for tag, kind, values in tags:
@@ -670,3 +673,31 @@ def test_a_jpeg_tiffs_strips_are_walked_once_each_however_they_are_laid_out(tmp_
     with pytest.raises(CorruptImage, match="runs into the next"):
         probed(tmp_path, "fill.tif", _jpeg_tiff(64, 64, data, [(273, 4, [i * len(strip) for i in range(990)])]))
     assert time.process_time() - began < 1
+
+
+def test_a_jpeg_tiffs_compression_is_read_as_libtiff_reads_it(tmp_path):
+    """A second re-attack: Compression 7 typed SBYTE, or a SLONG8 7 before a SHORT 5, was not JPEG to the walk
+    (Pillow skips or reads them otherwise) while libtiff took the first copy, whatever its type, and decoded the
+    progressive tiles: 20 s of CPU a job for 1 MB, and 415 MB for a strip priced 81."""
+    progressive = _jpeg(True)
+    for compression in ([(6, 7)], [(17, 7), (3, 5)], [(1, 7)], [(16, 7)]):
+        with pytest.raises(UnsupportedFormat, match="progressive"):
+            probed(tmp_path, "typed.tif", _jpeg_tiff(64, 32, progressive, [(324, 4, [0] * 4)], compression))
+
+
+def test_a_jpeg_tiffs_strips_may_have_a_writers_few_segments_each(tmp_path):
+    """A second re-attack: 21,024 strips of 990 restart markers each before the scan, under the 1,000 a strip, a
+    Python turn a marker: 8.7 s of CPU a walk, in the probe and in every render. The segments walked are 16 a
+    strip in all; a writer's have under 10."""
+    import time
+
+    baseline = _jpeg(False)
+    scan = baseline.index(b"\xff\xda")
+    padded = baseline[:scan] + b"\xff\xd0" * 990 + baseline[scan:]
+    starts = [i * len(padded) for i in range(64)]
+    began = time.process_time()
+    with pytest.raises(DecompressionBomb, match="segments"):
+        probed(tmp_path, "markers.tif", _jpeg_tiff(64, 1, padded * 64, [(273, 4, starts)]))
+    assert time.process_time() - began < 1
+    assert probed(tmp_path, "plain.tif", _jpeg_tiff(64, 1, baseline * 64,
+                                                    [(273, 4, [i * len(baseline) for i in range(64)])])).width == 64

@@ -137,8 +137,9 @@ def _tiff(fp: BinaryIO) -> None:
         raise DecompressionBomb(f"the TIFF lists {listed} strips or tiles, more than {MAX_TIFF_STRIPS}")
     if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
         raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
-    if _tiff_value(directory, 259, 1) in _TIFF_JPEG_COMPRESSIONS:
-        _tiff_jpeg_strips(fp, directory)
+    compressions = set(_tiff_raw_values(fp, _TIFF_COMPRESSION).get(259, ()))
+    if compressions & _TIFF_JPEG_COMPRESSIONS:
+        _tiff_jpeg_strips(fp, compressions)
     decoded = directory[274].count if 274 in directory else 0
     decoded += sum(tag.count for sub in _tiff_sub_directories(fp, directory) for tag in sub.values()
                    if tag.kind not in _TIFF_BYTE_TYPES)
@@ -153,7 +154,7 @@ _TIFF_JPEG_COMPRESSIONS = frozenset({6, 7})
 _SEQUENTIAL_FRAMES = frozenset({0xC0, 0xC1})
 
 
-def _tiff_jpeg_strips(fp: BinaryIO, directory: dict[int, _TiffTag]) -> None:
+def _tiff_jpeg_strips(fp: BinaryIO, compressions: set[int]) -> None:
     """Every JPEG strip or tile of the first IFD one sequential scan of all its components, as TIFF writers make
     them. A progressive strip is a pass over its coefficients per scan, up to 100 each (libtiff's), held whole in
     memory meanwhile, and the scan limits a JPEG has (:data:`MAX_SCAN_PIXELS`) did not reach inside a TIFF: 62,500
@@ -166,14 +167,19 @@ def _tiff_jpeg_strips(fp: BinaryIO, directory: dict[int, _TiffTag]) -> None:
     re-attack hid 7,056 progressive tiles behind a baseline strip, and 62,500 behind IFD8 offsets). Each strip's
     header is walked only up to the next strip's start, so the walk reads each byte of the file once at most (a
     strip of 2,000 fill bytes before its next walked through every later one: 30 s of CPU for 2 MB); one whose
-    header runs into the next strip is refused: TIFF writers never overlap them."""
-    if _tiff_value(directory, 259) == 6:
+    header runs into the next strip is refused: TIFF writers never overlap them. The segments walked are
+    :data:`TIFF_JPEG_SEGMENTS_PER_STRIP` a strip in all (990 restart markers before each of 21,024 strips took 8.7
+    s of CPU a walk, in the probe and again in every render: a re-attack). ``compressions``: every Compression
+    value of the first IFD, any copy, any integer type (libtiff takes the first copy, whatever its type; Pillow
+    skipped an SBYTE 7 and a SLONG8 7 before a SHORT 5, and libtiff decoded the progressive tiles: a re-attack)."""
+    if 6 in compressions:
         raise UnsupportedFormat("old-style JPEG compression in a TIFF is not processed")
-    starts = sorted(set(_tiff_strip_offsets(fp)))
+    starts = sorted({start for values in _tiff_raw_values(fp, _TIFF_OFFSET_TAGS).values() for start in values})
+    budget = [max(MAX_SEGMENTS, TIFF_JPEG_SEGMENTS_PER_STRIP * len(starts))]
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
         for number, start in enumerate(starts):
             end = starts[number + 1] if number + 1 < len(starts) else len(data)
-            head = _jpeg_stream_head(data, start, end)
+            head = _jpeg_stream_head(data, start, end, budget)
             if head is None:
                 continue  # no JPEG stream there: libtiff's to refuse
             frame, components, first_scan = head
@@ -182,32 +188,38 @@ def _tiff_jpeg_strips(fp: BinaryIO, directory: dict[int, _TiffTag]) -> None:
                                         "processed")
 
 
-#: every integer TIFF type libtiff reads offsets of (Pillow skips SLONG8 and IFD8, and reads BYTE and SBYTE as bytes)
-_TIFF_OFFSET_TYPES = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 13: "I", 16: "Q", 17: "q", 18: "Q"}
+#: segments of a JPEG TIFF's strips walked, a strip, in all: a writer's strip has its SOI, frame and scan header
+#: (and its tables, and a restart interval, when JPEGTables does not hold them): under 10
+TIFF_JPEG_SEGMENTS_PER_STRIP = 16
+#: every integer TIFF type libtiff reads a tag of (Pillow skips SLONG8 and IFD8, and reads BYTE and SBYTE as bytes)
+_TIFF_ANY_INTEGERS = {1: "B", 3: "H", 4: "I", 6: "b", 8: "h", 9: "i", 13: "I", 16: "Q", 17: "q", 18: "Q"}
 #: StripOffsets, TileOffsets
 _TIFF_OFFSET_TAGS = frozenset({273, 324})
+#: Compression
+_TIFF_COMPRESSION = frozenset({259})
 
 
-def _tiff_strip_offsets(fp: BinaryIO) -> list[int]:
-    """Every value of every StripOffsets and TileOffsets entry of the first IFD, whatever its type or copy."""
+def _tiff_raw_values(fp: BinaryIO, wanted: frozenset[int]) -> dict[int, list[int]]:
+    """Every value of every entry of the ``wanted`` tags in the first IFD, as libtiff may read them: any integer
+    type, every copy (their values joined, in the order of the entries)."""
     shape = _tiff_file(fp)
     if shape is None or shape.first >= shape.size:
-        return []
+        return {}
     fp.seek(shape.first)
     raw = fp.read(struct.calcsize(shape.count_format))
     if len(raw) < struct.calcsize(shape.count_format):
-        return []
+        return {}
     entries = min(struct.unpack(shape.count_format, raw)[0], 65535)
     table_at = shape.first + len(raw)
     table = fp.read(entries * shape.entry.size)
-    offsets: list[int] = []
+    found: dict[int, list[int]] = {}
     for pos in range(0, len(table) - shape.entry.size + 1, shape.entry.size):
         tag, kind, count, field = shape.entry.unpack_from(table, pos)
-        unit = _TIFF_OFFSET_TYPES.get(kind)
-        if tag not in _TIFF_OFFSET_TAGS or unit is None or not count:
+        unit = _TIFF_ANY_INTEGERS.get(kind)
+        if tag not in wanted or unit is None or not count:
             continue
         if count > MAX_TIFF_STRIPS:
-            raise DecompressionBomb(f"the TIFF lists {count} strips or tiles, more than {MAX_TIFF_STRIPS}")
+            raise DecompressionBomb(f"the TIFF lists {count} values of its tag {tag}, more than {MAX_TIFF_STRIPS}")
         length = count * struct.calcsize(unit)
         where = (struct.unpack(shape.order + ("I" if len(field) == 4 else "Q"), field)[0] if length > len(field)
                  else table_at + pos + shape.entry.size - len(field))
@@ -215,26 +227,32 @@ def _tiff_strip_offsets(fp: BinaryIO) -> list[int]:
         values = fp.read(length)
         count = len(values) // struct.calcsize(unit)
         unpacked = struct.unpack(f"{shape.order}{count}{unit}", values[:count * struct.calcsize(unit)])
-        offsets.extend(value for value in unpacked if value >= 0)
-    return offsets
+        found.setdefault(tag, []).extend(value for value in unpacked if value >= 0)
+    return found
 
 
-def _jpeg_stream_head(data: mmap.mmap, start: int, end: int) -> tuple[int, int, int] | None:
+def _jpeg_stream_head(data: mmap.mmap, start: int, end: int, budget: list[int]) -> tuple[int, int, int] | None:
     """The frame's marker, its components and its first scan's components of the JPEG stream at ``start``, read
     segment by segment (fill bytes skipped in C) to its first SOS before ``end``; None where no such stream is (no
     SOI, no frame before the scan, a marker where none may be). :class:`CorruptImage` if its header runs past
-    ``end`` (into the next strip)."""
+    ``end`` (into the next strip). ``budget``: the segments the caller's walk may still take, in a list (spent
+    here; :class:`DecompressionBomb` when it runs out)."""
     size, frame = min(len(data), end), None
     if data[start:start + 2] != b"\xff\xd8":
         return None
     pos = start + 2
     for _ in range(MAX_SEGMENTS):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise DecompressionBomb("the TIFF's JPEG strips have more segments before their pixels than "
+                                    f"{TIFF_JPEG_SEGMENTS_PER_STRIP} a strip")
         if pos >= size:
             break
         if data[pos] != 0xFF:
             return None
-        while pos < size and data[pos] == 0xFF:  # fill bytes, 64 KiB at a time
-            run = data[pos:min(size, pos + 65536)]
+        pos += 1
+        while pos < size and data[pos] == 0xFF:  # fill bytes, 4 KiB at a time
+            run = data[pos:min(size, pos + 4096)]
             pos += len(run) - len(run.lstrip(b"\xff"))
         if pos + 3 > size:
             break
