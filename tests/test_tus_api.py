@@ -432,6 +432,37 @@ def test_a_last_patch_on_slow_storage_outlasts_the_idle_bound_of_its_transaction
         bounded.dispose()
 
 
+def test_a_last_patch_whose_connection_is_lost_while_storage_works_is_a_503_and_stays_resumable(
+        client, engine, storage_dir, photo, monkeypatch):
+    """A re-attack of the beat above: PostgreSQL's connection lost while the join read slow storage (a failover, a
+    proxy cut) failed the beat, and the PATCH's next statement raised SQLAlchemy's PendingRollbackError, which
+    nothing translated: 500. Now a failed beat is the database's loss: 503, the upload where it was."""
+    from app.adapters.postgres.db import make_engine
+
+    web = client.application.extensions["attache"]
+    web.__dict__["engine"] = bounded = make_engine(web.database_url, process="web", idle_in_transaction_seconds=2)
+    real = resumable._copy_parts
+
+    def lost_while_slow(*args, **kwargs):
+        assert _end_the_patchs_session(engine) == 1
+        time.sleep(1.5)  # storage at work; a beat fails meanwhile
+        return real(*args, **kwargs)
+
+    try:
+        location = create(client, len(photo)).headers["Location"]
+        assert patch(client, location, 0, photo[:1000]).status_code == 204
+        monkeypatch.setattr(resumable, "_copy_parts", lost_while_slow)
+        lost = patch(client, location, 1000, photo[1000:])
+        assert lost.status_code == 503 and lost.json["error"] == "database_unavailable", \
+            f"before: {lost.status_code} {lost.get_data(as_text=True)[:200]}"
+        monkeypatch.undo()
+        assert client.head(location, headers=TUS).headers["Upload-Offset"] == "1000"
+        assert patch(client, location, 1000, photo[1000:]).status_code == 204
+        assert count(engine, attachments) == 1
+    finally:
+        bounded.dispose()
+
+
 def test_a_first_part_that_is_no_image_ends_the_upload_before_the_rest_is_sent(client, engine, storage_dir,
                                                                               data_file, photo):
     """Its first 64 bytes claim no accepted format: 415 at the first PATCH, not after the last of 10 MB."""

@@ -10,7 +10,7 @@ from typing import Iterator
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, PendingRollbackError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.adapters.postgres.liveness import liveness_params
@@ -102,12 +102,14 @@ def kept_alive(conn: Connection) -> Iterator[None]:
         yield
         return
     done = threading.Event()
+    failed: list[BaseException] = []
 
     def beat() -> None:
         while not done.wait(bound_ms / 1000 / BEATS_PER_IDLE_BOUND):
             try:
                 conn.exec_driver_sql("SELECT 1")
-            except Exception:  # noqa: BLE001 - the transaction's own next statement raises what it means
+            except Exception as exc:  # noqa: BLE001 - raised as the database's loss when the block ends
+                failed.append(exc)
                 return
 
     beating = threading.Thread(target=beat, name="attache-transaction-beat", daemon=True)
@@ -117,6 +119,9 @@ def kept_alive(conn: Connection) -> Iterator[None]:
     finally:
         done.set()
         beating.join()  # no beat on the connection once the caller uses it again
+    if failed:  # the transaction is gone: its next statement would raise what no caller translates (a re-attack:
+        # SQLAlchemy's PendingRollbackError, answered 500)
+        raise DatabaseUnavailable("the database connection was lost while the transaction waited") from failed[0]
 
 
 @contextlib.contextmanager
@@ -132,6 +137,8 @@ def transaction(engine: Engine) -> Iterator[Connection]:
         raise DatabaseUnavailable("database unavailable") from exc
     except PoolTimeout as exc:  # every connection of the process's pool in use for the pool's whole timeout
         raise DatabaseUnavailable("no database connection free") from exc
+    except PendingRollbackError as exc:  # the connection was lost under a statement of another thread's
+        raise DatabaseUnavailable("database connection lost") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise DatabaseUnavailable("database connection lost") from exc
