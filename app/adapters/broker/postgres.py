@@ -189,7 +189,8 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE,
     # statements are a few short ones, parsed each time for some microseconds
     kwargs["prepare_threshold"] = None
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
-                          connection_class=watched_connections(answer) if answer else psycopg.Connection, open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
+                          connection_class=watched_connections(answer) if answer else psycopg.Connection,
+                          open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
 
 
 def check_writable(connection) -> None:
@@ -220,7 +221,7 @@ def fresh(message: Message) -> Message:
 class PostgresBroker(LibraryBroker):
     def __init__(self, *, url: str, delivery_limit: int = 20, socket_timeout: float = 5.0,
                  middleware: list | None = None, answer: AnswerWatch | None = None):
-        """``answer``: cuts a wait for the server's answer on the broker's connections (:func:`watched_connections`)."""
+        """``answer``: cuts a wait for the server's answer on its connections (:func:`watched_connections`)."""
         self.own_pool = make_pool(url, timeout=socket_timeout, answer=answer)
         super().__init__(pool=self.own_pool, results=False, listen=True, notify=True, poll_interval=POLL_SECONDS,
                          heartbeat_interval=HEARTBEAT_SECONDS, heartbeat_ttl=HEARTBEAT_TTL_SECONDS,

@@ -137,9 +137,10 @@ def _tiff(fp: BinaryIO) -> None:
         raise DecompressionBomb(f"the TIFF lists {listed} strips or tiles, more than {MAX_TIFF_STRIPS}")
     if expected is not None and listed > expected + TIFF_SPARE_STRIPS:
         raise CorruptImage(f"the TIFF lists {listed} strips or tiles where its size holds {expected}")
-    compressions = set(_tiff_raw_values(fp, _TIFF_COMPRESSION).get(259, ()))
+    raw = _tiff_raw_values(fp, _TIFF_COMPRESSION | _TIFF_OFFSET_TAGS)  # as libtiff reads them
+    compressions = set(raw.get(259, ()))
     if compressions & _TIFF_JPEG_COMPRESSIONS:
-        _tiff_jpeg_strips(fp, compressions)
+        _tiff_jpeg_strips(fp, compressions, {start for tag in _TIFF_OFFSET_TAGS for start in raw.get(tag, ())})
     decoded = directory[274].count if 274 in directory else 0
     decoded += sum(tag.count for sub in _tiff_sub_directories(fp, directory) for tag in sub.values()
                    if tag.kind not in _TIFF_BYTE_TYPES)
@@ -154,7 +155,7 @@ _TIFF_JPEG_COMPRESSIONS = frozenset({6, 7})
 _SEQUENTIAL_FRAMES = frozenset({0xC0, 0xC1})
 
 
-def _tiff_jpeg_strips(fp: BinaryIO, compressions: set[int]) -> None:
+def _tiff_jpeg_strips(fp: BinaryIO, compressions: set[int], starts: set[int]) -> None:
     """Every JPEG strip or tile of the first IFD one sequential scan of all its components, as TIFF writers make
     them. A progressive strip is a pass over its coefficients per scan, up to 100 each (libtiff's), held whole in
     memory meanwhile, and the scan limits a JPEG has (:data:`MAX_SCAN_PIXELS`) did not reach inside a TIFF: 62,500
@@ -171,10 +172,11 @@ def _tiff_jpeg_strips(fp: BinaryIO, compressions: set[int]) -> None:
     :data:`TIFF_JPEG_SEGMENTS_PER_STRIP` a strip in all (990 restart markers before each of 21,024 strips took 8.7
     s of CPU a walk, in the probe and again in every render: a re-attack). ``compressions``: every Compression
     value of the first IFD, any copy, any integer type (libtiff takes the first copy, whatever its type; Pillow
-    skipped an SBYTE 7 and a SLONG8 7 before a SHORT 5, and libtiff decoded the progressive tiles: a re-attack)."""
+    skipped an SBYTE 7 and a SLONG8 7 before a SHORT 5, and libtiff decoded the progressive tiles: a re-attack);
+    ``starts``: the strips' and tiles' offsets, read so too."""
     if 6 in compressions:
         raise UnsupportedFormat("old-style JPEG compression in a TIFF is not processed")
-    starts = sorted({start for values in _tiff_raw_values(fp, _TIFF_OFFSET_TAGS).values() for start in values})
+    starts = sorted(starts)
     budget = [max(MAX_SEGMENTS, TIFF_JPEG_SEGMENTS_PER_STRIP * len(starts))]
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
         for number, start in enumerate(starts):
@@ -284,8 +286,6 @@ class _TiffTag(NamedTuple):
     first: int | None
     #: its values are stored outside the entry (their count is bytes Pillow reads)
     outside: bool
-    #: where in the file its values are (outside the entry, or in its value field)
-    at: int
 
 
 #: the integer TIFF types Pillow reads: SHORT, LONG, SSHORT, SLONG, IFD, LONG8
@@ -365,7 +365,6 @@ def _tiff_ifd(fp: BinaryIO, shape: _TiffFile, offset: int) -> dict[int, _TiffTag
         raise DecompressionBomb("a TIFF directory has more than 65535 tags")
     table = fp.read(entries * shape.entry.size)
     tags, outside_bytes = {}, 0
-    table_at = offset + struct.calcsize(shape.count_format)
     for pos in range(0, len(table) - shape.entry.size + 1, shape.entry.size):
         tag, kind, count, field = shape.entry.unpack_from(table, pos)
         if tag in tags or kind not in _TIFF_TYPE_SIZES:
@@ -389,8 +388,7 @@ def _tiff_ifd(fp: BinaryIO, shape: _TiffFile, offset: int) -> dict[int, _TiffTag
                 first = unit.unpack(fp.read(unit.size))[0]
             else:
                 first = unit.unpack_from(field)[0]
-        tags[tag] = _TiffTag(kind, count, first, outside,
-                             where if outside else table_at + pos + shape.entry.size - len(field))
+        tags[tag] = _TiffTag(kind, count, first, outside)
     return tags
 
 

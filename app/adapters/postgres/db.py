@@ -95,8 +95,8 @@ def kept_alive(conn: Connection) -> Iterator[None]:
     PostgreSQL does not end a transaction whose process is working rather than gone. A paused or frozen process
     sends none (its threads stop with it) and the bound ends its transaction as before. A tus upload's last PATCH
     joining 50 MB of parts from storage slower than 0.4 MB/s was cut by the web's 120 s bound every time, its
-    client answered 503 at each retry. A beat that fails stops the beating; the next statement of the
-    transaction finds the connection lost."""
+    client answered 503 at each retry. A beat that fails (the connection lost) stops the beating, and the block
+    raises :class:`DatabaseUnavailable` when it ends."""
     bound_ms = conn.execute(_IDLE_BOUND_MS).scalar() or 0
     if bound_ms <= 0:
         yield
