@@ -354,6 +354,51 @@ def test_the_postgresql_brokers_wait_for_a_lost_answer_is_cut(database_url):
         proxy.close()
 
 
+@pytest.mark.parametrize("library", ["engine", "broker"])
+def test_a_wait_cut_by_the_answer_watch_ends_on_the_server_too(database_url, library):
+    """A re-attack: a statement waiting on the server (for a lock a CREATE INDEX holds) was cut on the client's
+    side only; its session went on waiting there, holding its transaction's locks and a connection slot, and the
+    thread's next try made another: 22 sessions after 150 s for one worker process of two threads. Now the server
+    looks for its client every CLIENT_CHECK_MILLISECONDS (5 s) while a statement runs."""
+    from sqlalchemy import text
+
+    from app.adapters.broker.postgres import cursor
+    from app.adapters.postgres.liveness import AnswerWatch
+
+    holder = create_engine(database_url)
+    watched = db.make_engine(database_url, process="watched") if library == "engine" else None
+    watch = AnswerWatch(watched, 2, "the test's deadline")
+    pool = make_pool(database_url, timeout=5, answer=watch) if library == "broker" else None
+
+    def waiting_sessions() -> int:
+        with holder.connect() as conn:
+            return conn.execute(text(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = "
+                "'Lock' AND pid <> pg_backend_pid()")).scalar()
+
+    try:
+        with holder.connect() as held:
+            held.execute(text("SELECT pg_advisory_lock(727001)"))
+            with pytest.raises(Exception):  # noqa: B017 - cut: a lost connection, as each library says it
+                if watched is not None:
+                    with watched.connect() as conn:
+                        conn.execute(text("SELECT pg_advisory_lock(727001)"))
+                else:
+                    with cursor(pool) as curs:
+                        curs.execute("SELECT pg_advisory_lock(727001)")
+            cut = time.monotonic()
+            wait_for(lambda: waiting_sessions() == 0, timeout=15,
+                     message="before: the cut statement's session still waits on the server for the lock")
+            assert time.monotonic() - cut < 5 + 3
+            held.execute(text("SELECT pg_advisory_unlock_all()"))
+    finally:
+        holder.dispose()
+        if watched is not None:
+            watched.dispose()
+        if pool is not None:
+            pool.close()
+
+
 def test_the_web_still_moves_on_to_the_next_host_of_its_url_when_the_first_is_silent(env, tmp_path, data_file):
     """A re-attack of the fix above, first made with psycopg2's "green" mode: connects no longer kept libpq's
     connect_timeout (30 s, not 5, to a 503) nor its failover to the URL's next host (every upload refused while a

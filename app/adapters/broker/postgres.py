@@ -64,7 +64,7 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from app import faults
 from app.adapters.postgres.db import SESSION_READ_ONLY
-from app.adapters.postgres.liveness import AnswerWatch, liveness_params
+from app.adapters.postgres.liveness import AnswerWatch, check_the_client, liveness_params
 from app.errors import BrokerUnavailable
 
 log = logging.getLogger("attache.broker")
@@ -190,7 +190,7 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE,
     kwargs["prepare_threshold"] = None
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
                           connection_class=watched_connections(answer) if answer else psycopg.Connection,
-                          open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
+                          configure=check_the_client if answer else None, open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
 
 
 def check_writable(connection) -> None:

@@ -114,6 +114,7 @@ class AnswerWatch:
             self._watch(engine)
 
     def _watch(self, engine: Engine) -> None:
+        event.listen(engine, "connect", lambda dbapi_connection, record: check_the_client(dbapi_connection))
         dialect = engine.dialect
         for name in ("do_commit", "do_rollback", "do_ping"):
             setattr(dialect, name, self._watched(getattr(dialect, name)))
@@ -165,6 +166,31 @@ class AnswerWatch:
         for _ in late:
             log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, and what waited on it "
                         "fails as a lost connection", self.seconds, self.setting)
+
+
+#: how often PostgreSQL looks, while a statement of a watched connection runs, whether its client is still there
+#: (``client_connection_check_interval``, PostgreSQL 14 and later): a cut shuts only the client's side, and a
+#: statement waiting on the server (for a lock: a CREATE INDEX's) went on waiting there, holding its
+#: transaction's locks and a connection slot, a new one a thread each deadline (22 after 150 s for one worker
+#: process of 2 threads: an adversarial run; ten workers would take every slot). Now it ends in this much more.
+CLIENT_CHECK_MILLISECONDS = 5000
+
+
+def check_the_client(dbapi_connection) -> None:
+    """Ask the server of a new connection (psycopg 2 or 3) to look for its client every
+    :data:`CLIENT_CHECK_MILLISECONDS` while a statement runs, where it can (PostgreSQL 14 and later; an older one,
+    which has no such setting, is left as it is), and leave the connection idle."""
+    version = getattr(dbapi_connection, "server_version", None)
+    if version is None:  # psycopg 3
+        version = dbapi_connection.info.server_version
+    if version < 140000:
+        return
+    cursor = dbapi_connection.cursor()
+    try:
+        cursor.execute(f"SET client_connection_check_interval = {CLIENT_CHECK_MILLISECONDS}")
+    finally:
+        cursor.close()
+    dbapi_connection.commit()
 
 
 #: every live :class:`AnswerWatch` of this process (one a web engine; tests make many), looked at by one thread
