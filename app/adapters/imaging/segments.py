@@ -220,11 +220,13 @@ def _tiff_raw_values(fp: BinaryIO, wanted: frozenset[int]) -> dict[int, list[int
         unit = _TIFF_ANY_INTEGERS.get(kind)
         if tag not in wanted or unit is None or not count:
             continue
-        if count > MAX_TIFF_STRIPS:
-            raise DecompressionBomb(f"the TIFF lists {count} values of its tag {tag}, more than {MAX_TIFF_STRIPS}")
         length = count * struct.calcsize(unit)
         where = (struct.unpack(shape.order + ("I" if len(field) == 4 else "Q"), field)[0] if length > len(field)
                  else table_at + pos + shape.entry.size - len(field))
+        if where + length > shape.size:
+            continue  # more values than the file holds: neither Pillow nor libtiff reads them (the file is corrupt)
+        if count > MAX_TIFF_STRIPS:
+            raise DecompressionBomb(f"the TIFF lists {count} values of its tag {tag}, more than {MAX_TIFF_STRIPS}")
         fp.seek(where)
         values = fp.read(length)
         count = len(values) // struct.calcsize(unit)
