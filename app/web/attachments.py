@@ -80,18 +80,19 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
                 "the original and records the job, its history and its first message in one transaction. `202` "
                 "means the work can no longer be lost (RabbitMQ being down is not a refusal: the outbox keeps the "
                 "message). Any answer other than `202` leaves nothing behind, but `503 outcome_unknown` (see "
-                "below). Send the file as multipart field `file`, or as the raw body with its content type (any type but "
-                "`application/x-www-form-urlencoded` is taken as raw bytes, no Content-Type is refused; the format "
-                "is always sniffed from the bytes).",
+                "below). Send the file as multipart field `file`, or as the raw body with its content type (any "
+                "type but `application/x-www-form-urlencoded` is taken as raw bytes, no Content-Type is refused; "
+                "the format is always sniffed from the bytes).",
     parameters=[
         in_header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the file's "
                                  "bytes: the raw body's, or the `file` part's of a multipart body (not the whole "
                                  "multipart message's, as RFC 9530 would have it: the file is what is stored)."),
         in_header("Content-MD5", "Base64 MD5 of the file's bytes (as `Content-Digest`), verified."),
-        in_header("Idempotency-Key", "1-255 printable ASCII characters (surrounding quotes are dropped). A retry of the same "
-                                  "content by the same principal while the key is remembered returns the first "
-                                  "attachment with `Idempotent-Replayed: true`; the same key with other content is "
-                                  "refused (422). Keys beginning with `tus:` are resumable uploads' own (400)."),
+        in_header("Idempotency-Key", "1-255 printable ASCII characters (surrounding quotes are dropped). A retry of "
+                                  "the same content by the same principal while the key is remembered returns the "
+                                  "first attachment with `Idempotent-Replayed: true`; the same key with other "
+                                  "content is refused (422). Keys beginning with `tus:` are resumable uploads' own "
+                                  "(400)."),
         in_header("traceparent", "W3C trace context, kept with the job and carried to the workers; an invalid one is "
                               "replaced by a fresh trace."),
         in_header("tracestate", "W3C vendor trace state, kept with the job."),

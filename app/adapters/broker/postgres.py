@@ -190,7 +190,8 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE,
     kwargs["prepare_threshold"] = None
     return ConnectionPool(urlunsplit(parts._replace(query="")), kwargs=kwargs, min_size=0, max_size=max_size,
                           connection_class=watched_connections(answer) if answer else psycopg.Connection,
-                          configure=check_the_client if answer else None, open=True, timeout=timeout, reconnect_timeout=2 * timeout, check=check_writable)
+                          configure=check_the_client if answer else None, open=True, timeout=timeout,
+                          reconnect_timeout=2 * timeout, check=check_writable)
 
 
 def check_writable(connection) -> None:

@@ -108,7 +108,7 @@ class AnswerWatch:
         self.seconds, self.setting = seconds, setting
         self._waiting: dict[int, tuple[int, float]] = {}  # id(DBAPI connection) -> (its socket's fd, since)
         self._lock = threading.Lock()
-        _watched_engines.add(self)
+        _watches.add(self)
         _start_the_watchdog()
         if engine is not None:
             self._watch(engine)
@@ -193,8 +193,8 @@ def check_the_client(dbapi_connection) -> None:
     dbapi_connection.commit()
 
 
-#: every live :class:`AnswerWatch` of this process (one a web engine; tests make many), looked at by one thread
-_watched_engines: "weakref.WeakSet[AnswerWatch]" = weakref.WeakSet()
+#: every live :class:`AnswerWatch` of this process (an engine's, a broker's; tests make many), looked at by one thread
+_watches: "weakref.WeakSet[AnswerWatch]" = weakref.WeakSet()
 _watchdog_started = threading.Lock()
 #: how often the watchdog looks (the settings' minimum is 12 s)
 WATCH_EVERY_SECONDS = 1.0
@@ -215,7 +215,7 @@ def _start_the_watchdog() -> None:
     def watch() -> None:
         while True:
             time.sleep(WATCH_EVERY_SECONDS)
-            for watch in list(_watched_engines):
+            for watch in list(_watches):
                 watch.cut_the_late()
 
     threading.Thread(target=watch, name="attache-answer-watch", daemon=True).start()
