@@ -1,8 +1,8 @@
-"""Counter fold: moves the transitions counted since its last round into ``transition_counts``.
+"""Counter fold: moves the transitions and durations counted since its last round into their totals.
 
-``/metrics`` adds up ``transition_counts`` and the deltas not yet folded
-(``app/adapters/postgres/transition_counts.py``), so a scrape costs what those two small tables
-cost, not what ``job_history`` does. Folding keeps the deltas few; a fold
+``/metrics`` adds up ``transition_counts`` and ``duration_counts`` and the deltas not yet folded
+(``app/adapters/postgres/transition_counts.py``, ``duration_counts.py``), so a scrape costs what
+those small tables cost, not what ``job_history`` and ``step_runs`` do. Folding keeps the deltas few; a fold
 that falls behind (the scheduler down) makes scrapes slower, never wrong.
 Safe with two schedulers: each takes its own deltas (``SKIP LOCKED``).
 """
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from app.adapters.postgres import transition_counts as counters
+from app.adapters.postgres import duration_counts, transition_counts
 from app.adapters.postgres.db import transaction
 
 log = logging.getLogger("attache.scheduler.counters")
@@ -35,15 +35,20 @@ class CounterFold:
         self.config = config
 
     def run_once(self) -> dict[str, int]:
+        folded = {"folded": self._fold(transition_counts.fold), "durations_folded": self._fold(duration_counts.fold)}
+        if any(folded.values()):
+            log.debug("counter fold moved %(folded)d transition and %(durations_folded)d duration delta rows",
+                      folded, extra=folded)
+        return folded
+
+    def _fold(self, fold) -> int:
         folded = 0
         for _ in range(self.config.max_batches):
             with transaction(self.engine) as conn:
                 # a fold lost to a crash puts its deltas back with its totals: nothing to wait for the WAL for
                 conn.exec_driver_sql("SET LOCAL synchronous_commit = off")
-                moved = counters.fold(conn, batch=self.config.batch)
+                moved = fold(conn, batch=self.config.batch)
             folded += moved
             if moved < self.config.batch:
                 break
-        if folded:
-            log.debug("counter fold moved %d delta rows", folded, extra={"folded": folded})
-        return {"folded": folded}
+        return folded

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, text, update
 
+from app.adapters.postgres import duration_counts as durations
 from app.adapters.postgres import transition_counts as counters
 from app.adapters.postgres.models import outbox
 from app.core.workflow import Workflow
@@ -82,12 +83,13 @@ def _relations(plan: dict) -> set[str]:
     return found
 
 
-def test_a_scrape_reads_none_of_the_whole_job_history(settings, quiet_services, engine, data_file):
+def test_a_scrape_reads_neither_job_history_nor_step_runs(settings, quiet_services, engine, data_file):
     """``job_history`` grows with every transition, and a scrape read all of it three times (transitions; retries
     and lease expiries; the reconciler's re-announcements): 1.0-1.6 s per scrape at 300,000 jobs (an adversarial
     run), toward Prometheus's 10 s scrape timeout. One pass was still 0.3 s at a million uploads: the counters now
-    come from ``transition_counts`` and its deltas (``app/adapters/postgres/transition_counts.py``); the attempt histogram reads only its
-    newest rows (a Limit)."""
+    come from ``transition_counts`` and its deltas (``app/adapters/postgres/transition_counts.py``). The duration
+    histograms read the newest 10,000 rows of ``job_history`` and ``step_runs``, a window whose counts went down:
+    they come from ``duration_counts`` and its deltas (``app/adapters/postgres/duration_counts.py``)."""
     app = create_app(settings)
     upload(quiet_services, data_file("photos/chelsea.jpg"))
     sent = []
@@ -102,13 +104,75 @@ def test_a_scrape_reads_none_of_the_whole_job_history(settings, quiet_services, 
     finally:
         event.remove(services_engine, "before_cursor_execute", executed)
     assert scraped[("attache_job_transitions_total", (("from", "none"), ("to", "queued")))] == 1
-    whole = []
+    read = []
     with engine.connect() as conn:
         for statement in sent:
             plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement.replace("%", "%%")).scalar()[0]["Plan"]
-            if "job_history" in _relations(plan) and plan["Node Type"] != "Limit":
-                whole.append(statement)
-    assert whole == []
+            read += sorted(_relations(plan) & {"job_history", "step_runs"})
+    assert read == []
+    app.extensions["attache"].close()
+
+
+#: each duration histogram as the window computed it, over every row: (histogram, label, seconds)
+_DURATIONS_BY_SCANNING = text("""
+    SELECT 'job', '', extract(epoch FROM ready_at - created_at)::float8 FROM jobs WHERE state = 'ready'
+    UNION ALL
+    SELECT 'attempt', '', extract(epoch FROM done.at - claim.at)::float8 FROM job_history claim
+    JOIN LATERAL (SELECT at FROM job_history h WHERE h.job_id = claim.job_id AND h.id > claim.id
+                  ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = 'processing'
+    UNION ALL
+    SELECT 'step', step, seconds FROM step_runs""")
+
+
+def _durations_by_scanning(conn) -> dict:
+    bounds = conn.execute(text("SELECT unnest(duration_bounds())")).scalars().all()
+    seen: dict = {}
+    for histogram, label, seconds in conn.execute(_DURATIONS_BY_SCANNING):
+        counts, total = seen.get((histogram, label), ([0] * len(bounds), 0.0))
+        seen[histogram, label] = ([n + (seconds <= bound) for n, bound in zip(counts, bounds)], total + seconds)
+    return {key: (counts, round(total, 6)) for key, (counts, total) in seen.items()}
+
+
+def _durations(conn) -> dict:
+    return {(histogram, label): ([n for _, n in series.buckets], round(series.seconds, 6))
+            for histogram, labels in durations.histograms(conn).items() for label, series in labels.items()}
+
+
+def test_the_duration_histograms_count_every_run_and_never_go_down(settings, quiet_services, engine, data_file):
+    """They were computed over the newest 10,000 rows of their tables, one window for every step: 10,000 runs of
+    one step took every other step's out of it, and their counts went down (an adversarial run), which ``rate()``
+    takes for a counter reset. Now each run is counted when written, folds or not."""
+    app = create_app(settings)
+    fold = CounterFold(engine)
+    ok = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    bad = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
+    for job_id in (ok.job_id, bad.job_id):
+        run(Workflow(quiet_services), engine, job_id)
+    with engine.begin() as conn:
+        assert _durations(conn) == _durations_by_scanning(conn)
+    before = samples(app)
+    renders = before[("attache_step_duration_seconds_count", (("step", "render"),))]
+    assert renders == 8 and before[("attache_job_duration_seconds_count", ())] == 1
+    assert before[("attache_attempt_duration_seconds_count", ())] == 2
+    with engine.begin() as conn:
+        conn.execute(text("INSERT INTO step_runs (job_id, step, attempt, outcome, seconds) "
+                          "SELECT :id, 'inspect', 1, 'ok', 0.2 FROM generate_series(1, 10001)"), {"id": ok.job_id})
+    assert fold.run_once()["durations_folded"] > 0
+    after = samples(app)
+    assert after[("attache_step_duration_seconds_count", (("step", "render"),))] == renders
+    inspect = (("step", "inspect"),)
+    assert after[("attache_step_duration_seconds_count", inspect)] - \
+        before[("attache_step_duration_seconds_count", inspect)] == 10001
+    for le, more in (("0.1", 0), ("0.25", 10001), ("+Inf", 10001)):
+        bucket = ("attache_step_duration_seconds_bucket", (("le", le),) + inspect)
+        assert after[bucket] - before[bucket] == more
+    assert abs(after[("attache_step_duration_seconds_sum", inspect)]
+               - before[("attache_step_duration_seconds_sum", inspect)] - 2000.2) < 1e-6
+    assert after[("attache_job_duration_seconds_count", ())] == 1
+    with engine.begin() as conn:
+        assert _durations(conn) == _durations_by_scanning(conn)
+        conn.execute(text("DELETE FROM step_runs"))  # rows gone (a retention job's, say): what was counted stays
+        assert _durations(conn)[("step", "render")][0][-1] == renders
     app.extensions["attache"].close()
 
 
@@ -129,7 +193,7 @@ def test_the_transition_counters_are_exact_through_folds(settings, quiet_service
     bad = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
     with engine.begin() as conn:
         assert _counted(conn) == _counted_by_scanning(conn) == {("none", "queued", False): 2}
-    assert fold.run_once() == {"folded": 2}
+    assert fold.run_once()["folded"] == 2
     for job_id in (ok.job_id, bad.job_id):
         run(Workflow(quiet_services), engine, job_id)
     with engine.begin() as conn:  # a lease recovery's rows are told apart
@@ -145,7 +209,7 @@ def test_the_transition_counters_are_exact_through_folds(settings, quiet_service
     with engine.begin() as conn:
         assert _counted(conn) == before
     assert fold.run_once()["folded"] > 0
-    assert fold.run_once() == {"folded": 0}
+    assert fold.run_once()["folded"] == 0
     with engine.begin() as conn:
         assert _counted(conn) == before == _counted_by_scanning(conn)
         assert conn.execute(text("SELECT count(*) FROM transition_deltas")).scalar() == 0

@@ -11,6 +11,9 @@ from app.adapters.postgres.models import metadata
 ADD_ATTACHMENT = text("INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, width, "
                       "height, staging_key) VALUES (:id, :owner, 'a.jpg', 'image/jpeg', 'JPEG', 1, repeat('0', 64), "
                       "1, 1, 'staging/' || :id)")
+#: a queued job of that attachment (schemas from 0014 on)
+ADD_JOB = text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, owner) "
+               "VALUES (gen_random_uuid(), '00000000-0000-4000-8000-000000000001', 1, 'queued', 3, '00-x', 'u')")
 
 
 def test_models_and_migrations_agree(database_url):
@@ -74,9 +77,7 @@ def test_0019_counts_the_history_written_before_it(database_url):
         command.downgrade(db.alembic_config(database_url), "0018")
         with engine.begin() as conn:
             conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
-            conn.execute(text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, "
-                              "owner) VALUES (gen_random_uuid(), '00000000-0000-4000-8000-000000000001', 1, 'queued', "
-                              "3, '00-x', 'u')"))
+            conn.execute(ADD_JOB)
             conn.execute(add_history, {"f": None, "t": "queued", "e": None})
             conn.execute(add_history, {"f": "processing", "t": "queued", "e": "worker_lost"})
         db.upgrade(database_url)
@@ -87,6 +88,41 @@ def test_0019_counts_the_history_written_before_it(database_url):
                                         "UNION ALL SELECT from_state, to_state, worker_lost, rows FROM "
                                         "transition_deltas) k GROUP BY 1, 2, 3 ORDER BY 1")).all()
         assert [tuple(row) for row in counted] == [("none", "queued", False, 1), ("processing", "queued", True, 2)]
+    finally:
+        db.upgrade(database_url)
+        engine.dispose()
+
+
+def test_0026_counts_the_durations_written_before_it(database_url):
+    """The runs and attempts written before migration 0026 are counted by it, once; those after, by its triggers."""
+    from alembic import command
+
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
+    add_history = text("INSERT INTO job_history (job_id, at, from_state, to_state, attempt, actor) "
+                       "SELECT id, created_at + make_interval(secs => :at), :f, :t, 1, 'test' FROM jobs")
+    add_run = text("INSERT INTO step_runs (job_id, step, attempt, outcome, seconds) "
+                   "SELECT id, :step, 1, 'ok', :seconds FROM jobs")
+    counted = text("SELECT histogram, label, le, sum(n)::int, sum(s) FROM (SELECT histogram, label, le, total AS n, "
+                   "seconds AS s FROM duration_counts UNION ALL SELECT histogram, label, le, rows, seconds "
+                   "FROM duration_deltas) k GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+    try:
+        command.downgrade(db.alembic_config(database_url), "0025")
+        with engine.begin() as conn:
+            conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
+            conn.execute(ADD_JOB)
+            conn.execute(add_history, {"at": 0, "f": None, "t": "queued"})
+            conn.execute(add_history, {"at": 1, "f": "queued", "t": "processing"})
+            conn.execute(add_history, {"at": 4, "f": "processing", "t": "queued"})  # an attempt of 3 s
+            conn.execute(add_run, {"step": "inspect", "seconds": 0.05})
+        db.upgrade(database_url)
+        with engine.begin() as conn:
+            conn.execute(add_history, {"at": 5, "f": "queued", "t": "processing"})
+            conn.execute(add_history, {"at": 5.2, "f": "processing", "t": "ready"})  # 0.2 s; ready 5.2 s after
+            conn.execute(add_run, {"step": "inspect", "seconds": 0.3})
+            rows = [tuple(row) for row in conn.execute(counted)]
+        assert [row[:4] for row in rows] == [("attempt", "", 0.25, 1), ("attempt", "", 5, 1), ("job", "", 10, 1),
+                                             ("step", "inspect", 0.1, 1), ("step", "inspect", 0.5, 1)]
+        assert [round(row[4], 6) for row in rows] == [0.2, 3, 5.2, 0.05, 0.3]
     finally:
         db.upgrade(database_url)
         engine.dispose()

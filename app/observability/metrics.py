@@ -4,9 +4,11 @@ PostgreSQL is the source of truth, so the numbers are computed from it
 rather than counted in process memory: every web worker answers the same,
 nothing is lost when a process restarts, and counters stay monotonic
 because the rows they count are append-only (``attachments``,
-``job_history``). ``job_history``'s are counted as its rows are written
-(``app/adapters/postgres/transition_counts.py``): a scrape reads only the
-newest 10,000 rows of the table, for the attempt histogram.
+``job_history``). ``job_history``'s transitions and the duration
+histograms are counted as their rows are written
+(``app/adapters/postgres/transition_counts.py``,
+``app/adapters/postgres/duration_counts.py``): a scrape reads neither
+``job_history`` nor ``step_runs``.
 
 * ``attache_uploads_total`` - accepted uploads;
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
@@ -19,11 +21,11 @@ newest 10,000 rows of the table, for the attempt histogram.
 * ``attache_outbox_oldest_due_age_seconds`` - how long the oldest unpublished row has been due
   (a managed retry's row is not late while its delay runs; 0 when none is due);
 * ``attache_leases_expired`` - ``processing`` jobs whose lease has run out now;
-* ``attache_job_duration_seconds`` - time from upload to ``ready`` (histogram over ready jobs);
-* ``attache_attempt_duration_seconds`` - from a claim to the attempt's outcome (ready, failed,
-  requeued), from the history (histogram);
-* ``attache_step_duration_seconds{step}`` - how long each step took in the worker (histogram over
-  the last 10 000 runs, from ``step_runs``).
+* ``attache_job_duration_seconds`` - time from upload to ``ready`` (histogram of every job made ready);
+* ``attache_attempt_duration_seconds`` - from a claim to what followed it in the history (ready, failed,
+  requeued; histogram of every attempt);
+* ``attache_step_duration_seconds{step}`` - how long each step took in the worker (histogram of every
+  run in ``step_runs``).
 * ``attache_dlq_messages{queue}`` - dead letters waiting (absent while RabbitMQ is down).
 
 What the scheduler's maintenance services did, from their ledger (``scheduler/runs.py``),
@@ -51,31 +53,34 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
-from app.adapters.postgres import transition_counts
+from app.adapters.postgres import duration_counts, transition_counts
 from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
 from app.errors import AttacheError
 
 log = logging.getLogger("attache.metrics")
 
-BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800, float("inf"))
-
-
 #: the bound parameters of the queries: the job states by name (``:queued``, ``:processing`` ...)
 STATES = {state.value: state.value for state in JobState}
 
 
-def _histogram(name: str, doc: str, conn, sql: str, labels: list[str] | None = None):
-    rows = conn.execute(text(sql), STATES).all()
-    family = HistogramMetricFamily(name, doc, labels=labels or [])
-    groups: dict[tuple, list[float]] = {}
-    for row in rows:
-        key = tuple(row[:-1])
-        groups.setdefault(key, []).append(float(row[-1]))
-    for key, values in groups.items():
-        buckets = [(str(bound) if bound != float("inf") else "+Inf", sum(1 for v in values if v <= bound))
-                   for bound in BUCKETS]
-        family.add_metric(list(key), buckets, sum(values))
-    return family
+#: each duration histogram's name and help, by its name in ``duration_counts``, and its label's name (if any)
+DURATIONS = {
+    "job": ("attache_job_duration_seconds", "Upload to ready of each job.", None),
+    "attempt": ("attache_attempt_duration_seconds", "Claim to outcome of each attempt.", None),
+    "step": ("attache_step_duration_seconds", "Worker time per pipeline step.", "step"),
+}
+
+
+def _durations(conn):
+    """The duration histograms, as they were counted when their rows were written
+    (``app/adapters/postgres/duration_counts.py``): cumulative, never a window."""
+    found = duration_counts.histograms(conn)
+    for histogram, (name, doc, label) in DURATIONS.items():
+        family = HistogramMetricFamily(name, doc, labels=[label] if label else [])
+        for value, series in sorted(found[histogram].items()):
+            buckets = [("+Inf" if bound == float("inf") else str(bound), count) for bound, count in series.buckets]
+            family.add_metric([value] if label else [], buckets, series.seconds)
+        yield family
 
 
 class DatabaseCollector:
@@ -113,24 +118,7 @@ class DatabaseCollector:
                 "AND lease_expires_at <= now()"), STATES).scalar()
             yield GaugeMetricFamily("attache_leases_expired", "Processing jobs whose lease ran out.", value=expired)
 
-            yield _histogram(
-                "attache_job_duration_seconds",
-                "Upload to ready, over the newest 10,000 ready jobs (a window: it can go down).", conn,
-                "SELECT extract(epoch FROM ready_at - created_at) FROM jobs WHERE state = :ready "
-                "ORDER BY ready_at DESC LIMIT 10000")
-            yield _histogram(
-                "attache_attempt_duration_seconds",
-                "Claim to outcome of each attempt, over the newest 10,000 (a window: it can go down).", conn,
-                "SELECT extract(epoch FROM done.at - claim.at) FROM job_history claim "
-                "JOIN LATERAL (SELECT at FROM job_history h WHERE h.job_id = claim.job_id AND h.id > claim.id "
-                "ORDER BY h.id LIMIT 1) done ON true WHERE claim.to_state = :processing "
-                "ORDER BY claim.id DESC LIMIT 10000")
-            yield _histogram(
-                "attache_step_duration_seconds",
-                "Worker time per pipeline step, over the newest 10,000 step runs of all steps (a window: it can go "
-                "down).", conn,
-                "SELECT step, seconds FROM (SELECT step, seconds FROM step_runs ORDER BY id DESC LIMIT 10000) recent",
-                labels=["step"])
+            yield from _durations(conn)
             yield from _sweepers(conn)
 
 

@@ -356,6 +356,31 @@ transition_deltas = Table(
     Column("rows", BigInteger, nullable=False),
 )
 
+#: the duration histograms of ``/metrics`` by histogram (``job``, ``attempt``, ``step``), label (a step's name, else
+#: empty) and bucket (its upper bound, ``duration_bucket()``): what ``counter_fold`` moved in
+#: (``app/adapters/postgres/duration_counts.py``), plus ``duration_deltas``, which triggers on ``job_history`` and
+#: ``step_runs`` append to per insert statement (migration 0026)
+duration_counts = Table(
+    "duration_counts",
+    metadata,
+    Column("histogram", Text, primary_key=True),
+    Column("label", Text, primary_key=True),
+    Column("le", Float, primary_key=True),
+    Column("total", BigInteger, nullable=False),
+    Column("seconds", Float, nullable=False),
+)
+
+duration_deltas = Table(
+    "duration_deltas",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("histogram", Text, nullable=False),
+    Column("label", Text, nullable=False),
+    Column("le", Float, nullable=False),
+    Column("rows", BigInteger, nullable=False),
+    Column("seconds", Float, nullable=False),
+)
+
 sweeper_items = Table(
     "sweeper_items",
     metadata,
