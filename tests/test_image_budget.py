@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from app.adapters.imaging import (
     PIPELINE_V1_SPECS,
     Limits,
+    bmff,
     budget,
     geometry,
     probe,
@@ -39,7 +40,7 @@ from app.adapters.postgres.models import attachments, jobs, outbox
 from app.config import Settings
 from app.core import pipeline
 from app.core.workflow import Workflow
-from app.errors import ImageTooLarge
+from app.errors import DecompressionBomb, ImageTooLarge
 from app.services import Services
 from tests import hostile_images
 from tests.driver import job, run, upload
@@ -413,3 +414,51 @@ def test_a_tiff_not_in_ycbcr_is_priced_by_its_raw_strip(tmp_path) -> None:
         assert img.tag_v2.get(278, 7016) >= 7016, "one strip, as scanners write them"
         decode = dict(budget.estimate(img, "TIFF", fp, PIPELINE_V1_SPECS["thumbnail"]).parts)["decode"]
     assert decode < 80 * 2**20, f"{decode / 2**20:.0f} MB priced to decode"
+
+
+def _heic(tmp_path: Path, name: str, side: int, *, summary: bytes | None = None) -> Path:
+    """A 10-bit 4:4:4 HEIC of ``side`` pixels square; ``summary``: the ``hvcC``'s bytes 16-18 (chroma format, luma
+    and chroma bit depths) written over, the parameter sets inside it left as they are."""
+    import pillow_heif
+
+    made = pillow_heif.from_bytes(mode="RGB;16", size=(side, side), data=bytes(side * side * 6))
+    path = tmp_path / name
+    made.save(path, quality=30, chroma="444")
+    return _patched(path, path, b"hvcC", 16, summary) if summary else path
+
+
+def test_a_heic_is_priced_by_its_parameter_sets_not_by_the_hvcc_summary(tmp_path) -> None:
+    """libde265 decodes by the sequence parameter set the ``hvcC`` carries, not by the summary before it: an 8 KB
+    HEIC whose summary said 8-bit 4:2:0 over a 10-bit 4:4:4 picture was priced at a quarter of its picture and
+    took 550-720 MB a render, ``ready`` (an adversarial run)."""
+    honest = _heic(tmp_path, "honest.heic", 256)
+    lying = _patched(honest, tmp_path / "lying.heic", b"hvcC", 16, bytes([0xFC | 1, 0xF8, 0xF8]))
+    grey = _patched(honest, tmp_path / "grey.heic", b"hvcC", 16, bytes([0xFC | 0, 0xF8, 0xF8]))
+    spec = PIPELINE_V1_SPECS["thumbnail"]
+    priced = {}
+    for path in (honest, lying):
+        with Image.open(path) as img, open(path, "rb") as fp:
+            priced[path.name] = dict(budget.estimate(img, "HEIF", fp, spec).parts)["decode"]
+    assert priced["lying.heic"] == priced["honest.heic"], priced
+    for path in (honest, lying, grey):  # (a grey summary makes the image L: its RGB is not priced)
+        with open(path, "rb") as fp:
+            layout = bmff.read_layout(fp)
+        assert layout.picture_bytes == 6.0 and (256, 256) in layout.sizes, path.name
+
+
+def test_a_heic_items_own_parameter_set_is_priced_and_sized() -> None:
+    """A parameter set in an item's data is what libde265 decodes by, over the ``hvcC``'s: its picture is priced
+    and its size is the item's, and one of another layer, which libde265 does not decode, is not."""
+    path = DATA / "phones" / "card_p3_orientation6.heic"
+    config = path.read_bytes()
+    config = config[config.index(b"hvcC") + 4:]
+    sps = next(nal for nal in bmff._hvcc_nal_units(config) if (nal[0] >> 1) & 0x3F == 33)
+    found = bmff._Found()
+    assert bmff._hevc_sps(sps, found) == (256, 256, 1.5)
+    other_layer = sps[:1] + bytes([sps[1] | 0x08]) + sps[2:]
+    data = bmff._Data.of(b"".join(len(nal).to_bytes(4, "big") + nal for nal in (b"\x26\x01slice", sps, other_layer)))
+    bmff._hevc_item(7, data, found, bmff._Reading())
+    assert found.item_sizes == {7: (256, 256)} and found.pictures == [1.5]
+    found = bmff._Found()
+    with pytest.raises(DecompressionBomb):
+        bmff._hevc_item(7, bmff._Data.of(b"\x00\x00\x00\x00" * (bmff.MAX_OBUS + 1)), found, bmff._Reading())

@@ -72,6 +72,11 @@ MAX_SEQUENCE_HEADERS = 256
 #: (hidden ones it refers to); the decoder decodes each until it shows one (1,000 hidden key frames in one item
 #: took 21 s of CPU an open: an adversarial run).
 MAX_FRAMES = 16
+#: The most bytes of an ``hvcC`` box read for its parameter sets (a photo's is some 100-200 bytes); the rest is not
+#: looked at.
+MAX_HVCC_BYTES = 1 << 16
+#: HEVC sequence parameter sets read in one file, at most (a photo's items share one); more is a bomb.
+MAX_HEVC_SPS = 256
 #: The item types whose data is a coded picture, decoded at its ``ispe``'s size whatever the image it makes.
 CODED_ITEMS = frozenset({b"hvc1", b"av01"})
 #: The most OBUs of a file's AV1 items (and image sequences' first samples) walked for sequence headers: each of a
@@ -105,7 +110,8 @@ class Layout:
     """What :func:`read_layout` found."""
 
     #: (width, height) of every ``ispe`` property, in file order, then of each track's header and AV1 sample entry,
-    #: and of each frame an AV1 sequence header allows.
+    #: of each frame an AV1 sequence header allows, and of each picture an HEVC sequence parameter set does (one
+    #: no ``ispe`` gives).
     sizes: tuple[tuple[int, int], ...]
     #: a top-level box runs past the end of the file (a cut-off upload).
     truncated: bool
@@ -164,6 +170,7 @@ def _item_pixels(found: "_Found") -> int:
         if kind in CODED_ITEMS and (decoded is None or item in decoded):
             sizes = [found.properties[index - 1] for index in found.associations.get(item, ())
                      if 0 < index <= len(found.properties) and found.properties[index - 1]]
+            sizes += [found.item_sizes[item]] if item in found.item_sizes else []
             total += max((width * height for width, height in sizes), default=0)
     return total
 
@@ -184,6 +191,9 @@ def read_layout(fp: BinaryIO) -> Layout:
         decoded: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}  # an item's, a track's
         wanted = _decoded_items(found)
         for item_id, method, extents in found.items:
+            if found.item_types.get(item_id) == b"hvc1" and (wanted is None or item_id in wanted):
+                _hevc_item(item_id, _Data(fp, _placed(method, extents, found.idat, end)), found, reading)
+                continue
             track = isinstance(item_id, tuple)  # a track's first sample (only AV1 tracks are kept): always decoded
             if track or (found.item_types.get(item_id) == b"av01" and (wanted is None or item_id in wanted)):
                 item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), reading)
@@ -192,7 +202,8 @@ def read_layout(fp: BinaryIO) -> Layout:
                     decoded[track].append(max(item_frames, key=lambda f: f[0] * f[1] * f[2]))
         picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
         coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
-        sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames))
+        sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames)) + tuple(
+            size for size in dict.fromkeys(found.hevc_sizes) if size not in found.sizes)
         coded_pixels = max(sum(w * h for w, h, _ in source) for source in decoded.values())
         coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
         return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found))
@@ -228,6 +239,14 @@ class _Found:
     #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
     #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
     extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
+    #: the HEVC sequence parameter sets read (:func:`_hevc_sps`), and the NAL unit length sizes the ``hvcC`` boxes
+    #: give their items' data
+    sps_read: int = 0
+    nal_length_sizes: set[int] = field(default_factory=set)
+    #: the size of each HEVC item's largest picture its own data's parameter sets allow, by item; the sizes of all
+    #: the HEVC parameter sets read
+    item_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
+    hevc_sizes: list[tuple[int, int]] = field(default_factory=list)
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -309,12 +328,20 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             _associate(fp.read(size - header_size), found.associations)
         elif kind in _CONFIG_READ:
             fp.seek(offset + header_size)
-            config = fp.read(min(size - header_size, 4 + SEQUENCE_HEADER_BYTES))
+            config = fp.read(min(size - header_size, MAX_HVCC_BYTES if kind == b"hvcC" else 4 + SEQUENCE_HEADER_BYTES))
             bpp = picture_bytes(kind, config[:_CONFIG_READ[kind]])
             if bpp is not None:
                 found.pictures.append(bpp)
             if kind == b"av1C" and len(config) > 4:
                 found.configs.append(config[4:])
+            if kind == b"hvcC":
+                pictures = [_hevc_sps(nal, found) for nal in _hvcc_nal_units(config)]
+                found.pictures += [bpp for _, _, bpp in filter(None, pictures)]
+                found.hevc_sizes += [(width, height) for width, height, _ in filter(None, pictures)]
+                if parent == b"/meta/iprp/ipco" and any(pictures):  # priced as its items' size (_item_pixels)
+                    found.properties[-1] = max((picture[:2] for picture in pictures if picture),
+                                               key=lambda size: size[0] * size[1])
+                found.nal_length_sizes.add((config[21] & 0x03) + 1 if len(config) > 21 else 4)
         elif kind == b"iloc" and parent == b"/meta":
             if size - header_size > MAX_ILOC_BYTES:
                 raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
@@ -667,6 +694,91 @@ def _colour_bytes(reader: "_Bits", profile: int, reduced: bool) -> float:
             sub_x, sub_y = 1, 0
         planes = 1 + 2 / ((1 + sub_x) * (1 + sub_y))
     return planes * (2 if depth > 8 else 1)
+
+
+def _hvcc_nal_units(config: bytes) -> list[bytes]:
+    """The NAL units of an ``hvcC``'s arrays (ISO/IEC 14496-15, 8.3.3.1), whatever type an array says: libheif
+    hands each to the decoder before the item's data. What cannot be read ends the list."""
+    units, reader = [], _Bytes(config)
+    try:
+        reader.pos = 22
+        for _ in range(reader.int(1)):
+            reader.int(1)  # completeness, and the array's NAL unit type
+            for _ in range(reader.int(2)):
+                length = reader.int(2)
+                if reader.pos + length > len(config):
+                    return units
+                units.append(config[reader.pos:reader.pos + length])
+                reader.pos += length
+    except IndexError:
+        pass
+    return units
+
+
+def _hevc_item(item: int, data: "_Data", found: _Found, reading: "_Reading") -> None:
+    """The parameter sets in an HEVC item's own data (NAL units, each after its length): libde265 takes one there
+    over the ``hvcC``'s, so its picture is priced too, and its size is the item's. More NAL units than the reading
+    has left is a bomb."""
+    sizes = found.nal_length_sizes or {4}
+    if len(sizes) > 1:  # the items' lengths cannot be told apart: each picture is priced as the worst
+        found.pictures.append(UNKNOWN_PICTURE_BYTES)
+    width, pos = max(sizes), 0
+    while pos + width <= data.size:
+        if reading.obus <= 0:
+            raise DecompressionBomb(f"HEVC images of more than {MAX_OBUS} NAL units")
+        reading.obus -= 1
+        length = int.from_bytes(data.read(pos, width), "big")
+        picture = _hevc_sps(data.read(pos + width, min(length, SEQUENCE_HEADER_BYTES)), found) if length else None
+        if picture is not None:
+            found.pictures.append(picture[2])
+            found.hevc_sizes.append(picture[:2])
+            known = found.item_sizes.get(item, (0, 0))
+            if picture[0] * picture[1] > known[0] * known[1]:
+                found.item_sizes[item] = picture[:2]
+        pos += width + length
+
+
+def _hevc_sps(nal: bytes, found: _Found) -> tuple[int, int, float] | None:
+    """(width, height, bytes per pixel of the pictures decoded) of an HEVC sequence parameter set NAL unit
+    (H.265, 7.3.2.2), or None for another NAL unit or one of another layer (libde265 decodes the base layer
+    only). libde265 decodes by it, not by the ``hvcC``'s summary of it (an 8 KB HEIC whose ``hvcC`` said 4:2:0
+    over a 4:4:4 10-bit picture took 550-720 MB a render: an adversarial run). One cut short after its size is
+    priced as the worst picture (:data:`UNKNOWN_PICTURE_BYTES`); one cut short before it, or naming no chroma
+    format there is, decodes nothing."""
+    if len(nal) < 3 or (nal[0] >> 1) & 0x3F != 33 or ((nal[0] & 1) << 5 | nal[1] >> 3):
+        return None
+    found.sps_read += 1
+    if found.sps_read > MAX_HEVC_SPS:
+        raise DecompressionBomb(f"more than {MAX_HEVC_SPS} HEVC sequence parameter sets")
+    rbsp = nal[2:].replace(b"\x00\x00\x03", b"\x00\x00")  # emulation prevention bytes (7.4.2)
+    reader = _Bits(rbsp)
+    try:
+        reader.bits(4)  # sps_video_parameter_set_id
+        sub_layers = reader.bits(3)  # sps_max_sub_layers_minus1
+        reader.bits(1)
+        reader.bits(96)  # profile_tier_level's general part: profile, flags, level
+        present = [(reader.bits(1), reader.bits(1)) for _ in range(sub_layers)]
+        if sub_layers:
+            reader.bits(2 * (8 - sub_layers))
+        for profile, level in present:
+            reader.bits(88 * profile + 8 * level)
+        reader.uvlc()  # sps_seq_parameter_set_id
+        chroma = reader.uvlc()
+        if chroma > 3:
+            return None
+        separate = chroma == 3 and reader.bits(1)
+        width, height = reader.uvlc(), reader.uvlc()
+    except IndexError:
+        return None
+    planes = 3.0 if separate else {0: 1.0, 1: 1.5, 2: 2.0, 3: 3.0}[chroma]
+    try:
+        if reader.bits(1):  # conformance_window_flag
+            for _ in range(4):
+                reader.uvlc()
+        deep = reader.uvlc() > 0 or reader.uvlc() > 0  # bit_depth_luma_minus8, bit_depth_chroma_minus8
+    except IndexError:
+        return width, height, UNKNOWN_PICTURE_BYTES
+    return width, height, planes * (2 if deep else 1)
 
 
 class _Bytes:
