@@ -647,5 +647,4 @@ def test_a_backlog_on_dead_endpoints_never_slows_the_claim_of_a_healthy_ones_del
             took.append(time.monotonic() - began)
     finally:
         deliverer.close()
-    print("TOOK", took)
     assert max(took) < 0.25, took

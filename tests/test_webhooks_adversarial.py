@@ -82,3 +82,14 @@ def test_an_endpoint_that_drips_its_answer_is_cut_at_the_timeout():
         assert not outcome[0].ok and "0.5" in outcome[0].error
     finally:
         endpoint.close()
+
+
+def test_a_url_that_no_request_could_carry_is_refused(app):
+    """An adversarial run: ``http://host/hook/é`` was registered (201), and every delivery to it failed before a byte
+    was sent (``UnicodeEncodeError``, 17 attempts over 29 h, then ``failed``): a URL is ASCII, or it is a 400."""
+    ops = authed(app, OPERATOR_TOKEN)
+    for url in ("http://127.0.0.1/hook/\u00e9", "http://127.0.0.1/hook?q=\u00fc", "http://b\u00fccher.example/hook"):
+        answer = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
+        assert (answer.status_code, answer.json["error"]) == (400, "bad_request"), (url, answer.json)
+    assert ops.post("/v1/ops/webhooks", json={"url": "http://127.0.0.1/hook/%C3%A9?q=%C3%BC",
+                                              "events": ["attachment.ready"]}).status_code == 201

@@ -58,6 +58,8 @@ def parse(url: str) -> Target:
     """An http(s) URL with a host and no credentials, or :class:`InvalidWebhook`."""
     if not isinstance(url, str) or not url or len(url) > MAX_URL_LENGTH or not url.isprintable() or " " in url:
         raise InvalidWebhook(f"url must be an http(s) URL of at most {MAX_URL_LENGTH} characters")
+    if not url.isascii():  # accepted, and then no request could be sent: 17 attempts over 29 h (an adversarial run)
+        raise InvalidWebhook("url must be ASCII: percent-encode its path and query, and give its host in punycode")
     try:
         parts = urlsplit(url)
         port = parts.port
