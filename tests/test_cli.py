@@ -6,7 +6,9 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
+from urllib.parse import urlsplit
 
 import pytest
 from click.testing import CliRunner
@@ -311,3 +313,25 @@ def test_jobs_show_prints_each_variants_provenance(cli, quiet_services, engine, 
     assert on_one_line(thumbnail, "libraries", f"Pillow={made['thumbnail']['libraries']['Pillow']}")
     assert on_one_line(thumbnail, "stripped", "gps=True", "GPSInfo")
     assert on_one_line(records["original"], "spec", "the uploaded bytes, unchanged")
+
+
+def test_the_release_and_the_cleanups_end_with_a_message_when_the_database_does_not_answer(env):
+    """Adversarial runs: ``attache db upgrade`` (the Procfile's ``release``) against a server that took the connection
+    and never answered waited for good (its connections had no connect timeout), and ``attache gc run`` with the
+    database down printed a psycopg2 traceback. Both now end with a message and exit status 1."""
+    from tests.tcp import Listener
+
+    silent = Listener()
+    target = urlsplit(env["DATABASE_URL"])
+    try:
+        for url in (f"postgresql://{target.username}@127.0.0.1:{silent.port}{target.path}",
+                    f"postgresql://{target.username}@127.0.0.1:1{target.path}"):
+            for args in (("db", "upgrade"), ("db", "upgrade", "--no-create"), ("gc", "run")):
+                began = time.monotonic()
+                ended = subprocess.run([str(VENV_BIN / "attache"), *args], cwd=REPO, capture_output=True, text=True,
+                                       env={**os.environ, **env, "DATABASE_URL": url}, timeout=60)
+                assert ended.returncode == 1, (args, ended.stderr)
+                assert "Traceback" not in ended.stderr and "Error:" in ended.stderr, (args, ended.stderr)
+                assert time.monotonic() - began < 30, args
+    finally:
+        silent.close()

@@ -6,6 +6,7 @@ import functools
 import getpass
 
 import click
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from app.config import Settings
 from app.errors import AttacheError, ConfigError
@@ -32,7 +33,9 @@ def operator() -> str:
 
 
 def fail_on_attache_errors(fn):
-    """An attache error or a ValueError ends the command with its message and exit status 1."""
+    """An attache error or a ValueError ends the command with its message and exit status 1; so does a connection
+    to PostgreSQL lost or never made outside a :func:`~app.adapters.postgres.db.transaction` (the cleanups' locks:
+    ``attache gc run`` printed a traceback with the database down, an adversarial run)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -40,5 +43,8 @@ def fail_on_attache_errors(fn):
             return fn(*args, **kwargs)
         except (AttacheError, ValueError) as exc:
             raise click.ClickException(str(exc))
+        except (OperationalError, InterfaceError) as exc:
+            reason = (str(exc.orig) if exc.orig is not None else str(exc)).strip().splitlines()
+            raise click.ClickException(f"database unavailable: {reason[0][:300] if reason else type(exc).__name__}")
 
     return wrapper

@@ -36,12 +36,20 @@ def make_engine(database_url: str, *, pool_size: int = 5, process: str | None = 
         server["idle_in_transaction_session_timeout"] = max(1, int(idle_in_transaction_seconds * 1000))
     if lock_timeout_seconds is not None:
         server["lock_timeout"] = max(1, int(lock_timeout_seconds * 1000))
-    connect_args = {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
-                    **liveness_params(url.query, server)}
     engine = create_engine(url, pool_size=pool_size, max_overflow=10, pool_timeout=pool_timeout, pool_pre_ping=True,
-                           connect_args=connect_args)
+                           connect_args=connect_args(url, process, server))
     event.listen(engine, "handle_error", _read_only_is_a_lost_server)
     return engine
+
+
+def connect_args(url, process: str | None = None, server: dict | None = None) -> dict:
+    """libpq's parameters for every connection attache opens to ``url`` (a SQLAlchemy URL): connecting given up
+    after 5 s, the connection named for ``process``, a silent server found (``liveness.py``), and ``server``'s
+    settings asked for. The release's own connections (:func:`ensure_database`, the migrations) had none of these,
+    and ``attache db upgrade`` against a server that accepted the connection and never answered waited for good
+    (an adversarial run)."""
+    return {"connect_timeout": 5, "application_name": f"attache {process}" if process else "attache",
+            **liveness_params(url.query, server)}
 
 
 #: PostgreSQL's SQLSTATE for a write in a read-only session: a primary demoted by a failover, a hot standby, or
@@ -234,7 +242,8 @@ def ensure_database(database_url: str) -> bool:
     """
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     name = url.database
-    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT")
+    admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT",
+                          connect_args=connect_args(url, "release"))
     try:
         with admin.connect() as conn:
             if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar():

@@ -1,8 +1,9 @@
 """Alembic environment: migrations run against ``DATABASE_URL``."""
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+from sqlalchemy import create_engine, make_url, pool
 
+from app.adapters.postgres.db import connect_args
 from app.adapters.postgres.models import metadata
 
 config = context.config
@@ -10,7 +11,7 @@ url = config.get_main_option("sqlalchemy.url")
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(url, poolclass=pool.NullPool)
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args=connect_args(make_url(url), "release"))
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata)
         with context.begin_transaction():
