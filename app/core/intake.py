@@ -49,6 +49,8 @@ from app.errors import (
     DatabaseUnavailable,
     IdempotencyKeyReused,
     OutcomeUnknown,
+    SpoolUnavailable,
+    StorageError,
     StorageUnavailable,
 )
 
@@ -124,14 +126,37 @@ class Staged:
     info: imaging.ImageInfo
 
 
+#: what a request whose spool another process removed (a sweep of spools it took for abandoned) is told
+SPOOL_REMOVED = "the upload's temporary file was removed while the request waited; retry"
+
+
 def stage(services: ImageProducer, received: Received) -> Staged:
-    """Step 1: probe the header (refusals raise PermanentError), then stage the bytes (the spool was fsynced)."""
-    info = imaging.probe(received.path, services.limits)  # header only
+    """Step 1: probe the header (refusals raise PermanentError), then stage the bytes (the spool was fsynced).
+
+    A spool removed meanwhile by another web process's sweep (this one was paused long enough for it to look
+    abandoned, and the sweep had looked at its age before :meth:`~app.web.spool.HashingSpool.finish` checked it) is
+    a ``503`` to retry, as one removed before the check is: it answered ``500`` at the probe's open or the move
+    into staging (an adversarial run: SIGSTOP and SIGCONT of the web, 14 of 2,589 uploads)."""
+    try:
+        info = imaging.probe(received.path, services.limits)  # header only
+    except FileNotFoundError:
+        raise SpoolUnavailable(SPOOL_REMOVED) from None
     attachment_id = uuid.uuid4()
     key = pipeline.staging_key(attachment_id)
-    services.storage.adopt_file(key, received.path, content_type=info.content_type)
+    adopt_spool(services.storage, key, received, content_type=info.content_type)
     faults.point("after_staging")
     return Staged(attachment_id, key, info)
+
+
+def adopt_spool(storage, key: str, received: Received, *, content_type: str | None = None) -> None:
+    """Move a received spool into storage under ``key``; one another process removed meanwhile is
+    :class:`SpoolUnavailable` (see :func:`stage`)."""
+    try:
+        storage.adopt_file(key, received.path, content_type=content_type)
+    except StorageError:
+        if not received.path.exists():
+            raise SpoolUnavailable(SPOOL_REMOVED) from None
+        raise
 
 
 def record(conn, services: ImageProducer, staged: Staged, received: Received, *, filename: str, owner: str,

@@ -265,7 +265,7 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
                     with kept_alive(conn):  # storage's time, under the row's lock
-                        services.storage.adopt_file(key, part.path)
+                        intake.adopt_spool(services.storage, key, part)
                     values["upload_offset"] = offset + part.size
                     if token is not None:
                         stored = key

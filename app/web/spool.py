@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import IO
 
-from app.core.intake import Received
+from app.core.intake import SPOOL_REMOVED, Received
 from app.errors import DigestMismatch, SpoolUnavailable, UploadRejected, UploadTooLarge
 
 CHUNK = 64 * 1024
@@ -109,7 +109,7 @@ class HashingSpool:
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         if removed:  # a process paused for ten idle periods: another one took the spool for abandoned
-            raise SpoolUnavailable("the upload's temporary file was removed while the request waited; retry")
+            raise SpoolUnavailable(SPOOL_REMOVED)
         return Received(self.path, self.size, self._sha256.hexdigest(),
                         self._md5.digest() if self._md5 is not None else None, self.head)
 
