@@ -1199,3 +1199,36 @@ def test_an_images_metadata_is_priced_in_its_budget(tmp_path: Path, family: str)
     assert priced.total >= budget.METADATA_COPIES * 20_000_000
     used = _peak_rss_delta_mb(f"render({str(path)!r}, PIPELINE_V1_SPECS['optimized'], Limits())\n")
     assert used * 2**20 <= priced.total, (used, priced.describe())
+
+
+def _lossless_jpeg(path: Path, width: int, height: int, components: int) -> Path:
+    """A lossless JPEG (SOF3, predictor 1, every difference 0: one bit a sample), which Pillow cannot write."""
+    def segment(marker: int, payload: bytes) -> bytes:
+        return b"\xff" + bytes([marker]) + struct.pack(">H", len(payload) + 2) + payload
+
+    frame = struct.pack(">BHHB", 8, height, width, components) + b"".join(
+        bytes([i + 1, 0x11, 0]) for i in range(components))
+    table = bytes([0x00]) + bytes([1] + [0] * 15) + bytes([0])  # one code of one bit: difference 0
+    scan = bytes([components]) + b"".join(bytes([i + 1, 0x00]) for i in range(components)) + bytes([1, 0, 0])
+    path.write_bytes(b"\xff\xd8" + segment(0xC3, frame) + segment(0xC4, table) + segment(0xDA, scan)
+                     + bytes((width * height * components + 7) // 8) + b"\xff\xd9")
+    return path
+
+
+def test_a_lossless_jpeg_large_enough_to_be_drafted_renders(tmp_path) -> None:
+    """libjpeg cannot decode a lossless JPEG at a reduced scale: asked to (``Image.draft``), its decode broke, and
+    every variant of a 3000x3000 or 8000x4000 one failed ``corrupt_image`` after a 202 (an adversarial run). It is
+    decoded whole, and priced so."""
+    for path in (_lossless_jpeg(tmp_path / "grey.jpg", 3000, 2000, 1),
+                 _lossless_jpeg(tmp_path / "rgb.jpg", 1600, 1200, 3)):
+        probe(path, LIMITS)
+        longest = max(Image.open(path).size)
+        for spec in SPECS:
+            out = render(path, spec, LIMITS)
+            size = (out.width, out.height)
+            if spec.name == "crop":
+                assert size == (512, 512), (path.name, size)
+            else:
+                assert max(size) == min(256 if spec.name == "thumbnail" else 2048, longest), (path.name, spec.name, size)
+            grey = decode(out).convert("L")  # every sample 128: the predictor's first, and no difference after it
+            assert abs(sum(grey.getdata()) / (grey.width * grey.height) - 128) < 2, (path.name, spec.name)

@@ -244,7 +244,7 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     width, height = img.size
     mode = img.mode
     box = geometry.box
-    if family == "JPEG":
+    if family == "JPEG" and decodes_scaled(img):
         # Image.draft's own arithmetic (JpegImagePlugin.draft)
         want_w, want_h = geometry.decode_size
         ratio = min(width // want_w, height // want_h)
@@ -308,6 +308,13 @@ def _vertical_pass_copy_bytes(mode: str, transparent: int, box: tuple[float, ...
     if transparent or mode == "CMYK" or out_w * out_h < libvips.MIN_OUTPUT_PIXELS:
         return 0
     return (1 if grey else 3) * out_w * math.ceil(box[3] - box[1])
+
+
+def decodes_scaled(img: Image.Image) -> bool:
+    """Whether libjpeg decodes this JPEG at 1/2, 1/4 or 1/8 when asked (``Image.draft``): not a lossless one (SOF3,
+    which has no quantization tables), whose draft broke its decode ("broken data stream": every variant of an
+    8000x4000 lossless JPEG failed ``corrupt_image``, an adversarial run); it is decoded, and priced, whole."""
+    return bool(getattr(img, "quantization", None))
 
 
 def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, int]:

@@ -198,7 +198,7 @@ def _upright(img: ImageFile.ImageFile, family: str, spec: VariantSpec) -> Image.
     if family == "JPEG":
         orientation = read_orientation(img, header_only=True)
         geometry = plan(stored_size, orientation, spec)
-        drafted = img.draft(img.mode, geometry.decode_size)
+        drafted = img.draft(img.mode, geometry.decode_size) if budget.decodes_scaled(img) else None
         if drafted is not None:
             scale_back = drafted[1][2] / stored_size[0]
         box = tuple(v * scale_back for v in geometry.box)
