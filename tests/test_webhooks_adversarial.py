@@ -93,3 +93,25 @@ def test_a_url_that_no_request_could_carry_is_refused(app):
         assert (answer.status_code, answer.json["error"]) == (400, "bad_request"), (url, answer.json)
     assert ops.post("/v1/ops/webhooks", json={"url": "http://127.0.0.1/hook/%C3%A9?q=%C3%BC",
                                               "events": ["attachment.ready"]}).status_code == 201
+
+
+def test_a_name_that_does_not_resolve_in_time_costs_the_attempt_its_timeout_only(monkeypatch):
+    """Resolving the endpoint's name was outside the attempt's deadline: a resolver that did not answer held the
+    delivery's thread for its own timeouts (an adversarial review). The name's time now counts in the attempt's."""
+    import socket
+
+    real, stalled = socket.getaddrinfo, threading.Event()
+
+    def slow_resolver(host, *args, **kwargs):
+        if host == "slow.example":
+            stalled.wait(10)
+        return real("127.0.0.1", *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", slow_resolver)
+    try:
+        began = time.monotonic()
+        answer = webhook_endpoints.post("http://slow.example/hook", "{}", {}, timeout=0.5, allow_private=True)
+        assert time.monotonic() - began < 1.5
+        assert answer.status is None and "did not resolve within 0.5 s" in answer.error
+    finally:
+        stalled.set()

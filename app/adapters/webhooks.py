@@ -28,6 +28,9 @@ import secrets
 import socket
 import ssl
 import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
@@ -89,11 +92,24 @@ def is_public(address: str) -> bool:
                                  or ip.is_reserved or ip.is_unspecified)
 
 
-def check_target(url: str, *, allow_private: bool) -> tuple[Target, list[str]]:
-    """The parsed URL and the addresses its host resolves to, every one of them allowed."""
+#: how long a host's name may take to resolve, at most (an attempt's timeout counts it too)
+RESOLVE_SECONDS = 5.0
+#: the threads names are resolved in: ``getaddrinfo`` cannot be cut short, so a resolver that does not answer costs
+#: one of them for its own timeouts (glibc's: 5 s a try, 2 tries a name server), never an attempt's caller; while all
+#: are busy, a name waits its turn within its deadline
+_RESOLVERS = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")
+
+
+def check_target(url: str, *, allow_private: bool, within: float = RESOLVE_SECONDS) -> tuple[Target, list[str]]:
+    """The parsed URL and the addresses its host resolves to within ``within`` seconds, every one of them allowed.
+    A name that took longer held a delivery's thread for the resolver's own timeouts, outside the attempt's (read
+    from the code by an adversarial review)."""
     target = parse(url)
+    resolving = _RESOLVERS.submit(socket.getaddrinfo, target.host, target.port, type=socket.SOCK_STREAM)
     try:
-        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
+        infos = resolving.result(timeout=within)
+    except FutureTimeout:
+        raise WebhookTargetRefused(f"{target.host} did not resolve within {within:g} s") from None
     except (socket.gaierror, UnicodeError) as exc:
         raise WebhookTargetRefused(f"{target.host} does not resolve: {exc}") from None
     addresses = list(dict.fromkeys(info[4][0] for info in infos))
@@ -196,14 +212,16 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
     byte at a time (every read quick, the answer never done) is cut like
     one that hangs.
     """
+    began = time.monotonic()
     try:
-        target, addresses = check_target(url, allow_private=allow_private)
+        target, addresses = check_target(url, allow_private=allow_private, within=timeout)
     except (WebhookTargetRefused, InvalidWebhook) as exc:
         return Answer(None, str(exc))
+    left = max(0.001, timeout - (time.monotonic() - began))  # the name's time counts
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
-    connection = kind(target.host, target.port, addresses[0], timeout)
+    connection = kind(target.host, target.port, addresses[0], left)
     expired = threading.Event()
-    deadline = threading.Timer(timeout, _cut, (connection, expired))
+    deadline = threading.Timer(left, _cut, (connection, expired))
     deadline.daemon = True
     deadline.start()
     status = None
