@@ -13,6 +13,7 @@ pinned so freed pixel buffers go back to the kernel between renders.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -448,17 +449,49 @@ def test_a_heic_is_priced_by_its_parameter_sets_not_by_the_hvcc_summary(tmp_path
 
 def test_a_heic_items_own_parameter_set_is_priced_and_sized() -> None:
     """A parameter set in an item's data is what libde265 decodes by, over the ``hvcC``'s: its picture is priced
-    and its size is the item's, and one of another layer, which libde265 does not decode, is not."""
+    and its size is the item's, and one of another layer, which libde265 does not decode, is not. The data's NAL
+    units are read after 4-byte lengths, as libheif reads them whatever the ``hvcC`` says (one that said 1 hid a
+    parameter set behind a long NAL unit: an adversarial run)."""
     path = DATA / "phones" / "card_p3_orientation6.heic"
     config = path.read_bytes()
     config = config[config.index(b"hvcC") + 4:]
-    sps = next(nal for nal in bmff._hvcc_nal_units(config) if (nal[0] >> 1) & 0x3F == 33)
     found = bmff._Found()
+    sps = next(nal for nal in bmff._hvcc_nal_units(config, found) if (nal[0] >> 1) & 0x3F == 33)
     assert bmff._hevc_sps(sps, found) == (256, 256, 1.5)
     other_layer = sps[:1] + bytes([sps[1] | 0x08]) + sps[2:]
-    data = bmff._Data.of(b"".join(len(nal).to_bytes(4, "big") + nal for nal in (b"\x26\x01slice", sps, other_layer)))
-    bmff._hevc_item(7, data, found, bmff._Reading())
+    filler = b"\x26\x01" + bytes(300)  # 300 > 255: a walk by 1-byte lengths misreads what follows it
+    data = bmff._Data.of(b"".join(len(nal).to_bytes(4, "big") + nal for nal in (filler, sps, other_layer)))
+    bmff._hevc_item(7, data, found)
     assert found.item_sizes == {7: (256, 256)} and found.pictures == [1.5]
-    found = bmff._Found()
-    with pytest.raises(DecompressionBomb):
-        bmff._hevc_item(7, bmff._Data.of(b"\x00\x00\x00\x00" * (bmff.MAX_OBUS + 1)), found, bmff._Reading())
+    with pytest.raises(DecompressionBomb):  # empty NAL units cost nothing to send and a step each to walk
+        bmff._hevc_item(7, bmff._Data.of(b"\x00\x00\x00\x00" * (bmff.MAX_NAL_UNITS + 1)), bmff._Found())
+
+
+def test_heic_configurations_are_bounded(tmp_path) -> None:
+    """libheif reads an ``hvcC`` whole: one of 73 KB hid its parameter sets past what was read, and 90 of 32,700
+    empty NAL units each took 1.9 s a walk (adversarial runs). More than 64 KiB, or NAL units than
+    ``MAX_NAL_UNITS``, is a bomb; an ``hvcC`` outside ``ipco`` is not libheif's and not walked."""
+    def box(kind: bytes, payload: bytes) -> bytes:
+        return (8 + len(payload)).to_bytes(4, "big") + kind + payload
+
+    header = bytes(22)
+    big = header + bytes([1, 0x20]) + (1).to_bytes(2, "big") + (0xFFF0).to_bytes(2, "big") + bytes(0xFFF0)
+    many = header + bytes([1, 0x20]) + (0xFFFF).to_bytes(2, "big") + bytes(2 * 0xFFFF)
+    for config in (big, many):
+        in_ipco = box(b"meta", bytes(4) + box(b"iprp", box(b"ipco", box(b"hvcC", config))))
+        with pytest.raises(DecompressionBomb):
+            bmff.read_layout(io.BytesIO(in_ipco))
+        bmff.read_layout(io.BytesIO(box(b"hvcC", config)))  # not libheif's, not walked
+    with open(DATA / "phones" / "card_p3_orientation6.heic", "rb") as fp:
+        assert bmff.read_layout(fp).picture_bytes == 1.5
+
+
+def test_every_alpha_type_libheif_knows_is_priced() -> None:
+    """libheif takes three auxiliary types for alpha; an 8000x8000 alpha item under the one left out
+    (``urn:mpeg:avc:2015:auxid:1``) went unpriced: 202, ``ready``, 537-705 MB (an adversarial run)."""
+    source = (DATA / "hostile" / "heic_alpha8000.heic").read_bytes()
+    hevc = b"urn:mpeg:hevc:2015:auxid:1\x00"
+    avc = source.replace(hevc, b"urn:mpeg:avc:2015:auxid:1\x00\x00")  # the same length: one NUL more
+    assert avc != source
+    for data in (source, avc):
+        assert bmff.read_layout(io.BytesIO(data)).item_pixels >= 8000 * 8000

@@ -72,9 +72,13 @@ MAX_SEQUENCE_HEADERS = 256
 #: (hidden ones it refers to); the decoder decodes each until it shows one (1,000 hidden key frames in one item
 #: took 21 s of CPU an open: an adversarial run).
 MAX_FRAMES = 16
-#: The most bytes of an ``hvcC`` box read for its parameter sets (a photo's is some 100-200 bytes); the rest is not
-#: looked at.
+#: The most bytes of an ``hvcC`` box (a photo's is some 100-200 bytes); more is a bomb: libheif reads it whole, and a
+#: parameter set placed past a bound on what is read here went unpriced (an adversarial run).
 MAX_HVCC_BYTES = 1 << 16
+#: The most NAL units of a file's ``hvcC`` boxes and HEVC items walked for parameter sets: a photo has a few per
+#: configuration and per item. More is a bomb (90 configurations of 32,700 empty NAL units took 1.9 s a walk, and the
+#: worker walks once a variant: an adversarial run).
+MAX_NAL_UNITS = 1 << 14
 #: HEVC sequence parameter sets read in one file, at most (a photo's items share one); more is a bomb.
 MAX_HEVC_SPS = 256
 #: The item types whose data is a coded picture, decoded at its ``ispe``'s size whatever the image it makes.
@@ -141,7 +145,8 @@ class Layout:
 
 
 #: The auxiliary types (``auxC``) of an alpha plane, which the decoder decodes with its image.
-ALPHA_TYPES = frozenset({b"urn:mpeg:mpegB:cicp:systems:auxiliary:alpha", b"urn:mpeg:hevc:2015:auxid:1"})
+ALPHA_TYPES = frozenset({b"urn:mpeg:mpegB:cicp:systems:auxiliary:alpha", b"urn:mpeg:hevc:2015:auxid:1",
+                         b"urn:mpeg:avc:2015:auxid:1"})  # libheif's three (the last was missed: an adversarial run)
 
 
 def _decoded_items(found: "_Found") -> set[int] | None:
@@ -192,7 +197,7 @@ def read_layout(fp: BinaryIO) -> Layout:
         wanted = _decoded_items(found)
         for item_id, method, extents in found.items:
             if found.item_types.get(item_id) == b"hvc1" and (wanted is None or item_id in wanted):
-                _hevc_item(item_id, _Data(fp, _placed(method, extents, found.idat, end)), found, reading)
+                _hevc_item(item_id, _Data(fp, _placed(method, extents, found.idat, end)), found)
                 continue
             track = isinstance(item_id, tuple)  # a track's first sample (only AV1 tracks are kept): always decoded
             if track or (found.item_types.get(item_id) == b"av01" and (wanted is None or item_id in wanted)):
@@ -239,10 +244,9 @@ class _Found:
     #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
     #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
     extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
-    #: the HEVC sequence parameter sets read (:func:`_hevc_sps`), and the NAL unit length sizes the ``hvcC`` boxes
-    #: give their items' data
+    #: the HEVC sequence parameter sets read (:func:`_hevc_sps`), and the NAL units left to walk
     sps_read: int = 0
-    nal_length_sizes: set[int] = field(default_factory=set)
+    nal_units_left: int = MAX_NAL_UNITS
     #: the size of each HEVC item's largest picture its own data's parameter sets allow, by item; the sizes of all
     #: the HEVC parameter sets read
     item_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -334,14 +338,15 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.pictures.append(bpp)
             if kind == b"av1C" and len(config) > 4:
                 found.configs.append(config[4:])
-            if kind == b"hvcC":
-                pictures = [_hevc_sps(nal, found) for nal in _hvcc_nal_units(config)]
+            if kind == b"hvcC" and parent == b"/meta/iprp/ipco":  # the only ones libheif reads
+                if size - header_size > MAX_HVCC_BYTES:  # (libheif reads it whole: a parameter set past a bound
+                    raise DecompressionBomb(f"an HEVC configuration of more than {MAX_HVCC_BYTES} bytes")  # hid)
+                pictures = [_hevc_sps(nal, found) for nal in _hvcc_nal_units(config, found)]
                 found.pictures += [bpp for _, _, bpp in filter(None, pictures)]
                 found.hevc_sizes += [(width, height) for width, height, _ in filter(None, pictures)]
-                if parent == b"/meta/iprp/ipco" and any(pictures):  # priced as its items' size (_item_pixels)
+                if any(pictures):  # priced as its items' size (_item_pixels)
                     found.properties[-1] = max((picture[:2] for picture in pictures if picture),
                                                key=lambda size: size[0] * size[1])
-                found.nal_length_sizes.add((config[21] & 0x03) + 1 if len(config) > 21 else 4)
         elif kind == b"iloc" and parent == b"/meta":
             if size - header_size > MAX_ILOC_BYTES:
                 raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
@@ -696,7 +701,7 @@ def _colour_bytes(reader: "_Bits", profile: int, reduced: bool) -> float:
     return planes * (2 if depth > 8 else 1)
 
 
-def _hvcc_nal_units(config: bytes) -> list[bytes]:
+def _hvcc_nal_units(config: bytes, found: _Found) -> list[bytes]:
     """The NAL units of an ``hvcC``'s arrays (ISO/IEC 14496-15, 8.3.3.1), whatever type an array says: libheif
     hands each to the decoder before the item's data. What cannot be read ends the list."""
     units, reader = [], _Bytes(config)
@@ -705,6 +710,7 @@ def _hvcc_nal_units(config: bytes) -> list[bytes]:
         for _ in range(reader.int(1)):
             reader.int(1)  # completeness, and the array's NAL unit type
             for _ in range(reader.int(2)):
+                _count_nal_unit(found)
                 length = reader.int(2)
                 if reader.pos + length > len(config):
                     return units
@@ -715,27 +721,33 @@ def _hvcc_nal_units(config: bytes) -> list[bytes]:
     return units
 
 
-def _hevc_item(item: int, data: "_Data", found: _Found, reading: "_Reading") -> None:
+def _count_nal_unit(found: _Found) -> None:
+    found.nal_units_left -= 1
+    if found.nal_units_left < 0:
+        raise DecompressionBomb(f"HEVC configurations and images of more than {MAX_NAL_UNITS} NAL units")
+
+
+#: the bytes of the length before each NAL unit of an HEVC item's data, as libheif reads them whatever the ``hvcC``
+#: says (a file whose ``hvcC`` said 1 hid a parameter set from a walk that believed it: an adversarial run)
+NAL_LENGTH_BYTES = 4
+
+
+def _hevc_item(item: int, data: "_Data", found: _Found) -> None:
     """The parameter sets in an HEVC item's own data (NAL units, each after its length): libde265 takes one there
-    over the ``hvcC``'s, so its picture is priced too, and its size is the item's. More NAL units than the reading
-    has left is a bomb."""
-    sizes = found.nal_length_sizes or {4}
-    if len(sizes) > 1:  # the items' lengths cannot be told apart: each picture is priced as the worst
-        found.pictures.append(UNKNOWN_PICTURE_BYTES)
-    width, pos = max(sizes), 0
-    while pos + width <= data.size:
-        if reading.obus <= 0:
-            raise DecompressionBomb(f"HEVC images of more than {MAX_OBUS} NAL units")
-        reading.obus -= 1
-        length = int.from_bytes(data.read(pos, width), "big")
-        picture = _hevc_sps(data.read(pos + width, min(length, SEQUENCE_HEADER_BYTES)), found) if length else None
+    over the ``hvcC``'s, so its picture is priced too, and its size is the item's."""
+    pos = 0
+    while pos + NAL_LENGTH_BYTES <= data.size:
+        _count_nal_unit(found)
+        length = int.from_bytes(data.read(pos, NAL_LENGTH_BYTES), "big")
+        picture = _hevc_sps(data.read(pos + NAL_LENGTH_BYTES, min(length, SEQUENCE_HEADER_BYTES)), found) \
+            if length else None
         if picture is not None:
             found.pictures.append(picture[2])
             found.hevc_sizes.append(picture[:2])
             known = found.item_sizes.get(item, (0, 0))
             if picture[0] * picture[1] > known[0] * known[1]:
                 found.item_sizes[item] = picture[:2]
-        pos += width + length
+        pos += NAL_LENGTH_BYTES + length
 
 
 def _hevc_sps(nal: bytes, found: _Found) -> tuple[int, int, float] | None:
