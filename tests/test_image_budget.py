@@ -41,7 +41,7 @@ from app.adapters.postgres.models import attachments, jobs, outbox
 from app.config import Settings
 from app.core import pipeline
 from app.core.workflow import Workflow
-from app.errors import DecompressionBomb, ImageTooLarge
+from app.errors import CorruptImage, DecompressionBomb, ImageTooLarge
 from app.services import Services
 from tests import hostile_images
 from tests.driver import job, run, upload
@@ -185,7 +185,9 @@ def test_a_48mp_heic_needs_a_larger_budget(tmp_path, monkeypatch) -> None:
     source = DATA / "phones" / "card_p3_orientation6.heic"
     data = source.read_bytes()
     grid = data.index(b"ispe")  # the grid's size comes first, then the tiles'
+    canvas = data.index(b"\x00\x00\x02\x01" + struct.pack(">HH", 400, 600)) + 4  # the grid's data: 3 x 2 tiles
     big = tmp_path / "heif_max.heic"
+    data = data[:canvas] + struct.pack(">HH", 6048, 8064) + data[canvas + 4:]  # the canvas is the ispe's size
     big.write_bytes(data[:grid + 8] + struct.pack(">II", 6048, 8064) + data[grid + 16:])
     with pytest.raises(ImageTooLarge) as err:
         probe(big, Limits())
@@ -495,3 +497,30 @@ def test_every_alpha_type_libheif_knows_is_priced() -> None:
     assert avc != source
     for data in (source, avc):
         assert bmff.read_layout(io.BytesIO(data)).item_pixels >= 8000 * 8000
+
+
+def test_a_heic_canvas_is_held_to_its_ispe_and_the_limits() -> None:
+    """libheif allocates a grid's or an overlay's canvas at the size in the item's data, whatever ``ispe`` says, and
+    fails after: a 472-byte overlay of a 16000x16000 canvas under a 64x64 ``ispe`` took 1.3-1.5 GB a render, and
+    a 3.3 KB grid of 24576x24576 1.8 GB (an adversarial run). A canvas not of its ``ispe``'s size is corrupt."""
+    data = (DATA / "phones" / "card_p3_orientation6.heic").read_bytes()
+    canvas = data.index(b"\x00\x00\x02\x01" + struct.pack(">HH", 400, 600)) + 4
+    for size in ((16000, 16000), (400, 601)):
+        lying = data[:canvas] + struct.pack(">HH", *size) + data[canvas + 4:]
+        with pytest.raises(CorruptImage, match="canvas"):
+            bmff.read_layout(io.BytesIO(lying))
+    assert bmff.read_layout(io.BytesIO(data)).sizes == ((400, 600), (256, 256))
+
+
+def test_the_items_alphas_are_found_in_time_whatever_their_references() -> None:
+    """An item's alphas were looked up in every alpha item's reference list for every item decoded: a 72 KB HEIC of
+    many ``auxl`` references took 2.7-4.0 s of CPU a walk, 777 KB 75 s an upload (an adversarial run)."""
+    found = bmff._Found(primary=1)
+    # some 68,000 references, as 136 KB of iref hold: 4,000 tiles, and 16 alphas of 4,000 targets each
+    found.references = {b"dimg": {1: list(range(2, 4002))},
+                        b"auxl": {alpha: list(range(4001, 1, -1)) for alpha in range(5000, 5016)}}
+    found.aux_types = {1: b"urn:mpeg:hevc:2015:auxid:1"}
+    found.associations = {alpha: [1] for alpha in range(5000, 5016)}
+    began = time.process_time()
+    decoded = bmff._decoded_items(found)
+    assert time.process_time() - began < 0.5 and len(decoded) == 1 + 4000 + 16

@@ -156,15 +156,18 @@ def _decoded_items(found: "_Found") -> set[int] | None:
     if found.primary is None:
         return None
     decoded, todo = set(), [found.primary]
-    alphas = {item for item, targets in found.references.get(b"auxl", {}).items()
-              if any(found.aux_types.get(index) in ALPHA_TYPES for index in found.associations.get(item, ()))}
+    alphas_of: dict[int, set[int]] = {}  # an item's alphas, by the item (a lookup in every alpha's targets per item
+    for alpha, targets in found.references.get(b"auxl", {}).items():  # took seconds: an adversarial run)
+        if any(found.aux_types.get(index) in ALPHA_TYPES for index in found.associations.get(alpha, ())):
+            for target in set(targets):
+                alphas_of.setdefault(target, set()).add(alpha)
     while todo and len(decoded) <= MAX_BOXES:
         item = todo.pop()
         if item in decoded:
             continue
         decoded.add(item)
         todo += found.references.get(b"dimg", {}).get(item, [])
-        todo += [alpha for alpha in alphas if item in found.references[b"auxl"][alpha]]
+        todo += alphas_of.get(item, ())
     return decoded
 
 
@@ -196,6 +199,9 @@ def read_layout(fp: BinaryIO) -> Layout:
         decoded: dict[bool, list[tuple[int, int, float]]] = {False: [], True: []}  # an item's, a track's
         wanted = _decoded_items(found)
         for item_id, method, extents in found.items:
+            if found.item_types.get(item_id) in DERIVED_CANVASES:
+                _canvas(item_id, _Data(fp, _placed(method, extents, found.idat, end)), found)
+                continue
             if found.item_types.get(item_id) == b"hvc1" and (wanted is None or item_id in wanted):
                 _hevc_item(item_id, _Data(fp, _placed(method, extents, found.idat, end)), found)
                 continue
@@ -699,6 +705,33 @@ def _colour_bytes(reader: "_Bits", profile: int, reduced: bool) -> float:
             sub_x, sub_y = 1, 0
         planes = 1 + 2 / ((1 + sub_x) * (1 + sub_y))
     return planes * (2 if depth > 8 else 1)
+
+
+#: The derived image items whose data gives the size of a canvas the decoder allocates (ISO/IEC 23008-12, 6.6.2.3
+#: ``grid``, 6.6.2.2 ``iovl``), and the bytes before that size in it: version and flags, and an overlay's fill value.
+DERIVED_CANVASES = {b"grid": 4, b"iovl": 10}
+
+
+def _canvas(item: int, data: "_Data", found: _Found) -> None:
+    """A grid's or an overlay's canvas, from its item's data: held to the limits as an ``ispe`` is, and refused when
+    it is not its ``ispe``'s size. libheif allocates the canvas its data says, whatever ``ispe`` says, and fails
+    once it has made it: a 472-byte overlay of a 16000x16000 canvas under a 64x64 ``ispe`` took 1.3-1.5 GB a
+    render, priced as 64x64 (an adversarial run)."""
+    head = data.read(0, DERIVED_CANVASES[found.item_types[item]] + 8)
+    skip = DERIVED_CANVASES[found.item_types[item]]
+    if len(head) < skip + 4:
+        return  # cut short: the decoder's to refuse
+    wide = head[1] & 1  # flags: 32-bit sizes
+    if len(head) < skip + (8 if wide else 4):
+        return
+    width, height = struct.unpack_from(">II" if wide else ">HH", head, skip)
+    declared = [found.properties[index - 1] for index in found.associations.get(item, ())
+                if 0 < index <= len(found.properties) and found.properties[index - 1]]
+    if not declared:
+        found.sizes.append((width, height))
+    elif (width, height) not in declared:
+        raise CorruptImage(f"a derived image's canvas of {width}x{height} is not the size its ispe gives "
+                           f"({declared[0][0]}x{declared[0][1]})")
 
 
 def _hvcc_nal_units(config: bytes, found: _Found) -> list[bytes]:
