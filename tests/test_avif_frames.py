@@ -361,3 +361,12 @@ def test_a_second_meta_is_corrupt(data_file):
     to the real items' indices, and an 8000x8000 picture was priced 11 MB (a sixth adversarial run)."""
     with pytest.raises(CorruptImage, match="meta"):
         probe(data_file("hostile/heic_meta_decoy_first.heic"), Limits())
+
+
+@pytest.mark.parametrize("name", ["heic_ovl_canvas8000_two_ispe.heic", "heic_ovl_canvas8000_ispe_last.heic"])
+def test_an_overlay_canvas_is_every_one_of_its_ispe(name, data_file):
+    """libheif allocates an overlay's canvas at the size in its data and takes the last of its ``ispe``: an
+    8000x8000 canvas with an ``ispe`` of its size and then one of 64x64 was priced as 64x64 and decoded whole,
+    ``ready``, 841-945 MB in a worker (a re-attack). A canvas must be the size of every ``ispe`` it has."""
+    with pytest.raises(CorruptImage, match="canvas"):
+        probe(data_file(f"hostile/{name}"), Limits())

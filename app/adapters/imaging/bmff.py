@@ -250,6 +250,8 @@ class _Found:
     #: extents left to read of :data:`MAX_EXTENTS`, across every ``iloc`` box (4,095 of them, each of 65,535
     #: extents of fields 0 bytes wide, took 169 s a probe: an adversarial review)
     extents_left: list[int] = field(default_factory=lambda: [MAX_EXTENTS])
+    #: the indices (from 1) of the ``ipco`` properties that are ``ispe``
+    ispe_properties: set[int] = field(default_factory=set)
     #: the HEVC sequence parameter sets read (:func:`_hevc_sps`), and the NAL units left to walk
     sps_read: int = 0
     nal_units_left: int = MAX_NAL_UNITS
@@ -331,6 +333,7 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 found.sizes.append(struct.unpack(">II", payload[4:12]))
                 if parent == b"/meta/iprp/ipco":
                     found.properties[-1] = found.sizes[-1]
+                    found.ispe_properties.add(len(found.properties))
         elif kind == b"ipma" and parent == b"/meta/iprp":
             if size - header_size > MAX_ILOC_BYTES:
                 raise DecompressionBomb(f"an item property association box of more than {MAX_ILOC_BYTES} bytes")
@@ -726,12 +729,15 @@ def _canvas(item: int, data: "_Data", found: _Found) -> None:
         return
     width, height = struct.unpack_from(">II" if wide else ">HH", head, skip)
     declared = [found.properties[index - 1] for index in found.associations.get(item, ())
-                if 0 < index <= len(found.properties) and found.properties[index - 1]]
+                if index in found.ispe_properties]
     if not declared:
         found.sizes.append((width, height))
-    elif (width, height) not in declared:
-        raise CorruptImage(f"a derived image's canvas of {width}x{height} is not the size its ispe gives "
-                           f"({declared[0][0]}x{declared[0][1]})")
+    # every ispe: libheif takes the last, and one matching the canvas before one of 64x64 had the image priced
+    # as 64x64 and an 8000x8000 canvas decoded, ready, in 841-945 MB (a re-attack)
+    for size in declared:
+        if size != (width, height):
+            raise CorruptImage(f"a derived image's canvas of {width}x{height} is not the size its ispe gives "
+                               f"({size[0]}x{size[1]})")
 
 
 def _hvcc_nal_units(config: bytes, found: _Found) -> list[bytes]:
