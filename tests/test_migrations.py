@@ -104,9 +104,9 @@ def test_0026_counts_the_durations_written_after_it(database_url):
                        "SELECT id, created_at + make_interval(secs => :at), :f, :t, 1, 'test' FROM jobs")
     add_run = text("INSERT INTO step_runs (job_id, step, attempt, outcome, seconds) "
                    "SELECT id, :step, 1, 'ok', :seconds FROM jobs")
-    counted = text("SELECT histogram, label, le, sum(n)::int, sum(s) FROM (SELECT histogram, label, le, total AS n, "
-                   "seconds AS s FROM duration_counts UNION ALL SELECT histogram, label, le, rows, seconds "
-                   "FROM duration_deltas) k GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
+    counted = text("SELECT histogram, label, le, sum(n)::int, sum(s) / 1e6 FROM (SELECT histogram, label, le, "
+                   "total AS n, microseconds AS s FROM duration_counts UNION ALL SELECT histogram, label, le, rows, "
+                   "microseconds FROM duration_deltas) k GROUP BY 1, 2, 3 ORDER BY 1, 2, 3")
     try:
         command.downgrade(db.alembic_config(database_url), "0025")
         with engine.begin() as conn:
@@ -123,7 +123,7 @@ def test_0026_counts_the_durations_written_after_it(database_url):
             conn.execute(add_run, {"step": "inspect", "seconds": 0.3})
             rows = [tuple(row) for row in conn.execute(counted)]
         assert [row[:4] for row in rows] == [("attempt", "", 0.25, 1), ("job", "", 10, 1), ("step", "inspect", 0.5, 1)]
-        assert [round(row[4], 6) for row in rows] == [0.2, 5.2, 0.3]
+        assert [float(row[4]) for row in rows] == [0.2, 5.2, 0.3]
     finally:
         db.upgrade(database_url)
         engine.dispose()

@@ -8,7 +8,7 @@ bucket, to ``duration_deltas``; :func:`fold` moves them into
 ``duration_counts`` (the scheduler's ``counter_fold``, as
 ``transition_counts.py`` moves the transitions), and :func:`histograms`
 adds up both tables in one statement, so a scrape is exact whenever a fold
-commits and never goes down.
+commits and never goes down (a sum too: kept in whole microseconds).
 
 The histograms (``HISTOGRAMS``), each observed when a row is written:
 
@@ -33,21 +33,22 @@ _FOLD = text("""
     WITH moved AS (
         DELETE FROM duration_deltas WHERE id IN (
             SELECT id FROM duration_deltas ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
-        RETURNING histogram, label, le, rows, seconds
+        RETURNING histogram, label, le, rows, microseconds
     ), added AS (
-        INSERT INTO duration_counts (histogram, label, le, total, seconds)
-        SELECT histogram, label, le, sum(rows), sum(seconds) FROM moved GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
+        INSERT INTO duration_counts (histogram, label, le, total, microseconds)
+        SELECT histogram, label, le, sum(rows), sum(microseconds) FROM moved GROUP BY 1, 2, 3 ORDER BY 1, 2, 3
         ON CONFLICT (histogram, label, le) DO UPDATE
-        SET total = duration_counts.total + EXCLUDED.total, seconds = duration_counts.seconds + EXCLUDED.seconds
+        SET total = duration_counts.total + EXCLUDED.total,
+            microseconds = duration_counts.microseconds + EXCLUDED.microseconds
     )
     SELECT count(*) FROM moved
 """)
 
 _BUCKETS = text("""
-    SELECT histogram, label, le, sum(n)::bigint, sum(seconds) FROM (
-        SELECT histogram, label, le, total AS n, seconds FROM duration_counts
+    SELECT histogram, label, le, sum(n)::bigint, sum(microseconds)::bigint FROM (
+        SELECT histogram, label, le, total AS n, microseconds FROM duration_counts
         UNION ALL
-        SELECT histogram, label, le, rows, seconds FROM duration_deltas
+        SELECT histogram, label, le, rows, microseconds FROM duration_deltas
     ) buckets GROUP BY 1, 2, 3
 """)
 
@@ -73,15 +74,15 @@ def histograms(conn: Connection) -> dict[str, dict[str, Histogram]]:
     """Every series observed so far: ``{histogram: {label: Histogram}}`` (a histogram never observed is empty)."""
     bounds = conn.execute(text("SELECT unnest(duration_bounds())")).scalars().all()
     counts: dict[tuple[str, str], dict[float, int]] = {}
-    sums: dict[tuple[str, str], float] = {}
-    for histogram, label, le, n, seconds in conn.execute(_BUCKETS):
+    sums: dict[tuple[str, str], int] = {}  # whole microseconds: the same whatever the order they were added in
+    for histogram, label, le, n, microseconds in conn.execute(_BUCKETS):
         counts.setdefault((histogram, label), {})[le] = n
-        sums[histogram, label] = sums.get((histogram, label), 0.0) + seconds
+        sums[histogram, label] = sums.get((histogram, label), 0) + microseconds
     found: dict[str, dict[str, Histogram]] = {name: {} for name in HISTOGRAMS}
     for (histogram, label), per_bound in counts.items():
         running, buckets = 0, []
         for bound in bounds:
             running += per_bound.get(bound, 0)
             buckets.append((bound, running))
-        found.setdefault(histogram, {})[label] = Histogram(tuple(buckets), sums[histogram, label])
+        found.setdefault(histogram, {})[label] = Histogram(tuple(buckets), sums[histogram, label] / 1e6)
     return found

@@ -367,7 +367,7 @@ duration_counts = Table(
     Column("label", Text, primary_key=True),
     Column("le", Float, primary_key=True),
     Column("total", BigInteger, nullable=False),
-    Column("seconds", Float, nullable=False),
+    Column("microseconds", BigInteger, nullable=False),
 )
 
 duration_deltas = Table(
@@ -378,7 +378,7 @@ duration_deltas = Table(
     Column("label", Text, nullable=False),
     Column("le", Float, nullable=False),
     Column("rows", BigInteger, nullable=False),
-    Column("seconds", Float, nullable=False),
+    Column("microseconds", BigInteger, nullable=False),
 )
 
 sweeper_items = Table(

@@ -56,6 +56,13 @@ JOB_HISTORY_OBSERVED = """
 """
 
 
+#: an observation's part of a histogram's sum: whole microseconds, so a sum added up in any order is the same, and
+#: never goes down (floats added up in another order by a fold moved it by their last place, either way, and
+#: Prometheus takes a drop for a reset: a re-attack); 0 for what is no duration (negative, NaN, infinite, past 31
+#: years), which would otherwise fail the insert it counts
+MICROSECONDS = "CASE WHEN seconds >= 0 AND seconds < 1e9 THEN round(seconds * 1e6)::bigint ELSE 0 END"
+
+
 def upgrade() -> None:
     # as 0019: the triggers' locks wait for every transaction writing the two tables; a long one fails the release
     op.execute("SET LOCAL lock_timeout = '10s'")
@@ -65,7 +72,7 @@ def upgrade() -> None:
         sa.Column("label", sa.Text(), primary_key=True),
         sa.Column("le", sa.Float(), primary_key=True),
         sa.Column("total", sa.BigInteger(), nullable=False),
-        sa.Column("seconds", sa.Float(), nullable=False),
+        sa.Column("microseconds", sa.BigInteger(), nullable=False),
     )
     op.create_table(
         "duration_deltas",
@@ -74,7 +81,7 @@ def upgrade() -> None:
         sa.Column("label", sa.Text(), nullable=False),
         sa.Column("le", sa.Float(), nullable=False),
         sa.Column("rows", sa.BigInteger(), nullable=False),
-        sa.Column("seconds", sa.Float(), nullable=False),
+        sa.Column("microseconds", sa.BigInteger(), nullable=False),
     )
     op.execute(f"""
         CREATE FUNCTION duration_bounds() RETURNS float8[] LANGUAGE sql IMMUTABLE
@@ -91,17 +98,17 @@ def upgrade() -> None:
             INSERT INTO transition_deltas (from_state, to_state, worker_lost, rows)
             SELECT coalesce(from_state, 'none'), to_state, coalesce(error_code = 'worker_lost', false), count(*)
             FROM added GROUP BY 1, 2, 3;
-            INSERT INTO duration_deltas (histogram, label, le, rows, seconds)
-            SELECT histogram, label, duration_bucket(seconds), count(*), sum(seconds)
+            INSERT INTO duration_deltas (histogram, label, le, rows, microseconds)
+            SELECT histogram, label, duration_bucket(seconds), count(*), sum({MICROSECONDS})
             FROM ({JOB_HISTORY_OBSERVED}) observed (histogram, label, seconds)
             GROUP BY 1, 2, 3;
             RETURN NULL;
         END $$""")
-    op.execute("""
+    op.execute(f"""
         CREATE FUNCTION step_runs_counted() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
-            INSERT INTO duration_deltas (histogram, label, le, rows, seconds)
-            SELECT 'step', step, duration_bucket(seconds), count(*), sum(seconds) FROM added GROUP BY 2, 3;
+            INSERT INTO duration_deltas (histogram, label, le, rows, microseconds)
+            SELECT 'step', step, duration_bucket(seconds), count(*), sum({MICROSECONDS}) FROM added GROUP BY 2, 3;
             RETURN NULL;
         END $$""")
     op.execute("CREATE TRIGGER step_runs_counted AFTER INSERT ON step_runs REFERENCING NEW TABLE AS added "
