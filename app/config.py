@@ -145,7 +145,8 @@ class Settings:
         "connect_timeout (5 s)")
     background_answer_seconds: float = setting(
         "ATTACHE_BACKGROUND_ANSWER_SECONDS", 300.0, _float(12),
-        "the worker and the scheduler wait this long at most for PostgreSQL's answer to a statement, a COMMIT or "
+        "the worker, the scheduler and the CLI's commands (not the release's migrations) wait this long at most "
+        "for PostgreSQL's answer to a statement, a COMMIT or "
         "a pool's ping; then they cut the connection and log it, and the step or the sweeper's round fails and "
         "runs again: behind a pooler or proxy whose backend went silent and lost their bytes, a worker's thread "
         "and a scheduler's rounds waited for good, and accepted uploads stayed queued until both were restarted; "

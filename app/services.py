@@ -156,10 +156,11 @@ class Services:
         answer at most, and the setting that says so. The web's requests: then 503. The worker's and the
         scheduler's, longer: a step or a round cut is run again, and nobody waits on it; but a wait with no end
         held a worker's thread and every sweeper (lease recovery among them) for good (an adversarial run). The
-        CLI's: none (a migration may take long)."""
+        CLI's too: ``webhooks list`` and ``gc run`` waited for good on a database frozen mid-statement (a re-attack).
+        The migrations' own connections have none (a migration may take long: ``migrations/env.py``)."""
         if self._process == "web":
             return self.settings.database_answer_seconds, "ATTACHE_DATABASE_ANSWER_SECONDS"
-        if self._consumer or self._process == "scheduler":
+        if self._consumer or self._process in ("scheduler", "cli"):
             return self.settings.background_answer_seconds, "ATTACHE_BACKGROUND_ANSWER_SECONDS"
         return None
 

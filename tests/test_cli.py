@@ -335,3 +335,24 @@ def test_the_release_and_the_cleanups_end_with_a_message_when_the_database_does_
                 assert time.monotonic() - began < 30, args
     finally:
         silent.close()
+
+
+def test_the_cli_waits_for_an_answer_as_the_scheduler_does_and_a_frozen_release_frees_its_locks(env):
+    """A re-attack: ``webhooks list`` and ``gc run`` waited for good on a database frozen mid-statement, and a
+    release frozen mid-migration held ``step_runs`` locked (every worker's step record waited) until killed. The
+    CLI's connections have the scheduler's answer deadline; the release's, which may run long statements, none,
+    but the server ends its session once it has waited for the release between statements for a minute."""
+    from sqlalchemy import create_engine, make_url, text
+
+    from app.adapters.postgres.db import release_connect_args
+    from app.config import Settings
+    from app.services import Services
+
+    cli = Services(Settings.from_env(env), process="cli")
+    assert cli._answer_deadline == (cli.settings.background_answer_seconds, "ATTACHE_BACKGROUND_ANSWER_SECONDS")
+    url = make_url(env["DATABASE_URL"]).set(drivername="postgresql+psycopg2")
+    engine = create_engine(url, connect_args=release_connect_args(url))
+    with engine.connect() as conn:
+        assert conn.execute(text("SHOW idle_in_transaction_session_timeout")).scalar() == "1min"
+        assert conn.execute(text("SHOW application_name")).scalar() == "attache release"
+    engine.dispose()

@@ -52,6 +52,20 @@ def connect_args(url, process: str | None = None, server: dict | None = None) ->
             **liveness_params(url.query, server)}
 
 
+#: how long the release's migration transaction may wait for its client between statements (the migrations' own
+#: Python work between them takes milliseconds)
+RELEASE_IDLE_IN_TRANSACTION_SECONDS = 60
+
+
+def release_connect_args(url) -> dict:
+    """The release's connections (the migrations): :func:`connect_args`, and no deadline on an answer (a migration's
+    statement may take long), but a release whose client stopped answering mid-migration (a frozen network,
+    SIGSTOP) has its session ended by the server, and the locks it holds with it: one held ``step_runs`` locked,
+    and every worker's step record waited, for as long as it stayed frozen (a re-attack)."""
+    return connect_args(url, "release",
+                        {"idle_in_transaction_session_timeout": RELEASE_IDLE_IN_TRANSACTION_SECONDS * 1000})
+
+
 #: PostgreSQL's SQLSTATE for a write in a read-only session: a primary demoted by a failover, a hot standby, or
 #: ``default_transaction_read_only`` set by an operator
 READ_ONLY_SQL_TRANSACTION = "25006"
@@ -243,7 +257,7 @@ def ensure_database(database_url: str) -> bool:
     url = make_url(database_url).set(drivername="postgresql+psycopg2")
     name = url.database
     admin = create_engine(url.set(database="postgres"), isolation_level="AUTOCOMMIT",
-                          connect_args=connect_args(url, "release"))
+                          connect_args=release_connect_args(url))
     try:
         with admin.connect() as conn:
             if conn.execute(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}).scalar():

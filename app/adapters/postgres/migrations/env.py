@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine, make_url, pool
 
-from app.adapters.postgres.db import connect_args
+from app.adapters.postgres.db import release_connect_args
 from app.adapters.postgres.models import metadata
 
 config = context.config
@@ -11,7 +11,7 @@ url = config.get_main_option("sqlalchemy.url")
 
 
 def run_migrations_online() -> None:
-    engine = create_engine(url, poolclass=pool.NullPool, connect_args=connect_args(make_url(url), "release"))
+    engine = create_engine(url, poolclass=pool.NullPool, connect_args=release_connect_args(make_url(url)))
     with engine.connect() as connection:
         context.configure(connection=connection, target_metadata=metadata)
         with context.begin_transaction():
