@@ -256,7 +256,9 @@ def fan_out(conn: Connection, event_sequence: int, kind: str, owner: str) -> int
         .values(last_sequence=webhook_subscriptions.c.last_sequence + 1)
         .returning(webhook_subscriptions.c.id, webhook_subscriptions.c.last_sequence)).all()
     if numbered:
-        conn.execute(webhook_deliveries.insert(), [
+        # due from the clock's now, not the transaction's start: taken after the subscription's row, so in the order
+        # of its sequence, which the claim's earliest-due-first order then keeps
+        conn.execute(webhook_deliveries.insert().values(next_attempt_at=func.clock_timestamp()), [
             {"subscription_id": row.id, "event_sequence": event_sequence, "sequence": row.last_sequence}
             for row in numbered])
     return len(numbered)
@@ -347,7 +349,10 @@ class DelivererConfig:
 #: forgot a hanging endpoint whose tried delivery had ended ``failed``. The claim stamps the endpoints it took. It
 #: looks at each subscription once, through the pending deliveries' indexes (migration 0027): it looked at every due
 #: delivery and, for each, at its subscription's every pending one, and four endpoints that never answered, 5,000
-#: deliveries due each, made a claim take up to 5.5 s, one at a time (an adversarial run).
+#: deliveries due each, made a claim take up to 5.5 s, one at a time (an adversarial run). A subscription's due
+#: delivery is its earliest due (one index probe): the first due in sequence order walked past every delivery
+#: waiting for its backoff, and 100 dead endpoints' 5,000 each made a claim take 1 s (a re-attack). A new
+#: delivery is due from when it was made, in its sequence's order (``fan_out``); a retried one from its backoff.
 _CLAIM = text("""
     WITH eligible AS (
         SELECT s.id, e.last_claimed_at
@@ -360,7 +365,7 @@ _CLAIM = text("""
         SELECT first_due.id FROM eligible CROSS JOIN LATERAL (
             SELECT w.id, w.next_attempt_at FROM webhook_deliveries w
             WHERE w.subscription_id = eligible.id AND w.state = 'pending' AND w.next_attempt_at <= now()
-            ORDER BY w.sequence LIMIT 1
+            ORDER BY w.next_attempt_at, w.sequence LIMIT 1
         ) first_due
         ORDER BY eligible.last_claimed_at NULLS FIRST, first_due.next_attempt_at
         LIMIT :n

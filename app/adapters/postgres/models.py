@@ -503,10 +503,10 @@ Index("webhook_deliveries_due_idx", webhook_deliveries.c.next_attempt_at,
       postgresql_where=text("state = 'pending'"))
 Index("webhook_deliveries_state_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.state,
       webhook_deliveries.c.id)
-#: the deliverer's claim (app/core/webhooks.py ``_CLAIM``, migration 0027): each subscription's first due delivery,
-#: and whether one is in flight
-Index("webhook_deliveries_pending_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.sequence,
-      postgresql_where=text("state = 'pending'"))
+#: the deliverer's claim (app/core/webhooks.py ``_CLAIM``, migration 0027): each subscription's earliest due
+#: delivery, and whether one is in flight
+Index("webhook_deliveries_pending_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.next_attempt_at,
+      webhook_deliveries.c.sequence, postgresql_where=text("state = 'pending'"))
 Index("webhook_deliveries_claimed_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.claimed_until,
       postgresql_where=text("state = 'pending' AND claimed_until IS NOT NULL"))
 
