@@ -324,15 +324,16 @@ def test_the_release_and_the_cleanups_end_with_a_message_when_the_database_does_
     silent = Listener()
     target = urlsplit(env["DATABASE_URL"])
     try:
-        for url in (f"postgresql://{target.username}@127.0.0.1:{silent.port}{target.path}",
-                    f"postgresql://{target.username}@127.0.0.1:1{target.path}"):
-            for args in (("db", "upgrade"), ("db", "upgrade", "--no-create"), ("gc", "run")):
-                began = time.monotonic()
-                ended = subprocess.run([str(VENV_BIN / "attache"), *args], cwd=REPO, capture_output=True, text=True,
-                                       env={**os.environ, **env, "DATABASE_URL": url}, timeout=60)
-                assert ended.returncode == 1, (args, ended.stderr)
-                assert "Traceback" not in ended.stderr and "Error:" in ended.stderr, (args, ended.stderr)
-                assert time.monotonic() - began < 30, args
+        silent_url = f"postgresql://{target.username}@127.0.0.1:{silent.port}{target.path}"
+        down_url = f"postgresql://{target.username}@127.0.0.1:1{target.path}"
+        for url, args in ((silent_url, ("db", "upgrade")), (down_url, ("db", "upgrade", "--no-create")),
+                          (down_url, ("gc", "run"))):
+            began = time.monotonic()
+            ended = subprocess.run([str(VENV_BIN / "attache"), *args], cwd=REPO, capture_output=True, text=True,
+                                   env={**os.environ, **env, "DATABASE_URL": url}, timeout=60)
+            assert ended.returncode == 1, (args, ended.stderr)
+            assert "Traceback" not in ended.stderr and "Error:" in ended.stderr, (args, ended.stderr)
+            assert time.monotonic() - began < 30, args
     finally:
         silent.close()
 
