@@ -77,7 +77,7 @@ def _durations(conn):
     found = duration_counts.histograms(conn)
     for histogram, (name, doc, label) in DURATIONS.items():
         family = HistogramMetricFamily(name, doc, labels=[label] if label else [])
-        for value, series in sorted(found[histogram].items()):
+        for value, series in sorted(found.get(histogram, {}).items()):
             buckets = [("+Inf" if bound == float("inf") else str(bound), count) for bound, count in series.buckets]
             family.add_metric([value] if label else [], buckets, series.seconds)
         yield family

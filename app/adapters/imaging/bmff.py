@@ -720,8 +720,8 @@ def _canvas(item: int, data: "_Data", found: _Found) -> None:
     it is not its ``ispe``'s size. libheif allocates the canvas its data says, whatever ``ispe`` says, and fails
     once it has made it: a 472-byte overlay of a 16000x16000 canvas under a 64x64 ``ispe`` took 1.3-1.5 GB a
     render, priced as 64x64 (an adversarial run)."""
-    head = data.read(0, DERIVED_CANVASES[found.item_types[item]] + 8)
     skip = DERIVED_CANVASES[found.item_types[item]]
+    head = data.read(0, skip + 8)
     if len(head) < skip + 4:
         return  # cut short: the decoder's to refuse
     wide = head[1] & 1  # flags: 32-bit sizes

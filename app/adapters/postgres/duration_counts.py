@@ -10,7 +10,7 @@ bucket, to ``duration_deltas``; :func:`fold` moves them into
 adds up both tables in one statement, so a scrape is exact whenever a fold
 commits and never goes down (a sum too: kept in whole microseconds).
 
-The histograms (``HISTOGRAMS``), each observed when a row is written:
+The histograms, each observed when a row is written:
 
 * ``job``: a job's ``ready`` history row, from its upload;
 * ``attempt``: a history row after one to ``processing``, from that claim;
@@ -26,8 +26,6 @@ from dataclasses import dataclass
 
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
-
-HISTOGRAMS = ("job", "attempt", "step")
 
 _FOLD = text("""
     WITH moved AS (
@@ -71,14 +69,14 @@ def fold(conn: Connection, *, batch: int) -> int:
 
 
 def histograms(conn: Connection) -> dict[str, dict[str, Histogram]]:
-    """Every series observed so far: ``{histogram: {label: Histogram}}`` (a histogram never observed is empty)."""
+    """Every series observed so far: ``{histogram: {label: Histogram}}`` (a histogram never observed is absent)."""
     bounds = conn.execute(text("SELECT unnest(duration_bounds())")).scalars().all()
     counts: dict[tuple[str, str], dict[float, int]] = {}
     sums: dict[tuple[str, str], int] = {}  # whole microseconds: the same whatever the order they were added in
     for histogram, label, le, n, microseconds in conn.execute(_BUCKETS):
         counts.setdefault((histogram, label), {})[le] = n
         sums[histogram, label] = sums.get((histogram, label), 0) + microseconds
-    found: dict[str, dict[str, Histogram]] = {name: {} for name in HISTOGRAMS}
+    found: dict[str, dict[str, Histogram]] = {}
     for (histogram, label), per_bound in counts.items():
         running, buckets = 0, []
         for bound in bounds:
