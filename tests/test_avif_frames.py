@@ -370,3 +370,17 @@ def test_an_overlay_canvas_is_every_one_of_its_ispe(name, data_file):
     ``ready``, 841-945 MB in a worker (a re-attack). A canvas must be the size of every ``ispe`` it has."""
     with pytest.raises(CorruptImage, match="canvas"):
         probe(data_file(f"hostile/{name}"), Limits())
+
+
+@pytest.mark.parametrize("name", ["heic_grid8000_clap64_deep.heic", "heic_iden_grid8000.heic",
+                                  "heic_grid8000_nested.heic"])
+def test_a_canvas_made_small_by_what_is_derived_from_it_is_priced_at_its_size(name, data_file):
+    """libheif allocates every grid's canvas the primary image is made from, at its picture's bytes per pixel,
+    though a crop, an ``iden`` or an outer grid makes a small image of it: a 996-byte 8000x8000 grid of one 10-bit
+    4:4:4 tile referenced 64 times, cropped to 64x64, took 387 MB a render priced 17 MB, and nested under a 1x1
+    grid 734 MB, ``ready`` (an adversarial run). Each canvas on the way is priced."""
+    with open(data_file(f"hostile/{name}"), "rb") as fp:
+        layout = bmff.read_layout(fp)
+    assert layout.canvas_pixels >= 8000 * 8000 * (2 if "nested" in name else 1)
+    with pytest.raises(ImageTooLarge):
+        probe(data_file(f"hostile/{name}"), Limits())

@@ -142,6 +142,11 @@ class Layout:
     #: picture the image is made of at its own size, whatever crop (``clap``), grid, overlay or alpha makes of it
     #: (a 1x1 crop of an 8000x8000 picture rendered in 341 MB priced as 1x1: an adversarial run)
     item_pixels: int = 0
+    #: pixels of the canvas of every grid and overlay the primary image is made from, summed: libheif allocates
+    #: each at its picture's bytes per pixel, though a crop (``clap``), an ``iden`` or an outer grid makes a small
+    #: image of it (a 996-byte grid of 8000x8000, cropped to 64x64, took 387 MB a render priced 17; nested under
+    #: a 1x1 grid, 734 MB: an adversarial run)
+    canvas_pixels: int = 0
 
 
 #: The auxiliary types (``auxC``) of an alpha plane, which the decoder decodes with its image.
@@ -217,7 +222,10 @@ def read_layout(fp: BinaryIO) -> Layout:
             size for size in dict.fromkeys(found.hevc_sizes) if size not in found.sizes)
         coded_pixels = max(sum(w * h for w, h, _ in source) for source in decoded.values())
         coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
-        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found))
+        canvas_pixels = sum(width * height for item, (width, height) in found.canvases.items()
+                            if wanted is None or item in wanted)
+        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found),
+                      canvas_pixels)
     finally:
         fp.seek(position)
 
@@ -259,6 +267,8 @@ class _Found:
     #: the HEVC parameter sets read
     item_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
     hevc_sizes: list[tuple[int, int]] = field(default_factory=list)
+    #: the canvas of each grid and overlay item (:func:`_canvas`), by item
+    canvases: dict[int, tuple[int, int]] = field(default_factory=dict)
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -728,6 +738,7 @@ def _canvas(item: int, data: "_Data", found: _Found) -> None:
     if len(head) < skip + (8 if wide else 4):
         return
     width, height = struct.unpack_from(">II" if wide else ">HH", head, skip)
+    found.canvases[item] = (width, height)
     declared = [found.properties[index - 1] for index in found.associations.get(item, ())
                 if index in found.ispe_properties]
     if not declared:
