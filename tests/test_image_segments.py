@@ -701,3 +701,38 @@ def test_a_jpeg_tiffs_strips_may_have_a_writers_few_segments_each(tmp_path):
     assert time.process_time() - began < 1
     assert probed(tmp_path, "plain.tif", _jpeg_tiff(64, 1, baseline * 64,
                                                     [(273, 4, [i * len(baseline) for i in range(64)])])).width == 64
+
+
+def _segment(marker: int, payload: bytes) -> bytes:
+    return bytes([0xFF, marker]) + struct.pack(">H", len(payload) + 2) + payload
+
+
+def test_a_jpeg_of_countless_quantization_tables_is_a_bomb(tmp_path):
+    """Pillow reads each quantization table in Python: 49.8 MB of 760 DQT segments of 1,008 tables each took 3 s of
+    CPU an open, 28-35 s a job of pipeline v2, ``ready`` (an adversarial run)."""
+    jpeg = encoded("JPEG")
+    tables = b"".join(bytes([i % 4]) + bytes([1]) * 64 for i in range(1008))  # 8-bit tables, 65 bytes each
+    with pytest.raises(DecompressionBomb, match="quantization"):
+        probed(tmp_path, "dqt.jpg", jpeg[:2] + _segment(0xDB, tables) + jpeg[2:])
+    own = sum(struct.unpack(">H", jpeg[at + 2:at + 4])[0] - 2 for at in range(len(jpeg)) if jpeg[at:at + 2] == b"\xff\xdb")
+    room = (segments.MAX_QUANTIZATION_BYTES - own) // 129  # 16-bit tables up to the bound, with its own
+    sixteen_bit = b"".join(bytes([0x10 | i % 4]) + b"\x00\x01" * 64 for i in range(room))
+    assert probed(tmp_path, "ok.jpg", jpeg[:2] + _segment(0xDB, sixteen_bit) + jpeg[2:]).width == 64
+
+
+def test_a_jpeg_of_countless_photoshop_resources_is_a_bomb(tmp_path):
+    """Pillow walks a Photoshop segment's image resource blocks in Python, keeping each: 4.1 million empty ones
+    took 2.8 s of CPU an open, 24 s a job (an adversarial run). They are counted as Pillow walks them."""
+    jpeg = encoded("JPEG")
+    empty = b"8BIM" + b"\x04\x04" + b"\x00\x00" + b"\x00\x00\x00\x00"  # a code, an empty name (padded), no data
+    named = b"8BIM" + b"\x04\x04" + b"\x01a" + b"\x00\x00\x00\x03xyz\x00"  # a name of 1, data of 3 (padded)
+    def photoshop(blocks: list[bytes]) -> bytes:  # in segments of at most 2,048 blocks
+        return jpeg[:2] + b"".join(_segment(0xED, segments.PHOTOSHOP + b"".join(blocks[at:at + 2048]))
+                                   for at in range(0, len(blocks), 2048)) + jpeg[2:]
+    with pytest.raises(DecompressionBomb, match="Photoshop"):
+        probed(tmp_path, "many.jpg", photoshop([empty] * (segments.MAX_PHOTOSHOP_RESOURCES + 1)))
+    with pytest.raises(DecompressionBomb, match="Photoshop"):
+        probed(tmp_path, "named.jpg", photoshop([named] * (segments.MAX_PHOTOSHOP_RESOURCES + 1)))
+    with Image.open(io.BytesIO(photoshop([named, empty]))) as image:  # walked as Pillow walks them
+        assert image.info["photoshop"] == {0x0404: b""}
+    assert probed(tmp_path, "some.jpg", photoshop([empty, named] * (segments.MAX_PHOTOSHOP_RESOURCES // 2))).width == 64

@@ -47,6 +47,13 @@ MAX_SCAN_PIXELS = 2_000_000_000
 #: APP1 segments of a JPEG that start as Exif: Pillow joins each to the ones before (``info["exif"] += ...``), a
 #: copy of all of them each time (760 in 50 MB took 12 s of CPU an open: a fourth adversarial run); a photo has one
 MAX_EXIF_SEGMENTS = 16
+#: bytes of a JPEG's quantization tables (its DQT segments'): Pillow reads each table in Python, a list made of it
+#: (49.8 MB of 760 segments of 1,008 tables took 3 s of CPU an open, 28-35 s a job of pipeline v2: an adversarial
+#: run); a photo has two to four of 65 bytes, 129 at 16 bits, and this is 64 of the larger
+MAX_QUANTIZATION_BYTES = 64 * 129
+#: image resource blocks in a JPEG's Photoshop segments (APP13 that start "Photoshop 3.0"): Pillow walks them in
+#: Python, each kept (4.1 million took 2.8 s of CPU an open, 24 s a job: the same run); a photo has tens
+MAX_PHOTOSHOP_RESOURCES = 4096
 #: chunks of a WebP walked to tell its image from the rest (an animation of 3,000 frames has 3,000 ANMF chunks);
 #: what lies past them is priced as metadata
 MAX_WEBP_CHUNKS = 1 << 16
@@ -513,8 +520,16 @@ def _bmp(fp: BinaryIO) -> None:
 
 def _jpeg(fp: BinaryIO) -> None:
     with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
-        progressive, pixels, components = False, 0, 0
+        progressive, pixels, components, quantization, resources = False, 0, 0, 0, 0
         for marker, pos in _jpeg_segments(data):
+            length = struct.unpack(">H", data[pos:pos + 2])[0] if pos + 2 <= len(data) else 0
+            if marker == 0xDB:
+                quantization += max(0, length - 2)
+                if quantization > MAX_QUANTIZATION_BYTES:
+                    raise DecompressionBomb(f"the JPEG has more than {MAX_QUANTIZATION_BYTES} bytes of "
+                                            "quantization tables")
+            elif marker == 0xED and data[pos + 2:pos + 16] == PHOTOSHOP:
+                resources += _photoshop_resources(data[pos + 2:pos + length], MAX_PHOTOSHOP_RESOURCES - resources)
             if marker in _FRAMES and pos + 8 <= len(data):  # the largest, of any (libjpeg refuses two)
                 progressive = progressive or marker in _PROGRESSIVE_FRAMES
                 height, width = (side or 0xFFFF for side in struct.unpack(">HH", data[pos + 3:pos + 7]))  # 0: DNL
@@ -524,6 +539,26 @@ def _jpeg(fp: BinaryIO) -> None:
             # many: 1,000 repeated scans in 42 KB of arithmetic coding took 14 s of CPU a render (a seventh run)
             if marker == 0xDA and (progressive or (pos + 3 <= len(data) and data[pos + 2] < components)):
                 _scans(data, pos, min(MAX_SCANS, MAX_SCAN_PIXELS // max(1, pixels)), pixels)
+
+
+PHOTOSHOP = b"Photoshop 3.0\x00"
+
+
+def _photoshop_resources(segment: bytes, limit: int) -> int:
+    """The image resource blocks of a Photoshop segment's payload, walked as Pillow walks them (``8BIM``, a code,
+    a padded name, a size and padded data, until a block does not start so); more than ``limit`` is a bomb."""
+    offset, count = len(PHOTOSHOP), 0
+    while segment[offset:offset + 4] == b"8BIM" and offset + 7 <= len(segment):
+        count += 1
+        if count > limit:
+            raise DecompressionBomb(f"the JPEG has more than {MAX_PHOTOSHOP_RESOURCES} Photoshop resources")
+        offset += 6 + 1 + segment[offset + 6]  # the signature and code, the name's length and the name
+        offset += offset & 1
+        if offset + 4 > len(segment):
+            break  # Pillow stops where the size cannot be read
+        offset += 4 + struct.unpack(">I", segment[offset:offset + 4])[0]
+        offset += offset & 1
+    return count
 
 
 def _jpeg_segments(data: mmap.mmap) -> Iterator[tuple[int, int]]:
