@@ -231,3 +231,27 @@ def webp_file(path: Path, kind: str = "still", width: int = 1024, height: int = 
                 + _riff_chunk(b"ANIM", bytes(4) + b"\0\0") + _riff_chunk(b"ANMF", frame + image))
     path.write_bytes(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body)
     return path
+
+
+def icc_lut8(grid: int) -> bytes:
+    """Pillow's sRGB profile with an ``A2B0`` tag added: a ``lut8Type`` (``mft1``) of identity curves around a colour
+    lookup table of ``grid`` points a side, 3 bytes each (``grid`` 255: 49.7 MB), which LittleCMS holds some nine
+    times over when it links a transform from it (an adversarial run of 2026-12-07)."""
+    from PIL import ImageCms
+
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    count = struct.unpack(">I", srgb[128:132])[0]
+    entries = [struct.unpack(">4sII", srgb[132 + 12 * i:144 + 12 * i]) for i in range(count)]
+    tags = [(signature, srgb[offset:offset + size]) for signature, offset, size in entries]
+    identity = struct.pack(">9i", 65536, 0, 0, 0, 65536, 0, 0, 0, 65536)
+    ramp = bytes(range(256))
+    tags.append((b"A2B0", b"mft1" + bytes(4) + bytes([3, 3, grid, 0]) + identity + ramp * 3 + bytes(grid ** 3 * 3)
+                 + ramp * 3))
+    at, table, body = 128 + 4 + 12 * len(tags), b"", b""
+    for signature, data in tags:
+        body += bytes(-(at + len(body)) % 4)
+        table += struct.pack(">4sII", signature, at + len(body), len(data))
+        body += data
+    profile = bytearray(srgb[:128] + struct.pack(">I", len(tags)) + table + body)
+    profile[0:4] = struct.pack(">I", len(profile))
+    return bytes(profile)

@@ -157,9 +157,12 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
     # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
     # and the file it holds
     avif = DATA / "phones" / "card_p3_orientation6.avif"
+    # and the transform its Display P3 profile's tags are linked into
     with Image.open(avif) as img, open(avif, "rb") as fp:
         priced = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
-    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
+        profile = budget.ICC_TRANSFORM_BYTES * budget._icc_tag_bytes(img)
+    assert 0 < profile < 10_000
+    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size + profile
 
 
 def test_an_avif_is_priced_by_the_frame_its_sequence_header_allows_not_by_ispe(tmp_path) -> None:
@@ -535,3 +538,21 @@ def test_the_items_alphas_are_found_in_time_whatever_their_references() -> None:
     began = time.process_time()
     decoded = bmff._decoded_items(found)
     assert time.process_time() - began < 0.5 and len(decoded) == 1 + 4000 + 16
+
+
+def test_an_icc_profile_is_priced_as_littlecms_links_it(tmp_path) -> None:
+    """LittleCMS widens a profile's 8-bit lookup table and copies it while it links the transform to sRGB: a 64x64
+    TIFF carrying a 49.7 MB profile took 522 MB a render priced 198, four of them 1.1 GB in a worker, ``ready`` (an
+    adversarial run). The transform is priced, and the measured peak stays under the price."""
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    profile = hostile_images.icc_lut8(128)  # 6.3 MB
+    small = tmp_path / "profiled.tif"
+    Image.new("RGB", (64, 64), (200, 100, 50)).save(small, "TIFF", icc_profile=profile)
+    with Image.open(small) as img, open(small, "rb") as fp:
+        assert budget.estimate(img, "TIFF", fp, PIPELINE_V1_SPECS["thumbnail"]).total > 7 * len(profile)
+    assert _measured_over_priced(MEASURE, [small], [DATA / "pillow" / "hopper.jpg"]) == []
+    bomb = tmp_path / "bomb.tif"
+    Image.new("RGB", (64, 64)).save(bomb, "TIFF", icc_profile=hostile_images.icc_lut8(255))
+    with pytest.raises(ImageTooLarge):
+        probe(bomb, Limits())
