@@ -386,6 +386,14 @@ class MoreThanExpected(AttacheError):
         self.xq, self.depth, self.expected = xq, depth, expected
 
 
+class QueueBusy(AttacheError):
+    """Another listing, requeue or purge of the dead-letter queue held it for longer than the caller waits (the
+    web's lock bound); nothing was done. It was answered as RabbitMQ being down (an adversarial run)."""
+
+    error_code = "queue_busy"
+    retryable = False
+
+
 # --- resumable uploads (tus, app.core.resumable) -------------------------------------
 
 

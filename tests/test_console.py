@@ -6,7 +6,7 @@ import re
 import uuid
 
 import pytest
-from sqlalchemy import select
+from sqlalchemy import create_engine, select
 
 from app.adapters.postgres.models import audit_log, jobs, outbox
 from app.config import Settings
@@ -239,6 +239,41 @@ def broker_app(env):
     app = create_app(Settings.from_env(env))
     yield app
     app.extensions["attache"].close()
+
+
+def test_dlq_pages_say_which_service_failed_and_when_the_queue_is_busy(broker_app, services, broker_url, engine):
+    """Every failure of a dead-letter page was called RabbitMQ's: a PostgreSQL outage (whose audit row could not be
+    completed) and another operator's requeue holding the queue past the web's lock bound alike, RabbitMQ being
+    fine (an adversarial run)."""
+    from sqlalchemy import text
+
+    from app.adapters.broker.dead_letter_tools import NAMESPACE
+    from app.adapters.postgres.db import make_engine
+    from tests.test_dlq import XQ, dead_letter_three, depth
+
+    dead_letter_three(services, broker_url)
+    client = signed_in(broker_app)
+    token = csrf_of(client.get(f"/ops/dlq/{XQ}").text)
+    dead_letters = broker_app.extensions["attache"].dead_letters
+    original = dead_letters.engine
+    url = engine.url.render_as_string(hide_password=False)
+    try:
+        dead_letters.engine = make_engine(url, lock_timeout_seconds=0.5)  # the web's bound is 10 s
+        with engine.begin() as other:  # another operator's requeue holds the queue for longer than the web waits
+            other.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))"),
+                          {"ns": NAMESPACE, "queue": XQ})
+            busy = client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all", "expected": "3", "csrf_token": token})
+            listing = client.get(f"/ops/dlq/{XQ}")
+        dead_letters.engine.dispose()
+        dead_letters.engine = create_engine("postgresql+psycopg2://postgres@127.0.0.1:1/nowhere")  # PostgreSQL gone
+        down = client.post(f"/ops/dlq/{XQ}/requeue", data={"scope": "all", "expected": "3", "csrf_token": token})
+    finally:
+        dead_letters.engine.dispose()
+        dead_letters.engine = original
+    for page in (busy, listing):
+        assert page.status_code == 409 and "Queue busy" in page.text and "RabbitMQ" not in page.text, page.text
+    assert depth(broker_url, XQ) == 3
+    assert down.status_code == 503 and "PostgreSQL is unavailable" in down.text and "RabbitMQ" not in down.text
 
 
 def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, services, broker_url, engine):

@@ -453,3 +453,60 @@ def test_unreachable_broker_is_broker_unavailable(engine):
     with pytest.raises(BrokerUnavailable):
         dlq.purge("attache.inspect", actor="ops", expected=1)
     assert audit_rows(engine) == [], "nothing done, nothing audited"
+
+
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+def test_a_requeue_whose_lock_postgresql_dropped_takes_nothing_more(dlq, services, broker_url, engine, monkeypatch):
+    """PostgreSQL frees the lock of a session it lost: a requeue went on taking messages after a two-second outage
+    had cut its lock's connection, while another operator's purge, which had taken the lock, took them too (an
+    adversarial run: 151 requeued and 149 purged of the 300 one of them chose). Each message is taken only while the
+    lock's session is still there."""
+    from app.adapters.broker import dead_letter_tools
+    from app.errors import DatabaseUnavailable
+
+    dead_letter_three(services, broker_url, count=6)
+    admin = create_engine(engine.url, isolation_level="AUTOCOMMIT")
+    take = type(dlq)._take
+
+    def cut_then_take(self, *args):  # the outage, between the audit row's intent and the first message taken
+        with admin.connect() as conn:
+            assert conn.exec_driver_sql(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' "
+                f"AND classid = {dead_letter_tools.NAMESPACE}").scalar() == 1
+        return take(self, *args)
+
+    monkeypatch.setattr(type(dlq), "_take", cut_then_take)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            dlq.requeue(XQ, actor="ops:alice", expected=6, reason="the database is back")
+    finally:
+        admin.dispose()
+    assert depth(broker_url, XQ) == 6, "before: all six taken after the lock was gone"
+    [row] = audit_rows(engine)
+    assert row.details["status"] == "failed" and row.details["count"] == 0
+
+
+def test_an_action_beside_another_holding_the_queue_too_long_is_busy_not_a_broker_outage(services, dead,
+                                                                                          broker_url, engine):
+    """The web waits 10 s for another operator's requeue to let go of the queue (its lock bound); then the console
+    and the API said RabbitMQ was unavailable, RabbitMQ being fine (an adversarial run). It is ``queue_busy`` now,
+    nothing done, and the operator is told to try again."""
+    from sqlalchemy import text
+
+    from app.adapters.broker.dead_letter_tools import NAMESPACE
+    from app.adapters.postgres.db import make_engine
+    from app.errors import QueueBusy
+    from app.web.responses import status_of
+
+    impatient = make_engine(str(engine.url.render_as_string(hide_password=False)), lock_timeout_seconds=0.5)
+    tools = DeadLetters(broker_url, impatient, queues=STEP_QUEUES)
+    try:
+        with engine.begin() as other:  # another operator's requeue, holding the queue
+            other.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))"), {"ns": NAMESPACE, "queue": XQ})
+            for act in (lambda: tools.purge(XQ, actor="ops:bob", expected=3), lambda: tools.listing(XQ)):
+                with pytest.raises(QueueBusy, match="another listing, requeue or purge"):
+                    act()
+    finally:
+        impatient.dispose()
+    assert status_of(QueueBusy) == 409
+    assert depth(broker_url, XQ) == 3 and audit_rows(engine) == []

@@ -70,6 +70,7 @@ from app.errors import (
     MissingReason,
     MoreThanExpected,
     QueryTimeout,
+    QueueBusy,
     UnknownQueue,
 )
 from app.web.access import (
@@ -295,8 +296,17 @@ def _dead_letters():
 
 
 def _broker_down(exc: Exception) -> str:
-    log.warning("console: RabbitMQ unavailable: %s", exc)
-    return "RabbitMQ is unavailable"
+    """Which service a dead-letter page could not reach: PostgreSQL (the tools' lock and audit rows are there) or
+    RabbitMQ. Every failure was called RabbitMQ's, PostgreSQL outages included (an adversarial run)."""
+    service = "PostgreSQL" if isinstance(exc, DatabaseUnavailable) else "RabbitMQ"
+    log.warning("console: %s unavailable: %s", service, exc)
+    return f"{service} is unavailable"
+
+
+def _queue_busy(queue: str):
+    return _message(status_of(QueueBusy), "Queue busy",
+                    f"Another operator's listing, requeue or purge of {queue} is under way: nothing was done. "
+                    "Try again when it is over.")
 
 
 @bp.get("/")
@@ -420,6 +430,8 @@ def dlq_queue(queue: str):
         listing = _dead_letters().listing(queue, limit=LISTED)
     except UnknownQueue:
         return _unknown_queue(queue)
+    except QueueBusy:
+        return _queue_busy(queue)
     except (AttacheError, OSError) as exc:
         return _page("dlq.html", status_of(BrokerUnavailable), queue=queue, messages=None,
                      dlq_error=_broker_down(exc))
@@ -474,6 +486,12 @@ def _act(verb: str, queue: str):
         return _message(status_of(exc), "The queue has changed",
                         f"{exc.xq} now holds {exc.depth} message(s), more than the {exc.expected} this page showed: "
                         f"nothing was {verb}d. Look at the queue again.")
+    except QueueBusy:
+        return _queue_busy(queue)
+    except DatabaseUnavailable as exc:  # the audit row may not say what was done: it is in PostgreSQL
+        return _message(status_of(exc), "PostgreSQL unavailable",
+                        f"{_broker_down(exc)}; nothing more was {verb}d. What was done before is in the audit "
+                        "log once PostgreSQL is back, unless its row still says intent: then look at the queue.")
     except (AttacheError, OSError) as exc:
         return _message(status_of(BrokerUnavailable), "RabbitMQ unavailable",
                         f"{_broker_down(exc)}; nothing more was {verb}d. What was already done is in the audit log.")

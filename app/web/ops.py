@@ -20,6 +20,7 @@ from app.errors import (
     JobNotFound,
     MissingReason,
     MoreThanExpected,
+    QueueBusy,
     SearchTooBroad,
     UnknownQueue,
     WebhookNotFound,
@@ -70,6 +71,7 @@ def _services():
 @bp.errorhandler(MissingReason)
 @bp.errorhandler(UnknownQueue)
 @bp.errorhandler(MoreThanExpected)
+@bp.errorhandler(QueueBusy)
 @bp.errorhandler(InvalidWebhook)
 @bp.errorhandler(WebhookTargetRefused)
 @bp.errorhandler(WebhookNotFound)
@@ -235,7 +237,10 @@ def dlq_queues():
                 "recorded. Messages held by a concurrent call are not seen.",
     parameters=[QUEUE,
                 in_query("limit", "At most this many, clamped to 1..500 (not an integer: 50).", int, default=50)],
-    answers={200: ok("OK.", DeadLetterMessages), 404: NO_SUCH_QUEUE, 503: BROKER_OR_DATABASE_DOWN},
+    answers={200: ok("OK.", DeadLetterMessages), 404: NO_SUCH_QUEUE,
+             409: refused("Another requeue or purge of the queue held it for longer than the web waits for its "
+                          "lock.", "queue_busy"),
+             503: BROKER_OR_DATABASE_DOWN},
 )
 def dlq_messages(queue: str):
     limit = request.args.get("limit", 50, type=int)
@@ -272,7 +277,9 @@ DEAD_LETTER_ACTION_ANSWERS = {
     400: refused("The body does not name `message_ids`, or `all` with `expected` (see the request schema), or "
                  "`reason` is not a string.", "bad_request"),
     404: NO_SUCH_QUEUE,
-    409: refused("`all`: the queue holds more messages than `expected`; nothing was done.", "more_than_expected"),
+    409: refused("`all`: the queue holds more messages than `expected` (`more_than_expected`), or another "
+                 "listing, requeue or purge of the queue held it for longer than the web waits for its lock "
+                 "(`queue_busy`); nothing was done.", "more_than_expected", "queue_busy"),
     503: BROKER_OR_DATABASE_DOWN,
 }
 DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touched (`details.status`: `intent`) and "

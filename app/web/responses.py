@@ -32,6 +32,7 @@ from app.errors import (
     PartsMissing,
     PermanentError,
     QueryTimeout,
+    QueueBusy,
     SpoolUnavailable,
     TooManyDownloadsAtOnce,
     TooManyOpenUploads,
@@ -79,6 +80,7 @@ STATUS: dict[type[AttacheError], int] = {
     BadSelection: 400,
     JobConflict: 409,
     MoreThanExpected: 409,
+    QueueBusy: 409,
     QueryTimeout: 400,
     # resumable uploads (tus)
     UnsupportedMediaType: 415,

@@ -36,19 +36,20 @@ import json
 import logging
 import uuid
 from datetime import datetime, timezone
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pika
 import pika.exceptions
 from sqlalchemy import select, text
+from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app import faults
 from app.adapters.broker.dead_letter_recorder import job_id_of
 from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, xq_name
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import lock_not_available, transaction
 from app.adapters.postgres.models import dead_letters, jobs
-from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected, UnknownQueue
+from app.errors import BadSelection, BrokerUnavailable, DatabaseUnavailable, MoreThanExpected, QueueBusy, UnknownQueue
 
 TRACEBACK_CHARS = 2000
 REQUEUED_BY_HEADER = "x-attache-requeued-by"
@@ -115,6 +116,7 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
 NAMESPACE = 727278
 _ALONE = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))")
 _NO_IDLE_BOUND = text("SET LOCAL idle_in_transaction_session_timeout = 0")
+_STILL_HELD = text("SELECT 1")
 
 
 class DeadLetters:
@@ -160,18 +162,36 @@ class DeadLetters:
                     connection.close()
 
     @contextlib.contextmanager
-    def _alone(self, xq: str) -> Iterator[None]:
+    def _alone(self, xq: str) -> Iterator[Callable[[], None]]:
         """One listing, requeue or purge of ``xq`` at a time, in every process (a transaction-level advisory lock
         held meanwhile). A listing holds the messages it reads unacked until it hands them back, and RabbitMQ
         counts only the ready ones: a purge of "all, N expected" beside another operator's listing counted fewer
         than the queue held, went ahead and took messages nobody had seen (an adversarial run). Nothing else
         consumes a dead-letter queue. The lock's transaction sits idle for as long as RabbitMQ takes, so it has
         no idle bound (the web's, 120 s, ended a long requeue's lock under it, and its audit said ``failed``
-        after everything was moved: a re-attack)."""
+        after everything was moved: a re-attack).
+
+        Yields ``held()``, which raises :class:`DatabaseUnavailable` once the lock's session is gone: PostgreSQL
+        frees the lock of a session it lost, and a requeue went on taking messages while another operator's
+        purge, which had taken the lock, took them too (a two-second outage: an adversarial run). A caller that
+        does not get the lock within its engine's lock bound gets :class:`QueueBusy`, nothing done."""
         with transaction(self.engine) as conn:
             conn.execute(_NO_IDLE_BOUND)
-            conn.execute(_ALONE, {"ns": NAMESPACE, "queue": xq})
-            yield
+            try:
+                conn.execute(_ALONE, {"ns": NAMESPACE, "queue": xq})
+            except OperationalError as exc:
+                if lock_not_available(exc):
+                    raise QueueBusy(f"another listing, requeue or purge of {xq} is under way; nothing was done: "
+                                    "try again when it is over") from None
+                raise
+
+            def held() -> None:
+                try:
+                    conn.execute(_STILL_HELD)
+                except DBAPIError as exc:
+                    raise DatabaseUnavailable(f"PostgreSQL lost the lock on {xq}; nothing more was done") from exc
+
+            yield held
 
     @staticmethod
     def _depth(connection: pika.BlockingConnection, queue: str) -> int | None:
@@ -244,7 +264,7 @@ class DeadLetters:
         if limit < 1:
             raise ValueError("limit must be at least 1")
         items = []
-        with self._alone(xq), self._connection(f"messages {xq}") as connection:
+        with self._alone(xq), self._connection(f"messages {xq}") as connection:  # (a lost lock: handed back)
             if self._depth(connection, xq) is None:
                 return {"depth": 0, "messages": []}
             channel = connection.channel()
@@ -346,7 +366,7 @@ class DeadLetters:
         ``details.status`` ``intent`` (what was chosen and the depth seen);
         afterwards the same row becomes ``completed`` (what was done, count,
         ids not found) or ``failed`` (what was done before the error). A row
-        left at ``intent`` means the process died in between: its ids say
+        left at ``intent`` means the process died, or lost PostgreSQL, in between: its ids say
         what may have been done.
         """
         selection = self._selection(message_ids, expected)
@@ -356,7 +376,7 @@ class DeadLetters:
         audit_id: int | None = None
         depth = 0
         try:
-            with self._alone(xq), self._connection(f"{verb} {xq}") as connection:
+            with self._alone(xq) as held, self._connection(f"{verb} {xq}") as connection:
                 depth = self._depth(connection, xq) or 0
                 if expected is not None and depth > expected:
                     raise MoreThanExpected(xq, depth, expected)
@@ -365,7 +385,13 @@ class DeadLetters:
                                             details={"status": "intent", **selection, "depth": depth})
                 faults.point("dlq_after_intent")
                 if depth:
-                    self._take(connection, xq, depth, wanted, prepare(connection), done)
+                    handle = prepare(connection)
+
+                    def alone_handle(*message) -> None:  # each message only while the queue is still ours
+                        held()
+                        handle(*message)
+
+                    self._take(connection, xq, depth, wanted, alone_handle, done)
         except Exception as exc:
             if audit_id is not None:
                 self._complete(audit_id, verb, selection, depth, done, wanted, error=exc)
