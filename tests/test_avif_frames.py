@@ -373,14 +373,27 @@ def test_an_overlay_canvas_is_every_one_of_its_ispe(name, data_file):
 
 
 @pytest.mark.parametrize("name", ["heic_grid8000_clap64_deep.heic", "heic_iden_grid8000.heic",
-                                  "heic_grid8000_nested.heic"])
+                                  "heic_grid8000_nested.heic", "heic_grid8000_iloc_twice.heic"])
 def test_a_canvas_made_small_by_what_is_derived_from_it_is_priced_at_its_size(name, data_file):
     """libheif allocates every grid's canvas the primary image is made from, at its picture's bytes per pixel,
     though a crop, an ``iden`` or an outer grid makes a small image of it: a 996-byte 8000x8000 grid of one 10-bit
     4:4:4 tile referenced 64 times, cropped to 64x64, took 387 MB a render priced 17 MB, and nested under a 1x1
-    grid 734 MB, ``ready`` (an adversarial run). Each canvas on the way is priced."""
+    grid 734 MB, ``ready`` (an adversarial run). Each canvas on the way is priced, at its largest where ``iloc``
+    lists the grid twice (again as 64x64, with no ``ispe``: 1.1 GB in a worker, priced 22 MiB, a re-attack)."""
     with open(data_file(f"hostile/{name}"), "rb") as fp:
         layout = bmff.read_layout(fp)
     assert layout.canvas_pixels >= 8000 * 8000 * (2 if "nested" in name else 1)
     with pytest.raises(ImageTooLarge):
         probe(data_file(f"hostile/{name}"), Limits())
+
+
+def test_an_overlay_is_priced_with_its_canvas_and_its_inputs_in_rgb(data_file):
+    """libheif draws an overlay on a canvas of 8-bit RGB planes, each input converted to RGB at its own bit depth
+    first: a 7500x7500 10-bit grey overlay cropped to 64x64 took 926 MiB a render priced 277 (under the budget),
+    ``ready`` (a re-attack)."""
+    path = data_file("hostile/heic_ovl7500_grey10_clap64.heic")
+    with open(path, "rb") as fp:
+        layout = bmff.read_layout(fp)
+    assert layout.heif_bytes >= 7500 * 7500 * (bmff.OVERLAY_CANVAS_BYTES + bmff.OVERLAY_INPUT_BYTES)
+    with pytest.raises(ImageTooLarge):
+        probe(path, Limits())

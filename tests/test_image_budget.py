@@ -152,7 +152,8 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
             decode[path.name] = dict(budget.estimate(img, "HEIF", fp, spec).parts)["decode"]
             assert fp.tell() == 0, "the container walk restores the file position"
     tiles = 6 * 256 * 256  # the grid's 2x3 tiles of 256x256, decoded whole, though the image is 400x600
-    assert decode["deep.heic"] - decode[heic.name] == tiles * (6 - 1.5) + tiles * 2 * 3
+    canvas = 400 * 600  # the grid's canvas, at the pictures' bytes, then its RGB (of 16 bits, then 8)
+    assert decode["deep.heic"] - decode[heic.name] == (tiles + canvas) * (6 - 1.5) + canvas * 2 * 3
     # libavif checks av1C against the AV1 stream, so an AVIF cannot be patched so: its 8-bit 4:2:0
     # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
     # and the file it holds
@@ -459,7 +460,14 @@ def test_measured_peaks_of_deep_heics_stay_under_the_estimate(tmp_path) -> None:
     where 13.7 were priced (323 MB for a 22 MP one priced 274: an adversarial run)."""
     if not _can_reset_peak():
         pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    import pillow_heif
+
     files = [_heic(tmp_path, "deep444.heic", 3464), _heic(tmp_path, "deep422.heic", 3464, chroma="422")]
+    # and with alpha: the alpha item was priced twice, at the colour picture's bytes, and 12 MP refused (a re-attack)
+    pillow_heif.from_bytes(mode="RGBA;16", size=(3464, 3464), data=bytes(3464 * 3464 * 8)).save(
+        tmp_path / "deep444_alpha.heic", quality=30, chroma="444")
+    files.append(tmp_path / "deep444_alpha.heic")
+    probe(files[-1], Limits())  # within the default budget
     assert _measured_over_priced(MEASURE, files, [DATA / "pillow" / "avif_hopper.heif"]) == []
 
 

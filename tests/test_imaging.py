@@ -1128,6 +1128,7 @@ def test_container_layout_is_read_from_box_headers() -> None:
     # the grid (stored 400x600, its canvas) and its 256 px tiles, six of them decoded whole; HEVC 4:2:0 at 8 bits
     assert layout == bmff.Layout(sizes=((400, 600), (256, 256)), truncated=False, picture_bytes=1.5,
                                  item_pixels=6 * 256 * 256, canvas_pixels=400 * 600,
+                                 heif_bytes=(6 * 256 * 256 + 400 * 600) * 1.5, largest_picture=400 * 600,
                                  file_bytes=path_of("phones/card_p3_orientation6.heic").stat().st_size)
     with open(path_of("phones/card_truncated60.avif"), "rb") as fp:
         assert bmff.read_layout(fp).truncated

@@ -147,6 +147,23 @@ class Layout:
     #: image of it (a 996-byte grid of 8000x8000, cropped to 64x64, took 387 MB a render priced 17; nested under
     #: a 1x1 grid, 734 MB: an adversarial run)
     canvas_pixels: int = 0
+    #: what libheif holds for the primary image's pictures and canvases, in bytes: each coded item's picture at
+    #: its own bytes per pixel, once for each reference a grid or an overlay makes to it (libheif decodes a tile
+    #: each time it is named); each grid's canvas at the pictures' bytes per pixel; each overlay's canvas at
+    #: :data:`OVERLAY_CANVAS_BYTES` and its inputs at :data:`OVERLAY_INPUT_BYTES` (HEIC only: libavif makes no
+    #: canvas but a grid's, priced by its tiles)
+    heif_bytes: float = 0.0
+    #: pixels of the largest of those pictures and canvases: libheif converts a picture to RGB before a crop
+    #: makes it small (a 1x1 crop of an 8000x8000 picture took 341 MB: an adversarial run)
+    largest_picture: int = 0
+
+
+#: An overlay's canvas: libheif draws it in 8-bit RGB planes.
+OVERLAY_CANVAS_BYTES = 3
+#: Each input of an overlay, per pixel, besides its coded picture: libheif converts it to RGB 4:4:4 at its own
+#: bit depth before it draws it, through a second copy (a 7500x7500 10-bit grey input cropped to 64x64 took 926
+#: MiB a render priced 277: an adversarial run of 2026-12-07).
+OVERLAY_INPUT_BYTES = 12
 
 
 #: The auxiliary types (``auxC``) of an alpha plane, which the decoder decodes with its image.
@@ -176,16 +193,53 @@ def _decoded_items(found: "_Found") -> set[int] | None:
     return decoded
 
 
+def _item_size(found: "_Found", item: int) -> int:
+    """Pixels of a coded item's largest picture: its ``ispe`` and configurations' sizes, its own data's."""
+    sizes = [found.properties[index - 1] for index in found.associations.get(item, ())
+             if 0 < index <= len(found.properties) and found.properties[index - 1]]
+    sizes += [found.item_sizes[item]] if item in found.item_sizes else []
+    return max((width * height for width, height in sizes), default=0)
+
+
 def _item_pixels(found: "_Found") -> int:
     decoded = _decoded_items(found)
-    total = 0
-    for item, kind in found.item_types.items():
-        if kind in CODED_ITEMS and (decoded is None or item in decoded):
-            sizes = [found.properties[index - 1] for index in found.associations.get(item, ())
-                     if 0 < index <= len(found.properties) and found.properties[index - 1]]
-            sizes += [found.item_sizes[item]] if item in found.item_sizes else []
-            total += max((width * height for width, height in sizes), default=0)
-    return total
+    return sum(_item_size(found, item) for item, kind in found.item_types.items()
+               if kind in CODED_ITEMS and (decoded is None or item in decoded))
+
+
+def _heif_bytes(found: "_Found", picture: float) -> tuple[float, int]:
+    """:attr:`Layout.heif_bytes` and :attr:`Layout.largest_picture`."""
+    decoded = _decoded_items(found)
+    if decoded is None:
+        decoded = set(found.item_types)
+    inputs = found.references.get(b"dimg", {})
+    named: dict[int, int] = {}  # how many times a decoded grid or overlay names each item
+    for item in decoded:
+        if found.item_types.get(item) in DERIVED_CANVASES:
+            for target in inputs.get(item, ())[:MAX_BOXES]:
+                named[target] = named.get(target, 0) + 1
+    total, largest = 0.0, 0
+    for item in decoded:
+        kind = found.item_types.get(item)
+        if kind in CODED_ITEMS:
+            own = [found.property_bytes[index] for index in found.associations.get(item, ())
+                   if index in found.property_bytes]
+            own += [found.item_bytes[item]] if item in found.item_bytes else []
+            pixels = _item_size(found, item)
+            total += pixels * max(own, default=picture) * max(1, named.get(item, 0))
+        elif kind in DERIVED_CANVASES and item in found.canvases:
+            pixels = found.canvases[item][0] * found.canvases[item][1]
+            if kind == b"grid":
+                total += pixels * picture
+            else:
+                total += pixels * OVERLAY_CANVAS_BYTES
+                for target in inputs.get(item, ())[:MAX_BOXES]:
+                    size = found.canvases.get(target)
+                    total += (size[0] * size[1] if size else _item_size(found, target)) * OVERLAY_INPUT_BYTES
+        else:
+            continue
+        largest = max(largest, pixels)
+    return total, largest
 
 
 def read_layout(fp: BinaryIO) -> Layout:
@@ -225,7 +279,7 @@ def read_layout(fp: BinaryIO) -> Layout:
         canvas_pixels = sum(width * height for item, (width, height) in found.canvases.items()
                             if wanted is None or item in wanted)
         return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found),
-                      canvas_pixels)
+                      canvas_pixels, *_heif_bytes(found, picture))
     finally:
         fp.seek(position)
 
@@ -267,8 +321,13 @@ class _Found:
     #: the HEVC parameter sets read
     item_sizes: dict[int, tuple[int, int]] = field(default_factory=dict)
     hevc_sizes: list[tuple[int, int]] = field(default_factory=list)
-    #: the canvas of each grid and overlay item (:func:`_canvas`), by item
+    #: the canvas of each grid and overlay item (:func:`_canvas`), by item: the largest, if ``iloc`` lists an
+    #: item twice (a grid listed again as 64x64 after its 8000x8000 had the smaller priced: a re-attack)
     canvases: dict[int, tuple[int, int]] = field(default_factory=dict)
+    #: bytes per pixel of the pictures of each codec configuration in ``ipco`` (its summary's and its parameter
+    #: sets'), by property index; and of each HEVC item's own parameter sets, by item
+    property_bytes: dict[int, float] = field(default_factory=dict)
+    item_bytes: dict[int, float] = field(default_factory=dict)
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -362,6 +421,8 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                     raise DecompressionBomb(f"an HEVC configuration of more than {MAX_HVCC_BYTES} bytes")  # hid)
                 pictures = [_hevc_sps(nal, found) for nal in _hvcc_nal_units(config, found)]
                 found.pictures += [bpp for _, _, bpp in filter(None, pictures)]
+                found.property_bytes[len(found.properties)] = max(
+                    [bpp or 0.0, *(picture[2] for picture in filter(None, pictures))]) or UNKNOWN_PICTURE_BYTES
                 found.hevc_sizes += [(width, height) for width, height, _ in filter(None, pictures)]
                 if any(pictures):  # priced as its items' size (_item_pixels)
                     found.properties[-1] = max((picture[:2] for picture in pictures if picture),
@@ -738,7 +799,9 @@ def _canvas(item: int, data: "_Data", found: _Found) -> None:
     if len(head) < skip + (8 if wide else 4):
         return
     width, height = struct.unpack_from(">II" if wide else ">HH", head, skip)
-    found.canvases[item] = (width, height)
+    known = found.canvases.get(item, (0, 0))
+    if width * height >= known[0] * known[1]:
+        found.canvases[item] = (width, height)
     declared = [found.properties[index - 1] for index in found.associations.get(item, ())
                 if index in found.ispe_properties]
     if not declared:
@@ -794,6 +857,7 @@ def _hevc_item(item: int, data: "_Data", found: _Found) -> None:
         if picture is not None:
             found.pictures.append(picture[2])
             found.hevc_sizes.append(picture[:2])
+            found.item_bytes[item] = max(found.item_bytes.get(item, 0.0), picture[2])
             known = found.item_sizes.get(item, (0, 0))
             if picture[0] * picture[1] > known[0] * known[1]:
                 found.item_sizes[item] = picture[:2]

@@ -361,11 +361,13 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         if family == "HEIF":
             if layout.picture_bytes > HEIF_DIRECT_RGB_PICTURE_BYTES:
                 rgb *= 3  # the 8-bit RGB(A) and the 16-bit one before it
-            # the file (pillow-heif's bytes and libheif's copy), the pictures and the RGB(A), all released once the
-            # image is loaded; each coded picture and each grid's or overlay's canvas at its own size, whatever
-            # crop, grid, overlay or alpha makes of it
-            decoded = max(layout.item_pixels, layout.canvas_pixels, pixels)
-            return math.ceil(decoded * (picture + rgb)) + 2 * layout.file_bytes, 0
+            # the file (pillow-heif's bytes and libheif's copy), the pictures, canvases and the RGB(A), all held
+            # together and released once the image is loaded; each coded picture (an alpha item's among them)
+            # and each grid's or overlay's canvas at its own size, whatever crop, grid, overlay or alpha makes of
+            # it (Layout.heif_bytes); at least the image's pixels as its pictures; the RGB(A) of the largest picture
+            # or canvas, made before a crop makes it small
+            pictures = max(layout.heif_bytes, pixels * layout.picture_bytes)
+            return math.ceil(pictures + max(layout.largest_picture, pixels) * rgb) + 2 * layout.file_bytes, 0
         # libavif's RGB(A) copied to bytes; the pictures and the file stay with the decoder. The pictures are of
         # the frames the AV1 sequence headers allow (each tile's of a grid, an alpha item's, each at its own bytes
         # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more
