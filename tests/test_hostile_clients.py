@@ -10,6 +10,7 @@ mid-upload left its spool file for ever; a full temporary directory was a
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import select
 import socket
@@ -530,3 +531,20 @@ def test_an_answer_given_before_the_body_was_read_closes_the_connection(deployme
             deployment.url + "/v1/attachments", data=photo.read_bytes(), headers={"Content-Type": "image/jpeg"},
             timeout=30)
         assert sent.status_code == 202 and sent.headers["Connection"] == "keep-alive", (form, sent.headers)
+
+
+def test_what_gunicorn_cannot_parse_is_refused_in_json(deployment):
+    """gunicorn answers a request it cannot parse itself, before the application sees it: a control byte in a
+    header got its HTML page, where the API promises a JSON error (an adversarial run)."""
+    deployment.start("web")
+    for head in (b"POST /v1/attachments HTTP/1.1\r\nHost: x\r\nIdempotency-Key: a\x7fb\r\nContent-Length: 0\r\n\r\n",
+                 b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Anything: \x00\r\n\r\n",
+                 b"GET /" + b"a" * 10_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as sock:
+            sock.sendall(head)
+            answer = answer_of(sock)
+        status, _, rest = answer.partition(b"\r\n")
+        headers, _, body = rest.partition(b"\r\n\r\n")
+        assert status.split()[1] in (b"400", b"414"), answer[:200]
+        assert b"content-type: application/json" in headers.lower(), answer[:300]
+        assert set(json.loads(body)) == {"error", "message"}, body

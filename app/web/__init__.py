@@ -19,7 +19,7 @@ from app.core.auth import effective_tokens
 from app.errors import DatabaseUnavailable, TooManyDownloadsAtOnce, UploadRejected
 from app.observability import logs
 from app.services import Services, settings_or_exit
-from app.web import lingering_close, request_head
+from app.web import lingering_close, parse_errors, request_head
 from app.web.bodies_in_flight import BodiesInFlight
 from app.web.connection import UNREAD_BODY, CloseUnreadBodies
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
@@ -44,6 +44,7 @@ def create_app(settings: Settings | None = None) -> Flask:
         settings.max_downloads_per_client, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
     request_head.install(settings.body_idle_seconds)  # under gunicorn gthread: a thread only for a request here
+    parse_errors.install()  # under gunicorn: what it cannot parse is refused in JSON, as the API refuses
     # signs the /ops console's session cookie; derived from the tokens when unset, so every worker agrees
     app.secret_key = settings.secret_key or hashlib.sha256(
         b"attache-session:" + ",".join(sorted(t.secret for t in app.extensions["attache_tokens"])).encode()
