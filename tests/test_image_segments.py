@@ -736,3 +736,27 @@ def test_a_jpeg_of_countless_photoshop_resources_is_a_bomb(tmp_path):
     with Image.open(io.BytesIO(photoshop([named, empty]))) as image:  # walked as Pillow walks them
         assert image.info["photoshop"] == {0x0404: b""}
     assert probed(tmp_path, "some.jpg", photoshop([empty, named] * (segments.MAX_PHOTOSHOP_RESOURCES // 2))).width == 64
+
+
+def test_the_provenance_read_of_the_metadata_waits_for_its_share_of_the_budget(tmp_path):
+    """Each variant's provenance reads the source's header again after its render gave its reservation back: four
+    renders of 64x64 images carrying tens of MB of metadata held their copies there at once, unreserved (an
+    adversarial run). It reserves what Pillow keeps of them first, as a render does."""
+    import threading
+
+    from app.adapters.imaging import budget
+    from app.adapters.imaging.provenance import stripped_metadata
+
+    jpeg = encoded("JPEG")
+    path = tmp_path / "comments.jpg"
+    path.write_bytes(jpeg[:2] + _segment(0xFE, b"c" * 60_000) * 100 + jpeg[2:])  # 6 MB of comments
+    capacity = 32 * 2**20  # four copies fit; the rest of the budget is held by a render
+    found = []
+    with budget.RESERVATIONS.scope(capacity) as render:
+        render(capacity - 2**20)
+        reader = threading.Thread(target=lambda: found.append(stripped_metadata(path, capacity)))
+        reader.start()
+        reader.join(0.5)
+        assert reader.is_alive() and not found, "it waits while the budget is held"
+    reader.join(10)
+    assert found and found[0]["comment"] is True

@@ -647,7 +647,7 @@ class Workflow:
                         sha256=attachment.sha256, width=attachment.width, height=attachment.height,
                         provenance=provenance.of_original(attachment, version))
         rendered = imaging.render(path, version.specs[variant], self.services.limits, sha256=attachment.sha256)
-        stripped = imaging.stripped_metadata(path)
+        stripped = imaging.stripped_metadata(path, self.services.limits.max_decode_bytes)
         digest = hashlib.sha256(rendered.data).hexdigest()
         key = objects.untainted(pipeline.variant_key(attachment.id, version.version, variant, digest,
                                                      rendered.extension), taints)

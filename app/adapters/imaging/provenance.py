@@ -21,7 +21,8 @@ import PIL
 from PIL import ExifTags, Image, ImageCms, PngImagePlugin
 from PIL import features as pil_features
 
-from . import segments
+from . import budget, segments
+from .sniff import SNIFF_BYTES, family_of, sniff
 
 RENDERER = "attache.imaging (Pillow, libvips)"
 #: the codecs whose versions a record names (PIL.features' names)
@@ -54,8 +55,31 @@ def libraries() -> dict:
     return {"renderer": RENDERER, "libraries": versions}
 
 
-def stripped_metadata(path: str | os.PathLike[str]) -> dict:
-    """What the source carried that the derivatives do not (they keep no metadata at all)."""
+def stripped_metadata(path: str | os.PathLike[str], max_decode_bytes: int | None = None) -> dict:
+    """What the source carried that the derivatives do not (they keep no metadata at all).
+
+    ``max_decode_bytes``: the process's memory budget (``Limits.max_decode_bytes``), under which what Pillow
+    keeps of the metadata while it reads the header is reserved first, as a render reserves its price: this runs
+    after the render gave its reservation back, and four renders of 64x64 images carrying tens of MB of metadata
+    each held their copies here at once, unreserved (an adversarial run of 2026-12-07)."""
+    if max_decode_bytes is None:
+        return _stripped_metadata(path)
+    with budget.RESERVATIONS.scope(max_decode_bytes) as reserve:
+        reserve(_metadata_price(path))
+        return _stripped_metadata(path)
+
+
+def _metadata_price(path: str | os.PathLike[str]) -> int:
+    try:
+        with open(path, "rb") as fp:
+            family = family_of(sniff(fp.read(SNIFF_BYTES)))
+            fp.seek(0)
+            return budget.METADATA_COPIES * segments.metadata_bytes(fp, family) if family else 0
+    except (OSError, ValueError):
+        return 0
+
+
+def _stripped_metadata(path: str | os.PathLike[str]) -> dict:
     try:
         with Image.open(path) as img:
             exif = _exif(img)
