@@ -387,13 +387,20 @@ def test_a_canvas_made_small_by_what_is_derived_from_it_is_priced_at_its_size(na
         probe(data_file(f"hostile/{name}"), Limits())
 
 
-def test_an_overlay_is_priced_with_its_canvas_and_its_inputs_in_rgb(data_file):
-    """libheif draws an overlay on a canvas of 8-bit RGB planes, each input converted to RGB at its own bit depth
-    first: a 7500x7500 10-bit grey overlay cropped to 64x64 took 926 MiB a render priced 277 (under the budget),
-    ``ready`` (a re-attack)."""
-    path = data_file("hostile/heic_ovl7500_grey10_clap64.heic")
+@pytest.mark.parametrize(("name", "canvas", "inputs"), [
+    ("heic_ovl7500_grey10_clap64.heic", 7500 * 7500, 7500 * 7500),
+    ("heic_ovl64_iden_grey10_7500.heic", 64 * 64, 7500 * 7500),
+    ("heic_ovl5400_over_grey10_64.heic", 5400 * 5400, 64 * 64),
+])
+def test_an_overlay_is_priced_with_its_canvas_and_its_inputs_in_rgb(data_file, name, canvas, inputs):
+    """libheif draws an overlay on a canvas of RGB planes at its first input's depth, each input converted to RGB
+    at its own depth first: a 7500x7500 10-bit grey overlay cropped to 64x64 took 926 MiB a render priced 277
+    (under the budget), ``ready`` (a re-attack); a second re-attack put an ``iden`` with no ``ispe`` between the
+    overlay and its 7500x7500 input (604 MiB, priced 277), and a 5400x5400 canvas over a 64x64 10-bit input
+    (334 MiB, priced 286 at 8 bits)."""
+    path = data_file(f"hostile/{name}")
     with open(path, "rb") as fp:
         layout = bmff.read_layout(fp)
-    assert layout.heif_bytes >= 7500 * 7500 * (bmff.OVERLAY_CANVAS_BYTES + bmff.OVERLAY_INPUT_BYTES)
+    assert layout.heif_bytes >= canvas * bmff.OVERLAY_CANVAS_BYTES + inputs * bmff.OVERLAY_INPUT_BYTES
     with pytest.raises(ImageTooLarge):
         probe(path, Limits())

@@ -158,8 +158,9 @@ class Layout:
     largest_picture: int = 0
 
 
-#: An overlay's canvas: libheif draws it in 8-bit RGB planes.
-OVERLAY_CANVAS_BYTES = 3
+#: An overlay's canvas: libheif draws it in RGB planes at its first input's bit depth, up to 16 bits (a 5400x5400
+#: canvas over a 64x64 10-bit input took 334 MiB priced 286 at 8 bits: a re-attack).
+OVERLAY_CANVAS_BYTES = 6
 #: Each input of an overlay, per pixel, besides its coded picture: libheif converts it to RGB 4:4:4 at its own
 #: bit depth before it draws it, through a second copy (a 7500x7500 10-bit grey input cropped to 64x64 took 926
 #: MiB a render priced 277: an adversarial run of 2026-12-07).
@@ -207,6 +208,20 @@ def _item_pixels(found: "_Found") -> int:
                if kind in CODED_ITEMS and (decoded is None or item in decoded))
 
 
+def _picture_pixels(found: "_Found", item: int, depth: int = 0) -> int:
+    """Pixels of the picture an item gives: a grid's or overlay's canvas, a coded item's largest picture, or for
+    another derived item (an ``iden``) the largest of what it is derived from, whatever ``ispe`` it lacks (an
+    overlay over an ``iden`` with none, over 7500x7500 pixels, was priced as no input: 604 MiB a render priced 277,
+    a re-attack)."""
+    if item in found.canvases:
+        return found.canvases[item][0] * found.canvases[item][1]
+    own = _item_size(found, item)
+    if found.item_types.get(item) in CODED_ITEMS or depth >= MAX_DEPTH:
+        return own
+    targets = found.references.get(b"dimg", {}).get(item, ())[:MAX_BOXES]
+    return max([own, *(_picture_pixels(found, target, depth + 1) for target in targets)])
+
+
 def _heif_bytes(found: "_Found", picture: float) -> tuple[float, int]:
     """:attr:`Layout.heif_bytes` and :attr:`Layout.largest_picture`."""
     decoded = _decoded_items(found)
@@ -234,8 +249,7 @@ def _heif_bytes(found: "_Found", picture: float) -> tuple[float, int]:
             else:
                 total += pixels * OVERLAY_CANVAS_BYTES
                 for target in inputs.get(item, ())[:MAX_BOXES]:
-                    size = found.canvases.get(target)
-                    total += (size[0] * size[1] if size else _item_size(found, target)) * OVERLAY_INPUT_BYTES
+                    total += _picture_pixels(found, target) * OVERLAY_INPUT_BYTES
         else:
             continue
         largest = max(largest, pixels)
