@@ -233,10 +233,12 @@ def webp_file(path: Path, kind: str = "still", width: int = 1024, height: int = 
     return path
 
 
-def icc_lut8(grid: int) -> bytes:
+def icc_lut8(grid: int, *, inputs: int = 3, declared: int | None = None, kind: bytes = b"mft1") -> bytes:
     """Pillow's sRGB profile with an ``A2B0`` tag added: a ``lut8Type`` (``mft1``) of identity curves around a colour
     lookup table of ``grid`` points a side, 3 bytes each (``grid`` 255: 49.7 MB), which LittleCMS holds some nine
-    times over when it links a transform from it (an adversarial run of 2026-12-07)."""
+    times over when it links a transform from it (an adversarial run of 2026-12-07). ``inputs``: its input
+    channels; ``declared``: the size the tag table gives it (LittleCMS reads the table whole whatever it says);
+    ``kind``: another type written over ``mft1`` (``mpet``: a float pipeline's)."""
     from PIL import ImageCms
 
     srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
@@ -245,12 +247,13 @@ def icc_lut8(grid: int) -> bytes:
     tags = [(signature, srgb[offset:offset + size]) for signature, offset, size in entries]
     identity = struct.pack(">9i", 65536, 0, 0, 0, 65536, 0, 0, 0, 65536)
     ramp = bytes(range(256))
-    tags.append((b"A2B0", b"mft1" + bytes(4) + bytes([3, 3, grid, 0]) + identity + ramp * 3 + bytes(grid ** 3 * 3)
-                 + ramp * 3))
+    tags.append((b"A2B0", kind + bytes(4) + bytes([inputs, 3, grid, 0]) + identity + ramp * inputs
+                 + bytes(grid ** inputs * 3) + ramp * 3))
     at, table, body = 128 + 4 + 12 * len(tags), b"", b""
     for signature, data in tags:
         body += bytes(-(at + len(body)) % 4)
-        table += struct.pack(">4sII", signature, at + len(body), len(data))
+        size = declared if declared is not None and signature == b"A2B0" else len(data)
+        table += struct.pack(">4sII", signature, at + len(body), size)
         body += data
     profile = bytearray(srgb[:128] + struct.pack(">I", len(tags)) + table + body)
     profile[0:4] = struct.pack(">I", len(profile))

@@ -158,12 +158,11 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
     # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
     # and the file it holds
     avif = DATA / "phones" / "card_p3_orientation6.avif"
-    # and the transform its Display P3 profile's tags are linked into
+    # (its Display P3 profile is matrices and curves: no lookup table to widen)
     with Image.open(avif) as img, open(avif, "rb") as fp:
         priced = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
-        profile = budget.ICC_TRANSFORM_BYTES * budget._icc_tag_bytes(img)
-    assert 0 < profile < 10_000
-    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size + profile
+        assert img.info["icc_profile"] and budget._icc_transform_bytes(img) == 0
+    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
 
 
 def test_an_avif_is_priced_by_the_frame_its_sequence_header_allows_not_by_ispe(tmp_path) -> None:
@@ -562,5 +561,37 @@ def test_an_icc_profile_is_priced_as_littlecms_links_it(tmp_path) -> None:
     assert _measured_over_priced(MEASURE, [small], [DATA / "pillow" / "hopper.jpg"]) == []
     bomb = tmp_path / "bomb.tif"
     Image.new("RGB", (64, 64)).save(bomb, "TIFF", icc_profile=hostile_images.icc_lut8(255))
-    with pytest.raises(ImageTooLarge):
+    with pytest.raises(DecompressionBomb, match="ICC lookup table of 49744125 values"):
         probe(bomb, Limits())
+
+
+@pytest.mark.parametrize(("profile", "refused"), [
+    # the table's own header is read, not the tag table's size for it (declared 52 bytes: 566 MB priced 198)
+    (lambda: hostile_images.icc_lut8(176, declared=52), None),
+    # a float pipeline, or more input channels than an image has: minutes of CPU to link (a re-attack)
+    (lambda: hostile_images.icc_lut8(2, kind=b"mpet"), "multi-process element"),
+    (lambda: hostile_images.icc_lut8(2, inputs=15), "15 input"),
+])
+def test_an_icc_profile_is_priced_by_its_lookup_tables_own_headers(tmp_path, profile, refused) -> None:
+    """A re-attack: LittleCMS reads a lookup table as its own header says, past the size the tag table gives it;
+    and a 919 KB profile of 15-channel float tables took 24-25 s of CPU a render (a 16 MB one ran past the step's
+    time limit and ended the worker), priced 17-19 MB. Each is priced by what the table says, or refused."""
+    from app.adapters.imaging import icc
+
+    made = profile()
+    path = tmp_path / ("profiled.png" if refused else "profiled.tif")  # (a PNG's iCCP inflates to 1 MiB at most)
+    Image.new("RGB", (64, 64), (200, 100, 50)).save(path, icc_profile=made)
+    if refused:
+        with pytest.raises(DecompressionBomb, match=refused):
+            probe(path, Limits())
+        late = tmp_path / "late.png"  # an iCCP after the pixels, which Pillow reads only when it loads them
+        data = path.read_bytes()
+        start = data.index(b"iCCP") - 4
+        end = start + 12 + struct.unpack(">I", data[start:start + 4])[0]
+        late.write_bytes(data[:start] + data[end:-12] + data[start:end] + data[-12:])
+        with pytest.raises(DecompressionBomb, match=refused):
+            render(late, PIPELINE_V1_SPECS["thumbnail"], Limits())
+        return
+    with Image.open(path) as img:
+        assert budget._icc_transform_bytes(img) == 176 ** 3 * 3 * icc.TRANSFORM_BYTES_PER_VALUE
+    probe(path, Limits())

@@ -83,7 +83,7 @@ from PIL import Image
 
 from app.errors import ImageTooLarge
 
-from . import bmff, libvips, segments, vp8l
+from . import bmff, icc, libvips, segments, vp8l
 from ._translate import MALFORMED_ERRORS
 from .geometry import REDUCING_GAP, Geometry, VariantSpec, plan
 
@@ -137,11 +137,6 @@ FULL_SIZE_BYTES: dict[str, tuple[int, int]] = {
 #: ICC profile joined from them, the parsed EXIF...): 64x64 images carrying 45 MB of ICC profile or XMP took 92-189
 #: MB a render (an adversarial run). Kept with the image from its decode to its last conversion.
 METADATA_COPIES = 4
-#: What LittleCMS holds, per byte of an ICC profile's tags, while it links the transform to sRGB (``colour.to_srgb``):
-#: it widens a lookup table of 8-bit entries and copies the pipeline as it optimizes it (measured: 7.0 times a
-#: profile of 0.8-16 MB, 9.0 times one of 49.7 MB, whatever the image's size; a 64x64 TIFF carrying that one took
-#: 522 MB a render priced 198, ``ready``: an adversarial run of 2026-12-07). A camera's profile is a few KB.
-ICC_TRANSFORM_BYTES = 10
 #: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
 OTHER_MODE_BYTES = 8
 #: Bytes per *output* pixel after the resample: the resized image, its sRGB
@@ -230,7 +225,7 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
     transient, kept = _decoder_bytes(img, family, fp)
     if metadata is None:
         metadata = segments.metadata_bytes(fp, family)
-    decoder = (transient, kept + METADATA_COPIES * metadata + ICC_TRANSFORM_BYTES * _icc_tag_bytes(img))
+    decoder = (transient, kept + METADATA_COPIES * metadata + _icc_transform_bytes(img))
     best: Estimate | None = None
     for one in specs:
         for orientation in orientations:
@@ -287,24 +282,12 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     return Estimate(max(v for _, v in parts) + FIXED_BYTES, decoded, mode, parts)
 
 
-#: tags LittleCMS reads of a profile (``MAX_TABLE_TAG``): it refuses one that lists more
-ICC_MAX_TAGS = 100
-
-
-def _icc_tag_bytes(img: Image.Image) -> int:
-    """Bytes of the tags of the image's ICC profile, each stored block once (LittleCMS reads a tag where the tag
-    table says, once however many tags name it; what no tag names is never read); a profile whose table cannot
-    be read counts whole."""
+def _icc_transform_bytes(img: Image.Image) -> int:
+    """What LittleCMS holds to link the transform from the image's ICC profile to sRGB (:mod:`.icc`: a 64x64 TIFF
+    carrying a 49.7 MB lookup table took 522 MB a render priced 198, four 1.1 GB in a worker, ``ready``: an
+    adversarial run of 2026-12-07); a profile it would take too long or too much to link is a bomb."""
     profile = img.info.get("icc_profile")
-    if not isinstance(profile, bytes) or not profile:
-        return 0
-    if len(profile) < 132:
-        return len(profile)
-    count = min(struct.unpack_from(">I", profile, 128)[0], ICC_MAX_TAGS)
-    if len(profile) < 132 + 12 * count:
-        return len(profile)
-    blocks = {struct.unpack_from(">II", profile, 136 + 12 * index) for index in range(count)}
-    return sum(max(0, min(size, len(profile) - offset)) for offset, size in blocks)
+    return icc.transform_bytes(profile) if isinstance(profile, bytes) else 0
 
 
 def _has_transparency(img: Image.Image) -> bool:

@@ -26,6 +26,8 @@ from PIL import Image, ImageCms, ImageMath
 
 from app.errors import UnsupportedFormat
 
+from . import icc
+
 _HIGH_BIT_DEPTH = ("I;16", "I;16L", "I;16B", "I;16N", "I", "F")
 
 
@@ -151,6 +153,7 @@ def to_srgb(img: Image.Image, icc_profile: bytes | None) -> Image.Image:
 
 
 def _apply_profile(img: Image.Image, icc_profile: bytes) -> Image.Image | None:
+    icc.transform_bytes(icc_profile)  # one the probe did not see (a PNG's iCCP after its pixels) is held to it too
     alpha = img.getchannel("A") if img.mode == "RGBA" else None
     base = img.convert("RGB") if alpha is not None else img
     try:
