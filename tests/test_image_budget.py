@@ -595,3 +595,44 @@ def test_an_icc_profile_is_priced_by_its_lookup_tables_own_headers(tmp_path, pro
     with Image.open(path) as img:
         assert budget._icc_transform_bytes(img) == 176 ** 3 * 3 * icc.TRANSFORM_BYTES_PER_VALUE
     probe(path, Limits())
+
+
+def test_an_icc_grid_whose_offset_wraps_is_read_where_littlecms_reads_it() -> None:
+    """LittleCMS adds a lookupAtoB table's offsets to its tag's in 32 bits: a grid offset that wraps lands before
+    the tag, where no tag points. A 49.7 MB grid hidden there was priced 0 and took 571 MB a render, ``ready`` (a
+    re-attack)."""
+    from PIL import ImageCms
+
+    from app.adapters.imaging import icc
+
+    srgb = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes()
+    count = struct.unpack(">I", srgb[128:132])[0]
+    table_end = 132 + 12 * count
+    grid_at = len(srgb) + 12  # the grid's header (255 points a side, 8 bits), before the tag
+    grid = bytes([255, 255, 255]) + bytes(13) + bytes([1, 0, 0, 0])
+    tag_at = grid_at + len(grid)
+    tag = b"mAB " + bytes(4) + bytes([3, 3, 0, 0]) + struct.pack(">5I", 0, 0, 0, (grid_at - tag_at) % (1 << 32), 0)
+    body = srgb[table_end:] + bytes(grid_at - len(srgb) - 12 + 12) + grid + tag
+    shift = 12  # one more tag entry
+    entries = [struct.unpack(">4sII", srgb[132 + 12 * i:144 + 12 * i]) for i in range(count)]
+    table = b"".join(struct.pack(">4sII", sig, offset + shift, size) for sig, offset, size in entries)
+    table += struct.pack(">4sII", b"A2B0", tag_at + shift, len(tag))
+    profile = bytearray(srgb[:128] + struct.pack(">I", count + 1) + table + body)
+    profile[0:4] = struct.pack(">I", len(profile))
+    assert bytes(profile)[grid_at + shift:grid_at + shift + 3] == b"\xff\xff\xff"
+    with pytest.raises(DecompressionBomb, match="49744125 values"):
+        icc.transform_bytes(bytes(profile))
+
+
+def test_the_profile_an_avif_or_heic_carries_is_priced_as_metadata(tmp_path) -> None:
+    """An AVIF's or HEIC's profile (its ``colr`` box) is copied by the decoder and by Pillow: 47 MB of it took 184
+    MB a probe and 233 MB a render, priced 56 (a re-attack); the metadata walk reads no such box."""
+    from PIL import ImageCms
+
+    profile = ImageCms.ImageCmsProfile(ImageCms.createProfile("sRGB")).tobytes() + bytes(4_000_000)
+    path = tmp_path / "profiled.avif"
+    Image.new("RGB", (64, 64), (200, 100, 50)).save(path, quality=50, speed=8, icc_profile=profile)
+    with Image.open(path) as img, open(path, "rb") as fp:
+        assert img.info["icc_profile"] == profile
+        assert budget.estimate(img, "AVIF", fp, PIPELINE_V1_SPECS["thumbnail"]).total > \
+            budget.METADATA_COPIES * len(profile)

@@ -225,6 +225,9 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
     transient, kept = _decoder_bytes(img, family, fp)
     if metadata is None:
         metadata = segments.metadata_bytes(fp, family)
+    if family in ("HEIF", "AVIF"):  # the container's profile, Exif and XMP, copied by the decoder and by Pillow (a
+        metadata += sum(len(img.info.get(key) or b"") for key in ("icc_profile", "exif", "xmp"))  # 47 MB profile:
+        # 184 MB a probe, priced 56: a re-attack)
     decoder = (transient, kept + METADATA_COPIES * metadata + _icc_transform_bytes(img))
     best: Estimate | None = None
     for one in specs:

@@ -70,9 +70,10 @@ def _grid_values(profile: bytes, offset: int) -> int:
         points = [profile[offset + 10]] * inputs
     else:
         (clut,) = struct.unpack_from(">I", profile, offset + 24)
-        if not clut or offset + clut + 16 > len(profile):
+        at = (offset + clut) % (1 << 32)  # LittleCMS adds them in 32 bits: one that wraps lands before the tag (a
+        if not clut or at + 16 > len(profile):  # grid hidden there was priced 0 and took 571 MB: a re-attack)
             return 0
-        points = list(profile[offset + clut:offset + clut + inputs])
+        points = list(profile[at:at + inputs])
     values = outputs
     for side in points:
         values *= side
