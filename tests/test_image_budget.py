@@ -158,11 +158,13 @@ def test_heic_and_avif_decoders_are_priced_from_the_codec_configuration(tmp_path
     # picture is priced as the image (4 B/px), the RGB bytes (3), the picture dav1d keeps (1.5 + 1)
     # and the file it holds
     avif = DATA / "phones" / "card_p3_orientation6.avif"
-    # (its Display P3 profile is matrices and curves: no lookup table to widen)
+    # and the metadata it carries (its Display P3 profile is matrices and curves: no lookup table to widen)
     with Image.open(avif) as img, open(avif, "rb") as fp:
         priced = dict(budget.estimate(img, "AVIF", fp, spec).parts)["decode"]
         assert img.info["icc_profile"] and budget._icc_transform_bytes(img) == 0
-    assert priced == 400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
+        metadata = sum(len(img.info.get(key) or b"") for key in ("icc_profile", "exif", "xmp"))
+    assert priced == (400 * 600 * (4 + 3 + 1.5 + budget.AV1_DECODER_BYTES) + avif.stat().st_size
+                      + budget.METADATA_COPIES * metadata)
 
 
 def test_an_avif_is_priced_by_the_frame_its_sequence_header_allows_not_by_ispe(tmp_path) -> None:
