@@ -23,6 +23,7 @@ and by ``make bench`` (see tests/data/README.md, "Hostile files").
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import zlib
@@ -174,6 +175,7 @@ def _flat_code(out: _BitWriter, symbols: int) -> None:
     out.put(symbols - 2, 8)
 
 
+@functools.lru_cache(maxsize=4)  # written bit by bit in Python: 4 s a stream, asked for by several tests
 def vp8l_groups(width: int = 1024, height: int = 1024, *, header: bool = True) -> bytes:
     """A VP8L stream of ``width`` x ``height`` (with its 5-byte header, or without for an ``ALPH`` chunk): no
     transform, an entropy image of 4x4 blocks whose every pixel names a group of its own (at most 65,536), each
