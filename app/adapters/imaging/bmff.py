@@ -156,6 +156,10 @@ class Layout:
     #: pixels of the largest of those pictures and canvases: libheif converts a picture to RGB before a crop
     #: makes it small (a 1x1 crop of an 8000x8000 picture took 341 MB: an adversarial run)
     largest_picture: int = 0
+    #: bytes of the colour profiles (``colr`` properties) in ``ipco``, each once for every item it is associated
+    #: with: pillow-heif copies a profile into the info of each top-level image it opens (16 images sharing one 47
+    #: MB profile took 846 MB an open, priced 102: a re-attack)
+    profile_bytes: int = 0
 
 
 #: An overlay's canvas: libheif draws it in RGB planes at its first input's bit depth, up to 16 bits (a 5400x5400
@@ -220,6 +224,16 @@ def _picture_pixels(found: "_Found", item: int, depth: int = 0) -> int:
         return own
     targets = found.references.get(b"dimg", {}).get(item, ())[:MAX_BOXES]
     return max([own, *(_picture_pixels(found, target, depth + 1) for target in targets)])
+
+
+def _profile_bytes(found: "_Found") -> int:
+    """:attr:`Layout.profile_bytes`."""
+    uses = {index: 0 for index in found.profile_sizes}
+    for indices in found.associations.values():
+        for index in set(indices):
+            if index in uses:
+                uses[index] += 1
+    return sum(size * max(1, uses[index]) for index, size in found.profile_sizes.items())
 
 
 def _heif_bytes(found: "_Found", picture: float) -> tuple[float, int]:
@@ -293,7 +307,7 @@ def read_layout(fp: BinaryIO) -> Layout:
         canvas_pixels = sum(width * height for item, (width, height) in found.canvases.items()
                             if wanted is None or item in wanted)
         return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found),
-                      canvas_pixels, *_heif_bytes(found, picture))
+                      canvas_pixels, *_heif_bytes(found, picture), _profile_bytes(found))
     finally:
         fp.seek(position)
 
@@ -342,6 +356,8 @@ class _Found:
     #: sets'), by property index; and of each HEVC item's own parameter sets, by item
     property_bytes: dict[int, float] = field(default_factory=dict)
     item_bytes: dict[int, float] = field(default_factory=dict)
+    #: the size of each ``colr`` property in ``ipco``, by property index
+    profile_sizes: dict[int, int] = field(default_factory=dict)
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -446,6 +462,8 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
                 raise DecompressionBomb(f"an item location box of more than {MAX_ILOC_BYTES} bytes")
             fp.seek(offset + header_size)
             found.items.extend(_item_locations(fp.read(size - header_size), found.extents_left))
+        elif kind == b"colr" and parent == b"/meta/iprp/ipco":
+            found.profile_sizes[len(found.properties)] = size - header_size
         elif kind == b"auxC" and parent == b"/meta/iprp/ipco":
             fp.seek(offset + header_size + 4)
             found.aux_types[len(found.properties)] = fp.read(min(size - header_size - 4, 256)).split(b"\x00")[0]

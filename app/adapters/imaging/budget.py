@@ -353,7 +353,8 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
             # it (Layout.heif_bytes); at least the image's pixels as its pictures; the RGB(A) of the largest picture
             # or canvas, made before a crop makes it small
             pictures = max(layout.heif_bytes, pixels * layout.picture_bytes)
-            return math.ceil(pictures + max(layout.largest_picture, pixels) * rgb) + 2 * layout.file_bytes, 0
+            profiles = METADATA_COPIES * layout.profile_bytes  # each image's copy of its profile, pillow-heif's
+            return math.ceil(pictures + max(layout.largest_picture, pixels) * rgb) + 2 * layout.file_bytes, profiles
         # libavif's RGB(A) copied to bytes; the pictures and the file stay with the decoder. The pictures are of
         # the frames the AV1 sequence headers allow (each tile's of a grid, an alpha item's, each at its own bytes
         # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more

@@ -197,6 +197,10 @@ def _check_container(fp: BinaryIO, limits: Limits) -> None:
         _check_size(width, height, limits)
     if layout.truncated:
         raise CorruptImage("image data is truncated")
+    profiles = budget.METADATA_COPIES * layout.profile_bytes  # copied when pillow-heif opens it, before a price
+    if profiles > limits.max_decode_bytes:
+        raise ImageTooLarge(f"opening this image would copy {profiles / 2**20:.0f} MB of colour profiles; the limit "
+                            f"is {limits.max_decode_bytes / 2**20:.0f} MB")
 
 
 def _check_size(width: int, height: int, limits: Limits) -> None:
