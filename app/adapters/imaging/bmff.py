@@ -206,8 +206,7 @@ def _item_size(found: "_Found", item: int) -> int:
     return max((width * height for width, height in sizes), default=0)
 
 
-def _item_pixels(found: "_Found") -> int:
-    decoded = _decoded_items(found)
+def _item_pixels(found: "_Found", decoded: set[int] | None) -> int:
     return sum(_item_size(found, item) for item, kind in found.item_types.items()
                if kind in CODED_ITEMS and (decoded is None or item in decoded))
 
@@ -236,9 +235,9 @@ def _profile_bytes(found: "_Found") -> int:
     return sum(size * max(1, uses[index]) for index, size in found.profile_sizes.items())
 
 
-def _heif_bytes(found: "_Found", picture: float) -> tuple[float, int]:
-    """:attr:`Layout.heif_bytes` and :attr:`Layout.largest_picture`."""
-    decoded = _decoded_items(found)
+def _heif_bytes(found: "_Found", picture: float, decoded: set[int] | None) -> tuple[float, int]:
+    """:attr:`Layout.heif_bytes` and :attr:`Layout.largest_picture`, over the items ``decoded``
+    (:func:`_decoded_items`)."""
     if decoded is None:
         decoded = set(found.item_types)
     inputs = found.references.get(b"dimg", {})
@@ -306,8 +305,8 @@ def read_layout(fp: BinaryIO) -> Layout:
         coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
         canvas_pixels = sum(width * height for item, (width, height) in found.canvases.items()
                             if wanted is None or item in wanted)
-        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found),
-                      canvas_pixels, *_heif_bytes(found, picture), _profile_bytes(found))
+        return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found, wanted),
+                      canvas_pixels, *_heif_bytes(found, picture, wanted), _profile_bytes(found))
     finally:
         fp.seek(position)
 
