@@ -23,7 +23,7 @@ import requests
 
 from app.errors import SpoolUnavailable
 from app.web.spool import HashingSpool
-from tests.conftest import OTHER_UPLOADER_TOKEN
+from tests.conftest import OTHER_UPLOADER_TOKEN, UPLOADER_TOKEN
 from tests.filesystems import small_filesystem
 from tests.processes import Deployment, wait_for
 from tests.test_incomplete_body import assert_nothing_stored, request_head
@@ -548,3 +548,13 @@ def test_what_gunicorn_cannot_parse_is_refused_in_json(deployment):
         assert status.split()[1] in (b"400", b"414"), answer[:200]
         assert b"content-type: application/json" in headers.lower(), answer[:300]
         assert set(json.loads(body)) == {"error", "message"}, body
+    # a header sent twice reaches the application joined with a comma (an adversarial run: two Idempotency-Keys
+    # were taken as one key, "a,b")
+    photo = b"\xff\xd8\xff\xd9"
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/attachments HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + UPLOADER_TOKEN.encode()
+                     + b"\r\nContent-Type: image/jpeg\r\nIdempotency-Key: a\r\nIdempotency-Key: b\r\n"
+                     + b"Connection: close\r\nContent-Length: %d\r\n\r\n" % len(photo) + photo)
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "bad_idempotency_key", answer

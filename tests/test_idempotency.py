@@ -80,6 +80,20 @@ def test_a_key_is_printable_ascii(app, engine, data_file):
     assert post(client, data_file("photos/chelsea.jpg"), "order 42/a~b").status_code == 202
 
 
+def test_a_key_sent_as_a_list_is_refused(app, engine, data_file):
+    """gunicorn joins a header sent twice with a comma: two keys reached intake as one, ``a,b``, and a retry that
+    sent them the other way round made a second attachment of one upload. A comma inside a quoted key is the key's."""
+    client = authed(app)
+    for key in ("order-1,order-2", "order-2,order-1", '"order-1","order-2"', '"order-1", "order-2"', 'a"b'):
+        answer = post(client, data_file("photos/chelsea.jpg"), key)
+        assert (answer.status_code, answer.json["error"]) == (400, "bad_idempotency_key"), (key, answer.json)
+    assert count(engine, attachments) == 0 and count(engine, idempotency_keys) == 0
+    first = post(client, data_file("photos/chelsea.jpg"), '"order-1,order-2"')
+    again = post(client, data_file("photos/chelsea.jpg"), "\"order-1,order-2\"")
+    assert first.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
+    assert again.json["id"] == first.json["id"] and count(engine, attachments) == 1
+
+
 @pytest.mark.processes
 def test_a_key_of_a_resumable_uploads_own_shape_is_refused(app, engine, data_file):
     """An adversarial run: a POST under ``tus:<upload id>`` took the key a tus upload's last byte hands off under,
