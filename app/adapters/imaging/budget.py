@@ -545,5 +545,6 @@ class Hold:
                 self._pool._cond.notify_all()
 
 
-#: The process's reservations (one per process: the budget is per worker process).
+#: The process's reservations (one per process: the budget is per process), taken by renders, the provenance read
+#: of their source and probes (the web's and the inspect step's).
 RESERVATIONS = Reservations()

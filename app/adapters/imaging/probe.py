@@ -111,7 +111,8 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         rendering it would cost more than ``limits.max_decode_bytes``.
     :raises CorruptImage: the header is malformed, or a HEIF/AVIF file is cut short.
     """
-    with open_checked(path, limits) as (img, family, _priced):
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve, \
+            open_checked(path, limits, reserve=reserve) as (img, family, _priced):
         return ImageInfo(
             format=family,
             content_type=PROCESSED_FORMATS[family],
@@ -146,7 +147,8 @@ class Opened(NamedTuple):
 
 @contextmanager
 def open_checked(
-    path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None
+    path: str | os.PathLike[str], limits: Limits, spec: VariantSpec | None = None, *,
+    reserve: budget.Hold | None = None,
 ) -> Iterator[Opened]:
     """Open *path* with every probe check applied; yield ``(image, family, priced)``.
 
@@ -155,12 +157,18 @@ def open_checked(
     (:data:`~app.adapters.imaging.budget.PROBE_SPECS`). The file is opened once, by us, so the bytes
     that were sniffed are the bytes Pillow parses, and it is closed on exit.
     Shared by :func:`probe` and :func:`~app.adapters.imaging.render.render`.
+
+    With *reserve* (a :data:`~app.adapters.imaging.budget.RESERVATIONS` hold), what opening the file copies of
+    its metadata is reserved before the open: the web's probes and the inspect step's took it unreserved (a 50 MB
+    upload that is mostly metadata cost the web three to four times that while it was probed, 951 MB for 8 at once:
+    an adversarial run), and a render took it before reserving its price.
     """
     with open(path, "rb") as fp:
         family = claimed_family(fp.read(SNIFF_BYTES), limits)
-        if family in ("HEIF", "AVIF"):
-            _check_container(fp, limits)
+        opening = _check_container(fp, limits) if family in ("HEIF", "AVIF") else 0
         metadata = segments.check(fp, family)  # what Pillow would walk in Python before the pixels, a JPEG's scans
+        if reserve is not None:
+            reserve(opening + budget.METADATA_COPIES * metadata)
         fp.seek(0)
         try:
             with bomb_warnings_as_errors():
@@ -190,8 +198,9 @@ def _check(img: Image.Image, family: str, limits: Limits) -> None:
         raise UnsupportedFormat("image content does not match its signature")
 
 
-def _check_container(fp: BinaryIO, limits: Limits) -> None:
-    """Every size a HEIF/AVIF container declares is held to the limits; a cut-off file is corrupt."""
+def _check_container(fp: BinaryIO, limits: Limits) -> int:
+    """Every size a HEIF/AVIF container declares is held to the limits; a cut-off file is corrupt. The bytes of
+    colour profiles pillow-heif copies as it opens the file."""
     layout = bmff.read_layout(fp)
     for width, height in layout.sizes:
         _check_size(width, height, limits)
@@ -201,6 +210,7 @@ def _check_container(fp: BinaryIO, limits: Limits) -> None:
     if profiles > limits.max_decode_bytes:
         raise ImageTooLarge(f"opening this image would copy {profiles / 2**20:.0f} MB of colour profiles; the limit "
                             f"is {limits.max_decode_bytes / 2**20:.0f} MB")
+    return profiles
 
 
 def _check_size(width: int, height: int, limits: Limits) -> None:
