@@ -775,6 +775,34 @@ def _resumed(web, location: str, photo: bytes, sent: int) -> None:
     assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(photo).hexdigest()
 
 
+def test_a_last_patch_whose_chunked_framing_is_cut_after_its_last_byte_is_answered_as_the_upload_ended(web,
+                                                                                                    data_file):
+    """A last PATCH sent chunked, every byte of the upload there but the terminating chunk cut off: the upload was
+    complete and its attachment went ready, and the PATCH was answered ``400 incomplete_body`` with no
+    ``Attachment-Id``, which tus clients take as the upload refused (an adversarial run)."""
+    import socket
+
+    import requests
+
+    photo = data_file("photos/hubble_deep_field.jpg").read_bytes()  # 265 KB
+    headers = {**TUS, "Authorization": f"Bearer {web.token}"}
+    location = requests.post(web.url + "/v1/uploads", headers={**headers, "Upload-Length": str(len(photo))},
+                             timeout=10).headers["Location"]
+    last = 2 * 65536  # the rest, a whole number of the body's reads: the end of the framing was read for
+    first = requests.patch(web.url + location, data=photo[:-last], timeout=30,
+                           headers={**headers, "Upload-Offset": "0", "Content-Type": PART})
+    assert first.status_code == 204
+    head = (f"PATCH {location} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {web.token}\r\n"
+            f"Tus-Resumable: 1.0.0\r\nUpload-Offset: {len(photo) - last}\r\nContent-Type: {PART}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(head.encode() + b"%x\r\n" % last + photo[-last:] + b"\r\n")  # no 0\r\n\r\n
+        sock.shutdown(socket.SHUT_WR)
+        [(status, answer)] = _answers(sock, 1)
+    assert status == 204 and answer.get("attachment-id"), (status, answer)
+    assert web.status(answer["attachment-id"])["sha256"] == hashlib.sha256(photo).hexdigest()
+
+
 def test_a_creation_with_upload_cut_short_says_where_the_upload_is(web, photo):
     """The creation made the upload and kept the bytes that arrived, and its answer (``400 incomplete_body``)
     told the client to resume at their offset, but not where the upload was: no ``Location`` (an adversarial
