@@ -464,6 +464,15 @@ class WebhookNotFound(AttacheError):
     retryable = False
 
 
+class DeliveryInFlight(AttacheError):
+    """The webhook delivery is being sent right now; it can be sent again once that attempt has ended (within the
+    deliverer's timeout). A redelivery cleared the attempt's claim and another thread sent it at the same time (an
+    adversarial run)."""
+
+    error_code = "delivery_in_flight"
+    retryable = True
+
+
 def error_code(error: BaseException) -> str:
     return error.error_code if isinstance(error, AttacheError) else "internal_error"
 

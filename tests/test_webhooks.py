@@ -93,7 +93,11 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
                     "http://192.168.0.1/", "http://100.64.0.1/",
                     "http://[2002:7f00:1::1]/hook",  # 6to4 of 127.0.0.1
                     "http://[2001:0:4136:e378:8000:63bf:f5ff:fffe]/hook",  # Teredo, client 10.0.0.1
-                    "http://[fec0::1]/hook", "http://[feff::1]/hook"):  # site-local (deprecated; routed inside a site)
+                    "http://[fec0::1]/hook", "http://[feff::1]/hook",  # site-local (deprecated; routed inside a site)
+                    # IETF protocol assignments (an old cloud metadata address among them) and IPv6 blocks that
+                    # Python 3.11.7's ipaddress takes for global (an adversarial run)
+                    "http://192.0.0.192/latest/meta-data/", "http://192.0.0.8/", "http://192.0.0.100/",
+                    "http://[3fff::1]/hook", "http://[::ffff:192.0.0.192]/hook"):
             response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
             assert response.status_code == 422, (url, response.json)
             assert response.json["error"] == "webhook_target_refused"

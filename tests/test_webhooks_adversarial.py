@@ -11,6 +11,7 @@ import threading
 import time
 
 import pytest
+from sqlalchemy import text
 
 from app.adapters import webhooks as webhook_endpoints
 from tests.conftest import OPERATOR_TOKEN, authed
@@ -115,3 +116,106 @@ def test_a_name_that_does_not_resolve_in_time_costs_the_attempt_its_timeout_only
         assert answer.status is None and "did not resolve within 0.5 s" in answer.error
     finally:
         stalled.set()
+
+
+class SlowToConnectTLSEndpoint:
+    """A TLS endpoint whose TCP connect takes about a second (its accept queue is full when the sender's first SYN
+    comes, so the kernel drops it and the sender sends it again after its initial retransmission timeout, 1 s, as
+    a dropped SYN on a lossy link or the endpoint's own firewall makes it), whose handshake ends just after the
+    sender's deadline and before the handshake's own, and which then drips its answer for ever."""
+
+    def __init__(self, tmp_path, deadline: float):
+        import ssl
+        import subprocess
+
+        cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+                        "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out",
+                        str(cert)], check=True, capture_output=True, timeout=60)
+        self.cert = cert
+        self.context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self.context.load_cert_chain(cert, key)
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(0)
+        self.filler = socket.create_connection(self.listener.getsockname())  # the accept queue is full
+        self.deadline = deadline
+        self.stop = threading.Event()
+        self.connected_after: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+
+    def serve(self, began: float):
+        with contextlib.suppress(OSError):
+            time.sleep(0.3)  # the sender's first SYN was dropped meanwhile
+            self.listener.accept()[0].close()  # the filler's: room for the SYN sent again
+            client, _ = self.listener.accept()
+            self.connected_after = time.monotonic() - began
+            time.sleep(max(0.0, began + self.deadline + 0.3 - time.monotonic()))
+            with self.context.wrap_socket(client, server_side=True) as tls:
+                tls.recv(65536)
+                tls.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
+                while not self.stop.wait(0.2):
+                    tls.sendall(b"a")
+
+    def close(self):
+        self.stop.set()
+        self.filler.close()
+        self.listener.close()
+
+
+def test_a_tls_endpoint_whose_handshake_ends_after_the_deadline_is_cut_all_the_same(tmp_path, monkeypatch):
+    """The deadline's cut shut down the socket it found, and a TLS connection's was set only once its handshake
+    was done: a deadline that passed during a slow TCP connect, with the handshake ending after it, cut nothing,
+    and an endpoint that then dripped its answer held the delivery's thread for ever. An adversarial run took every
+    thread of the deliverer so within minutes, and healthy endpoints got nothing more."""
+    deadline = 2.0
+    endpoint = SlowToConnectTLSEndpoint(tmp_path, deadline)
+    monkeypatch.setenv("SSL_CERT_FILE", str(endpoint.cert))  # a certificate the sender trusts, as a public one
+    outcome = []
+    try:
+        began = time.monotonic()
+        threading.Thread(target=endpoint.serve, args=(began,), daemon=True).start()
+        worker = threading.Thread(target=lambda: outcome.append(webhook_endpoints.post(
+            endpoint.url, "{}", {}, timeout=deadline, allow_private=True)), daemon=True)
+        worker.start()
+        worker.join(deadline + 3)
+        assert endpoint.connected_after is not None and endpoint.connected_after > 0.8, \
+            f"the TCP connect was not slowed by a dropped SYN ({endpoint.connected_after}): the test proves nothing"
+        assert not worker.is_alive(), f"the attempt is still reading a dripping answer after {deadline + 3} s"
+        assert time.monotonic() - began < deadline + 1
+        assert outcome[0].status is None and f"{deadline:g}" in outcome[0].error, outcome
+    finally:
+        endpoint.close()
+
+
+def test_a_delivery_being_sent_is_not_redelivered_alongside_its_attempt(app, engine, data_file):
+    """A redelivery cleared the claim of an attempt under way: another thread sent the delivery at the same time
+    (two POSTs of one delivery at once), and the first attempt's outcome was dropped (an adversarial run)."""
+    from app.core.webhooks import Deliverer, DelivererConfig
+    from tests.processes import wait_for
+    from tests.test_webhooks import NOW, register, upload_and_process
+    from tests.webhook_receivers import Receiver
+
+    slow = Receiver(delay=1.5)
+    deliverer = Deliverer(engine, DelivererConfig(policy=NOW, timeout_seconds=5, concurrency=2, allow_private=True))
+    try:
+        register(app, slow.url, events=["attachment.ready"])
+        upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+        assert deliverer.run_once()["started"] == 1
+        wait_for(lambda: slow.calls, timeout=10, message="the attempt under way")
+        ops = authed(app, OPERATOR_TOKEN)
+        with engine.connect() as conn:
+            delivery_id = conn.execute(text("SELECT id FROM webhook_deliveries")).scalar_one()
+        again = ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver", json={"reason": "resend"})
+        assert (again.status_code, again.json["error"]) == (409, "delivery_in_flight"), again.json
+        assert deliverer.run_once()["started"] == 0
+        wait_for(lambda: deliverer.run_once()["delivered"], timeout=10, message="the attempt's outcome")
+        assert len(slow.calls) == 1
+        assert ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver",
+                        json={"reason": "resend"}).status_code == 200  # once it has ended
+    finally:
+        deliverer.close()
+        slow.close()

@@ -76,12 +76,26 @@ def parse(url: str) -> Target:
     return Target(parts.scheme, parts.hostname, port or (443 if parts.scheme == "https" else 80), path)
 
 
+#: special-purpose blocks the IANA registries mark not globally reachable, which Python's ``ipaddress`` takes for
+#: global in some of the versions attache runs on (3.11.7: all of 192.0.0.0/24 but its /29 and .170/31; an
+#: adversarial run registered the old cloud metadata address http://192.0.0.192/ as a webhook). The whole of
+#: 192.0.0.0/24 is refused, its two anycast service addresses (.9, .10) with it.
+NOT_GLOBAL = tuple(ipaddress.ip_network(block) for block in (
+    "192.0.0.0/24",  # IETF protocol assignments
+    "3fff::/20",  # documentation (RFC 9637)
+    "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation (RFC 8215)
+    "5f00::/16",  # segment routing (SRv6) SIDs
+))
+
+
 def is_public(address: str) -> bool:
     """A globally routable unicast address; an IPv6 address that carries an IPv4 one (mapped, 6to4,
     Teredo) only if that one is too (a 6to4 relay would otherwise reach ``2002:7f00:1::`` = 127.0.0.1); never
     a site-local IPv6 one (``fec0::/10``: deprecated, still routed inside the sites that use it, and not
-    private to Python's ``ipaddress``)."""
+    private to Python's ``ipaddress``), nor one of :data:`NOT_GLOBAL`."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
+    if any(ip in block for block in NOT_GLOBAL if block.version == ip.version):
+        return False
     if isinstance(ip, ipaddress.IPv6Address):
         embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
         if embedded is not None:
@@ -132,24 +146,42 @@ def sign(secret: str, message_id: str, at: datetime, body: str) -> dict[str, str
 
 
 class _PinnedHTTP(http.client.HTTPConnection):
-    """Connects to the address that was checked, while ``Host`` names the URL's host."""
+    """Connects to the address that was checked, while ``Host`` names the URL's host.
 
-    def __init__(self, host: str, port: int, address: str, timeout: float):
+    ``expired``: set by :func:`_cut` when the attempt's deadline passes. The
+    cut shuts down the socket it finds; one that passed while there was none
+    yet (the TCP connect under way) is found here, once the socket is there.
+    """
+
+    def __init__(self, host: str, port: int, address: str, timeout: float, expired: threading.Event):
         super().__init__(host, port, timeout=timeout)
         self._address = address
+        self._expired = expired
 
     def connect(self):
         self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        self._in_time()
+
+    def _in_time(self) -> None:
+        if self._expired.is_set():  # the cut came before this socket: nothing shut it down
+            raise TimeoutError("cut")
 
 
-class _PinnedHTTPS(http.client.HTTPSConnection):
-    def __init__(self, host: str, port: int, address: str, timeout: float):
-        super().__init__(host, port, timeout=timeout, context=ssl.create_default_context())
-        self._address = address
+class _PinnedHTTPS(_PinnedHTTP):
+    """TLS, its handshake made on a socket :func:`_cut` finds: the socket was set once the handshake was done, so
+    a deadline that passed during the TCP connect or the handshake cut nothing, and an endpoint that then dripped
+    its answer held the delivery's thread for ever (an adversarial run: every thread, within minutes)."""
+
+    def __init__(self, host: str, port: int, address: str, timeout: float, expired: threading.Event):
+        super().__init__(host, port, address, timeout, expired)
+        self._context = ssl.create_default_context()
 
     def connect(self):
-        sock = socket.create_connection((self._address, self.port), self.timeout)
-        self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+        super().connect()
+        self.sock = self._context.wrap_socket(self.sock, server_hostname=self.host, do_handshake_on_connect=False)
+        self._in_time()
+        self.sock.do_handshake()
+        self._in_time()
 
 
 #: answers that mean "send less" (Standard Webhooks: throttle on 429, 502 and 504; 503 is the server's own "not now")
@@ -196,7 +228,9 @@ def retry_after_seconds(value: str | None, now: datetime | None = None) -> float
 
 
 def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> None:
-    """Ends an attempt that outlived its deadline: a blocked read returns at once."""
+    """Ends an attempt that outlived its deadline: a blocked read returns at once. ``expired`` is set before the
+    socket is looked at, and the connection looks at ``expired`` after it sets its socket, so one of the two sees
+    the other (:class:`_PinnedHTTP`)."""
     expired.set()
     sock = connection.sock
     if sock is not None:
@@ -219,8 +253,8 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
         return Answer(None, str(exc))
     left = max(0.001, timeout - (time.monotonic() - began))  # the name's time counts
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
-    connection = kind(target.host, target.port, addresses[0], left)
     expired = threading.Event()
+    connection = kind(target.host, target.port, addresses[0], left, expired)
     deadline = threading.Timer(left, _cut, (connection, expired))
     deadline.daemon = True
     deadline.start()

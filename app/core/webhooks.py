@@ -52,7 +52,7 @@ from app.adapters.postgres.models import (
 )
 from app.core.events import TYPES, body
 from app.core.retry import RetryPolicy
-from app.errors import InvalidWebhook, MissingReason, WebhookNotFound
+from app.errors import DeliveryInFlight, InvalidWebhook, MissingReason, WebhookNotFound
 
 log = logging.getLogger("attache.webhooks")
 
@@ -309,11 +309,17 @@ def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | N
     """Send a delivery again with a fresh attempt budget (same event id, body and sequence); audited."""
     if reason is None or not str(reason).strip():
         raise MissingReason("a redelivery needs a reason")
-    row = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id)
+    in_flight = and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.claimed_until > func.now())
+    row = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id, ~in_flight)
                        .values(state=PENDING, attempts=0, next_attempt_at=func.now(), claimed_until=None,
                                updated_at=func.now())
                        .returning(webhook_deliveries.c.subscription_id, webhook_deliveries.c.sequence)).first()
     if row is None:
+        # an attempt under way keeps its claim: clearing it let another thread send the delivery at the same
+        # time, and the first attempt's outcome was dropped (an adversarial run)
+        if conn.execute(select(webhook_deliveries.c.id).where(webhook_deliveries.c.id == delivery_id)).first():
+            raise DeliveryInFlight(f"webhook delivery {delivery_id} is being sent now; redeliver it once that "
+                                   "attempt has ended")
         raise WebhookNotFound(f"no webhook delivery {delivery_id}")
     audit.record(conn, actor=actor, action="webhook.redeliver", target=AUDIT_TARGET.format(row.subscription_id),
                  reason=reason, details={"delivery_id": delivery_id, "sequence": row.sequence})

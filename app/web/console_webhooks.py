@@ -34,7 +34,7 @@ from flask import current_app, flash, redirect, request, url_for
 from app.adapters.postgres.db import transaction
 from app.core import webhooks
 from app.core.events import TYPES
-from app.errors import InvalidWebhook, MissingReason, WebhookNotFound, WebhookTargetRefused
+from app.errors import DeliveryInFlight, InvalidWebhook, MissingReason, WebhookNotFound, WebhookTargetRefused
 from app.web.console import _message, _page, _reason, bp, principal
 from app.web.responses import status_of
 
@@ -122,6 +122,8 @@ def webhook_redeliver(delivery_id: int):
         return _webhooks_page(status_of(exc), redeliver_error=(delivery_id, "A redelivery needs a reason."))
     except WebhookNotFound as exc:
         return _message(status_of(exc), "No such delivery", str(exc))
+    except DeliveryInFlight as exc:
+        return _message(status_of(exc), "Delivery being sent", str(exc))
     log.info("console: %s redelivered webhook delivery %s", principal(), delivery_id)
     flash(f"Delivery {delivery_id} (sequence {delivery['sequence']}, {delivery['event_id']}) is pending again "
           "with a fresh attempt budget.")

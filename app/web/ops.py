@@ -16,6 +16,7 @@ from app.core.steps import Step
 from app.errors import (
     BrokerUnavailable,
     InvalidWebhook,
+    DeliveryInFlight,
     JobConflict,
     JobNotFound,
     MissingReason,
@@ -75,6 +76,7 @@ def _services():
 @bp.errorhandler(InvalidWebhook)
 @bp.errorhandler(WebhookTargetRefused)
 @bp.errorhandler(WebhookNotFound)
+@bp.errorhandler(DeliveryInFlight)
 def refuse(exc):
     return refusal(exc)
 
@@ -484,7 +486,9 @@ def failing_deliveries():
            body=RedeliverRequest,
            answers={200: ok("The delivery, pending.", WebhookDelivery),
                     400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
-                    404: refused("No such delivery.", "not_found")})
+                    404: refused("No such delivery.", "not_found"),
+                    409: refused("The delivery is being sent right now; redeliver it once that attempt has ended "
+                                 "(within the deliverer's timeout).", "delivery_in_flight")})
 def redeliver_webhook(delivery_id: int):
     from app.core import webhooks
 

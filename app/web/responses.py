@@ -19,6 +19,7 @@ from app.errors import (
     BadSelection,
     ChecksumMismatch,
     DecompressionBomb,
+    DeliveryInFlight,
     DigestMismatch,
     EffectMissing,
     IdempotencyKeyReused,
@@ -94,6 +95,7 @@ STATUS: dict[type[AttacheError], int] = {
     InvalidWebhook: 400,
     WebhookTargetRefused: 422,
     WebhookNotFound: 404,
+    DeliveryInFlight: 409,
 }
 #: how long a ``503`` or a ``429`` asks the client to wait before it tries again
 RETRY_AFTER_SECONDS = 5
