@@ -783,3 +783,25 @@ def test_the_probe_waits_for_its_share_of_the_budget_before_it_opens_the_file(tm
         assert prober.is_alive() and not found, "it waits while the budget is held"
     prober.join(10)
     assert found and found[0].width == 64 and budget.RESERVATIONS.in_use == 0
+
+
+@pytest.mark.parametrize("mode", ["L", "RGB", "P"])
+def test_a_png_whose_transparency_comes_after_its_pixels_is_refused(tmp_path, mode):
+    """Pillow reads the chunks after a PNG's image data when it loads it, after the price was made from the header:
+    a grey 8000x8000 PNG whose tRNS came after its pixels was priced 132 MB as L, then converted through LA to RGBA
+    (1.1-1.2 GB a job in a worker, ``ready``: an adversarial run). The specification puts tRNS before the data."""
+    buf = io.BytesIO()
+    colour = (7, 7, 7) if mode == "RGB" else 7
+    Image.new(mode, (64, 64), colour).save(buf, "PNG", transparency=colour)
+    data = buf.getvalue()
+    start = data.index(b"tRNS") - 4
+    end = start + 12 + struct.unpack(">I", data[start:start + 4])[0]
+    assert data.index(b"IDAT") > start  # Pillow wrote it where it belongs: accepted
+    assert probed(tmp_path, "before.png", data).width == 64
+    late = data[:start] + data[end:-12] + data[start:end] + data[-12:]  # moved to just before IEND
+    with Image.open(io.BytesIO(late)) as img:
+        assert "transparency" not in img.info  # what the header says, and what was priced
+        img.load()
+        assert "transparency" in img.info  # what the render would have converted
+    with pytest.raises(CorruptImage, match="tRNS chunk comes after its image data"):
+        probed(tmp_path, "late.png", late)

@@ -651,12 +651,25 @@ def _png_chunks(fp: BinaryIO):
         pos += 12 + length
 
 
+#: chunks the PNG specification puts before the image data, which change what a render does with the pixels:
+#: Pillow reads those after it too, when it loads the image (``load_end``), after the price was made from the
+#: header. A grey 8000x8000 PNG whose ``tRNS`` came after its pixels was priced 132 MB as L and converted through
+#: LA to RGBA: 1.1-1.2 GB a job in a worker, ``ready`` (an adversarial run). libpng ignores them there.
+_PNG_BEFORE_DATA = frozenset({b"tRNS", b"iCCP"})
+
+
 def _png(fp: BinaryIO) -> None:
     """Every chunk to IEND: Pillow walks those after the image data too, when it loads it (``load_end``)."""
     others = 0
+    data_seen = False
     for count, (kind, _) in enumerate(_png_chunks(fp), 1):
         if count > MAX_PNG_CHUNKS:
             raise DecompressionBomb(f"the PNG has more than {MAX_PNG_CHUNKS} chunks")
+        if kind == b"IDAT":
+            data_seen = True
+        elif data_seen and kind in _PNG_BEFORE_DATA:
+            raise CorruptImage(f"the PNG's {kind.decode()} chunk comes after its image data; the PNG "
+                               "specification puts it before")
         if kind not in _PNG_DATA:
             others += 1
             if others > MAX_SEGMENTS:
