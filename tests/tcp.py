@@ -80,6 +80,9 @@ class SlowLink:
         self.port = self.server.getsockname()[1]
         self._lock = threading.Lock()
         self.sockets: list[socket.socket] = []
+        #: cleared, no byte passes either way while the connections stay up (a train in a tunnel)
+        self.flowing = threading.Event()
+        self.flowing.set()
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -104,6 +107,7 @@ class SlowLink:
 
         try:
             while data := source.recv(self.CHUNK):
+                self.flowing.wait()
                 target.sendall(data)
                 time.sleep(self.delay * len(data) / self.CHUNK)
         except OSError:

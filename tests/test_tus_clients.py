@@ -170,6 +170,66 @@ def test_the_upload_page_resumes_in_a_real_browser(deployment, link, engine, sto
         assert_ready_byte_for_byte(deployment, engine, storage_dir, str(attachment_id), photo)
 
 
+@pytest.mark.long  # make soak: a browser over a slow link
+def test_the_upload_page_resumes_after_the_link_stalls_past_the_body_idle_bound(env, tmp_path, engine, storage_dir,
+                                                                              data_file):
+    """A link that stops passing bytes mid-PATCH for longer than ``ATTACHE_BODY_IDLE_SECONDS`` (a train in a
+    tunnel): the web keeps what arrived and answers ``400 incomplete_body`` with the offset to resume at. The page
+    took that answer as a refusal and gave the upload up, though it could resume (an adversarial run)."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+
+    photo_path = data_file(PHOTO)
+    photo = photo_path.read_bytes()
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    deployment = Deployment({**env, "ATTACHE_UPLOAD_CHUNK_BYTES": str(4 * CHUNK), "ATTACHE_BODY_IDLE_SECONDS": "2",
+                             "TMPDIR": str(spool)}, tmp_path)
+    link = SlowLink(("127.0.0.1", deployment.port), LINK_BYTES_PER_SECOND)
+
+    def mid_body() -> bool:  # a PATCH's body is arriving: its spool holds some of it
+        return any(p.stat().st_size > 0 for p in spool.glob("attache-upload-*"))
+
+    try:
+        def row(driver):
+            found = driver.find_elements(By.CSS_SELECTOR, f'li.upload[data-file-name="{photo_path.name}"]')
+            return found[0] if found else None
+
+        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
+            driver.get(f"http://127.0.0.1:{link.port}/")
+            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo_path))
+            wait_for(lambda: (found := upload_row(engine)) is not None and found.upload_offset >= len(photo) // 5,
+                     timeout=60, interval=0.05, message="a fifth of the upload to arrive")
+
+            def stalled_mid_body() -> bool:
+                wait_for(mid_body, timeout=30, interval=0.01, message="a PATCH mid-body")
+                link.flowing.clear()
+                if mid_body():
+                    return True
+                link.flowing.set()  # it ended meanwhile: stall the next one
+                return False
+
+            try:
+                wait_for(stalled_mid_body, timeout=60, interval=0, message="a stall in the middle of a PATCH")
+                # the web cuts the PATCH it waits on, keeps what arrived and answers 400 (held by the link)
+                wait_for(lambda: not mid_body(), timeout=30, message="the web to cut the stalled PATCH")
+            finally:
+                link.flowing.set()
+            waiting(driver, 180).until(lambda d: row(d).get_attribute("data-state") in ("ready", "failed",
+                                                                                          "refused", "error"))
+            done = row(driver)
+            assert done.get_attribute("data-state") == "ready", done.text
+            assert done.get_attribute("data-resumed") == "true"
+            assert_ready_byte_for_byte(deployment, engine, storage_dir, str(upload_row(engine).attachment_id), photo)
+    finally:
+        link.close()
+        deployment.stop_all()
+
+
 def test_the_readmes_three_lines_upload_as_written(web, engine, data_file, tmp_path, monkeypatch):
     """The README's tuspy lines, run as they are (only the address changed), make a ready-to-process attachment."""
     import re

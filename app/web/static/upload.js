@@ -250,10 +250,13 @@
       },
       onShouldRetry: function (err) {
         // as tus-js-client decides by default (not a 4xx but 409 and 423, and online), and 429 (too many of
-        // this uploader's uploads still being processed: the upload waits where it is), saying so on the row
+        // this uploader's uploads still being processed: the upload waits where it is), and a PATCH cut short
+        // (400 incomplete_body: the link went silent past the server's bound, and what arrived was kept: it
+        // was taken as a refusal, and the upload given up, an adversarial run), saying so on the row
         var status = err.originalResponse ? err.originalResponse.getStatus() : 0;
-        var retry = (status < 400 || status >= 500 || status === 409 || status === 423 || status === 429) &&
-                    navigator.onLine !== false;
+        var cutShort = status === 400 && /"error"\s*:\s*"incomplete_body"/.test(err.originalResponse.getBody() || "");
+        var retry = (status < 400 || status >= 500 || status === 409 || status === 423 || status === 429 ||
+                     cutShort) && navigator.onLine !== false;
         if (retry) {
           row.item.setAttribute("data-resumed", "true");
           setState(row, "uploading", RESUMING);
