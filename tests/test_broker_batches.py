@@ -89,8 +89,11 @@ def test_a_connection_rabbitmq_closed_while_its_thread_was_idle_is_replaced_at_t
     try:
         before = _connections(vhost)
         assert broker.enqueue_many([message("attache.render", 0)]) == (1, None)
-        [ours] = _connections(vhost) - before
-        wait_for(lambda: ours not in _connections(vhost), timeout=60, interval=0.5,
+        # listing connections may take rabbitmqctl longer than two heartbeats on a loaded machine, so ours may be
+        # closed already when the list comes (a run of the suite beside other work)
+        ours = _connections(vhost) - before
+        assert len(ours) <= 1, ours
+        wait_for(lambda: not ours & _connections(vhost), timeout=60, interval=0.5,
                  message="RabbitMQ closing the idle connection")
         assert broker.enqueue_many([message("attache.render", 1)]) == (1, None)
         broker.enqueue(message("attache.render", 2))
@@ -139,8 +142,11 @@ def test_a_look_at_the_queues_on_a_connection_rabbitmq_closed_while_idle_opens_a
         before = _connections(vhost)
         broker.declare_queue("attache.render", ensure=True)
         assert broker.queue_depth("attache.render") == 0
-        [ours] = _connections(vhost) - before
-        wait_for(lambda: ours not in _connections(vhost), timeout=60, interval=0.5,
+        # listing connections may take rabbitmqctl longer than two heartbeats on a loaded machine, so ours may be
+        # closed already when the list comes (a run of the suite beside other work)
+        ours = _connections(vhost) - before
+        assert len(ours) <= 1, ours
+        wait_for(lambda: not ours & _connections(vhost), timeout=60, interval=0.5,
                  message="RabbitMQ closing the idle connection")
         assert broker.queue_depth("attache.render") == 0
         assert broker.queue_depth("attache.nothing") is None
