@@ -153,7 +153,8 @@ def to_srgb(img: Image.Image, icc_profile: bytes | None) -> Image.Image:
 
 
 def _apply_profile(img: Image.Image, icc_profile: bytes) -> Image.Image | None:
-    icc.transform_bytes(icc_profile)  # one the probe did not see (a PNG's iCCP after its pixels) is held to it too
+    icc.transform_bytes(icc_profile)  # one the probe did not see is held to the same refusals (the probe refuses a
+    # PNG whose iCCP comes after its pixels, where Pillow finds it only at load)
     alpha = img.getchannel("A") if img.mode == "RGBA" else None
     base = img.convert("RGB") if alpha is not None else img
     try:
