@@ -216,6 +216,12 @@ def test_a_delivery_being_sent_is_not_redelivered_alongside_its_attempt(app, eng
         assert len(slow.calls) == 1
         assert ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver",
                         json={"reason": "resend"}).status_code == 200  # once it has ended
+        # a delivery waiting for its next attempt (no claim: NULL) is not in flight (a re-attack: it was refused)
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE webhook_deliveries SET state = 'pending', attempts = 3, claimed_until = NULL, "
+                              "next_attempt_at = now() + interval '1 hour'"))
+        again = ops.post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver", json={"reason": "resend"})
+        assert again.status_code == 200 and again.json["attempts"] == 0, again.json
     finally:
         deliverer.close()
         slow.close()

@@ -309,7 +309,8 @@ def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | N
     """Send a delivery again with a fresh attempt budget (same event id, body and sequence); audited."""
     if reason is None or not str(reason).strip():
         raise MissingReason("a redelivery needs a reason")
-    in_flight = and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.claimed_until > func.now())
+    in_flight = and_(webhook_deliveries.c.state == PENDING, webhook_deliveries.c.claimed_until.is_not(None),
+                     webhook_deliveries.c.claimed_until > func.now())  # NOT (.. AND NULL) would match no row
     row = conn.execute(update(webhook_deliveries).where(webhook_deliveries.c.id == delivery_id, ~in_flight)
                        .values(state=PENDING, attempts=0, next_attempt_at=func.now(), claimed_until=None,
                                updated_at=func.now())
@@ -319,7 +320,7 @@ def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | N
         # time, and the first attempt's outcome was dropped (an adversarial run)
         if conn.execute(select(webhook_deliveries.c.id).where(webhook_deliveries.c.id == delivery_id)).first():
             raise DeliveryInFlight(f"webhook delivery {delivery_id} is being sent now; redeliver it once that "
-                                   "attempt has ended")
+                                   "attempt has ended (or, if its sender died, once its claim has passed)")
         raise WebhookNotFound(f"no webhook delivery {delivery_id}")
     audit.record(conn, actor=actor, action="webhook.redeliver", target=AUDIT_TARGET.format(row.subscription_id),
                  reason=reason, details={"delivery_id": delivery_id, "sequence": row.sequence})
