@@ -364,13 +364,17 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         scaled = pixels * picture if largest > pixels else 0
         return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
     if family == "WEBP":
-        # libwebp's canvas and its copy of the previous frame (RGBA), the
-        # frame handed to Pillow as bytes, and the file twice, read whole by
-        # Pillow and copied by the decoder (a lossless photo's chunk padded with
-        # 45 MB rendered in 231 MB priced 193; a 64x64 padded to 48 MB in 96 MB
-        # priced 56: adversarial runs), all kept by the open image; while the
-        # first frame decodes, the prefix-code tables of its lossless streams
-        return vp8l.webp_table_bytes(fp), 3 * 4 * pixels + 2 * _file_size(fp)
+        # libwebp's canvas and its copy of the previous frame (RGBA) and the
+        # file twice, read whole by Pillow and copied by the decoder (a lossless
+        # photo's chunk padded with 45 MB rendered in 231 MB priced 193; a 64x64
+        # padded to 48 MB in 96 MB priced 56: adversarial runs), all kept by the
+        # open image; while the first frame decodes, the frame handed to Pillow
+        # as bytes (let go once it is loaded: 12 bytes a pixel held after the
+        # load with the pixels, 16 at its peak, measured at 16 MP; kept, it
+        # priced honest 14-18 MP photos past the budget, 330 MB for a 252 MB
+        # peak: an adversarial run) and the prefix-code tables of its lossless
+        # streams
+        return vp8l.webp_table_bytes(fp) + 4 * pixels, 2 * 4 * pixels + 2 * _file_size(fp)
     if family == "BMP" and img.info.get("compression") in (1, 2):  # RLE8 / RLE4
         return 2 * pixels, 0  # PyDecoder: a bytearray of the pixels, then bytes()
     if family == "TIFF":
