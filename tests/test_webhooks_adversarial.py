@@ -225,3 +225,26 @@ def test_a_delivery_being_sent_is_not_redelivered_alongside_its_attempt(app, eng
     finally:
         deliverer.close()
         slow.close()
+
+
+def test_each_address_of_the_endpoints_name_is_tried_within_the_deadline(monkeypatch):
+    """Only the first address a name resolved to was tried: a dual-stack endpoint whose first address does not
+    answer (a broken IPv6 route) failed every attempt, where any HTTP client tries the next (an adversarial run)."""
+    from tests.webhook_receivers import Receiver
+
+    receiver = Receiver()
+    port = receiver.server.server_address[1]
+    real = socket.getaddrinfo
+
+    def two_addresses(host, *args, **kwargs):
+        if host == "dual.example":  # the first refuses: nothing listens on 127.0.0.2
+            return real("127.0.0.2", *args, **kwargs) + real("127.0.0.1", *args, **kwargs)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    try:
+        answer = webhook_endpoints.post(f"http://dual.example:{port}/hook", "{}", {}, timeout=2, allow_private=True)
+        assert answer.ok, answer
+        assert len(receiver.calls) == 1
+    finally:
+        receiver.close()

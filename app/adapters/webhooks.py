@@ -153,13 +153,26 @@ class _PinnedHTTP(http.client.HTTPConnection):
     yet (the TCP connect under way) is found here, once the socket is there.
     """
 
-    def __init__(self, host: str, port: int, address: str, timeout: float, expired: threading.Event):
+    def __init__(self, host: str, port: int, addresses: list[str], timeout: float, expired: threading.Event):
         super().__init__(host, port, timeout=timeout)
-        self._address = address
+        self._addresses = addresses
         self._expired = expired
+        self._until = time.monotonic() + timeout
 
     def connect(self):
-        self.sock = socket.create_connection((self._address, self.port), self.timeout)
+        """The checked addresses in turn, as ``socket.create_connection`` tries a name's, within the attempt's
+        deadline: only the first was tried, and a dual-stack endpoint whose first address does not answer (a
+        broken IPv6 route) failed every attempt (an adversarial run)."""
+        for address in self._addresses:
+            left = self._until - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("cut")
+            try:
+                self.sock = socket.create_connection((address, self.port), left)
+                break
+            except OSError:
+                if address == self._addresses[-1]:
+                    raise
         self._in_time()
 
     def _in_time(self) -> None:
@@ -172,8 +185,8 @@ class _PinnedHTTPS(_PinnedHTTP):
     a deadline that passed during the TCP connect or the handshake cut nothing, and an endpoint that then dripped
     its answer held the delivery's thread for ever (an adversarial run: every thread, within minutes)."""
 
-    def __init__(self, host: str, port: int, address: str, timeout: float, expired: threading.Event):
-        super().__init__(host, port, address, timeout, expired)
+    def __init__(self, host: str, port: int, addresses: list[str], timeout: float, expired: threading.Event):
+        super().__init__(host, port, addresses, timeout, expired)
         self._context = ssl.create_default_context()
 
     def connect(self):
@@ -254,7 +267,7 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
     left = max(0.001, timeout - (time.monotonic() - began))  # the name's time counts
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
     expired = threading.Event()
-    connection = kind(target.host, target.port, addresses[0], left, expired)
+    connection = kind(target.host, target.port, addresses, left, expired)
     deadline = threading.Timer(left, _cut, (connection, expired))
     deadline.daemon = True
     deadline.start()
