@@ -834,3 +834,25 @@ def test_a_jpeg_whose_scans_send_again_what_was_sent_is_corrupt(tmp_path, data_f
     assert probed(tmp_path, "sequential.jpg", repeated[:fourth] + b"\xff\xd9").width == 4096
     with pytest.raises(CorruptImage, match="sends a component an earlier scan sent"):
         probed(tmp_path, "again.jpg", repeated[:fifth] + b"\xff\xd9")
+
+
+def test_a_png_whose_pixels_begin_with_an_animation_frame_and_transparency_follows_is_refused(tmp_path):
+    """Pillow begins a PNG's image data at an APNG frame's ``fdAT`` too (after an ``fcTL``, with no ``acTL`` or
+    ``IDAT``), and reads a ``tRNS`` after it at load: an 8000x8000 grey one priced 132 MB took 1.26-1.29 GB of
+    a worker, ``ready`` (a re-attack of the check that looked for ``IDAT`` only)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    rows = zlib.compress((b"\x00" + b"\x07" * 64) * 64)
+    head = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 64, 64, 8, 0, 0, 0, 0))
+    frame = chunk(b"fcTL", struct.pack(">IIIIIHHBB", 0, 64, 64, 0, 0, 1, 1, 0, 0))
+    frame += chunk(b"fdAT", struct.pack(">I", 1) + rows)
+    late = head + frame + chunk(b"tRNS", b"\x00\x07") + chunk(b"IEND", b"")
+    with Image.open(io.BytesIO(late)) as img:
+        assert "transparency" not in img.info
+        img.load()
+        assert "transparency" in img.info  # read at load: what the render converts
+    with pytest.raises(CorruptImage, match="tRNS chunk comes after its image data"):
+        probed(tmp_path, "late.png", late)
+    assert probed(tmp_path, "early.png", head + chunk(b"tRNS", b"\x00\x07") + frame + chunk(b"IEND", b"")).width == 64

@@ -720,7 +720,7 @@ def _png(fp: BinaryIO) -> None:
     for count, (kind, _) in enumerate(_png_chunks(fp), 1):
         if count > MAX_PNG_CHUNKS:
             raise DecompressionBomb(f"the PNG has more than {MAX_PNG_CHUNKS} chunks")
-        if kind == b"IDAT":
+        if kind in (b"IDAT", b"fdAT"):  # Pillow starts the image data at an APNG frame's too (a re-attack)
             data_seen = True
         elif data_seen and kind in _PNG_BEFORE_DATA:
             raise CorruptImage(f"the PNG's {kind.decode()} chunk comes after its image data; the PNG "
