@@ -137,6 +137,10 @@ FULL_SIZE_BYTES: dict[str, tuple[int, int]] = {
 #: ICC profile joined from them, the parsed EXIF...): 64x64 images carrying 45 MB of ICC profile or XMP took 92-189
 #: MB a render (an adversarial run). Kept with the image from its decode to its last conversion.
 METADATA_COPIES = 4
+#: Copies of a HEIF's or AVIF's Exif and XMP items alive while it is opened and its orientation read, per byte of
+#: the items (libheif's, pillow-heif's, Pillow's parse of the Exif...): a 40 MB Exif item took 241 MB a probe, a
+#: 40 MB XMP one 122-161 MB (a re-attack); reserved before the open (``probe.open_checked``), and priced
+HEIF_METADATA_COPIES = 7
 #: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
 OTHER_MODE_BYTES = 8
 #: Bytes per *output* pixel after the resample: the resized image, its sRGB

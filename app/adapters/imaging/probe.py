@@ -206,11 +206,12 @@ def _check_container(fp: BinaryIO, limits: Limits) -> int:
         _check_size(width, height, limits)
     if layout.truncated:
         raise CorruptImage("image data is truncated")
-    profiles = budget.METADATA_COPIES * layout.profile_bytes  # copied when pillow-heif opens it, before a price
-    if profiles > limits.max_decode_bytes:
-        raise ImageTooLarge(f"opening this image would copy {profiles / 2**20:.0f} MB of colour profiles; the limit "
-                            f"is {limits.max_decode_bytes / 2**20:.0f} MB")
-    return profiles
+    # copied when pillow-heif opens it, before a price: the colour profiles, Exif and XMP
+    opening = budget.METADATA_COPIES * layout.profile_bytes + budget.HEIF_METADATA_COPIES * layout.metadata_bytes
+    if opening > limits.max_decode_bytes:
+        raise ImageTooLarge(f"opening this image would copy {opening / 2**20:.0f} MB of colour profiles and "
+                            f"metadata; the limit is {limits.max_decode_bytes / 2**20:.0f} MB")
+    return opening
 
 
 def _check_size(width: int, height: int, limits: Limits) -> None:
