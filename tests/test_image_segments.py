@@ -767,23 +767,11 @@ def test_the_probe_waits_for_its_share_of_the_budget_before_it_opens_the_file(tm
     """The web's probe of an upload and the inspect step's opened it unreserved: a 50 MB upload that is mostly
     metadata cost the web three to four times that while it was probed, 951 MB for 8 at once (an adversarial run).
     What the open copies is reserved from the process's budget first, as a render reserves its price."""
-    import threading
-
-    from app.adapters.imaging import budget
-
     jpeg = encoded("JPEG")
     path = tmp_path / "comments.jpg"
     path.write_bytes(jpeg[:2] + _segment(0xFE, b"c" * 60_000) * 100 + jpeg[2:])  # 6 MB of comments
     limits = Limits(max_decode_bytes=64 * 2**20)  # four copies fit; the rest of the budget is held by a render
-    found = []
-    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as render:
-        render(limits.max_decode_bytes - 2**20)
-        prober = threading.Thread(target=lambda: found.append(probe(path, limits)))
-        prober.start()
-        prober.join(0.5)
-        assert prober.is_alive() and not found, "it waits while the budget is held"
-    prober.join(10)
-    assert found and found[0].width == 64 and budget.RESERVATIONS.in_use == 0
+    assert _probed_once_the_budget_is_free(path, limits).width == 64
 
 
 @pytest.mark.parametrize("mode", ["L", "RGB", "P"])
@@ -863,11 +851,9 @@ def test_a_heifs_exif_and_xmp_items_are_reserved_before_the_open(tmp_path, fmt):
     """pillow-heif copies a HEIF's or AVIF's Exif and XMP when it opens the file, before any price: a 40 MB Exif
     item took 241 MB a probe with nothing reserved, eight such uploads at once 1.5 GB of the web (a re-attack of
     the probe's reservation, which counted their colour profiles only). Their items are read from the container."""
-    import threading
-
     import pillow_heif
 
-    from app.adapters.imaging import bmff, budget
+    from app.adapters.imaging import bmff
 
     pillow_heif.register_heif_opener()
     exif = Image.Exif()
@@ -879,6 +865,16 @@ def test_a_heifs_exif_and_xmp_items_are_reserved_before_the_open(tmp_path, fmt):
         items = bmff.read_layout(fp).metadata_bytes
     assert 6 * 2**20 < items < 6 * 2**20 + 20_000
     limits = Limits(max_decode_bytes=64 * 2**20)  # the items' copies fit; the rest of the budget is held
+    assert _probed_once_the_budget_is_free(path, limits).width == 64
+
+
+def _probed_once_the_budget_is_free(path, limits: Limits):
+    """The probe of ``path``, which waits while a render holds all but 1 MiB of the budget and goes on once it
+    gives it back."""
+    import threading
+
+    from app.adapters.imaging import budget
+
     found = []
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as render:
         render(limits.max_decode_bytes - 2**20)
@@ -887,4 +883,5 @@ def test_a_heifs_exif_and_xmp_items_are_reserved_before_the_open(tmp_path, fmt):
         prober.join(0.5)
         assert prober.is_alive() and not found, "it waits while the budget is held"
     prober.join(10)
-    assert found and found[0].width == 64 and budget.RESERVATIONS.in_use == 0
+    assert found and budget.RESERVATIONS.in_use == 0
+    return found[0]

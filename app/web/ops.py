@@ -15,8 +15,8 @@ from app.core import search as finder
 from app.core.steps import Step
 from app.errors import (
     BrokerUnavailable,
-    InvalidWebhook,
     DeliveryInFlight,
+    InvalidWebhook,
     JobConflict,
     JobNotFound,
     MissingReason,
