@@ -32,7 +32,11 @@ log = logging.getLogger("attache.scheduler.leases")
 
 @dataclass(frozen=True)
 class LeaseRecoveryConfig:
+    #: leases a transaction takes back; ``run_once`` goes on with the next batch while a batch was full, up to
+    #: ``max_batches`` (one batch a round took 2,000 lapsed leases back in 223 s, ten a second, while the workers
+    #: stood idle: an adversarial run)
     batch: int = 100
+    max_batches: int = 50
     #: how long this scheduler must have watched PostgreSQL take its rounds without a break before it takes a
     #: lapsed lease back (0: at once)
     settle_seconds: float = 0.0
@@ -49,14 +53,19 @@ class LeaseRecovery:
 
     def run_once(self) -> dict[str, int]:
         began = time.monotonic()
+        counts = {"requeued": 0, "failed": 0}
         try:
-            # the fresh inspect messages are published after COMMIT, not at the next relay tick
-            with self.unit_of_work.begin() as work:
-                lost = states.lapsed(work.conn, batch=self.config.batch)
-                if self._watched(began):
-                    counts = states.take_back(work.conn, lost, actor=identity("scheduler"))
-                else:
-                    counts = {"requeued": 0, "failed": 0, "deferred": len(lost)}
+            for _ in range(self.config.max_batches):
+                # the fresh inspect messages are published after each batch's COMMIT, not at the next relay tick
+                with self.unit_of_work.begin() as work:
+                    lost = states.lapsed(work.conn, batch=self.config.batch)
+                    if not self._watched(began):
+                        counts["deferred"] = counts.get("deferred", 0) + len(lost)
+                        break
+                    for outcome, n in states.take_back(work.conn, lost, actor=identity("scheduler")).items():
+                        counts[outcome] += n
+                if len(lost) < self.config.batch:
+                    break
         except BaseException:
             self._last_round = None
             raise
