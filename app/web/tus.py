@@ -225,6 +225,14 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
         spool_stream(request.stream, spool)
         cut_short = request.body_incomplete()
         part = spool.finish()
+    if cut_short and part.size >= remaining:
+        # every byte the upload lacked arrived, but the body's framing broke after them: a chunked PATCH cut before
+        # its terminating chunk, or in a chunk that declared more. Completed, the upload went ready while the PATCH
+        # was answered 400 (an adversarial run); completed and answered 204, a body that meant to go past
+        # Upload-Length (413 when it arrives whole) was taken cut at it (a re-attack). A cut body never ends an
+        # upload: nothing of it is kept, and the client's resume sends it again
+        raise IncompleteBody(f"the body ended early, after the upload's last byte, its framing broken; nothing was "
+                             f"kept, as it would have ended the upload: resume at Upload-Offset {offset}")
     if checksum is not None:
         algorithm, expected = checksum
         if cut_short:
@@ -237,10 +245,7 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
         upload = resumable.append(_services(), upload.id, owner=upload.owner, offset=offset, part=part,
                                   spool=request.spool, traceparent=traceparent,
                                   tracestate=accept_tracestate(request.headers.get("tracestate")))
-    # a body whose framing broke after the upload's last byte (a chunked PATCH cut before its terminating chunk)
-    # ended the upload: it is answered as such, with its Attachment-Id, not 400 (tus clients took that as refused
-    # while the attachment went ready: an adversarial run)
-    if cut_short and upload.offset < upload.length:
+    if cut_short:
         raise IncompleteBody(f"the body ended early; the {part.size} bytes that arrived were kept: resume at "
                              f"Upload-Offset {upload.offset}")
     return upload
