@@ -44,7 +44,8 @@ def sweepers(services: Services) -> list[Sweeper]:
                             OutboxRelayConfig(publish_after_seconds=settings.outbox_publish_after_seconds)),
                 settings.outbox_interval_seconds),
         Sweeper(LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(
-            settle_seconds=states.heartbeat_seconds(settings.lease_seconds))), settings.lease_interval_seconds),
+            settle_seconds=states.heartbeat_seconds(settings.lease_seconds),
+            interval_seconds=settings.lease_interval_seconds)), settings.lease_interval_seconds),
         Sweeper(Reconciler(services.unit_of_work, services.broker,
                            ReconcilerConfig(after_seconds=settings.reconcile_after_seconds)),
                 settings.reconcile_interval_seconds),

@@ -215,6 +215,30 @@ def test_a_round_takes_back_every_lapsed_lease_batch_after_batch(services, engin
         "requeued": 0, "failed": 0}
 
 
+def test_a_round_of_many_quick_batches_is_not_a_break(services, engine):
+    """A round was watched as a whole: one of many quick batches took longer than the settle time, counted as a
+    break, and left the rest deferred for another settle time (a re-attack). Each batch is watched on its own."""
+    lapsed = [seed(engine, services.storage, "processing")[1] for _ in range(25)]
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id.in_(lapsed))
+                     .values(lease_expires_at=func.now() - text("interval '1 second'")))
+    recovery = LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(batch=1, settle_seconds=0.05))
+    first = wait_for(lambda: (counts := recovery.run_once())["requeued"] and counts, timeout=10, interval=0.01,
+                     message="a round that takes leases back")
+    assert first == {"requeued": 25, "failed": 0}, "all in the round, none deferred"
+
+
+def test_an_interval_longer_than_the_settle_time_still_takes_leases_back(services, engine):
+    """Every gap between rounds longer than the settle time was a break: with ``ATTACHE_LEASE_INTERVAL_SECONDS``
+    longer than a third of the lease, no lapsed lease was ever taken back (an adversarial run)."""
+    _, lapsed, _ = seed(engine, services.storage, "processing")
+    with engine.begin() as conn:
+        conn.execute(update(jobs).where(jobs.c.id == lapsed).values(lease_expires_at=func.now() - text("interval '1 second'")))
+    recovery = LeaseRecovery(services.unit_of_work, LeaseRecoveryConfig(settle_seconds=0.1, interval_seconds=0.3))
+    wait_for(lambda: recovery.run_once()["requeued"] == 1, timeout=10, interval=0.3,
+             message="the lapsed lease taken back by rounds an interval apart")
+
+
 def test_after_a_round_the_database_refused_lapsed_leases_wait_a_heartbeat_period(services, engine, database_url):
     """A read-only spell longer than the lease lets every running step's lease lapse, though its worker lives
     and renews it within a second of the spell's end (states.held_by). Rounds that succeed again first leave
