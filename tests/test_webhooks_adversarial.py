@@ -236,15 +236,27 @@ def test_each_address_of_the_endpoints_name_is_tried_within_the_deadline(monkeyp
     port = receiver.server.server_address[1]
     real = socket.getaddrinfo
 
-    def two_addresses(host, *args, **kwargs):
-        if host == "dual.example":  # the first refuses: nothing listens on 127.0.0.2
+    silent = socket.socket()  # an address that drops connection attempts: a full accept queue on 127.0.0.3
+    silent.bind(("127.0.0.3", port))
+    silent.listen(0)
+    filler = socket.create_connection(("127.0.0.3", port))
+
+    def addresses(host, *args, **kwargs):
+        if host == "refusing.example":  # the first refuses: nothing listens on 127.0.0.2
             return real("127.0.0.2", *args, **kwargs) + real("127.0.0.1", *args, **kwargs)
+        if host == "silent.example":  # the first drops the SYN: it would take all the time there is (a re-attack)
+            return real("127.0.0.3", *args, **kwargs) + real("127.0.0.1", *args, **kwargs)
         return real(host, *args, **kwargs)
 
-    monkeypatch.setattr(socket, "getaddrinfo", two_addresses)
+    monkeypatch.setattr(socket, "getaddrinfo", addresses)
     try:
-        answer = webhook_endpoints.post(f"http://dual.example:{port}/hook", "{}", {}, timeout=2, allow_private=True)
-        assert answer.ok, answer
-        assert len(receiver.calls) == 1
+        for name in ("refusing.example", "silent.example"):
+            began = time.monotonic()
+            answer = webhook_endpoints.post(f"http://{name}:{port}/hook", "{}", {}, timeout=2, allow_private=True)
+            assert answer.ok, (name, answer)
+            assert time.monotonic() - began < 2
+        assert len(receiver.calls) == 2
     finally:
+        filler.close()
+        silent.close()
         receiver.close()

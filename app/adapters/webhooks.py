@@ -160,18 +160,19 @@ class _PinnedHTTP(http.client.HTTPConnection):
         self._until = time.monotonic() + timeout
 
     def connect(self):
-        """The checked addresses in turn, as ``socket.create_connection`` tries a name's, within the attempt's
-        deadline: only the first was tried, and a dual-stack endpoint whose first address does not answer (a
-        broken IPv6 route) failed every attempt (an adversarial run)."""
-        for address in self._addresses:
+        """The checked addresses in turn, within the attempt's deadline, each given an equal share of what is left
+        of it: only the first was tried, and a dual-stack endpoint whose first address does not answer (a broken
+        IPv6 route) failed every attempt (an adversarial run); then the first, silent, took all of it (a
+        re-attack)."""
+        for number, address in enumerate(self._addresses):
             left = self._until - time.monotonic()
             if left <= 0:
                 raise TimeoutError("cut")
             try:
-                self.sock = socket.create_connection((address, self.port), left)
+                self.sock = socket.create_connection((address, self.port), left / (len(self._addresses) - number))
                 break
             except OSError:
-                if address == self._addresses[-1]:
+                if number == len(self._addresses) - 1:
                     raise
         self._in_time()
 
