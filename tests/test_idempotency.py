@@ -82,14 +82,17 @@ def test_a_key_is_printable_ascii(app, engine, data_file):
 
 def test_a_key_sent_as_a_list_is_refused(app, engine, data_file):
     """gunicorn joins a header sent twice with a comma: two keys reached intake as one, ``a,b``, and a retry that
-    sent them the other way round made a second attachment of one upload. A comma inside a quoted key is the key's."""
+    sent them the other way round made a second attachment of one upload. Then ``"k7`` and ``k8"`` sent twice were
+    joined into one quoted key; a no-break space was stripped off a key; ``"k\\1"`` and ``k\1`` were two keys
+    (a re-attack). A key has no comma, quote or backslash in it, and only a header's own spaces are trimmed."""
     client = authed(app)
-    for key in ("order-1,order-2", "order-2,order-1", '"order-1","order-2"', '"order-1", "order-2"', 'a"b'):
+    for key in ("order-1,order-2", "order-2,order-1", '"order-1","order-2"', '"order-1", "order-2"', 'a"b',
+                '"order-1,order-2"', '"k\\1"', "k\\1", "k15\xa0"):
         answer = post(client, data_file("photos/chelsea.jpg"), key)
         assert (answer.status_code, answer.json["error"]) == (400, "bad_idempotency_key"), (key, answer.json)
     assert count(engine, attachments) == 0 and count(engine, idempotency_keys) == 0
-    first = post(client, data_file("photos/chelsea.jpg"), '"order-1,order-2"')
-    again = post(client, data_file("photos/chelsea.jpg"), "\"order-1,order-2\"")
+    first = post(client, data_file("photos/chelsea.jpg"), '"order-1"')
+    again = post(client, data_file("photos/chelsea.jpg"), "\torder-1 ")
     assert first.status_code == 202 and again.headers["Idempotent-Replayed"] == "true"
     assert again.json["id"] == first.json["id"] and count(engine, attachments) == 1
 

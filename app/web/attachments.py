@@ -88,8 +88,9 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
                                  "bytes: the raw body's, or the `file` part's of a multipart body (not the whole "
                                  "multipart message's, as RFC 9530 would have it: the file is what is stored)."),
         in_header("Content-MD5", "Base64 MD5 of the file's bytes (as `Content-Digest`), verified."),
-        in_header("Idempotency-Key", "1-255 printable ASCII characters (surrounding quotes are dropped), sent "
-                                  "once: a list (the header sent twice, or a comma outside quotes) is refused (400). "
+        in_header("Idempotency-Key", "1-255 printable ASCII characters but the comma, the quote and the backslash "
+                                  "(surrounding quotes are dropped), sent once: a list (the header sent twice) is "
+                                  "refused (400). "
                                   "A retry of the same content by the same principal while the key is remembered "
                                   "returns the first attachment with `Idempotent-Replayed: true`; the same key with "
                                   "other content is refused (422). Keys beginning with `tus:` are resumable uploads' "
@@ -182,15 +183,18 @@ def _idempotency_key() -> str | None:
     raw = request.headers.get("Idempotency-Key")
     if raw is None:
         return None
-    raw = raw.strip()
+    raw = raw.strip(" \t")  # a header's own whitespace (str.strip() took a no-break space off a key: a re-attack)
     quoted = len(raw) >= 2 and raw[0] == raw[-1] == '"'
     key = raw[1:-1] if quoted else raw
     # one key: gunicorn joins a header sent twice with a comma, so two keys reached intake as one, "a,b", and a
-    # retry that sent them the other way round made a second attachment of one upload. A key is one structured
-    # field item (RFC 8941): a comma outside a quoted string, or a quote inside one, is a list
-    if '"' in key or (not quoted and "," in key):
-        raise UploadRejected("send one Idempotency-Key: the header came as a list (sent twice, or a comma outside "
-                             "quotes)", error_code="bad_idempotency_key")
+    # retry that sent them the other way round made a second attachment of one upload. A comma is refused
+    # anywhere, quoted or not ('"k7' and 'k8"' sent twice were joined into one quoted key: a re-attack), and so
+    # are a quote and a backslash (a structured field's escapes, which would make '"k\\1"' and 'k\1' one key
+    # or two)
+    if any(mark in key for mark in ',"\\'):
+        raise UploadRejected("send one Idempotency-Key, without commas, quotes or backslashes in it: the header "
+                             "came as a list (sent twice), or with a character a list or an escape is made of",
+                             error_code="bad_idempotency_key")
     # ASCII, as a structured field's string is (RFC 8941): a header's bytes reach WSGI as Latin-1, so a UTF-8 key
     # was kept as mojibake, or refused, by its bytes (an adversarial run)
     if not key or len(key) > 255 or not key.isascii() or not key.isprintable():
