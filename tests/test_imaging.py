@@ -1129,9 +1129,10 @@ def test_container_layout_is_read_from_box_headers() -> None:
     assert layout == bmff.Layout(sizes=((400, 600), (256, 256)), truncated=False, picture_bytes=1.5,
                                  item_pixels=6 * 256 * 256, canvas_pixels=400 * 600,
                                  heif_bytes=(6 * 256 * 256 + 400 * 600) * 1.5, largest_picture=400 * 600,
-                                 profile_bytes=layout.profile_bytes,
+                                 profile_bytes=layout.profile_bytes, metadata_bytes=36,
                                  file_bytes=path_of("phones/card_p3_orientation6.heic").stat().st_size)
     assert 0 < layout.profile_bytes < 10_000, "its Display P3 profile, once for each item it is associated with"
+    # (its Exif item: 36 bytes, the orientation)
     with open(path_of("phones/card_truncated60.avif"), "rb") as fp:
         assert bmff.read_layout(fp).truncated
 
