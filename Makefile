@@ -24,9 +24,16 @@ release: install
 up: release
 	ATTACHE_DEV=1 honcho start -f Procfile -p $(PORT) web worker scheduler
 
-# the tests marked long (an outage waited out, a long measurement) run in make soak, to keep this under 15 minutes
+# the tests marked long (an outage waited out, a long measurement) run in make soak, to keep this under 15 minutes.
+# The rest run on TEST_WORKERS processes (pytest-xdist), a file to a process, then those marked alone (they stop
+# a service the others share) on their own; exit status 5 is a selection (PYTEST_ARGS) that left one run empty.
+TEST_WORKERS ?= 2
 test: install
-	$(PY) -m pytest -q -m "not long" $(PYTEST_ARGS)
+	@rc=0; \
+	$(PY) -m pytest -q -m "not long and not alone" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS) \
+	  || { s=$$?; [ $$s = 5 ] || rc=$$s; }; \
+	$(PY) -m pytest -q -m "alone and not long" $(PYTEST_ARGS) || { s=$$?; [ $$s = 5 ] || rc=$$s; }; \
+	exit $$rc
 
 # every figure beside its reference, in one run (ATTACHE_BENCH_EXTRA=1: also hostile files and sweeps)
 bench: install

@@ -15,6 +15,8 @@ import sys
 import uuid
 from pathlib import Path
 
+from tests.processes import RUNNER
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,8 +31,10 @@ class SecondHost:
         tag = uuid.uuid4().hex[:6]
         self.namespace = f"attache_{tag}"
         self.link, peer = f"at{tag}h", f"at{tag}p"
-        octet = int(tag[:2], 16) % 250 + 1
-        self.here, there = f"10.231.{octet}.1", f"10.231.{octet}.2"
+        # a /30 of its own: a subnet by the tag, in a /16 of the test runner's own (make test runs in parallel)
+        subnet, block = int(tag[:2], 16) % 250 + 1, int(tag[2:4], 16) % 64 * 4
+        network = f"10.{231 + RUNNER % 16}.{subnet}"
+        self.here, there = f"{network}.{block + 1}", f"{network}.{block + 2}"
         _ip("netns", "add", self.namespace)
         try:
             _ip("link", "add", self.link, "type", "veth", "peer", "name", peer)

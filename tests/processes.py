@@ -35,6 +35,10 @@ def procfile() -> dict[str, str]:
 
 #: where free_port() looks, below the kernel's ephemeral ports (net.ipv4.ip_local_port_range, 32768-60999 here)
 LISTEN_PORTS = range(20000, 32768)
+#: ``make test`` runs tests in parallel (pytest-xdist: gw0, gw1, ...); each runner looks in its own share of the
+#: ports, so two runners never choose one port between a choice and a bind, or while a killed server restarts
+RUNNER = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+RUNNERS = max(int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")), 1)
 _GIVEN: set[int] = set()
 
 
@@ -47,7 +51,7 @@ def free_port() -> int:
     restarted on it ("Address already in use", seen once in a full run).
     """
     low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    candidates = [port for port in LISTEN_PORTS if port < low]
+    candidates = [port for port in LISTEN_PORTS if port < low and port % RUNNERS == RUNNER % RUNNERS]
     for port in random.sample(candidates, len(candidates)):
         if port in _GIVEN:  # two servers of one test ask before either listens
             continue

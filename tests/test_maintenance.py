@@ -773,7 +773,8 @@ def _lost_attempt(services, workflow, storage_dir, data_file):
 def _end_sessions(engine, process: str) -> None:
     """What a frozen VM's sessions come to (the server's keepalives end them): their locks are freed."""
     with engine.begin() as conn:
-        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :name"),
+        conn.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = :name"
+                          " AND datname = current_database()"),
                      {"name": f"attache {process}"})
 
 

@@ -187,6 +187,7 @@ def test_a_render_that_never_returns_on_the_last_attempt_fails_the_job_with_its_
     assert "time limit of 4 s" in status["error_reason"]
 
 
+@pytest.mark.alone
 def test_rabbitmq_outage_loses_nothing_and_uploads_keep_being_accepted(deployment, engine, storage_dir, data_file):
     deployment.start("web")
     deployment.start("worker")
