@@ -97,7 +97,9 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
                     # IETF protocol assignments (an old cloud metadata address among them) and IPv6 blocks that
                     # Python 3.11.7's ipaddress takes for global (an adversarial run)
                     "http://192.0.0.192/latest/meta-data/", "http://192.0.0.8/", "http://192.0.0.100/",
-                    "http://[3fff::1]/hook", "http://[::ffff:192.0.0.192]/hook"):
+                    "http://[3fff::1]/hook", "http://[::ffff:192.0.0.192]/hook",
+                    # the deprecated 6to4 relay anycast: a relay, never a receiver, and global to ipaddress
+                    "http://192.88.99.1/hook", "http://[2002:c058:6301::1]/hook"):
             response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
             assert response.status_code == 422, (url, response.json)
             assert response.json["error"] == "webhook_target_refused"

@@ -82,6 +82,7 @@ def parse(url: str) -> Target:
 #: 192.0.0.0/24 is refused, its two anycast service addresses (.9, .10) with it.
 NOT_GLOBAL = tuple(ipaddress.ip_network(block) for block in (
     "192.0.0.0/24",  # IETF protocol assignments
+    "192.88.99.0/24",  # 6to4 relay anycast, deprecated (RFC 7526): a relay router, never a receiver
     "3fff::/20",  # documentation (RFC 9637)
     "64:ff9b:1::/48",  # local-use IPv4/IPv6 translation (RFC 8215)
     "5f00::/16",  # segment routing (SRv6) SIDs
