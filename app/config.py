@@ -314,6 +314,10 @@ class Settings:
         "first delay before a failed webhook delivery is tried again (doubling, with jitter)")
     webhook_retry_max_seconds: float = setting(
         "ATTACHE_WEBHOOK_RETRY_MAX_SECONDS", 21600.0, _float(0), "longest delay between webhook delivery attempts")
+    webhook_delivery_retention_seconds: float = setting(
+        "ATTACHE_WEBHOOK_DELIVERY_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "a delivered webhook delivery's row is deleted this long after it was delivered (pending and failed ones "
+        "are kept: the failed are the operator's to redeliver)")
     webhook_interval_seconds: float = setting(
         "ATTACHE_WEBHOOK_INTERVAL_SECONDS", 1.0, _float(0.1),
         "how often the scheduler looks for webhook deliveries that are due")

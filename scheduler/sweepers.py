@@ -15,6 +15,7 @@ from app.core.webhooks import Deliverer, DelivererConfig
 from app.services import Services
 from scheduler import embedded_database
 from scheduler.counter_fold import CounterFold
+from scheduler.delivery_retention import DeliveryRetention, DeliveryRetentionConfig
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
@@ -58,6 +59,8 @@ def sweepers(services: Services) -> list[Sweeper]:
         Sweeper(Retirement(engine, storage, RetirementConfig(grace_seconds=settings.retire_grace_seconds)),
                 settings.cleanup_interval_seconds),
         Sweeper(Deliverer(engine, webhook_config(settings)), settings.webhook_interval_seconds),
+        Sweeper(DeliveryRetention(engine, DeliveryRetentionConfig(
+            retention_seconds=settings.webhook_delivery_retention_seconds)), settings.cleanup_interval_seconds),
         Sweeper(CounterFold(engine), settings.counter_fold_interval_seconds),
     ]
 

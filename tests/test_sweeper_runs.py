@@ -27,7 +27,7 @@ from tests.processes import Deployment, wait_for
 from tests.test_maintenance import seed
 
 SERVICES = {"outbox_relay", "lease_recovery", "reconciler", "staging_cleanup", "object_gc", "retirement", "webhooks",
-            "counter_fold"}
+            "delivery_retention", "counter_fold"}
 
 
 def sweeper_samples(app) -> dict[str, dict]:

@@ -510,6 +510,9 @@ Index("webhook_deliveries_pending_idx", webhook_deliveries.c.subscription_id, we
 Index("webhook_deliveries_claimed_idx", webhook_deliveries.c.subscription_id, webhook_deliveries.c.claimed_until,
       postgresql_where=text("state = 'pending' AND claimed_until IS NOT NULL"))
 
+#: the retention of delivered ones (scheduler/delivery_retention.py, migration 0028), oldest first
+Index("webhook_deliveries_delivered_idx", webhook_deliveries.c.delivered_at, postgresql_where=text("state = 'delivered'"))
+
 #: browser sessions signed out before their cookie's age ran out (app.web.access, migration 0025): the cookie is
 #: signed, not stored, so a copy of it stays valid until ``expires_at`` unless its session is named here
 ended_sessions = Table(
