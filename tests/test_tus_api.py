@@ -803,6 +803,7 @@ def test_a_last_patch_whose_framing_breaks_after_its_last_byte_never_ends_the_up
         sock.shutdown(socket.SHUT_WR)
         [(status, answer)] = _answers(sock, 1)
     assert status == 400 and "attachment-id" not in answer, (status, answer)
+    assert answer["upload-offset"] == str(len(photo) - last)  # where to resume (only in the message before)
     kept = requests.head(web.url + location, headers=headers, timeout=10)
     assert kept.headers["Upload-Offset"] == str(len(photo) - last) and "Attachment-Id" not in kept.headers
     _resumed(web, location, photo, len(photo) - last)
@@ -817,6 +818,27 @@ def test_a_creation_with_upload_cut_short_says_where_the_upload_is(web, photo):
     assert status == 400 and "location" in answer, answer
     assert answer["upload-offset"] == str(sent)
     _resumed(web, answer["location"], photo, sent)
+
+
+@pytest.mark.parametrize("coding", ["Chunked", "CHUNKED"])
+def test_a_creation_with_upload_sent_chunked_in_any_case_takes_its_body(web, photo, coding):
+    """``Transfer-Encoding`` is case-insensitive, as gunicorn reads it: a creation sent ``Chunked`` was answered
+    201 with its body ignored (no Upload-Offset, nothing kept), and its Content-Type went unchecked (an
+    adversarial run)."""
+    import socket
+
+    head = (f"POST /v1/uploads HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {web.token}\r\n"
+            f"Tus-Resumable: 1.0.0\r\nUpload-Length: {len(photo)}\r\nTransfer-Encoding: {coding}\r\n")
+    body = b"%x\r\n%s\r\n0\r\n\r\n" % (len(photo), photo)
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(f"{head}Content-Type: text/plain\r\n\r\n".encode() + body)
+        [(refused, _)] = _answers(sock, 1)
+    assert refused == 415
+    with socket.create_connection(("127.0.0.1", web.port), timeout=30) as sock:
+        sock.sendall(f"{head}Content-Type: {PART}\r\nConnection: close\r\n\r\n".encode() + body)
+        [(status, answer)] = _answers(sock, 1)
+    assert (status, answer.get("upload-offset")) == (201, str(len(photo))), answer
+    assert web.status(answer["attachment-id"])["sha256"] == hashlib.sha256(photo).hexdigest()
 
 
 def _answers(sock, count: int) -> list[tuple[int, dict[str, str]]]:

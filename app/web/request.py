@@ -135,10 +135,16 @@ class UploadRequest(Request):
         if sock is not None:
             sock.settimeout(seconds or current_app.extensions["attache"].settings.body_idle_seconds)
 
+    @property
+    def has_body(self) -> bool:
+        """A body was sent: a ``Content-Length`` above 0, or chunked (``Transfer-Encoding`` is case-insensitive, as
+        gunicorn reads it: a tus creation sent ``Chunked`` had its body ignored, an adversarial run)."""
+        return bool(self.content_length) or "chunked" in self.headers.get("Transfer-Encoding", "").lower()
+
     def body_unread(self) -> bool:
-        """A body was sent (a ``Content-Length`` above 0, or chunked) and not read to its end: an answer given
-        before it (a refusal) leaves the rest on the connection."""
-        if not self.content_length and "chunked" not in self.headers.get("Transfer-Encoding", "").lower():
+        """A body was sent (:attr:`has_body`) and not read to its end: an answer given before it (a refusal)
+        leaves the rest on the connection."""
+        if not self.has_body:
             return False
         stream = self.__dict__.get("stream")
         if not isinstance(stream, BodyStream):

@@ -20,7 +20,9 @@ its partial bytes live and how it ends is :mod:`app.core.resumable`.
   the offset is not the upload's; ``423`` while another request writes the
   upload (tus clients retry it); ``460`` on a checksum mismatch (nothing
   of that body is kept). A body cut short without a checksum keeps what
-  arrived, so the client resumes after it.
+  arrived (``400 incomplete_body`` with the ``Upload-Offset`` to resume at),
+  so the client resumes after it; a body whose framing broke after the
+  upload's last byte keeps nothing, as it would have ended the upload.
 * ``DELETE /v1/uploads/{id}``: termination.
 * ``X-HTTP-Method-Override: PATCH`` (or ``DELETE``) on a ``POST`` is taken as
   that method (:class:`MethodOverride`), for clients behind proxies that
@@ -152,7 +154,7 @@ def create():
                              error_code="bad_upload_length")
     length = _number("Upload-Length")
     metadata, filename = _metadata(request.headers.get("Upload-Metadata"))
-    with_body = (request.content_length or 0) > 0 or "chunked" in request.headers.get("Transfer-Encoding", "")
+    with_body = request.has_body
     if with_body and request.mimetype != PART_TYPE:
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
     services = _services()
@@ -171,7 +173,7 @@ def create():
             except Exception:
                 _forget(upload)
                 raise
-            return _named(exc, {**headers, "Upload-Offset": str(upload.offset), **_state(upload)})
+            return _named(exc, {**headers, **_where(upload)})
         except DatabaseUnavailable as exc:  # the upload is kept, and named: its COMMIT may have landed unseen
             # (the answer lost, the database gone a while), and an upload cancelled then, or answered without its
             # Location, left an attachment the client could never learn of, and its retry made a second (an
@@ -180,14 +182,14 @@ def create():
         except Exception:
             _forget(upload)  # a refusal carries no Location: nobody could reach the upload again
             raise
-        headers["Upload-Offset"] = str(upload.offset)
+        headers.update(_where(upload))
     return Response(status=201, headers={**headers, **_state(upload)})
 
 
 @bp.route("/<uuid:upload_id>", methods=["HEAD"])
 def head(upload_id):
     upload = resumable.find(_services(), upload_id, identity().principal)
-    headers = {"Upload-Offset": str(upload.offset), "Upload-Length": str(upload.length), **_state(upload)}
+    headers = {**_where(upload), "Upload-Length": str(upload.length)}
     if upload.metadata:
         headers["Upload-Metadata"] = upload.metadata
     return Response(status=200, headers=headers)
@@ -201,8 +203,11 @@ def patch(upload_id):
     upload = resumable.find(_services(), upload_id, identity().principal)
     if offset != upload.offset:
         raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")  # before reading the body
-    upload = _append(upload, offset)
-    return Response(status=204, headers={"Upload-Offset": str(upload.offset), **_state(upload)})
+    try:
+        upload = _append(upload, offset)
+    except IncompleteBody as exc:  # where to resume, in a header as a creation cut short says it: it was only words
+        return _named(exc, _where(resumable.find(_services(), upload_id, identity().principal)))
+    return Response(status=204, headers=_where(upload))
 
 
 @bp.delete("/<uuid:upload_id>")
@@ -251,8 +256,13 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
     return upload
 
 
+def _where(upload: resumable.Upload) -> dict[str, str]:
+    """Where an upload stands: its offset, and its expiry or what it made."""
+    return {"Upload-Offset": str(upload.offset), **_state(upload)}
+
+
 def _named(exc, headers: dict[str, str]) -> Response:
-    """The refusal of a creation whose upload is kept, with the headers that name it."""
+    """The refusal of a request whose upload is kept, with the headers that name it and say where it stands."""
     response = refusal(exc)
     response.headers.update(headers)
     return response
