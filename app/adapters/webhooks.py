@@ -29,7 +29,7 @@ import socket
 import ssl
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -113,6 +113,37 @@ RESOLVE_SECONDS = 5.0
 #: one of them for its own timeouts (glibc's: 5 s a try, 2 tries a name server), never an attempt's caller; while all
 #: are busy, a name waits its turn within its deadline
 _RESOLVERS = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")
+#: the lookups under way, by (host, port): an attempt on a name being looked up waits for that lookup, never queues
+#: another. Each attempt on a name whose server did not answer queued one more lookup behind those it had given up
+#: on; they kept every resolver thread, and healthy endpoints' names, IP literals among them, waited out their
+#: deadline (an adversarial run: 7-12 of 17-23 healthy attempts failed). A silent name now holds one thread at most.
+_LOOKUPS: dict[tuple[str, int], Future] = {}
+_LOOKUPS_LOCK = threading.Lock()
+
+
+def _lookup(host: str, port: int) -> Future:
+    """The lookup of ``host`` under way, or a new one; an IP literal is its own answer (no resolver needed)."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        done: Future = Future()
+        done.set_result(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_NUMERICHOST))
+        return done
+    key = (host, port)
+    with _LOOKUPS_LOCK:
+        lookup = _LOOKUPS.get(key)
+        if lookup is None:
+            lookup = _LOOKUPS[key] = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+            lookup.add_done_callback(lambda _: _forget_lookup(key, lookup))
+    return lookup
+
+
+def _forget_lookup(key: tuple[str, int], lookup: Future) -> None:
+    with _LOOKUPS_LOCK:
+        if _LOOKUPS.get(key) is lookup:
+            del _LOOKUPS[key]
 
 
 def check_target(url: str, *, allow_private: bool, within: float = RESOLVE_SECONDS) -> tuple[Target, list[str]]:
@@ -120,9 +151,8 @@ def check_target(url: str, *, allow_private: bool, within: float = RESOLVE_SECON
     A name that took longer held a delivery's thread for the resolver's own timeouts, outside the attempt's (read
     from the code by an adversarial review)."""
     target = parse(url)
-    resolving = _RESOLVERS.submit(socket.getaddrinfo, target.host, target.port, type=socket.SOCK_STREAM)
     try:
-        infos = resolving.result(timeout=within)
+        infos = _lookup(target.host, target.port).result(timeout=within)
     except FutureTimeout:
         raise WebhookTargetRefused(f"{target.host} did not resolve within {within:g} s") from None
     except (socket.gaierror, UnicodeError) as exc:
@@ -146,6 +176,25 @@ def sign(secret: str, message_id: str, at: datetime, body: str) -> dict[str, str
             "webhook-signature": Webhook(secret).sign(message_id, at, body)}
 
 
+#: the longest answer body read (to end the connection cleanly); a chunked one is never read: Python 3.11's
+#: http.client reads a chunk declared ``-1`` to the connection's end, whatever amount it is asked for, and a
+#: receiver sending one held 3-4.7 GB of the scheduler, and its thread past the deadline (an adversarial run)
+ANSWER_READ_BYTES = 64 * 1024
+
+
+class _Answer(http.client.HTTPResponse):
+    """An answer whose interim ``1xx`` answers (``102``, ``103`` Early Hints) are skipped, as ``100`` is by
+    http.client: a ``103`` before the ``200`` was taken for the answer, a failure, and the delivery sent again
+    up to 17 times (an adversarial run)."""
+
+    def _read_status(self):
+        while True:
+            version, status, reason = super()._read_status()
+            if not (100 < status < 200 and status != 101):
+                return version, status, reason
+            http.client.parse_headers(self.fp)  # the interim answer's headers (100 at most, as any answer's)
+
+
 class _PinnedHTTP(http.client.HTTPConnection):
     """Connects to the address that was checked, while ``Host`` names the URL's host.
 
@@ -153,6 +202,8 @@ class _PinnedHTTP(http.client.HTTPConnection):
     cut shuts down the socket it finds; one that passed while there was none
     yet (the TCP connect under way) is found here, once the socket is there.
     """
+
+    response_class = _Answer
 
     def __init__(self, host: str, port: int, addresses: list[str], timeout: float, expired: threading.Event):
         super().__init__(host, port, timeout=timeout)
@@ -171,6 +222,10 @@ class _PinnedHTTP(http.client.HTTPConnection):
                 raise TimeoutError("cut")
             try:
                 self.sock = socket.create_connection((address, self.port), left / (len(self._addresses) - number))
+                # the share was the connect's: kept as the socket's timeout, it bounded the handshake, the request
+                # and the answer too, and an endpoint of four addresses answering in 1.25-5 s failed every attempt
+                # (a re-attack); the attempt's deadline bounds them (post's timer)
+                self.sock.settimeout(self.timeout)
                 break
             except OSError:
                 if number == len(self._addresses) - 1:
@@ -281,7 +336,8 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
         if expired.is_set():
             raise TimeoutError("cut")
         status = response.status
-        response.read(64 * 1024)  # a little of the answer, so the connection ends cleanly; the rest is dropped
+        if not response.chunked and response.length is not None and response.length <= ANSWER_READ_BYTES:
+            response.read()  # a short answer, read so the connection ends cleanly; any other is dropped unread
     except (OSError, http.client.HTTPException) as exc:
         if status is None:  # no complete status line and headers: no answer
             if expired.is_set():
