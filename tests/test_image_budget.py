@@ -22,6 +22,7 @@ import sys
 import textwrap
 import threading
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -408,12 +409,16 @@ def _wait_until(condition, timeout: float = 5.0) -> None:
 
 def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None:
     """Four threads, four renders priced over a third of the budget each: never more than two at once."""
+    from app.adapters.imaging.probe import open_checked
+
     path = tmp_path / "photo.png"
     Image.linear_gradient("L").resize((1500, 1000)).convert("RGB").save(path)
     spec = PIPELINE_V1_SPECS["optimized"]
     with Image.open(path) as img, open(path, "rb") as fp:
         price = budget.estimate(img, "PNG", fp, spec).total
     limits = Limits(max_decode_bytes=int(price * 2.5))
+    with budget.Reservations().scope(limits.max_decode_bytes) as hold, open_checked(path, limits, spec, reserve=hold):
+        opening = hold.held  # what a render reserves before it opens the file (its metadata's copies)
     budget.RESERVATIONS.peak = 0
     results: list[object] = []
     # four originals as far as the shared pixels know (app/adapters/imaging/shared.py): each render makes its own
@@ -424,8 +429,73 @@ def test_concurrent_renders_never_reserve_more_than_the_budget(tmp_path) -> None
     for thread in threads:
         thread.join(60)
     assert len(results) == 4 and all(r.width == 1500 for r in results)
-    assert budget.RESERVATIONS.peak <= 2 * price  # three never fit at once
+    assert budget.RESERVATIONS.peak <= 2 * price + opening  # three never fit at once; a third may be opening
     assert budget.RESERVATIONS.in_use == 0
+
+
+def test_the_opens_of_renders_and_provenance_reads_are_reserved(tmp_path, monkeypatch) -> None:
+    """A render opened its file before it reserved anything (the probe's open was reserved), and the provenance
+    read priced a HEIF's metadata items at nothing: four 64x64 HEICs carrying 43 MB of Exif took 1.0-1.1 GB of a
+    four-thread worker, 1.8 GB when their pixels were also corrupt (an adversarial run). Every open now holds the
+    price of its metadata's copies first: under a budget short of two opens, one opens at a time."""
+    from app.adapters.imaging.probe import open_checked
+    from app.adapters.imaging.provenance import stripped_metadata
+
+    files = []
+    for n in range(4):
+        files.append(tmp_path / f"exif{n}.heic")
+        files[-1].write_bytes(hostile_images.heif_metadata_item(b"Exif", 4 * 2**20))
+    with open(files[0], "rb") as fp:
+        opening = budget.heif_opening_bytes(bmff.read_layout(fp))
+    spec = PIPELINE_V1_SPECS["thumbnail"]
+    with open_checked(files[0], Limits(max_decode_bytes=2**40), spec) as (_img, _family, priced):
+        total = priced.total
+    limits = Limits(max_decode_bytes=max(total, opening) + opening // 2)
+    assert 2 * opening > limits.max_decode_bytes >= total
+
+    real_open, lock, at_once = Image.open, threading.Lock(), [0, 0]
+
+    def slow_open(*args, **kwargs):
+        with lock:
+            at_once[0] += 1
+            at_once[1] = max(at_once)
+        try:
+            time.sleep(0.2)  # the copies of a large metadata item being made
+            return real_open(*args, **kwargs)
+        finally:
+            with lock:
+                at_once[0] -= 1
+
+    monkeypatch.setattr(Image, "open", slow_open)
+    for work in (lambda n: render(files[n], spec, limits, sha256=f"exif-{n}"),
+                 lambda n: stripped_metadata(files[n], limits.max_decode_bytes)):
+        at_once[1], results = 0, []
+        threads = [threading.Thread(target=lambda n=n: results.append(work(n))) for n in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert len(results) == 4 and at_once[1] == 1, (results, at_once)
+        assert budget.RESERVATIONS.in_use == 0
+
+
+def test_a_failed_render_keeps_nothing_of_the_file_in_its_error(tmp_path) -> None:
+    """A render's error keeps the frames it was raised through, and the inspect step keeps each failed render's
+    future, error included, until all its renders end: the open image's metadata and Pillow's AVIF decoder (the
+    whole file) stayed with them, unreserved. A corrupt AVIF carrying 40 MB of XMP held 1.4 GB of one process
+    over four jobs, 1.7-1.8 GB of a worker (an adversarial run)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (9, 90, 9)).save(buf, "AVIF", xmp=b"x" * (2 << 20))
+    data = bytearray(buf.getvalue())
+    data[-1] ^= 0x55  # the AV1 payload's last byte: the pixels cannot be decoded
+    path = tmp_path / "corrupt.avif"
+    path.write_bytes(data)
+    with pytest.raises(CorruptImage) as failed:
+        render(path, PIPELINE_V1_SPECS["thumbnail"], Limits(), sha256="corrupt-avif")
+    kept = [(frame.f_code.co_name, name) for frame, _ in traceback.walk_tb(failed.value.__traceback__)
+            for name, value in frame.f_locals.items()
+            if isinstance(value, Image.Image) and (value.info or getattr(value, "_decoder", None) is not None)]
+    assert kept == []
 
 
 def test_a_tiff_not_in_ycbcr_is_priced_by_its_raw_strip(tmp_path) -> None:

@@ -301,7 +301,8 @@ def test_a_render_waiting_for_pixels_being_made_never_leaves_their_maker_short()
 
     def sharer():
         with pool.scope(100) as reserve:
-            results.append(shared.get_or_make("key", lambda: pytest.fail("made twice"), lambda: reserve(40)))
+            results.append(shared.get_or_make("key", lambda: pytest.fail("made twice"),
+                                                 lambda _image: reserve(40)))
 
     threads = [threading.Thread(target=maker, daemon=True), threading.Thread(target=sharer, daemon=True)]
     assert _second_while_the_first_makes(threads, making, 10), "the two renders wait on each other"

@@ -141,6 +141,13 @@ METADATA_COPIES = 4
 #: the items (libheif's, pillow-heif's, Pillow's parse of the Exif...): a 40 MB Exif item took 241 MB a probe, a
 #: 40 MB XMP one 122-161 MB (a re-attack); reserved before the open (``probe.open_checked``), and priced
 HEIF_METADATA_COPIES = 7
+
+
+def heif_opening_bytes(layout) -> int:
+    """What opening a HEIF or AVIF copies of its colour profiles and metadata items (a :class:`bmff.Layout`),
+    before any price is made: the probe and the render reserve it before they open the file, the provenance
+    read before it reads the metadata again."""
+    return METADATA_COPIES * layout.profile_bytes + HEIF_METADATA_COPIES * layout.metadata_bytes
 #: Any other mode (YCbCr, RGBX, LAB, HSV...) is converted to RGB.
 OTHER_MODE_BYTES = 8
 #: Bytes per *output* pixel after the resample: the resized image, its sRGB
@@ -275,12 +282,7 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     per_pixel = FULL_SIZE_BYTES.get(mode, (OTHER_MODE_BYTES, OTHER_MODE_BYTES))[transparent]
     grey = _grey_working_mode(mode, transparent)
     out_w, out_h = geometry.out_size
-    if spec.output == "avif":
-        output_bytes = AVIF_OUTPUT_BYTES
-    elif spec.output == "webp" or (spec.kind == "bounded" and bool(transparent)):
-        output_bytes = WEBP_OUTPUT_BYTES
-    else:
-        output_bytes = OUTPUT_BYTES
+    output_bytes = _output_bytes(spec, bool(transparent))
     parts = (
         ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
         ("conversions and resample",
@@ -290,6 +292,21 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
         ("output", out_w * out_h * output_bytes),
     )
     return Estimate(max(v for _, v in parts) + FIXED_BYTES, decoded, mode, parts)
+
+
+def _output_bytes(spec: VariantSpec, transparent: bool) -> int:
+    """Bytes a pixel of the output phase: the encoder's, on top of the output-sized image."""
+    if spec.output == "avif":
+        return AVIF_OUTPUT_BYTES
+    if spec.output == "webp" or (spec.kind == "bounded" and transparent):
+        return WEBP_OUTPUT_BYTES
+    return OUTPUT_BYTES
+
+
+def output_price(spec: VariantSpec, image: Image.Image) -> int:
+    """The output phase of a render (:attr:`Estimate.output`) for pixels already made: what encoding *image*, the
+    upright output-sized pixels another render made and shares, costs."""
+    return image.width * image.height * _output_bytes(spec, _has_transparency(image)) + FIXED_BYTES
 
 
 def _icc_transform_bytes(img: Image.Image) -> int:
@@ -547,6 +564,21 @@ class Hold:
             pool.in_use += nbytes
             self.held += nbytes
             pool.peak = max(pool.peak, pool.in_use)
+
+    def top_up(self, nbytes: int) -> bool:
+        """Reserve *nbytes* more, only if they fit now and nobody is waiting: a caller that holds part never waits
+        for the rest (it releases, then reserves the whole); ``False`` leaves the hold as it was."""
+        pool = self._pool
+        nbytes = max(0, min(nbytes, self._capacity - self.held))
+        if not nbytes:  # held already: the open's reservation may be the whole price
+            return True
+        with pool._cond:
+            if pool._queue or pool.in_use + nbytes > self._capacity:
+                return False
+            pool.in_use += nbytes
+            self.held += nbytes
+            pool.peak = max(pool.peak, pool.in_use)
+            return True
 
     def release(self) -> None:
         if self.held:

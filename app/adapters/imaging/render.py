@@ -5,10 +5,11 @@ Pipeline, and why it is in this order:
 1. **Probe checks first** (:func:`~app.adapters.imaging.probe.open_checked`): the
    size limits and the memory budget (priced for this very spec, see
    :mod:`app.adapters.imaging.budget`) are enforced from the header before a single
-   pixel is decoded. The price is then reserved from the process's budget
-   (:data:`~app.adapters.imaging.budget.RESERVATIONS`), waiting while other threads'
-   renders hold it, and given back when the derivative is encoded; a render whose
-   pixels are shared (:mod:`app.adapters.imaging.shared`) reserves only its encoding's.
+   pixel is decoded. What the open copies of the metadata is reserved before it, and the
+   price then, from the process's budget (:data:`~app.adapters.imaging.budget.RESERVATIONS`),
+   waiting while other threads' renders hold it (closed meanwhile: :func:`_made_at_once`), and
+   given back when the derivative is encoded; a render whose pixels are shared
+   (:mod:`app.adapters.imaging.shared`) never opens the file and reserves only its encoding's.
 2. **Decode at the scale needed.** For JPEG, ``Image.draft`` asks libjpeg
    to decode at 1/2, 1/4 or 1/8 scale directly from the DCT coefficients,
    choosing the largest reduction that still leaves at least the size the
@@ -156,24 +157,43 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
         as :func:`~app.adapters.imaging.probe.probe`; ``CorruptImage`` also when the
         pixel data cannot be decoded (truncated file, decoder error).
     """
+    key = (sha256 or content_key(path), *_geometry_key(spec))
     with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
-        with open_checked(path, limits, spec) as (img, family, priced):
-            key = (sha256 or content_key(path), *_geometry_key(spec))
 
-            def share() -> None:
-                # pixels kept or made by another render (v2's optimized and webp share theirs) cost this render
-                # only its encoding, reserved before it takes them (never while it waits for their maker)
-                reserve(priced.output)
+        def share(image: Image.Image) -> None:
+            # pixels kept or made by another render (v2's optimized and webp share theirs) cost this render only
+            # their encoding, reserved before it takes them (never while it waits for their maker); the file is
+            # not opened at all
+            reserve(budget.output_price(spec, image))
 
-            def make() -> Image.Image:
-                reserve.release()  # the encoding's part, if the pixels it meant to share are gone: never hold a part
-                reserve(priced.total)  # while waiting for the rest; waits while other renders hold the budget
+        def make() -> Image.Image:
+            made = _made_at_once(path, spec, limits, reserve)
+            if isinstance(made, Image.Image):
+                return made
+            # never hold a part while waiting for the rest, nor an open file's metadata unreserved: the file closed
+            # and let go, the whole price reserved (waiting while other renders hold the budget), opened again
+            reserve.release()
+            reserve(made)
+            with open_checked(path, limits, spec) as (img, family, _priced):
                 return _upright(img, family, spec)
 
-            work = SHARED.get_or_make(key, make, share)
+        work = SHARED.get_or_make(key, make, share)
         # the reservation covers the encoder too; the encoder gets an Image of its own over the shared pixels, which
         # encoding reads and never writes (its attributes, encoderinfo among them, are the encoding's own)
         return _encode(work._new(work.im), spec)
+
+
+def _made_at_once(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits,
+                  reserve: budget.Hold) -> Image.Image | int:
+    """The pixels, if the render's whole price can be held as soon as the file is open; else the price to wait for,
+    the file closed and nothing of it kept (its metadata goes with this frame).
+
+    What opening the file copies of its metadata is reserved before the open: a render opened it unreserved, and
+    four 64x64 HEICs carrying 43 MB of Exif took 1.0-1.1 GB of a four-thread worker (an adversarial run)."""
+    with open_checked(path, limits, spec, reserve=reserve) as (img, family, priced):
+        if reserve.top_up(priced.total - reserve.held):  # the rest of the price, at once or not at all
+            return _upright(img, family, spec)
+        return max(priced.total, reserve.held)
 
 
 def load_codecs() -> None:

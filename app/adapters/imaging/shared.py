@@ -64,7 +64,7 @@ class SharedImages:
         self._making: dict[Hashable, _Flight] = {}
 
     def get_or_make(self, key: Hashable, make: Callable[[], Image.Image],
-                    share: Callable[[], None] | None = None) -> Image.Image:
+                    share: Callable[[Image.Image], None] | None = None) -> Image.Image:
         """The image for *key*: kept, being made by another thread (waited for), or made here.
 
         A thread that waited gets the image made for it even when the LRU
@@ -73,8 +73,8 @@ class SharedImages:
         thread making it fails, a waiting one makes it itself (and meets
         the same error). *share*, if given, is called when the image is
         there to be taken (kept, or made by the thread waited for), outside
-        the lock and before it is returned: the renderer reserves the
-        encoding's memory there. A thread waits for another's making
+        the lock and before it is returned, with the image: the renderer
+        reserves the encoding's memory there. A thread waits for another's making
         holding none of the budget: the maker reserves its decode's price
         in ``make``, and a waiter that had reserved its encoding's first
         could leave it short for ever, both waiting on each other, and
@@ -102,7 +102,7 @@ class SharedImages:
                     continue  # its maker failed: look again (and make it here, or wait for another)
                 image = flight.image
             if share is not None:
-                share()
+                share(image)
             return image
         try:
             flight.image = make()
