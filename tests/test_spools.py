@@ -113,3 +113,14 @@ def test_form_routes_take_a_body_up_to_their_limit(web):
     response = requests.post(web.url + "/", files={"file": ("x.bin", part)}, data={"csrf_token": "x"}, timeout=30)
     assert response.status_code == 400 and "CSRF" in response.text, "the form was read; its CSRF field is wrong"
     assert left_behind(web) == []
+
+
+def test_a_temporary_directory_removed_under_the_web_is_made_again(web, data_file):
+    """The object GC removed an empty temporary directory under the storage root (a tmp cleaner may do as much):
+    every upload was 503 spool_unavailable until the web restarted, /readyz ready all along (an adversarial run)."""
+    assert web.upload(data_file("photos/chelsea.jpg")).status_code == 202
+    assert left_behind(web) == []
+    web.temp.rmdir()
+    response = web.upload(data_file("photos/coffee.jpg"))
+    assert response.status_code == 202, response.text
+    assert web.temp.is_dir() and left_behind(web) == []

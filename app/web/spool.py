@@ -35,6 +35,29 @@ CHUNK = 64 * 1024
 SPOOL_PREFIX = "attache-upload-"
 
 
+def _keep_free(filesystem: os.statvfs_result, more: int, min_free_bytes: int) -> None:
+    """Refuse ``more`` bytes that would leave less than ``min_free_bytes`` free (what an unprivileged writer may
+    still use: a web running as root would otherwise eat the reserved blocks too)."""
+    if filesystem.f_bavail * filesystem.f_frsize - more < min_free_bytes:
+        raise SpoolUnavailable("the server's disk is nearly full; retry later")
+
+
+def _spool_file(directory: str, min_free_bytes: int, expected_bytes: int) -> tuple[int, str]:
+    """A new spool file in ``directory``, made again if it is gone: a temporary directory a cleaner removed (the
+    object GC removed an empty one under the storage root, a tmp cleaner may too) failed every upload with 503 until
+    the web restarted, ``/readyz`` ready all along (an adversarial run)."""
+    for again in (True, False):
+        try:
+            if min_free_bytes:
+                _keep_free(os.statvfs(directory), expected_bytes, min_free_bytes)
+            return tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
+        except FileNotFoundError:
+            if not again:
+                raise
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+    raise AssertionError("unreachable")
+
+
 class HashingSpool:
     """A write-only file object that spools to disk, hashes and counts.
 
@@ -53,9 +76,7 @@ class HashingSpool:
         self.min_free_bytes = min_free_bytes
         directory = directory or tempfile.gettempdir()
         try:
-            if min_free_bytes:
-                self._keep_free(os.statvfs(directory), min(expected_bytes, max_bytes))
-            fd, name = tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
+            fd, name = _spool_file(directory, min_free_bytes, min(expected_bytes, max_bytes))
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         self.path = Path(name)
@@ -76,16 +97,10 @@ class HashingSpool:
             self._md5.update(data)
         try:
             if self.min_free_bytes:
-                self._keep_free(os.fstatvfs(self._file.fileno()), len(data))
+                _keep_free(os.fstatvfs(self._file.fileno()), len(data), self.min_free_bytes)
             return self._file.write(data)
         except OSError as exc:  # the temporary directory is full: nothing is wrong with the upload
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
-
-    def _keep_free(self, filesystem: os.statvfs_result, more: int) -> None:
-        """Refuse ``more`` bytes that would leave less than ``min_free_bytes`` free (what an unprivileged
-        writer may still use: a web running as root would otherwise eat the reserved blocks too)."""
-        if filesystem.f_bavail * filesystem.f_frsize - more < self.min_free_bytes:
-            raise SpoolUnavailable("the server's disk is nearly full; retry later")
 
     # werkzeug treats the stream as a file object
     def seek(self, *args):
