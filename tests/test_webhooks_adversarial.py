@@ -42,13 +42,14 @@ def test_a_cursor_that_is_not_an_ascii_integer_is_400_never_500(app):
     assert ops.get("/v1/events?after=0&limit=5").status_code == 200
 
 
-class DrippingEndpoint:
-    """Answers ``200`` and then a header byte every ``every`` seconds, forever: each read is quick, the answer never ends."""
+class AnsweringEndpoint:
+    """Answers one request with ``answer``, then sends ``forever`` again and again, every ``every`` seconds, until
+    the connection ends."""
 
-    def __init__(self, every: float = 0.1):
+    def __init__(self, answer: bytes, forever: bytes = b"", every: float = 0.0):
         self.listener = socket.create_server(("127.0.0.1", 0))
+        self.answer, self.forever, self.every, self.sent = answer, forever, every, 0
         self.stop = threading.Event()
-        self.every = every
         threading.Thread(target=self._serve, daemon=True).start()
 
     @property
@@ -60,18 +61,25 @@ class DrippingEndpoint:
             client, _ = self.listener.accept()
             with client:
                 client.recv(65536)
-                client.sendall(b"HTTP/1.1 200 OK\r\nX-Drip: ")
-                while not self.stop.wait(self.every):
-                    client.sendall(b"a")
+                client.sendall(self.answer)
+                while self.forever and not self.stop.wait(self.every):
+                    client.sendall(self.forever)
+                    self.sent += len(self.forever)
 
     def close(self):
         self.stop.set()
         self.listener.close()
 
 
+def dripping_endpoint(every: float) -> AnsweringEndpoint:
+    """Answers ``200`` and then a header byte every ``every`` seconds, forever: each read is quick, the answer never
+    ends."""
+    return AnsweringEndpoint(b"HTTP/1.1 200 OK\r\nX-Drip: ", b"a", every)
+
+
 def test_an_endpoint_that_drips_its_answer_is_cut_at_the_timeout():
     """A per-read timeout alone lets a slow-drip answer hold a delivery thread (and outlive its claim) forever."""
-    endpoint = DrippingEndpoint(every=0.1)
+    endpoint = dripping_endpoint(every=0.1)
     outcome = []
     try:
         began = time.monotonic()
@@ -283,32 +291,6 @@ def test_an_endpoint_of_several_addresses_has_the_whole_deadline_for_its_answer(
         assert answer.ok, answer
     finally:
         receiver.close()
-
-
-class AnsweringEndpoint:
-    """Answers every request with ``answer``, then sends ``forever`` again and again until the connection ends."""
-
-    def __init__(self, answer: bytes, forever: bytes = b""):
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.answer, self.forever, self.sent = answer, forever, 0
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
-
-    def _serve(self):
-        with contextlib.suppress(OSError):
-            client, _ = self.listener.accept()
-            with client:
-                client.recv(65536)
-                client.sendall(self.answer)
-                while self.forever:
-                    client.sendall(self.forever)
-                    self.sent += len(self.forever)
-
-    def close(self):
-        self.listener.close()
 
 
 def test_an_answer_chunked_without_end_is_not_read_into_memory():
