@@ -479,23 +479,35 @@ def test_the_opens_of_renders_and_provenance_reads_are_reserved(tmp_path, monkey
         assert budget.RESERVATIONS.in_use == 0
 
 
+def _images_kept_by(error: BaseException) -> list[tuple[str, str]]:
+    """Each image a frame of ``error``'s tracebacks (its causes' too) still holds: (function, local)."""
+    kept, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        kept += [(frame.f_code.co_name, name) for frame, _ in traceback.walk_tb(error.__traceback__)
+                 for name, value in frame.f_locals.items() if isinstance(value, Image.Image)]
+        error = error.__cause__ or error.__context__
+    return kept
+
+
 def test_a_failed_render_keeps_nothing_of_the_file_in_its_error(tmp_path) -> None:
     """A render's error keeps the frames it was raised through, and the inspect step keeps each failed render's
-    future, error included, until all its renders end: the open image's metadata and Pillow's AVIF decoder (the
-    whole file) stayed with them, unreserved. A corrupt AVIF carrying 40 MB of XMP held 1.4 GB of one process
-    over four jobs, 1.7-1.8 GB of a worker (an adversarial run)."""
+    future, error included, until all its renders end: the open image stayed with them, unreserved, its metadata
+    and Pillow's AVIF decoder (the whole file), its pixels half decoded. A corrupt AVIF carrying 40 MB of XMP held
+    1.4 GB of one process over four jobs, 1.7-1.8 GB of a worker; four truncated 6000x5000 PNGs 1.1-1.4 GB of a
+    worker (adversarial runs)."""
     buf = io.BytesIO()
     Image.new("RGB", (64, 64), (9, 90, 9)).save(buf, "AVIF", xmp=b"x" * (2 << 20))
     data = bytearray(buf.getvalue())
     data[-1] ^= 0x55  # the AV1 payload's last byte: the pixels cannot be decoded
-    path = tmp_path / "corrupt.avif"
-    path.write_bytes(data)
-    with pytest.raises(CorruptImage) as failed:
-        render(path, PIPELINE_V1_SPECS["thumbnail"], Limits(), sha256="corrupt-avif")
-    kept = [(frame.f_code.co_name, name) for frame, _ in traceback.walk_tb(failed.value.__traceback__)
-            for name, value in frame.f_locals.items()
-            if isinstance(value, Image.Image) and (value.info or getattr(value, "_decoder", None) is not None)]
-    assert kept == []
+    (tmp_path / "corrupt.avif").write_bytes(data)
+    Image.linear_gradient("L").resize((1500, 1000)).save(tmp_path / "whole.png")
+    whole = (tmp_path / "whole.png").read_bytes()
+    (tmp_path / "truncated.png").write_bytes(whole[: len(whole) * 9 // 10])
+    for name in ("corrupt.avif", "truncated.png"):
+        with pytest.raises(CorruptImage) as failed:
+            render(tmp_path / name, PIPELINE_V1_SPECS["thumbnail"], Limits(), sha256=name)
+        assert _images_kept_by(failed.value) == [], name
 
 
 def test_a_tiff_not_in_ycbcr_is_priced_by_its_raw_strip(tmp_path) -> None:

@@ -6,7 +6,9 @@ rows, resampled copies, encoders' output. Spread over a dozen arenas, those free
 kernel and the next render faults fresh zeroed pages in. Measured here (``docs/performance.md``), four threads
 making v2 of 12 MP photos, two renders each: 11,200-11,800 page faults and 23-31 ms of system CPU per image,
 and a 333-360 MB peak, with glibc's default; 3,200-5,600 faults, 10-16 ms and 249-261 MB with two arenas,
-and 6 % less wall time.
+and 6 % less wall time. Two arenas each kept the freed buffers of a full-size decode: four threads rendering four
+30 MP PNGs grew a process by 412-441 MB while they reserved 265-279 (an adversarial run); the threads share one,
+which measured as two did on the 12 MP photos, and the process grows by what its renders reserve.
 
 The cap is glibc's ``M_ARENA_MAX``, set with ``mallopt`` before the worker starts its threads. An operator's
 ``MALLOC_ARENA_MAX`` (glibc's own variable, read when the process starts) wins: then nothing is set here. Other C
@@ -20,7 +22,7 @@ import os
 from typing import Mapping
 
 #: the worker's cap, unless ``MALLOC_ARENA_MAX`` is set
-WORKER_ARENAS = 2
+WORKER_ARENAS = 1
 #: ``M_ARENA_MAX`` in glibc's ``malloc.h``
 _M_ARENA_MAX = -8
 

@@ -51,7 +51,7 @@ from . import (
     plugins,  # noqa: F401  (registers pillow-heif's HEIF opener)
     segments,
 )
-from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, translate_open_error
+from ._translate import MALFORMED_ERRORS, bomb_warnings_as_errors, frames_let_go, translate_open_error
 from .geometry import VariantSpec
 from .sniff import PROCESSED_FORMATS, SNIFF_BYTES, family_of, pillow_formats_for, sniff
 
@@ -111,7 +111,7 @@ def probe(path: str | os.PathLike[str], limits: Limits) -> ImageInfo:
         rendering it would cost more than ``limits.max_decode_bytes``.
     :raises CorruptImage: the header is malformed, or a HEIF/AVIF file is cut short.
     """
-    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve, \
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve, frames_let_go(), \
             open_checked(path, limits, reserve=reserve) as (img, family, _priced):
         return ImageInfo(
             format=family,

@@ -93,6 +93,7 @@ from . import budget, encode_files, lanczos, libvips
 from ._translate import (
     MALFORMED_ERRORS,
     bomb_warnings_as_errors,
+    frames_let_go,
     translate_decode_error,
 )
 from .colour import to_srgb, to_working_mode
@@ -158,7 +159,7 @@ def render(path: str | os.PathLike[str], spec: VariantSpec, limits: Limits, *, s
         pixel data cannot be decoded (truncated file, decoder error).
     """
     key = (sha256 or content_key(path), *_geometry_key(spec))
-    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve:
+    with budget.RESERVATIONS.scope(limits.max_decode_bytes) as reserve, frames_let_go():  # let go, then released
 
         def share(image: Image.Image) -> None:
             # pixels kept or made by another render (v2's optimized and webp share theirs) cost this render only
