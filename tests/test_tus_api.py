@@ -993,3 +993,39 @@ def test_a_part_is_moved_into_storage_not_copied(client, storage_dir, photo, mon
     assert patch(client, location, 0, photo[:5000]).status_code == 204
     (stored,) = parts(storage_dir)
     assert os.stat(storage_dir / stored).st_ino == spooled[0]
+
+
+def test_a_creation_sent_again_with_its_idempotency_key_answers_the_upload_it_made(client, engine, photo):
+    """tus-js-client sends a creation whose answer was lost again: each made another upload, open and empty for a
+    day and counted against the uploader's limits; half the answers lost, every creation was refused within about
+    100 files (an adversarial run). The upload page sends each file's creation with a key of its own."""
+    key = {"Idempotency-Key": "page-file-1"}
+    first = create(client, len(photo), headers=key)
+    assert first.status_code == 201 and "Idempotent-Replayed" not in first.headers
+    assert patch(client, first.headers["Location"], 0, photo[:1000]).status_code == 204
+    again = create(client, len(photo), headers=key)
+    assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true"
+    assert (again.headers["Location"], again.headers["Upload-Offset"]) == (first.headers["Location"], "1000")
+    assert count(engine, uploads) == 1
+    other = create(client, len(photo) + 1, headers=key)  # not what the key made
+    assert (other.status_code, other.get_json()["error"]) == (422, "idempotency_key_reused")
+    assert create(client, len(photo), headers={"Idempotency-Key": "a,b"}).status_code == 400
+    assert create(client, len(photo), headers={"Idempotency-Key": "page-file-2"}).headers["Location"] != \
+        first.headers["Location"]
+
+    # a finished upload answers with what it made; one terminated, or expired, gives its key up
+    done = patch(client, first.headers["Location"], 1000, photo[1000:])
+    assert done.status_code == 204
+    replayed = create(client, len(photo), headers=key)
+    assert replayed.headers["Location"] == first.headers["Location"]
+    assert replayed.headers["Attachment-Id"] == done.headers["Attachment-Id"]
+    third = create(client, len(photo), headers={"Idempotency-Key": "page-file-3"})
+    assert client.delete(third.headers["Location"], headers=TUS).status_code == 204
+    assert create(client, len(photo), headers={"Idempotency-Key": "page-file-3"}).headers["Location"] != \
+        third.headers["Location"]
+    fourth = create(client, len(photo), headers={"Idempotency-Key": "page-file-4"})
+    with engine.begin() as conn:
+        conn.execute(update(uploads).where(uploads.c.id == uuid.UUID(fourth.headers["Location"].rsplit("/", 1)[1]))
+                     .values(expires_at=func.now() - text("interval '1 second'")))
+    assert create(client, len(photo), headers={"Idempotency-Key": "page-file-4"}).headers["Location"] != \
+        fourth.headers["Location"]

@@ -247,3 +247,79 @@ def test_the_readmes_three_lines_upload_as_written(web, engine, data_file, tmp_p
         row = conn.execute(select(uploads)).one()
         filename = conn.execute(select(attachments.c.filename).where(attachments.c.id == row.attachment_id)).scalar()
     assert filename == "photo.jpg"
+
+
+def _page_upload_over(link_policy, env, tmp_path, engine, photo) -> list:
+    """The upload page sends ``photo`` through an :class:`~tests.http_link.HttpLink` with ``link_policy``; it must
+    end ``ready``, as one upload and one attachment. What the link saw."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+    from tests.http_link import HttpLink
+
+    deployment = Deployment(env, tmp_path)
+    link = HttpLink(("127.0.0.1", deployment.port), link_policy)
+    try:
+        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
+            driver.get(f"http://127.0.0.1:{link.port}/")
+            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
+            row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
+            waiting(driver, 120).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
+                "ready", "failed", "refused", "error"))
+            assert driver.find_element(*row).get_attribute("data-state") == "ready", driver.find_element(*row).text
+        with engine.connect() as conn:
+            made = conn.execute(select(attachments.c.id)).scalars().all()
+            opened = conn.execute(select(uploads.c.id)).scalars().all()
+        assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
+        return link.seen
+    finally:
+        link.close()
+
+
+@pytest.mark.processes
+def test_the_upload_page_resumes_when_a_lost_last_answer_is_followed_by_a_bad_gateway(env, tmp_path, engine,
+                                                                                       data_file):
+    """The last PATCH's answer is lost, and the page's HEAD that asks where the upload stands meets the front
+    proxy's 502 (the web restarting) or a 503 (PostgreSQL away). tus-js-client takes any HEAD answer but 2xx and
+    423 for "the upload is gone" and starts a new one: the file was sent again and made a second attachment, and
+    an upload cut so mid-way was left open for a day (an adversarial run). The page tries the HEAD again."""
+    from tests.http_link import LOSE_ANSWER, PASS, bad_gateway
+
+    happened = {"lost": False, "refused": False}
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is None:
+            if method == "HEAD" and happened["lost"] and not happened["refused"]:
+                happened["refused"] = True
+                return bad_gateway()
+            return PASS
+        if method == "PATCH" and b"attachment-id" in answer_head.lower() and not happened["lost"]:
+            happened["lost"] = True
+            return LOSE_ANSWER
+        return PASS
+
+    seen = _page_upload_over(policy, env, tmp_path, engine, data_file("photos/chelsea.jpg"))
+    assert happened == {"lost": True, "refused": True}, seen
+
+
+@pytest.mark.processes
+def test_the_upload_page_makes_one_upload_when_its_creations_answer_is_lost(env, tmp_path, engine, data_file):
+    """The creation's answer lost, tus-js-client sent it again and made a second upload; the first stayed open
+    and empty for a day, counted against the uploader's limits (half the answers lost: every creation refused
+    within about 100 files, an adversarial run). The page sends the creation with a key of its own."""
+    from tests.http_link import LOSE_ANSWER, PASS
+
+    lost = []
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is not None and method == "POST" and path == "/v1/uploads" and not lost:
+            lost.append(path)
+            return LOSE_ANSWER
+        return PASS
+
+    seen = _page_upload_over(policy, env, tmp_path, engine, data_file("photos/chelsea.jpg"))
+    assert lost and [what for method, path, what in seen if method == "POST" and path == "/v1/uploads"] == [
+        "answer lost", "201"], seen

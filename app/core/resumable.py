@@ -63,7 +63,7 @@ import logging
 import uuid
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from sqlalchemy import delete, insert, select, text, update
 from sqlalchemy.engine import Engine
@@ -78,6 +78,7 @@ from app.errors import (
     AttacheError,
     DatabaseUnavailable,
     DigestMismatch,
+    IdempotencyKeyReused,
     OffsetMismatch,
     PartsMissing,
     PermanentError,
@@ -153,23 +154,47 @@ class Upload:
                    row.attachment_id, row.expires_at, row.expected_sha256)
 
 
+class Created(NamedTuple):
+    """What :func:`create` answers: the upload, and whether it was made by an earlier creation with the same key."""
+
+    upload: Upload
+    replayed: bool
+
+
 def create(services, *, owner: str, length: int, filename: str, metadata: str | None,
-           expected_sha256: str | None = None) -> Upload:
+           expected_sha256: str | None = None, key: str | None = None) -> Created:
     """A new, empty upload of ``length`` bytes; the upload limit is checked here, before any byte is sent.
 
-    ``expected_sha256`` (hex): what the joined bytes must hash to at the last byte, else the upload is refused."""
+    ``expected_sha256`` (hex): what the joined bytes must hash to at the last byte, else the upload is refused.
+    ``key``: the creation's Idempotency-Key. While an upload the uploader created with it is there (open, or
+    finished), the creation answers that one (:class:`IdempotencyKeyReused` if it declared another length or
+    digest): tus-js-client sends a creation whose answer was lost again, and each made an upload that stayed open,
+    empty, for a day, counted against the uploader's limits until every creation was refused (an adversarial
+    run). An expired upload gives its key up."""
     limit = services.settings.max_upload_bytes
     if length > limit:
         raise UploadTooLarge(f"Upload-Length {length} is larger than the limit of {limit} bytes")
     if length < 1:
         raise UploadRejected("the upload is empty", error_code="empty_body")
     with transaction(services.engine) as conn:
+        if key is not None:
+            # one creation of the uploader at a time (the lock _admit_open takes too): a key sent twice at once
+            conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+            earlier = conn.execute(select(uploads).where(uploads.c.owner == owner, uploads.c.creation_key == key)
+                                   .with_for_update()).one_or_none()
+            if earlier is not None and earlier.attachment_id is None and earlier.expires_at <= _now(conn):
+                conn.execute(update(uploads).where(uploads.c.id == earlier.id).values(creation_key=None))
+            elif earlier is not None:
+                if (earlier.upload_length, earlier.expected_sha256) != (length, expected_sha256):
+                    raise IdempotencyKeyReused("this Idempotency-Key made an upload of another length or digest")
+                return Created(Upload.of(earlier), True)
         pending.admit(conn, owner, services.settings.max_pending_per_uploader)  # 429: no upload is made
         _admit_open(conn, services.settings, owner, length)
         row = conn.execute(insert(uploads).values(
             id=uuid.uuid4(), owner=owner, upload_length=length, upload_metadata=metadata, filename=filename,
-            expected_sha256=expected_sha256, expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
-    return Upload.of(row)
+            expected_sha256=expected_sha256, creation_key=key,
+            expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
+    return Created(Upload.of(row), False)
 
 
 #: the first key of the two-key advisory locks of one uploader's creations (a key space of its own, as

@@ -14,7 +14,7 @@ from werkzeug.http import parse_options_header
 
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, jobs, variants
-from app.core import filenames, intake, pending, resumable
+from app.core import filenames, intake, pending
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -41,6 +41,7 @@ from app.web.contract import (
     raw,
     refused,
 )
+from app.web.idempotency import idempotency_key
 from app.web.responses import answer, refusal
 from app.web.responses import error as _error
 from app.web.schemas import AttachmentStatus, UploadAccepted, Variant, VersionState
@@ -175,35 +176,8 @@ def _accept(services) -> tuple[intake.Accepted, intake.Received]:
     with bound(trace_id=trace_id(traceparent), principal=_owner()):
         accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
                                  traceparent=traceparent, tracestate=accept_tracestate(request.headers.get("tracestate")),
-                                 idempotency_key=_idempotency_key())
+                                 idempotency_key=idempotency_key(request.headers))
     return accepted, received
-
-
-def _idempotency_key() -> str | None:
-    raw = request.headers.get("Idempotency-Key")
-    if raw is None:
-        return None
-    raw = raw.strip(" \t")  # a header's own whitespace (str.strip() took a no-break space off a key: a re-attack)
-    quoted = len(raw) >= 2 and raw[0] == raw[-1] == '"'
-    key = raw[1:-1] if quoted else raw
-    # one key: gunicorn joins a header sent twice with a comma, so two keys reached intake as one, "a,b", and a
-    # retry that sent them the other way round made a second attachment of one upload. A comma is refused
-    # anywhere, quoted or not ('"k7' and 'k8"' sent twice were joined into one quoted key: a re-attack), and so
-    # are a quote and a backslash (a structured field's escapes, which would make '"k\\1"' and 'k\1' one key
-    # or two)
-    if any(mark in key for mark in ',"\\'):
-        raise UploadRejected("send one Idempotency-Key, without commas, quotes or backslashes in it: the header "
-                             "came as a list (sent twice), or with a character a list or an escape is made of",
-                             error_code="bad_idempotency_key")
-    # ASCII, as a structured field's string is (RFC 8941): a header's bytes reach WSGI as Latin-1, so a UTF-8 key
-    # was kept as mojibake, or refused, by its bytes (an adversarial run)
-    if not key or len(key) > 255 or not key.isascii() or not key.isprintable():
-        raise UploadRejected("Idempotency-Key must be 1-255 printable ASCII characters",
-                             error_code="bad_idempotency_key")
-    if key.startswith(resumable.HANDOFF_KEY_PREFIX):  # a POST under a tus upload's key made its last PATCH fail
-        raise UploadRejected(f"an Idempotency-Key may not begin with {resumable.HANDOFF_KEY_PREFIX!r} (resumable "
-                             "uploads' own)", error_code="bad_idempotency_key")
-    return key
 
 
 def _state_of(job_id) -> str:

@@ -64,6 +64,7 @@ from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web import bodies_in_flight
 from app.web.access import identity, protect
+from app.web.idempotency import idempotency_key
 from app.web.responses import error, refusal
 from app.web.spool import sha256_of, spool_stream
 
@@ -159,9 +160,12 @@ def create():
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
     services = _services()
     digest = request.headers.get("Repr-Digest")
-    upload = resumable.create(services, owner=identity().principal, length=length, filename=filename,
-                              metadata=metadata, expected_sha256=sha256_of(digest, "Repr-Digest") if digest else None)
+    upload, replayed = resumable.create(
+        services, owner=identity().principal, length=length, filename=filename, metadata=metadata,
+        expected_sha256=sha256_of(digest, "Repr-Digest") if digest else None, key=idempotency_key(request.headers))
     headers = {"Location": url_for("tus.head", upload_id=upload.id)}
+    if replayed:  # made by the creation this one repeats: where it stands (a body sent again is not read)
+        return Response(status=201, headers={**headers, **_where(upload), "Idempotent-Replayed": "true"})
     if with_body:
         try:
             upload = _append(upload, 0)

@@ -74,12 +74,14 @@ GONE = {"404": _error("No such upload, or not yours, or terminated, or forgotten
                       "start a new one.", ["upload_expired", "upload_lost"])}
 LOCKED = {"423": _error("Another request is writing this upload right now (a PATCH still being handled, or a "
                         "DELETE); retry in a moment.", ["upload_locked"])}
+#: a request that sends bytes refused for its headers or its body's end
+BAD_SENDING = ("A malformed header, or the body ended early (`incomplete_body`; without a checksum the bytes that "
+               "arrived are kept: HEAD says where to resume).")
+BAD_SENDING_CODES = ["bad_upload_length", "bad_upload_offset", "bad_metadata", "unsupported_checksum", "bad_checksum",
+                     "bad_digest_header", "unsupported_digest", "incomplete_body", "http_error"]
 #: what sending bytes can be answered with, the last byte's handoff included
 SENDING = {
-    "400": _error("A malformed header, or the body ended early (`incomplete_body`; without a checksum the bytes "
-                  "that arrived are kept: HEAD says where to resume).",
-                  ["bad_upload_length", "bad_upload_offset", "bad_metadata", "unsupported_checksum", "bad_checksum",
-                   "bad_digest_header", "unsupported_digest", "incomplete_body", "http_error"]),
+    "400": _error(BAD_SENDING, BAD_SENDING_CODES),
     "413": _error("Past `Upload-Length` or the upload limit, or (at the last byte) the image declares too many "
                   "pixels, too long a side, or would need more memory to render than the decode budget.",
                   ["too_large", "decompression_bomb", "image_too_large"]),
@@ -133,16 +135,28 @@ def paths() -> dict:
                                               "mismatch (`422 digest_mismatch`, the upload terminated); `sha-256` "
                                               "is the algorithm checked, another alone is `400 unsupported_digest`."),
                     CHECKSUM,
+                    _parameter("Idempotency-Key", "1-255 printable ASCII characters but the comma, the quote and "
+                                                  "the backslash, sent once (else `400 bad_idempotency_key`). While "
+                                                  "an upload this uploader created with the key is there (open, or "
+                                                  "finished), the creation answers that upload, "
+                                                  "`Idempotent-Replayed: true`, and its body is not read; one of "
+                                                  "another `Upload-Length` or `Repr-Digest` is "
+                                                  "`422 idempotency_key_reused`. An expired or terminated upload "
+                                                  "gives its key up. The upload page sends one a file."),
                 ],
                 "requestBody": PART_BODY,
                 "responses": {
-                    "201": {"description": "Created.", "headers": {
+                    "201": {"description": "Created (or, with `Idempotent-Replayed`, made before by a creation "
+                                           "with the same Idempotency-Key).", "headers": {
                         "Location": _header("The upload's URL, `/v1/uploads/{id}`.", required=True),
-                        "Upload-Offset": _header("With a body: how many bytes the upload has.",
+                        "Idempotent-Replayed": _header("`true` when an earlier creation with the same "
+                                                       "Idempotency-Key made the upload: `Upload-Offset` says where "
+                                                       "it stands."),
+                        "Upload-Offset": _header("With a body, or replayed: how many bytes the upload has.",
                                                  {"type": "string", "pattern": "^[0-9]+$"}),
                         **ANSWER_HEADERS}},
                     **SENDING,
-                    "400": {**SENDING["400"], "headers": {
+                    "400": {**_error(BAD_SENDING, [*BAD_SENDING_CODES, "bad_idempotency_key"]), "headers": {
                         "Location": _header("With `incomplete_body`: the upload was made, and keeps the bytes that "
                                             "arrived (without a checksum); resume it here."),
                         "Upload-Offset": _header("With `incomplete_body`: where to resume.",

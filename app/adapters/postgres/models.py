@@ -404,6 +404,8 @@ uploads = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     # the whole upload's SHA-256 (hex) its creation's Repr-Digest promised, checked at the last byte (migration 0022)
     Column("expected_sha256", Text),
+    #: the Idempotency-Key its creation was sent with: a creation sent again with it answers this upload (0029)
+    Column("creation_key", Text),
     CheckConstraint("upload_length > 0 AND upload_offset BETWEEN 0 AND upload_length",
                     name="uploads_offset_check"),
     CheckConstraint("attachment_id IS NULL OR upload_offset = upload_length", name="uploads_complete_check"),
@@ -411,6 +413,8 @@ uploads = Table(
 Index("uploads_expires_idx", uploads.c.expires_at)  # the staging cleanup: which uploads have expired?
 Index("uploads_open_owner_idx", uploads.c.owner,  # a creation: the uploader's unfinished uploads (migration 0023)
       postgresql_where=text("attachment_id IS NULL"))
+Index("uploads_creation_key", uploads.c.owner, uploads.c.creation_key, unique=True,
+      postgresql_where=text("creation_key IS NOT NULL"))
 
 #: the part each committed PATCH of a resumable upload stored: ``partial/{upload_id}/{offset:020d}.{token}``
 #: (app.core.resumable; migration 0024). An upload with bytes and no row here was made before 0024: its parts are

@@ -143,6 +143,12 @@
     if (status === 404 || status === 410) {
       return "The upload expired before it finished; choose the file again";
     }
+    if (status === 429 && code === "too_many_open_uploads") {
+      return "Too many of your uploads are unfinished; they expire a day after their last piece";
+    }
+    if (status === 429 && code === "too_many_uploads_at_once") {
+      return "Too many of your uploads are being sent at once; try again in a moment";
+    }
     if (status === 429) {
       return "Many of your uploads are still being processed; try again once some are ready";
     }
@@ -226,7 +232,17 @@
     });
   }
 
+  // A key for the creation of one file's upload: sent again (its answer lost), the creation answers the upload it
+  // made. Each lost answer had made another upload, left open and empty for a day and counted against the
+  // uploader's limits, until every creation was refused (an adversarial run).
+  function creationKey() {
+    var bytes = new Uint8Array(16);
+    window.crypto.getRandomValues(bytes);
+    return Array.prototype.map.call(bytes, function (b) { return ("0" + b.toString(16)).slice(-2); }).join("");
+  }
+
   function start(row, digest) {
+    var key = creationKey();
     var headers = { "X-CSRF-Token": csrf };
     if (digest) {
       headers["Repr-Digest"] = digest;
@@ -263,10 +279,23 @@
         }
         return retry;
       },
+      onBeforeRequest: function (request) {
+        if (request.getMethod() === "POST") {
+          request.setHeader("Idempotency-Key", key);
+        }
+      },
       onAfterResponse: function (request, response) {
         var made = response.getHeader("Attachment-Id"); // on the last PATCH, or a HEAD of a finished upload
         if (made) {
           row.id = made;
+        }
+        var status = response.getStatus();
+        if (request.getMethod() === "HEAD" && (status >= 500 || status === 429)) {
+          // tus-js-client takes any answer to its HEAD but 2xx and 423 for "the upload is gone" and starts a new
+          // one from the first byte: a front proxy's 502 while the web restarted, or a 503 while PostgreSQL was
+          // away, after a lost answer to the last PATCH, made a second attachment of the file, and an upload cut so
+          // mid-way was left open for a day (an adversarial run). Failed, the HEAD is asked again after a delay.
+          throw new Error("the service could not say where the upload stands (HTTP " + status + ")");
         }
       },
       onSuccess: function () {
