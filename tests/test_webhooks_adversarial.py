@@ -342,3 +342,26 @@ def test_names_whose_server_never_answers_take_one_resolver_each_and_leave_the_r
             assert addresses == ["127.0.0.1"]
     finally:
         silence.set()
+
+
+def test_a_lookup_done_before_it_is_registered_leaves_the_next_ones_free(monkeypatch):
+    """A lookup can end before ``submit`` returns (a new resolver thread, a quick name); its callback then ran at
+    once, under the lock it takes, and the process's every later lookup waited on that lock for ever (a
+    re-attack: 5-6 of 30 fresh processes stuck on their first lookup, webhooks dead until a restart)."""
+    from concurrent.futures import Future
+
+    class Done:  # an executor whose lookups have ended by the time submit returns
+        def submit(self, fn, *args, **kwargs):
+            done = Future()
+            done.set_result(fn(*args, **kwargs))
+            return done
+
+    monkeypatch.setattr(webhook_endpoints, "_RESOLVERS", Done())
+    answers = []
+    looking = threading.Thread(target=lambda: answers.extend(
+        webhook_endpoints.check_target(f"http://localhost:{port}/", allow_private=True, within=1)[1]
+        for port in (80, 80, 81)), daemon=True)
+    looking.start()
+    looking.join(5)
+    assert not looking.is_alive(), "the lookups are stuck on their own lock"
+    assert len(answers) == 3 and all("127.0.0.1" in addresses for addresses in answers), answers

@@ -112,11 +112,12 @@ RESOLVE_SECONDS = 5.0
 #: the threads names are resolved in: ``getaddrinfo`` cannot be cut short, so a resolver that does not answer costs
 #: one of them for its own timeouts (glibc's: 5 s a try, 2 tries a name server), never an attempt's caller; while all
 #: are busy, a name waits its turn within its deadline
-_RESOLVERS = ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve")
+_RESOLVERS = ThreadPoolExecutor(32, thread_name_prefix="webhook-resolve")
 #: the lookups under way, by (host, port): an attempt on a name being looked up waits for that lookup, never queues
 #: another. Each attempt on a name whose server did not answer queued one more lookup behind those it had given up
 #: on; they kept every resolver thread, and healthy endpoints' names, IP literals among them, waited out their
-#: deadline (an adversarial run: 7-12 of 17-23 healthy attempts failed). A silent name now holds one thread at most.
+#: deadline (an adversarial run: 7-12 of 17-23 healthy attempts failed). A silent name now holds one thread at most,
+#: and 32 of them at once fill the pool (with 8 threads, 8 silent names did, glibc's timeouts 20 s: a re-attack).
 _LOOKUPS: dict[tuple[str, int], Future] = {}
 _LOOKUPS_LOCK = threading.Lock()
 
@@ -134,9 +135,12 @@ def _lookup(host: str, port: int) -> Future:
     key = (host, port)
     with _LOOKUPS_LOCK:
         lookup = _LOOKUPS.get(key)
-        if lookup is None:
+        made = lookup is None
+        if made:
             lookup = _LOOKUPS[key] = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
-            lookup.add_done_callback(lambda _: _forget_lookup(key, lookup))
+    if made:  # outside the lock: a lookup done already runs its callback here, at once, and the callback takes the
+        # lock (registered under it, a quick lookup deadlocked every later one of the process: a re-attack)
+        lookup.add_done_callback(lambda _: _forget_lookup(key, lookup))
     return lookup
 
 
