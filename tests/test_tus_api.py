@@ -1029,3 +1029,18 @@ def test_a_creation_sent_again_with_its_idempotency_key_answers_the_upload_it_ma
                      .values(expires_at=func.now() - text("interval '1 second'")))
     assert create(client, len(photo), headers={"Idempotency-Key": "page-file-4"}).headers["Location"] != \
         fourth.headers["Location"]
+
+
+def test_a_replayed_creation_answers_at_once_while_its_upload_is_being_written(client, engine, photo):
+    """A replay waited for the upload's row, held by a PATCH (a last one joining its parts on slow storage), and
+    the uploader's other creations waited behind it, until its lock timeout and a 503 (a re-attack)."""
+    first = create(client, len(photo), headers={"Idempotency-Key": "busy"})
+    upload_id = uuid.UUID(first.headers["Location"].rsplit("/", 1)[1])
+    with engine.connect() as writing:
+        with writing.begin():
+            writing.execute(select(uploads.c.id).where(uploads.c.id == upload_id).with_for_update())
+            began = time.monotonic()
+            again = create(client, len(photo), headers={"Idempotency-Key": "busy"})
+            took = time.monotonic() - began
+    assert again.status_code == 201 and again.headers["Location"] == first.headers["Location"]
+    assert took < 2, took

@@ -323,3 +323,93 @@ def test_the_upload_page_makes_one_upload_when_its_creations_answer_is_lost(env,
     seen = _page_upload_over(policy, env, tmp_path, engine, data_file("photos/chelsea.jpg"))
     assert lost and [what for method, path, what in seen if method == "POST" and path == "/v1/uploads"] == [
         "answer lost", "201"], seen
+
+
+@pytest.mark.processes
+def test_the_page_reloaded_after_lost_creation_answers_resumes_with_the_same_key(env, tmp_path, engine, data_file):
+    """The creation's key was made anew each time the file was chosen: after a reload, an upload made by a
+    creation whose answer was lost stayed open and empty for a day (a re-attack). It is kept with the file's
+    fingerprint until the upload ends."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+    from tests.http_link import LOSE_ANSWER, PASS, HttpLink
+
+    photo = data_file("photos/chelsea.jpg")
+    deployment = Deployment(env, tmp_path)
+    losing = threading.Event()
+    losing.set()
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is not None and method == "POST" and path == "/v1/uploads" and losing.is_set():
+            return LOSE_ANSWER
+        return PASS
+
+    link = HttpLink(("127.0.0.1", deployment.port), policy)
+    row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
+    try:
+        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
+            driver.get(f"http://127.0.0.1:{link.port}/")
+            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
+            wait_for(lambda: sum(what == "answer lost" for _, _, what in link.seen) >= 2, timeout=30,
+                     message="two creations' answers lost")
+            with engine.connect() as conn:
+                assert conn.execute(select(uploads.c.id)).scalars().all() != []  # made, its answer lost
+            driver.refresh()
+            losing.clear()
+            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
+            waiting(driver, 120).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
+                "ready", "failed", "refused", "error"))
+            assert driver.find_element(*row).get_attribute("data-state") == "ready", driver.find_element(*row).text
+            assert driver.execute_script("return Object.keys(window.localStorage).filter("
+                                         "function (k) { return k.indexOf('attache-creation') === 0; })") == []
+        with engine.connect() as conn:
+            made = conn.execute(select(attachments.c.id)).scalars().all()
+            opened = conn.execute(select(uploads.c.id)).scalars().all()
+        assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
+    finally:
+        link.close()
+
+
+@pytest.mark.long  # make soak: the page's retries run out (about two minutes)
+@pytest.mark.processes
+def test_the_page_says_the_service_is_away_when_its_questions_keep_failing(env, tmp_path, engine, data_file):
+    """Every HEAD after a lost answer met the front proxy's 502 until the retries ran out: the row said the upload
+    "did not reach the service; check the connection", though its bytes had and the service's proxy answered (a
+    re-attack). It says the service is away, and the file chosen again resumes it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import browsing, waiting
+    from tests.http_link import LOSE_ANSWER, PASS, HttpLink, bad_gateway
+
+    photo = data_file("photos/chelsea.jpg")
+    deployment = Deployment(env, tmp_path)
+    lost = []
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is None:
+            return bad_gateway() if method == "HEAD" and lost else PASS
+        if method == "PATCH" and not lost:
+            lost.append(path)
+            return LOSE_ANSWER
+        return PASS
+
+    link = HttpLink(("127.0.0.1", deployment.port), policy)
+    row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
+    try:
+        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
+            driver.get(f"http://127.0.0.1:{link.port}/")
+            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
+            waiting(driver, 240).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
+                "ready", "failed", "refused", "error"))
+            settled = driver.find_element(*row)
+            assert settled.find_element(By.CSS_SELECTOR, ".message").text == (
+                "The service is busy or away; choose the file again in a while to resume"), settled.text
+    finally:
+        link.close()

@@ -180,10 +180,14 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
         if key is not None:
             # one creation of the uploader at a time (the lock _admit_open takes too): a key sent twice at once
             conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+            # read, not locked: a PATCH or a DELETE may hold the row (a last PATCH's join on slow storage), and a
+            # replay waiting for it held the uploader's creations behind it, and took the pool's connections,
+            # until its lock timeout (a re-attack); what it answers is where the upload stood at this read
             earlier = conn.execute(select(uploads).where(uploads.c.owner == owner, uploads.c.creation_key == key)
-                                   .with_for_update()).one_or_none()
+                                   ).one_or_none()
             if earlier is not None and earlier.attachment_id is None and earlier.expires_at <= _now(conn):
-                conn.execute(update(uploads).where(uploads.c.id == earlier.id).values(creation_key=None))
+                conn.execute(update(uploads).where(uploads.c.id == earlier.id, uploads.c.creation_key == key)
+                             .values(creation_key=None))  # given up: the unique key is free for the new upload
             elif earlier is not None:
                 if (earlier.upload_length, earlier.expected_sha256) != (length, expected_sha256):
                     raise IdempotencyKeyReused("this Idempotency-Key made an upload of another length or digest")

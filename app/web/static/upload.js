@@ -152,8 +152,8 @@
     if (status === 429) {
       return "Many of your uploads are still being processed; try again once some are ready";
     }
-    if (status === 503) {
-      return "The service is busy; try again in a moment";
+    if (status >= 502 && status <= 504) {
+      return "The service is busy or away; choose the file again in a while to resume";
     }
     if (status === 401) {
       return "You are no longer signed in; reload the page and sign in again";
@@ -234,15 +234,40 @@
 
   // A key for the creation of one file's upload: sent again (its answer lost), the creation answers the upload it
   // made. Each lost answer had made another upload, left open and empty for a day and counted against the
-  // uploader's limits, until every creation was refused (an adversarial run).
-  function creationKey() {
-    var bytes = new Uint8Array(16);
-    window.crypto.getRandomValues(bytes);
-    return Array.prototype.map.call(bytes, function (b) { return ("0" + b.toString(16)).slice(-2); }).join("");
+  // uploader's limits, until every creation was refused (an adversarial run). Kept under the file's fingerprint
+  // until the upload ends, as tus-js-client keeps the upload's URL, so the file chosen again after a reload sends
+  // the same key (a new one each time left an empty upload open: a re-attack).
+  function creationKey(file) {
+    var name = ["attache-creation", resumableUrl, file.name, file.type, file.size, file.lastModified].join("/");
+    var key = null;
+    try {
+      key = window.localStorage.getItem(name);
+    } catch (e) { /* no storage: a key for this page only */ }
+    if (!key) {
+      var bytes = new Uint8Array(16);
+      window.crypto.getRandomValues(bytes);
+      key = Array.prototype.map.call(bytes, function (b) { return ("0" + b.toString(16)).slice(-2); }).join("");
+      try {
+        window.localStorage.setItem(name, key);
+      } catch (e) { /* as above */ }
+    }
+    return {
+      value: key,
+      forget: function () {
+        try {
+          window.localStorage.removeItem(name);
+        } catch (e) { /* as above */ }
+      }
+    };
+  }
+
+  // The answer an error carries: tus-js-client's own, or the one a failed HEAD was answered with (thrown below).
+  function answerOf(err) {
+    return err.originalResponse || (err.causingError && err.causingError.originalResponse) || null;
   }
 
   function start(row, digest) {
-    var key = creationKey();
+    var key = creationKey(row.file);
     var headers = { "X-CSRF-Token": csrf };
     if (digest) {
       headers["Repr-Digest"] = digest;
@@ -269,8 +294,9 @@
         // this uploader's uploads still being processed: the upload waits where it is), and a PATCH cut short
         // (400 incomplete_body: the link went silent past the server's bound, and what arrived was kept: it
         // was taken as a refusal, and the upload given up, an adversarial run), saying so on the row
-        var status = err.originalResponse ? err.originalResponse.getStatus() : 0;
-        var cutShort = status === 400 && /"error"\s*:\s*"incomplete_body"/.test(err.originalResponse.getBody() || "");
+        var answer = answerOf(err);
+        var status = answer ? answer.getStatus() : 0;
+        var cutShort = status === 400 && /"error"\s*:\s*"incomplete_body"/.test(answer.getBody() || "");
         var retry = (status < 400 || status >= 500 || status === 409 || status === 423 || status === 429 ||
                      cutShort) && navigator.onLine !== false;
         if (retry) {
@@ -281,7 +307,7 @@
       },
       onBeforeRequest: function (request) {
         if (request.getMethod() === "POST") {
-          request.setHeader("Idempotency-Key", key);
+          request.setHeader("Idempotency-Key", key.value);
         }
       },
       onAfterResponse: function (request, response) {
@@ -295,10 +321,13 @@
           // one from the first byte: a front proxy's 502 while the web restarted, or a 503 while PostgreSQL was
           // away, after a lost answer to the last PATCH, made a second attachment of the file, and an upload cut so
           // mid-way was left open for a day (an adversarial run). Failed, the HEAD is asked again after a delay.
-          throw new Error("the service could not say where the upload stands (HTTP " + status + ")");
+          var failure = new Error("the service could not say where the upload stands (HTTP " + status + ")");
+          failure.originalResponse = response; // for the row's words, if the retries run out
+          throw failure;
         }
       },
       onSuccess: function () {
+        key.forget();
         row.progress.value = 100;
         setState(row, "queued", "");
         if (row.id) {
@@ -309,7 +338,10 @@
         finished();
       },
       onError: function (err) {
-        var response = err.originalResponse;
+        var response = answerOf(err);
+        if (response && response.getStatus() < 500) {
+          key.forget(); // refused: the upload is gone, or the service said why (a 5xx keeps it, to resume)
+        }
         if (response && response.getStatus()) {
           setState(row, "refused", refusal(response.getStatus(), parse(response.getBody())));
         } else {
