@@ -38,7 +38,12 @@ def _int(minimum: int, maximum: int | None = None) -> Callable[[str, str], int]:
     return parse
 
 
-def _float(minimum: float) -> Callable[[str, str], float]:
+#: the longest a retention may be: a PostgreSQL interval's and timestamp's range are finite, and a setting of 1e12 s
+#: made every round of its cleanup fail ("timestamp out of range": a re-attack)
+CENTURY_SECONDS = 100 * 365.25 * 24 * 3600
+
+
+def _float(minimum: float, maximum: float = math.inf) -> Callable[[str, str], float]:
     def parse(name: str, raw: str) -> float:
         try:
             value = float(raw)
@@ -48,6 +53,8 @@ def _float(minimum: float) -> Callable[[str, str], float]:
             raise ConfigError(f"{name}={raw!r} is not a finite number")
         if value < minimum:
             raise ConfigError(f"{name}={raw!r} must be >= {minimum}")
+        if value > maximum:
+            raise ConfigError(f"{name}={raw!r} must be <= {maximum:g}")
         return value
 
     return parse
@@ -213,7 +220,7 @@ class Settings:
         "ATTACHE_STAGING_GRACE_SECONDS", 3600.0, _float(0),
         "a staged object with no attachment row is removed after this long")
     failed_retention_seconds: float = setting(
-        "ATTACHE_FAILED_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "ATTACHE_FAILED_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0, CENTURY_SECONDS),
         "the staged original of a failed job is kept this long after it failed (for replay)")
     object_grace_seconds: float = setting(
         "ATTACHE_OBJECT_GRACE_SECONDS", 3600.0, _float(0),
@@ -239,7 +246,7 @@ class Settings:
         "the upload page sends a file in resumable PATCH requests of at most this many bytes; a dropped "
         "connection costs at most one")
     retire_grace_seconds: float = setting(
-        "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "ATTACHE_RETIRE_GRACE_SECONDS", 7 * 24 * 3600.0, _float(0, CENTURY_SECONDS),
         "objects of a pipeline version are collected this long after a newer version is ready (below "
         "ATTACHE_PRESIGN_SECONDS, a presigned URL of the older version handed out just before can fail before it "
         "expires; caches and pages holding old URLs need it longer still)")
@@ -315,7 +322,7 @@ class Settings:
     webhook_retry_max_seconds: float = setting(
         "ATTACHE_WEBHOOK_RETRY_MAX_SECONDS", 21600.0, _float(0), "longest delay between webhook delivery attempts")
     webhook_delivery_retention_seconds: float = setting(
-        "ATTACHE_WEBHOOK_DELIVERY_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0),
+        "ATTACHE_WEBHOOK_DELIVERY_RETENTION_SECONDS", 7 * 24 * 3600.0, _float(0, CENTURY_SECONDS),
         "a delivered webhook delivery's row is deleted this long after it was delivered (pending and failed ones "
         "are kept: the failed are the operator's to redeliver)")
     webhook_interval_seconds: float = setting(

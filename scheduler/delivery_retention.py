@@ -22,7 +22,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.engine import Engine
 
 from app.adapters.postgres.db import interval, transaction
-from app.adapters.postgres.models import webhook_deliveries
+from app.adapters.postgres.models import webhook_deliveries, webhook_subscriptions
 from app.core.webhooks import DELIVERED
 
 log = logging.getLogger("attache.scheduler.delivery_retention")
@@ -30,12 +30,22 @@ log = logging.getLogger("attache.scheduler.delivery_retention")
 
 def expired_query(retention_seconds: float, batch: int):
     """Up to ``batch`` deliveries delivered more than ``retention_seconds`` ago, oldest first (locked, skipping
-    locked ones)."""
+    locked ones). Not those of a disabled subscription's events after the counter its disable read: ``enable``
+    makes a delivery for each such event that has none, and an event's delivery sent just before its disable
+    committed (the disable read the counter before the event's COMMIT) was deleted here and sent again under a
+    new sequence (a re-attack)."""
+    subscription = webhook_subscriptions
+    kept_for_enable = (select(subscription.c.id)
+                       .where(subscription.c.id == webhook_deliveries.c.subscription_id,
+                              subscription.c.disabled_at.is_not(None),
+                              webhook_deliveries.c.event_sequence > subscription.c.disabled_after_event)
+                       .exists())
     return (select(webhook_deliveries.c.id)
             .where(webhook_deliveries.c.state == DELIVERED,
-                   webhook_deliveries.c.delivered_at < func.now() - interval(retention_seconds))
+                   webhook_deliveries.c.delivered_at < func.now() - interval(retention_seconds),
+                   ~kept_for_enable)
             .order_by(webhook_deliveries.c.delivered_at).limit(batch)
-            .with_for_update(skip_locked=True))
+            .with_for_update(of=webhook_deliveries, skip_locked=True))
 
 
 @dataclass(frozen=True)

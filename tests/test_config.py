@@ -39,6 +39,10 @@ def test_the_broker_url_chooses_the_broker(url, kind):
     ("ATTACHE_STEP_TIME_LIMIT_SECONDS", "nan"),
     ("ATTACHE_STEP_TIME_LIMIT_SECONDS", "inf"),
     ("ATTACHE_DATABASE_WAIT_SECONDS", "nan"),
+    # past PostgreSQL's intervals and timestamps: every round of the cleanup failed (a re-attack)
+    ("ATTACHE_WEBHOOK_DELIVERY_RETENTION_SECONDS", "1e12"),
+    ("ATTACHE_FAILED_RETENTION_SECONDS", "1e12"),
+    ("ATTACHE_RETIRE_GRACE_SECONDS", "1e12"),
 ])
 def test_bad_setting_names_the_variable(variable, value):
     with pytest.raises(ConfigError) as info:

@@ -209,6 +209,28 @@ def test_delivered_deliveries_are_deleted_after_their_retention_and_the_sequence
     assert listed[broken.url]["deliveries"] == {"pending": 0, "delivered": 0, "failed": 4}
 
 
+def test_the_retention_keeps_what_an_enable_would_send_again(app, engine, receivers, data_file):
+    """A disable that read the event counter just before an event's COMMIT keeps a counter one short, and that
+    event's delivery may be sent before the disable commits. ``enable`` makes a delivery for each later event that
+    has none: once the retention had deleted it, the event was sent again under a new sequence (a re-attack)."""
+    steady = receivers()
+    hook = register(app, steady.url)
+    for name in ("photos/chelsea.jpg", "photos/coffee.png"):
+        upload_and_process(app, engine, data_file(name))
+    config = DelivererConfig(policy=NOW, max_attempts=1, timeout_seconds=2, allow_private=True)
+    deliver_all(engine, config)
+    ops = authed(app, OPERATOR_TOKEN)
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/disable", json={"reason": "maintenance"}).status_code == 200
+    with engine.begin() as conn:  # as the racing disable left it: its counter one event short, both delivered
+        conn.execute(text("UPDATE webhook_subscriptions SET disabled_after_event = (SELECT min(sequence) FROM events)"))
+        conn.execute(text("UPDATE webhook_deliveries SET delivered_at = now() - interval '8 days'"))
+    week = 7 * 24 * 3600.0
+    assert DeliveryRetention(engine, DeliveryRetentionConfig(retention_seconds=week)).run_once() == {"deleted": 1}
+    assert ops.post(f"/v1/ops/webhooks/{hook['id']}/enable", json={"reason": "back"}).status_code == 200
+    deliver_all(engine, config)
+    assert [int(headers["webhook-sequence"]) for headers, _ in steady.calls] == [1, 2]
+
+
 def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelivered(app, engine, receivers,
                                                                                      data_file):
     hanging, slow, steady = receivers(delay=5), receivers(delay=0.3), receivers()
