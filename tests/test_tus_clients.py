@@ -14,6 +14,7 @@ is slow so that the kill lands while bytes are still on their way.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import threading
 import uuid
@@ -249,34 +250,68 @@ def test_the_readmes_three_lines_upload_as_written(web, engine, data_file, tmp_p
     assert filename == "photo.jpg"
 
 
-def _page_upload_over(link_policy, env, tmp_path, engine, photo) -> list:
-    """The upload page sends ``photo`` through an :class:`~tests.http_link.HttpLink` with ``link_policy``; it must
-    end ``ready``, as one upload and one attachment. What the link saw."""
+def _open_signed_in(driver, url: str) -> None:
+    """The upload page at ``url``, signed in as the uploader."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
-    from tests.browser import browsing, waiting
+    from tests.browser import waiting
+
+    driver.get(url)
+    waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
+    driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
+
+
+def _choose(driver, path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions as EC
+
+    from tests.browser import waiting
+
+    waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(path))
+
+
+def _settled(driver, path, seconds: float):
+    """The row of ``path`` once it has ended: ready, failed, refused or in error."""
+    from selenium.webdriver.common.by import By
+
+    from tests.browser import waiting
+
+    row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{path.name}"]')
+    waiting(driver, seconds).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
+        "ready", "failed", "refused", "error"))
+    return driver.find_element(*row)
+
+
+@contextlib.contextmanager
+def _page_through(link_policy, env, tmp_path):
+    """The upload page in a browser, signed in, reaching a deployment of its own (web, worker, scheduler) through
+    an :class:`~tests.http_link.HttpLink` with ``link_policy``: (driver, link)."""
+    from tests.browser import browsing
     from tests.http_link import HttpLink
 
     deployment = Deployment(env, tmp_path)
     link = HttpLink(("127.0.0.1", deployment.port), link_policy)
     try:
         with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
-            driver.get(f"http://127.0.0.1:{link.port}/")
-            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
-            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
-            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
-            row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
-            waiting(driver, 120).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
-                "ready", "failed", "refused", "error"))
-            assert driver.find_element(*row).get_attribute("data-state") == "ready", driver.find_element(*row).text
-        with engine.connect() as conn:
-            made = conn.execute(select(attachments.c.id)).scalars().all()
-            opened = conn.execute(select(uploads.c.id)).scalars().all()
-        assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
-        return link.seen
+            _open_signed_in(driver, f"http://127.0.0.1:{link.port}/")
+            yield driver, link
     finally:
         link.close()
+
+
+def _page_upload_over(link_policy, env, tmp_path, engine, photo) -> list:
+    """The upload page sends ``photo`` through an :class:`~tests.http_link.HttpLink` with ``link_policy``; it must
+    end ``ready``, as one upload and one attachment. What the link saw."""
+    with _page_through(link_policy, env, tmp_path) as (driver, link):
+        _choose(driver, photo)
+        settled = _settled(driver, photo, 120)
+        assert settled.get_attribute("data-state") == "ready", settled.text
+    with engine.connect() as conn:
+        made = conn.execute(select(attachments.c.id)).scalars().all()
+        opened = conn.execute(select(uploads.c.id)).scalars().all()
+    assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
+    return link.seen
 
 
 @pytest.mark.processes
@@ -330,14 +365,9 @@ def test_the_page_reloaded_after_lost_creation_answers_resumes_with_the_same_key
     """The creation's key was made anew each time the file was chosen: after a reload, an upload made by a
     creation whose answer was lost stayed open and empty for a day (a re-attack). It is kept with the file's
     fingerprint until the upload ends."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
-
-    from tests.browser import browsing, waiting
-    from tests.http_link import LOSE_ANSWER, PASS, HttpLink
+    from tests.http_link import LOSE_ANSWER, PASS
 
     photo = data_file("photos/chelsea.jpg")
-    deployment = Deployment(env, tmp_path)
     losing = threading.Event()
     losing.set()
 
@@ -346,32 +376,23 @@ def test_the_page_reloaded_after_lost_creation_answers_resumes_with_the_same_key
             return LOSE_ANSWER
         return PASS
 
-    link = HttpLink(("127.0.0.1", deployment.port), policy)
-    row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
-    try:
-        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
-            driver.get(f"http://127.0.0.1:{link.port}/")
-            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
-            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
-            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
-            wait_for(lambda: sum(what == "answer lost" for _, _, what in link.seen) >= 2, timeout=30,
-                     message="two creations' answers lost")
-            with engine.connect() as conn:
-                assert conn.execute(select(uploads.c.id)).scalars().all() != []  # made, its answer lost
-            driver.refresh()
-            losing.clear()
-            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
-            waiting(driver, 120).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
-                "ready", "failed", "refused", "error"))
-            assert driver.find_element(*row).get_attribute("data-state") == "ready", driver.find_element(*row).text
-            assert driver.execute_script("return Object.keys(window.localStorage).filter("
-                                         "function (k) { return k.indexOf('attache-creation') === 0; })") == []
+    with _page_through(policy, env, tmp_path) as (driver, link):
+        _choose(driver, photo)
+        wait_for(lambda: sum(what == "answer lost" for _, _, what in link.seen) >= 2, timeout=30,
+                 message="two creations' answers lost")
         with engine.connect() as conn:
-            made = conn.execute(select(attachments.c.id)).scalars().all()
-            opened = conn.execute(select(uploads.c.id)).scalars().all()
-        assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
-    finally:
-        link.close()
+            assert conn.execute(select(uploads.c.id)).scalars().all() != []  # made, its answer lost
+        driver.refresh()
+        losing.clear()
+        _choose(driver, photo)
+        settled = _settled(driver, photo, 120)
+        assert settled.get_attribute("data-state") == "ready", settled.text
+        assert driver.execute_script("return Object.keys(window.localStorage).filter("
+                                     "function (k) { return k.indexOf('attache-creation') === 0; })") == []
+    with engine.connect() as conn:
+        made = conn.execute(select(attachments.c.id)).scalars().all()
+        opened = conn.execute(select(uploads.c.id)).scalars().all()
+    assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
 
 
 @pytest.mark.long  # make soak: the page's retries run out (about two minutes)
@@ -381,13 +402,10 @@ def test_the_page_says_the_service_is_away_when_its_questions_keep_failing(env, 
     "did not reach the service; check the connection", though its bytes had and the service's proxy answered (a
     re-attack). It says the service is away, and the file chosen again resumes it."""
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions as EC
 
-    from tests.browser import browsing, waiting
-    from tests.http_link import LOSE_ANSWER, PASS, HttpLink, bad_gateway
+    from tests.http_link import LOSE_ANSWER, PASS, bad_gateway
 
     photo = data_file("photos/chelsea.jpg")
-    deployment = Deployment(env, tmp_path)
     lost = []
 
     def policy(method: str, path: str, answer_head: bytes | None):
@@ -398,18 +416,8 @@ def test_the_page_says_the_service_is_away_when_its_questions_keep_failing(env, 
             return LOSE_ANSWER
         return PASS
 
-    link = HttpLink(("127.0.0.1", deployment.port), policy)
-    row = (By.CSS_SELECTOR, f'li.upload[data-file-name="{photo.name}"]')
-    try:
-        with browsing(deployment, tmp_path, "web", "worker", "scheduler") as driver:
-            driver.get(f"http://127.0.0.1:{link.port}/")
-            waiting(driver).until(EC.visibility_of_element_located((By.ID, "token"))).send_keys(UPLOADER_TOKEN)
-            driver.find_element(By.CSS_SELECTOR, "#sign-in button[type=submit]").click()
-            waiting(driver).until(EC.presence_of_element_located((By.ID, "file"))).send_keys(str(photo))
-            waiting(driver, 240).until(lambda d: d.find_element(*row).get_attribute("data-state") in (
-                "ready", "failed", "refused", "error"))
-            settled = driver.find_element(*row)
-            assert settled.find_element(By.CSS_SELECTOR, ".message").text == (
-                "The service is busy or away; choose the file again in a while to resume"), settled.text
-    finally:
-        link.close()
+    with _page_through(policy, env, tmp_path) as (driver, _link):
+        _choose(driver, photo)
+        settled = _settled(driver, photo, 240)
+        assert settled.find_element(By.CSS_SELECTOR, ".message").text == (
+            "The service is busy or away; choose the file again in a while to resume"), settled.text
