@@ -84,3 +84,28 @@ def test_readyz_answers_503_in_time_when_postgresql_stops_answering(env, tmp_pat
     finally:
         web.stop_all()
         proxy.close()
+
+
+@pytest.mark.processes
+def test_a_temporary_directory_that_cannot_hold_a_spool_is_not_ready(env, tmp_path, data_file):
+    """A TMPDIR replaced by a file (or a symlink to nothing) refused every upload with 503 while /readyz said ready
+    (an adversarial run); one removed is made again, and is ready."""
+    temp = tmp_path / "web-tmp"
+    temp.mkdir()
+    web = Deployment({**env, "TMPDIR": str(temp)}, tmp_path)
+    try:
+        web.start("web")
+        assert requests.get(web.url + "/readyz", timeout=10).json()["checks"]["spool"] == "ok"
+        temp.rmdir()
+        temp.write_bytes(b"not a directory")
+        unready = wait_for(lambda: (lambda r: r.json() if r.status_code == 503 else None)(
+            requests.get(web.url + "/readyz", timeout=10)), timeout=10, message="/readyz 503")
+        assert unready["checks"]["spool"] == "unavailable: spool_unavailable", unready
+        assert web.upload(data_file("photos/chelsea.jpg")).status_code == 503
+        temp.unlink()  # gone: made again
+        wait_for(lambda: requests.get(web.url + "/readyz", timeout=10).status_code == 200, timeout=10,
+                 message="/readyz ready again")
+        assert temp.is_dir()
+        assert web.upload(data_file("photos/chelsea.jpg")).status_code == 202
+    finally:
+        web.stop_all()

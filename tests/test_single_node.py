@@ -102,7 +102,7 @@ def test_make_up_with_nothing_running_takes_an_upload_to_ready(newcomer_root, da
         assert status["state"] == "ready", status
         assert sorted(status["variants"]) == sorted(pipeline.get(pipeline.NEWEST).variants)
         assert session.get(url + "/readyz", timeout=10).json()["checks"] == {
-            "database": "ok", "broker": "ok", "storage": "ok"}
+            "database": "ok", "broker": "ok", "storage": "ok", "spool": "ok"}
         assert default_port_connections(make.pid) == []
         assert (newcomer_root / "var" / "pgdata" / "PG_VERSION").exists(), "the data lives under ATTACHE_DATA_DIR"
         assert embedded.running(str(newcomer_root / "var"))

@@ -3,7 +3,8 @@
 ``/readyz`` is cheap, however often an orchestrator probes it: PostgreSQL
 answers ``SELECT 1`` on a pooled connection, RabbitMQ a passive declare on
 the checker's open connection (no new connection per probe), storage a
-probe write without fsync (or a bucket HEAD); one answer serves every probe
+probe write without fsync (or a bucket HEAD), the web's temporary directory
+an empty file made and removed; one answer serves every probe
 of the process for :data:`READY_CACHE_SECONDS`, and no probe waits longer
 than :data:`READY_DEADLINE_SECONDS` (see :class:`Readiness`).
 """
@@ -17,7 +18,7 @@ from flask import Blueprint, current_app
 from sqlalchemy import text
 
 from app.errors import AttacheError
-from app.web import schemas
+from app.web import schemas, spool
 from app.web.contract import ok, operation
 from app.web.responses import answer
 
@@ -27,7 +28,7 @@ bp = Blueprint("health", __name__)
 READY_CACHE_SECONDS = 1.0
 #: how long a probe waits for the checks before it answers 503 for what did not answer
 READY_DEADLINE_SECONDS = 3.0
-CHECKS = ("database", "broker", "storage")
+CHECKS = ("database", "broker", "storage", "spool")
 NO_ANSWER = f"unavailable: no answer within {READY_DEADLINE_SECONDS:g} s"
 
 
@@ -39,7 +40,8 @@ def healthz():
 
 
 @bp.get("/readyz")
-@operation("readyz", "Readiness: PostgreSQL, RabbitMQ and storage answer", tag="meta", database=False,
+@operation("readyz", "Readiness: PostgreSQL, RabbitMQ and storage answer, and the temporary directory takes a file",
+           tag="meta", database=False,
            answers={200: ok("Every dependency answers.", schemas.Readiness),
                     503: ok("At least one dependency does not answer (no Retry-After).", schemas.Readiness)})
 def readyz():
@@ -128,4 +130,5 @@ def _checks(services, checks: dict[str, str]) -> dict[str, str]:
     check("database", database)
     check("broker", services.broker.ping)
     check("storage", services.storage.check)
+    check("spool", spool.check_directory)
     return checks

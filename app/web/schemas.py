@@ -457,6 +457,8 @@ class Checks(Body):
     database: CheckResult
     broker: CheckResult
     storage: CheckResult
+    #: the web's temporary directory, where upload bodies are spooled
+    spool: CheckResult
 
 
 class Readiness(Body):

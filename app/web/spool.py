@@ -58,6 +58,18 @@ def _spool_file(directory: str, min_free_bytes: int, expected_bytes: int) -> tup
     raise AssertionError("unreachable")
 
 
+def check_directory(directory: str | None = None) -> None:
+    """Prove the spool's directory takes a file (made again if it is gone), for ``/readyz``: a temporary directory
+    replaced by a file, or by a symlink to nothing, refused every upload with 503 while the web said it was ready
+    (an adversarial run)."""
+    try:
+        fd, name = _spool_file(directory or tempfile.gettempdir(), 0, 0)
+    except OSError as exc:
+        raise SpoolUnavailable(f"the temporary directory cannot hold an upload ({exc.strerror})") from None
+    os.close(fd)
+    os.unlink(name)
+
+
 class HashingSpool:
     """A write-only file object that spools to disk, hashes and counts.
 
