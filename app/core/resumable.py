@@ -178,8 +178,7 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
         raise UploadRejected("the upload is empty", error_code="empty_body")
     with transaction(services.engine) as conn:
         if key is not None:
-            # one creation of the uploader at a time (the lock _admit_open takes too): a key sent twice at once
-            conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+            _lock_creations(conn, owner)  # a key sent twice at once
             # read, not locked: a PATCH or a DELETE may hold the row (a last PATCH's join on slow storage), and a
             # replay waiting for it held the uploader's creations behind it, and took the pool's connections,
             # until its lock timeout (a re-attack); what it answers is where the upload stood at this read
@@ -205,6 +204,14 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
 #: :data:`app.core.staging.NAMESPACE` and :data:`app.core.objects.NAMESPACE` are)
 NAMESPACE = 727277
 
+_LOCK_CREATIONS = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))")
+
+
+def _lock_creations(conn, owner: str) -> None:
+    """One creation of ``owner``'s at a time, until the transaction ends (a lock taken twice is held once more)."""
+    conn.execute(_LOCK_CREATIONS, {"ns": NAMESPACE, "owner": owner})
+
+
 _OPEN = text("""
     SELECT count(*), coalesce(sum(upload_length), 0) FROM uploads
     WHERE owner = :owner AND attachment_id IS NULL AND expires_at > now()
@@ -220,7 +227,7 @@ def _admit_open(conn, settings, owner: str, length: int) -> None:
     most, most_bytes = settings.max_open_uploads_per_uploader, settings.max_open_upload_bytes_per_uploader
     if not (most or most_bytes):
         return
-    conn.execute(text("SELECT pg_advisory_xact_lock(:ns, hashtext(:owner))"), {"ns": NAMESPACE, "owner": owner})
+    _lock_creations(conn, owner)
     open_uploads, declared = conn.execute(_OPEN, {"owner": owner}).one()
     if most and open_uploads >= most:
         raise TooManyOpenUploads(f"{open_uploads} of your resumable uploads are unfinished, the most one uploader may "
