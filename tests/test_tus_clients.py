@@ -16,6 +16,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import hashlib
+import os
 import threading
 import uuid
 
@@ -393,6 +394,48 @@ def test_the_page_reloaded_after_lost_creation_answers_resumes_with_the_same_key
         made = conn.execute(select(attachments.c.id)).scalars().all()
         opened = conn.execute(select(uploads.c.id)).scalars().all()
     assert len(made) == 1 and len(opened) == 1, (made, opened, link.seen)
+
+
+@pytest.mark.processes
+def test_a_file_changed_while_the_page_sends_it_is_given_up_and_its_upload_ended(env, tmp_path, engine, data_file):
+    """A file changed on the device mid-upload: Chromium refuses to read it again (``ERR_UPLOAD_FILE_CHANGED``), and
+    tus-js-client took that for a lost connection. The row said "resuming" for some two minutes, then that the
+    upload had not reached the service, and the upload stayed open for a day, counted against the uploader's limits
+    (an adversarial run). The page now says the file changed and ends the upload at once."""
+    from tests.http_link import PASS
+
+    photo = tmp_path / "changing.png"
+    photo.write_bytes(data_file("photos/astronaut.png").read_bytes())  # 415 KiB: seven PATCHes of 64 KiB
+    patches, hold = [], threading.Event()
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is None and method == "PATCH":
+            patches.append(path)
+            if len(patches) == 2:
+                hold.wait(30)  # the second PATCH waits while the file changes on the device
+        return PASS
+
+    with _page_through(policy, {**env, "ATTACHE_UPLOAD_CHUNK_BYTES": str(CHUNK)}, tmp_path) as (driver, link):
+        _choose(driver, photo)
+        wait_for(lambda: len(patches) >= 2, timeout=30, message="the second PATCH")
+        with engine.connect() as conn:
+            assert len(conn.execute(select(uploads.c.id)).scalars().all()) == 1
+        photo.write_bytes(photo.read_bytes()[::-1])  # the same size, other bytes, a later modification time
+        later = photo.stat().st_mtime + 60
+        os.utime(photo, (later, later))
+        hold.set()
+        settled = _settled(driver, photo, 30)
+        assert settled.get_attribute("data-state") == "refused", settled.text
+        assert "changed" in settled.text and "choose it again" in settled.text, settled.text
+        wait_for(lambda: driver.execute_script(
+            "return Object.keys(window.localStorage).filter(function (k) {"
+            " return k.indexOf('attache-creation') === 0 || k.indexOf('tus::') === 0; }).length") == 0,
+            timeout=10, message="the page forgets the upload")
+        with engine.connect() as conn:
+            wait_for(lambda: conn.execute(select(uploads.c.id)).scalars().all() == [], timeout=10,
+                     message="the upload ended on the service")
+            assert conn.execute(select(attachments.c.id)).scalars().all() == []
+    assert ("DELETE", patches[0], "204") in link.seen, link.seen
 
 
 @pytest.mark.long  # make soak: the page's retries run out (about two minutes)

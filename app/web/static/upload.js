@@ -29,6 +29,7 @@
   // after a failed request, wait this long (ms) before each next try; progress starts the list again
   var RETRY_DELAYS = [0, 1000, 3000, 5000, 10000, 20000, 30000, 60000];
   var RESUMING = "Connection lost; resuming where it stopped…";
+  var CHANGED = "The file changed on your device while it was being sent; choose it again";
   var FORMATS = "JPEG, PNG, WebP, GIF, TIFF, BMP, HEIC or AVIF";
 
   var STATE_WORDS = {
@@ -261,6 +262,15 @@
     };
   }
 
+  // Whether the file can still be read as it was chosen. One changed on the device since (Chromium:
+  // ERR_UPLOAD_FILE_CHANGED, a NotReadableError) fails every request that sends it as a dropped connection would.
+  function stillReadable(file) {
+    if (!file.slice || !file.slice(0, 1).arrayBuffer) {
+      return Promise.resolve(true);
+    }
+    return file.slice(0, 1).arrayBuffer().then(function () { return true; }, function () { return false; });
+  }
+
   // The answer an error carries: tus-js-client's own, or the one a failed HEAD was answered with (thrown below).
   function answerOf(err) {
     return err.originalResponse || (err.causingError && err.causingError.originalResponse) || null;
@@ -271,6 +281,26 @@
     var headers = { "X-CSRF-Token": csrf };
     if (digest) {
       headers["Repr-Digest"] = digest;
+    }
+    var over = false; // the row has its end: ready to poll, refused, in error or given up
+    function end() {
+      var first = !over;
+      over = true;
+      return first;
+    }
+    // A file changed mid-upload was taken for a lost connection: "resuming" for two minutes of retries, then "did
+    // not reach the service", and its upload left open for a day, counted against the uploader (an adversarial
+    // run). It is given up at once: the upload ended on the service, the row says why.
+    function giveUpIfChanged() {
+      stillReadable(row.file).then(function (readable) {
+        if (readable || !end()) {
+          return;
+        }
+        key.forget();
+        setState(row, "refused", CHANGED);
+        upload.abort(true).catch(function () { /* it expires on the service */ });
+        finished();
+      });
     }
     var upload = new tus.Upload(row.file, {
       endpoint: resumableUrl,
@@ -299,6 +329,9 @@
         var cutShort = status === 400 && /"error"\s*:\s*"incomplete_body"/.test(answer.getBody() || "");
         var retry = (status < 400 || status >= 500 || status === 409 || status === 423 || status === 429 ||
                      cutShort) && navigator.onLine !== false;
+        if (!answer) {
+          giveUpIfChanged();
+        }
         if (retry) {
           row.item.setAttribute("data-resumed", "true");
           setState(row, "uploading", RESUMING);
@@ -327,6 +360,9 @@
         }
       },
       onSuccess: function () {
+        if (!end()) {
+          return;
+        }
         key.forget();
         row.progress.value = 100;
         setState(row, "queued", "");
@@ -338,6 +374,9 @@
         finished();
       },
       onError: function (err) {
+        if (!end()) {
+          return;
+        }
         var response = answerOf(err);
         if (response && response.getStatus() < 500) {
           key.forget(); // refused: the upload is gone, or the service said why (a 5xx keeps it, to resume)
