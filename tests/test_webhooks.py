@@ -8,6 +8,8 @@ verified with the ``standardwebhooks`` reference library, as a receiver would.
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 
@@ -260,6 +262,48 @@ def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelive
     deliver_all(engine, config)
     assert ops.get(f"/v1/ops/webhooks/{hooks[0]['id']}/deliveries").json["deliveries"][0]["state"] == "delivered"
     assert len({h["webhook-id"] for h, _ in hanging.calls}) == 1  # the same event every time
+
+
+def test_an_endpoint_whose_first_address_resets_is_reached_at_another_on_the_next_attempt(app, engine, receivers,
+                                                                                        data_file, monkeypatch):
+    """An address that takes the connection and then resets it ended the attempt, and every attempt began at the
+    same first address: an endpoint of two addresses, one of them broken so, failed every delivery (an adversarial
+    run). Each attempt now begins at the next address."""
+    resetting = socket.create_server(("127.0.0.1", 0))
+    port = resetting.getsockname()[1]
+    healthy = receivers(host="127.0.0.2", port=port)
+    accepted = []
+
+    def reset_each():
+        while True:
+            try:
+                client, _ = resetting.accept()
+            except OSError:
+                return
+            with client:
+                accepted.append(client.recv(65536))  # the request arrives, and then the reset
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+
+    threading.Thread(target=reset_each, daemon=True).start()
+    real = socket.getaddrinfo
+
+    def two(host, *args, **kwargs):
+        if host == "two.example":
+            return [info for n in (1, 2) for info in real(f"127.0.0.{n}", *args, **kwargs)]
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", two)
+    try:
+        register(app, f"http://two.example:{port}/hook", events=["attachment.ready"])
+        upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+        deliver_all(engine, DelivererConfig(policy=NOW, max_attempts=3, timeout_seconds=2, concurrency=1,
+                                            allow_private=True))
+        with engine.connect() as conn:
+            assert conn.execute(select(webhook_deliveries.c.state, webhook_deliveries.c.attempts)).all() == [
+                ("delivered", 2)], (accepted, len(healthy.calls))
+        assert len(healthy.calls) == 1
+    finally:
+        resetting.close()
 
 
 def test_hanging_endpoints_never_keep_a_healthy_one_waiting_whatever_their_ids(app, engine, receivers, data_file):

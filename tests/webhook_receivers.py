@@ -16,7 +16,7 @@ from standardwebhooks.webhooks import Webhook
 
 class Receiver:
     def __init__(self, *, fail_first: int = 0, delay: float = 0.0, status: int = 204,
-                 headers: dict[str, str] | None = None):
+                 headers: dict[str, str] | None = None, host: str = "127.0.0.1", port: int = 0):
         self.fail_first, self.delay, self.status, self.headers = fail_first, delay, status, headers or {}
         self.calls: list[tuple[dict[str, str], str]] = []  # every request, answered or not
         self.times: list[float] = []  # when each arrived (time.monotonic())
@@ -43,14 +43,15 @@ class Receiver:
             def log_message(self, *args):
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server = ThreadingHTTPServer((host, port), Handler)
         self.server.daemon_threads = True
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        host, port = self.server.server_address[:2]
+        return f"http://{host}:{port}/hook"
 
     def verified(self, secret: str) -> list[tuple[dict[str, str], dict]]:
         """Every call, verified with the Standard Webhooks reference library as a receiver would."""

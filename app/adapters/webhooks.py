@@ -312,8 +312,14 @@ def _cut(connection: http.client.HTTPConnection, expired: threading.Event) -> No
             sock.shutdown(socket.SHUT_RDWR)
 
 
-def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_private: bool) -> Answer:
+def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_private: bool,
+         first: int = 0) -> Answer:
     """POST ``body`` to ``url`` (checked again now): connected, sent and answered within ``timeout`` in all.
+
+    ``first``: the attempt's number; the host's addresses are tried from the one after as many as it says, in turn.
+    An address that takes the connection and then resets it, or never answers, ends the attempt (the request may
+    have reached the endpoint: it is not sent twice in one attempt), and each attempt began at the same address: an
+    endpoint of two addresses, one broken so, failed every delivery (an adversarial run).
 
     Each socket operation has the timeout, and a timer cuts the connection
     when the whole attempt has taken it: an endpoint that drips its answer a
@@ -325,6 +331,8 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
         target, addresses = check_target(url, allow_private=allow_private, within=timeout)
     except (WebhookTargetRefused, InvalidWebhook) as exc:
         return Answer(None, str(exc))
+    turn = first % len(addresses)
+    addresses = addresses[turn:] + addresses[:turn]
     left = max(0.001, timeout - (time.monotonic() - began))  # the name's time counts
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP
     expired = threading.Event()

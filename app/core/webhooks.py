@@ -475,7 +475,7 @@ class Deliverer:
         headers["webhook-sequence"] = str(row.sequence)
         try:
             answer = endpoints.post(target.url, payload, headers, timeout=self.config.timeout_seconds,
-                                    allow_private=self.config.allow_private)
+                                    allow_private=self.config.allow_private, first=row.attempts)
         except Exception as exc:  # an answer the sender could not read is an attempt like any other, counted
             log.exception("webhook delivery %s: the answer could not be read", row.id)
             answer = endpoints.Answer(None, f"the answer could not be read: {type(exc).__name__}")
