@@ -16,6 +16,7 @@ from sqlalchemy import text
 from app.adapters import webhooks as webhook_endpoints
 from app.errors import WebhookTargetRefused
 from tests.conftest import OPERATOR_TOKEN, authed
+from tests.processes import wait_for
 from tests.test_webhooks import make_app
 
 
@@ -204,7 +205,6 @@ def test_a_delivery_being_sent_is_not_redelivered_alongside_its_attempt(app, eng
     """A redelivery cleared the claim of an attempt under way: another thread sent the delivery at the same time
     (two POSTs of one delivery at once), and the first attempt's outcome was dropped (an adversarial run)."""
     from app.core.webhooks import Deliverer, DelivererConfig
-    from tests.processes import wait_for
     from tests.test_webhooks import NOW, register, upload_and_process
     from tests.webhook_receivers import Receiver
 
@@ -344,6 +344,48 @@ def test_names_whose_server_never_answers_take_one_resolver_each_and_leave_the_r
         silence.set()
 
 
+def test_many_silent_names_leave_threads_to_the_names_that_answer(monkeypatch):
+    """Each silent name holds a resolver thread for its resolver's timeouts, and 32 of them at once held them all:
+    every endpoint's name then waited out its deadline, healthy ones included (an adversarial run). A name that
+    answered before is looked up on threads of its own, and one that outlived the resolving bound once on threads
+    apart: silent names keep threads from the names looked up for the first time only on their own first lookup."""
+    real, silence, looked_up = socket.getaddrinfo, threading.Event(), set()
+    monkeypatch.setattr(webhook_endpoints, "RESOLVE_SECONDS", 0.2)
+
+    def resolver(host, *args, **kwargs):
+        if host.startswith("silent"):
+            if host in looked_up:
+                silence.wait(30)
+            else:
+                looked_up.add(host)
+                time.sleep(0.3)  # past the bound: a silent name from now on
+        return real("127.0.0.1", *args, **kwargs)
+
+    def attempt_each(names):
+        for name in names:
+            with contextlib.suppress(WebhookTargetRefused):
+                webhook_endpoints.check_target(f"http://{name}/", allow_private=True, within=0.001)
+
+    def resolves_at_once(name) -> None:
+        began = time.monotonic()
+        _, addresses = webhook_endpoints.check_target(f"http://{name}/", allow_private=True, within=2)
+        assert addresses == ["127.0.0.1"] and time.monotonic() - began < 1, name
+
+    monkeypatch.setattr(socket, "getaddrinfo", resolver)
+    silent = [f"silent-{number}.example" for number in range(64)]
+    try:
+        resolves_at_once("answered-before.example")
+        attempt_each(silent)  # each takes 0.3 s: the pool of new names is theirs meanwhile
+        wait_for(lambda: all(webhook_endpoints._STANDINGS.get((name, 80)) == "silent" for name in silent),
+                 timeout=10, message="every silent name's first lookup ends")
+        for _ in range(3):  # now each holds a thread until the test ends
+            attempt_each(silent)
+        resolves_at_once("answered-before.example")
+        resolves_at_once("looked-up-first-now.example")
+    finally:
+        silence.set()
+
+
 def test_a_lookup_done_before_it_is_registered_leaves_the_next_ones_free(monkeypatch):
     """A lookup can end before ``submit`` returns (a new resolver thread, a quick name); its callback then ran at
     once, under the lock it takes, and the process's every later lookup waited on that lock for ever (a
@@ -356,7 +398,7 @@ def test_a_lookup_done_before_it_is_registered_leaves_the_next_ones_free(monkeyp
             done.set_result(fn(*args, **kwargs))
             return done
 
-    monkeypatch.setattr(webhook_endpoints, "_RESOLVERS", Done())
+    monkeypatch.setattr(webhook_endpoints, "_RESOLVERS", {standing: Done() for standing in ("answered", "new", "silent")})
     answers = []
     looking = threading.Thread(target=lambda: answers.extend(
         webhook_endpoints.check_target(f"http://localhost:{port}/", allow_private=True, within=1)[1]

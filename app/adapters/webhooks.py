@@ -20,6 +20,7 @@
 from __future__ import annotations
 
 import base64
+import collections
 import contextlib
 import email.utils
 import http.client
@@ -111,13 +112,21 @@ def is_public(address: str) -> bool:
 RESOLVE_SECONDS = 5.0
 #: the threads names are resolved in: ``getaddrinfo`` cannot be cut short, so a resolver that does not answer costs
 #: one of them for its own timeouts (glibc's: 5 s a try, 2 tries a name server), never an attempt's caller; while all
-#: are busy, a name waits its turn within its deadline
-_RESOLVERS = ThreadPoolExecutor(32, thread_name_prefix="webhook-resolve")
+#: are busy, a name waits its turn within its deadline. A name is looked up on the threads of its standing: ``answered``
+#: (its last lookup ended within :data:`RESOLVE_SECONDS`), ``silent`` (it did not), ``new`` (not looked up yet in this
+#: process). 32 silent names at once held every thread of one pool, and every endpoint's name waited out its deadline
+#: (an adversarial run); now they hold the silent threads, and the new ones until their first lookup ends.
+_RESOLVERS = {"answered": ThreadPoolExecutor(16, thread_name_prefix="webhook-resolve-answered"),
+              "new": ThreadPoolExecutor(16, thread_name_prefix="webhook-resolve-new"),
+              "silent": ThreadPoolExecutor(8, thread_name_prefix="webhook-resolve-silent")}
+#: each name's standing, by (host, port), the names least recently looked up forgotten past this many
+_STANDINGS_KEPT = 10_000
+_STANDINGS: collections.OrderedDict[tuple[str, int], str] = collections.OrderedDict()
+_STANDINGS_LOCK = threading.Lock()
 #: the lookups under way, by (host, port): an attempt on a name being looked up waits for that lookup, never queues
 #: another. Each attempt on a name whose server did not answer queued one more lookup behind those it had given up
 #: on; they kept every resolver thread, and healthy endpoints' names, IP literals among them, waited out their
-#: deadline (an adversarial run: 7-12 of 17-23 healthy attempts failed). A silent name now holds one thread at most,
-#: and 32 of them at once fill the pool (with 8 threads, 8 silent names did, glibc's timeouts 20 s: a re-attack).
+#: deadline (an adversarial run: 7-12 of 17-23 healthy attempts failed). A silent name now holds one thread at most.
 _LOOKUPS: dict[tuple[str, int], Future] = {}
 _LOOKUPS_LOCK = threading.Lock()
 
@@ -137,11 +146,27 @@ def _lookup(host: str, port: int) -> Future:
         lookup = _LOOKUPS.get(key)
         made = lookup is None
         if made:
-            lookup = _LOOKUPS[key] = _RESOLVERS.submit(socket.getaddrinfo, host, port, type=socket.SOCK_STREAM)
+            with _STANDINGS_LOCK:
+                standing = _STANDINGS.get(key, "new")
+            lookup = _LOOKUPS[key] = _RESOLVERS[standing].submit(_timed_lookup, key)
     if made:  # outside the lock: a lookup done already runs its callback here, at once, and the callback takes the
         # lock (registered under it, a quick lookup deadlocked every later one of the process: a re-attack)
         lookup.add_done_callback(lambda _: _forget_lookup(key, lookup))
     return lookup
+
+
+def _timed_lookup(key: tuple[str, int]):
+    """``getaddrinfo`` of the name, its standing set by how long it took (an error is an answer too, if quick)."""
+    began = time.monotonic()
+    try:
+        return socket.getaddrinfo(*key, type=socket.SOCK_STREAM)
+    finally:
+        standing = "answered" if time.monotonic() - began <= RESOLVE_SECONDS else "silent"
+        with _STANDINGS_LOCK:
+            _STANDINGS[key] = standing
+            _STANDINGS.move_to_end(key)
+            if len(_STANDINGS) > _STANDINGS_KEPT:
+                _STANDINGS.popitem(last=False)
 
 
 def _forget_lookup(key: tuple[str, int], lookup: Future) -> None:
