@@ -1009,6 +1009,8 @@ def test_a_creation_sent_again_with_its_idempotency_key_answers_the_upload_it_ma
     assert count(engine, uploads) == 1
     other = create(client, len(photo) + 1, headers=key)  # not what the key made
     assert (other.status_code, other.get_json()["error"]) == (422, "idempotency_key_reused")
+    renamed = create(client, len(photo), filename="other.jpg", headers=key)  # answered the first upload's name
+    assert (renamed.status_code, renamed.get_json()["error"]) == (422, "idempotency_key_reused")
     assert create(client, len(photo), headers={"Idempotency-Key": "a,b"}).status_code == 400
     assert create(client, len(photo), headers={"Idempotency-Key": "page-file-2"}).headers["Location"] != \
         first.headers["Location"]

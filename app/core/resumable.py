@@ -167,10 +167,10 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
 
     ``expected_sha256`` (hex): what the joined bytes must hash to at the last byte, else the upload is refused.
     ``key``: the creation's Idempotency-Key. While an upload the uploader created with it is there (open, or
-    finished), the creation answers that one (:class:`IdempotencyKeyReused` if it declared another length or
-    digest): tus-js-client sends a creation whose answer was lost again, and each made an upload that stayed open,
-    empty, for a day, counted against the uploader's limits until every creation was refused (an adversarial
-    run). An expired upload gives its key up."""
+    finished), the creation answers that one (:class:`IdempotencyKeyReused` if it declared another length, digest
+    or ``Upload-Metadata``): tus-js-client sends a creation whose answer was lost again, and each made an upload
+    that stayed open, empty, for a day, counted against the uploader's limits until every creation was refused
+    (an adversarial run). An expired upload gives its key up."""
     limit = services.settings.max_upload_bytes
     if length > limit:
         raise UploadTooLarge(f"Upload-Length {length} is larger than the limit of {limit} bytes")
@@ -188,8 +188,10 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
                 conn.execute(update(uploads).where(uploads.c.id == earlier.id, uploads.c.creation_key == key)
                              .values(creation_key=None))  # given up: the unique key is free for the new upload
             elif earlier is not None:
-                if (earlier.upload_length, earlier.expected_sha256) != (length, expected_sha256):
-                    raise IdempotencyKeyReused("this Idempotency-Key made an upload of another length or digest")
+                if (earlier.upload_length, earlier.expected_sha256, earlier.upload_metadata) != (
+                        length, expected_sha256, metadata):  # another name answered with the first one's upload
+                    raise IdempotencyKeyReused("this Idempotency-Key made an upload of another length, digest or "
+                                               "Upload-Metadata")
                 return Created(Upload.of(earlier), True)
         pending.admit(conn, owner, services.settings.max_pending_per_uploader)  # 429: no upload is made
         _admit_open(conn, services.settings, owner, length)

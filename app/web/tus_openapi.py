@@ -140,7 +140,7 @@ def paths() -> dict:
                                                   "an upload this uploader created with the key is there (open, or "
                                                   "finished), the creation answers that upload, "
                                                   "`Idempotent-Replayed: true`, and its body is not read; one of "
-                                                  "another `Upload-Length` or `Repr-Digest` is "
+                                                  "another `Upload-Length`, `Repr-Digest` or `Upload-Metadata` is "
                                                   "`422 idempotency_key_reused`. An expired or terminated upload "
                                                   "gives its key up. The upload page sends one a file."),
                 ],
