@@ -20,7 +20,9 @@ import uuid
 
 import pytest
 import requests
+from sqlalchemy import text
 
+from app.core import pipeline
 from app.errors import SpoolUnavailable
 from app.web.spool import HashingSpool
 from tests.conftest import OTHER_UPLOADER_TOKEN, UPLOADER_TOKEN
@@ -426,6 +428,35 @@ def test_uploads_leave_the_spool_floor_free_for_the_accepted_work(deployment, en
             assert spools_in(tmp) == []
         finally:
             deployment.stop_all()  # before the filesystem is unmounted
+
+
+def test_uploads_leave_the_storage_room_for_the_variants_of_those_accepted(deployment, engine, data_file):
+    """The spool's floor was kept on the temporary directory's disk alone, and counted nothing for the uploads
+    accepted and not yet processed. Uploads filled the storage's disk with their staged originals while the worker
+    was busy; it could then write no variant, and every upload accepted ended ``failed storage_unavailable`` (an
+    adversarial run: 48 of 48, TMPDIR on another disk, as in the Docker image). An upload is now refused (503,
+    retry later) unless the storage has room above the floor for the variants of every upload pending and its
+    own."""
+    photo = data_file("photos/astronaut_12mp_3464x3464.jpg")  # 1.0 MB; its variants take some 0.5 MB
+    with small_filesystem(48 << 20) as disk:
+        try:
+            deployment.start("web", STORAGE_URL=f"file://{disk}", ATTACHE_SPOOL_MIN_FREE_BYTES=str(8 << 20))
+            answers = [deployment.upload(photo) for _ in range(40)]
+            accepted = [answer.json()["id"] for answer in answers if answer.status_code == 202]
+            refused = [answer for answer in answers if answer.status_code != 202]
+            specs = pipeline.get(int(deployment.env["ATTACHE_PIPELINE_VERSION"])).specs.values()
+            assert 1 <= len(accepted) <= (40 << 20) // sum(spec.width * spec.height for spec in specs), len(accepted)
+            assert refused and all(answer.status_code == 503 and answer.json()["error"] == "storage_unavailable"
+                                   and answer.headers["Retry-After"] for answer in refused), refused[0].text
+            deployment.start("worker", STORAGE_URL=f"file://{disk}", ATTACHE_STORAGE_WAIT_SECONDS="2",
+                             ATTACHE_MAX_ATTEMPTS="1")
+            states = {deployment.wait_state(made, timeout=120)["state"] for made in accepted}
+            assert states == {"ready"}, states
+            assert deployment.upload(photo).status_code == 202  # the room is back with the work done
+        finally:
+            deployment.stop_all()  # before the filesystem is unmounted
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM attachments")).scalar() == len(accepted) + 1
 
 
 @pytest.mark.parametrize("form", ["raw", "multipart"])

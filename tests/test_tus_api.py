@@ -190,7 +190,7 @@ def test_a_patch_at_the_wrong_offset_or_past_the_length_is_refused(client, stora
     assert behind.status_code == 409 and behind.json["error"] == "offset_mismatch"
     assert patch(client, location, 50, b"y" * 10).status_code == 409
     past = patch(client, location, 40, b"z" * 61)
-    assert past.status_code == 413
+    assert past.status_code == 413 and "60 bytes remain" in past.json["message"]
     assert client.patch(location, data=b"z", headers={**TUS, "Upload-Offset": "40"}).status_code == 415
     assert client.patch(location, data=b"z", headers={**TUS, "Content-Type": PART}).status_code == 400
     assert client.head(location, headers=TUS).headers["Upload-Offset"] == "40"
@@ -773,6 +773,22 @@ def _resumed(web, location: str, photo: bytes, sent: int) -> None:
                                    "Content-Type": PART})
     assert rest.status_code == 204 and rest.headers["Attachment-Id"]
     assert web.status(rest.headers["Attachment-Id"])["sha256"] == hashlib.sha256(photo).hexdigest()
+
+
+def test_a_chunked_patch_past_the_upload_length_says_how_many_bytes_remain(web):
+    """Its 413 said "the upload is larger than the limit of 60 bytes": the bytes remaining, named as the upload
+    limit (an adversarial run)."""
+    import requests
+
+    headers = {**TUS, "Authorization": f"Bearer {web.token}"}
+    location = requests.post(web.url + "/v1/uploads", headers={**headers, "Upload-Length": "100"},
+                             timeout=10).headers["Location"]
+    assert requests.patch(web.url + location, data=b"x" * 40, timeout=10,
+                          headers={**headers, "Upload-Offset": "0", "Content-Type": PART}).status_code == 204
+    past = requests.patch(web.url + location, data=iter([b"\xff\xd8" + b"z" * 59]), timeout=10,
+                          headers={**headers, "Upload-Offset": "40", "Content-Type": PART})
+    assert past.status_code == 413 and "60 bytes remain" in past.json()["message"], past.text
+    assert "limit" not in past.json()["message"]
 
 
 @pytest.mark.parametrize("declared_more", [0, 10])

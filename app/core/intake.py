@@ -42,7 +42,7 @@ from app import faults
 from app.adapters import imaging
 from app.adapters.postgres.db import interval, transaction
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs
-from app.core import pending, pipeline, staging, states
+from app.core import pending, pipeline, room, staging, states
 from app.core.needs import Database, ImageProducer, Producer
 from app.errors import (
     AttacheError,
@@ -177,6 +177,8 @@ def record(conn, services: ImageProducer, staged: Staged, received: Received, *,
     # 429 when the uploader has its fill; after the key, so a request that lost the race for it returns the
     # winner's attachment rather than a refusal the winner's COMMIT caused
     pending.admit(conn, owner, settings.max_pending_per_uploader)
+    room.admit(conn, services.storage, min_free_bytes=settings.spool_min_free_bytes,
+               room_bytes=pipeline.get(settings.pipeline_version).room_bytes)
     job_id, _ = states.create_job(
         conn, attachment_id=staged.attachment_id, pipeline_version=settings.pipeline_version,
         max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,

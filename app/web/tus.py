@@ -227,11 +227,16 @@ def _append(upload: resumable.Upload, offset: int) -> resumable.Upload:
     """Receive this request's body and append it at ``offset``; a body cut short keeps what arrived."""
     checksum = _checksum(request.headers.get("Upload-Checksum"))
     remaining = upload.length - offset
+    past = UploadTooLarge(f"the body goes past Upload-Length {upload.length}: {remaining} bytes remain from "
+                          f"Upload-Offset {offset}")
     if (request.content_length or 0) > remaining:
-        raise UploadTooLarge(f"the body goes past Upload-Length {upload.length}")
+        raise past
     with bodies_in_flight.held(upload.owner):
         spool = request.spool(max_bytes=remaining)
-        spool_stream(request.stream, spool)
+        try:
+            spool_stream(request.stream, spool)
+        except UploadTooLarge:  # the spool's own words named the bytes remaining as the upload limit
+            raise past from None
         cut_short = request.body_incomplete()
         part = spool.finish()
     if cut_short and part.size >= remaining:

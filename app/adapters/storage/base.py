@@ -255,6 +255,11 @@ class Storage(ABC):
     def check(self) -> None:
         """Raise :class:`~app.errors.StorageUnavailable` unless the store is usable."""
 
+    def free_bytes(self) -> int | None:
+        """The room left where the objects are written, for an unprivileged writer; ``None`` where the store
+        reports none (a bucket)."""
+        return None
+
     @abstractmethod
     def ensure_bucket(self) -> None:
         """Create the container (bucket or root directory) if missing; idempotent."""

@@ -246,6 +246,15 @@ class FilesystemStorage(Storage):
 
     # --- health ------------------------------------------------------------
 
+    def free_bytes(self) -> int | None:
+        """The root's filesystem's free space, as an unprivileged writer may use it; ``None`` if it cannot be read
+        (the root is not there yet: nothing is refused for that)."""
+        try:
+            found = os.statvfs(self._root)
+        except OSError:
+            return None
+        return found.f_bavail * found.f_frsize
+
     def check(self) -> None:
         """Create the root if needed and prove it writable with a probe file (no fsync: /readyz calls this)."""
         try:
