@@ -459,6 +459,37 @@ def test_uploads_leave_the_storage_room_for_the_variants_of_those_accepted(deplo
         assert conn.execute(text("SELECT count(*) FROM attachments")).scalar() == len(accepted) + 1
 
 
+def test_resumable_parts_leave_the_storage_its_floor(deployment, engine):
+    """A resumable upload's parts are stored as they come; with TMPDIR on another disk, the spool's floor was
+    looked at there alone, and the parts filled the storage's disk to its last byte. A part is now refused (503,
+    retry later, the upload kept where it was) where it would take the storage below the floor."""
+    from tests.test_tus_api import PART, TUS
+
+    floor, chunk = 8 << 20, 5 << 20
+    with small_filesystem(32 << 20) as disk:
+        try:
+            deployment.start("web", STORAGE_URL=f"file://{disk}", ATTACHE_SPOOL_MIN_FREE_BYTES=str(floor))
+            headers = {**TUS, "Authorization": f"Bearer {deployment.token}"}
+            location = deployment.url + requests.post(deployment.url + "/v1/uploads", timeout=10, headers={
+                **headers, "Upload-Length": str(45 << 20)}).headers["Location"]
+            offset, answer = 0, None
+            for _ in range(9):
+                body = (b"\xff\xd8\xff\xe0" if not offset else b"") + os.urandom(chunk - (0 if offset else 4))
+                answer = requests.patch(location, data=body, timeout=30, headers={
+                    **headers, "Upload-Offset": str(offset), "Content-Type": PART})
+                if answer.status_code != 204:
+                    break
+                offset += chunk
+            assert answer.status_code == 503 and answer.json()["error"] == "storage_unavailable", answer.text
+            assert answer.headers["Retry-After"] and 0 < offset < 32 << 20
+            free = os.statvfs(disk)
+            assert free.f_bavail * free.f_frsize >= floor
+            kept = requests.head(location, headers=headers, timeout=10)
+            assert kept.status_code == 200 and kept.headers["Upload-Offset"] == str(offset)
+        finally:
+            deployment.stop_all()  # before the filesystem is unmounted
+
+
 @pytest.mark.parametrize("form", ["raw", "multipart"])
 def test_a_full_temporary_directory_is_a_503_worth_retrying(deployment, engine, storage_dir, form):
     """A raw body and a multipart file part alike (no floor: the write that fails is what is refused)."""

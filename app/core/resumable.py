@@ -73,7 +73,7 @@ from app.adapters import imaging
 from app.adapters.postgres.db import kept_alive, lock_not_available, transaction
 from app.adapters.postgres.models import upload_parts, uploads
 from app.adapters.storage import ObjectInfo, Storage
-from app.core import intake, pending
+from app.core import intake, pending, pipeline, room
 from app.errors import (
     AttacheError,
     DatabaseUnavailable,
@@ -302,6 +302,9 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     # twice on the disk at once, past the spool's floor (an adversarial run), and its time
                     token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
+                    room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes,
+                               room_bytes=pipeline.get(services.settings.pipeline_version).room_bytes,
+                               adding=part.size, uploads=0)  # the part keeps the room of uploads pending
                     with kept_alive(conn):  # storage's time, under the row's lock
                         intake.adopt_spool(services.storage, key, part)
                     values["upload_offset"] = offset + part.size

@@ -11,7 +11,8 @@ So the upload's transaction asks :func:`admit` before it commits, as it asks :fu
 upload is refused, ``503 storage_unavailable`` with ``Retry-After``, unless the disk's free space less the floor
 holds the variants of every upload still pending and of this one. Each is counted at its pipeline version's
 :attr:`~app.core.pipeline.PipelineVersion.room_bytes` (8.9 MB for version 2, some 13 times a 12 MP photo's). A
-bucket reports no free space and is never refused so.
+bucket reports no free space and is never refused so. A resumable upload's part is refused where storing it would
+leave less than that room (with TMPDIR on another disk the parts had filled the storage's disk to its last byte).
 
 The count of pending uploads (``pending_uploads``, which backfills and replays are not in) is read at most once a
 :data:`FRESH_SECONDS` by a process while its disk has room for many more, and on every upload once it nears the
@@ -42,28 +43,32 @@ _seen_lock = threading.Lock()
 NO_ROOM = "the storage's disk has no room for the uploads still being processed; retry later"
 
 
-def admit(conn: Connection, storage, *, min_free_bytes: int, room_bytes: int) -> None:
-    """Raise :class:`StorageUnavailable` unless the storage has room above ``min_free_bytes`` for ``room_bytes``
-    for each pending upload and this one (``min_free_bytes`` 0: no floor, nothing refused)."""
+def admit(conn: Connection, storage, *, min_free_bytes: int, room_bytes: int, adding: int = 0,
+          uploads: int = 1) -> None:
+    """Raise :class:`StorageUnavailable` unless the storage has room above ``min_free_bytes`` for ``adding`` bytes
+    about to be written and ``room_bytes`` for each pending upload and ``uploads`` more (the one being accepted; a
+    resumable upload's part, 0). ``min_free_bytes`` 0: no floor, nothing refused."""
     if not min_free_bytes or room_bytes <= 0:
         return
     free = storage.free_bytes()
     if free is None:
         return
-    fit = (free - min_free_bytes) // room_bytes  # how many uploads' variants the room above the floor holds
-    if fit < 1 or _pending(conn, up_to=fit) + 1 > fit:
+    headroom = free - adding - min_free_bytes
+    fit = headroom // room_bytes - uploads  # how many pending uploads' variants fit beside these
+    if headroom < 0 or fit < 0 or _pending(conn, up_to=fit + 1, admitting=uploads) > fit:
         raise StorageUnavailable(NO_ROOM)
 
 
-def _pending(conn: Connection, *, up_to: int) -> int:
-    """The uploads pending, counting no further than ``up_to``; this one counted from here on."""
+def _pending(conn: Connection, *, up_to: int, admitting: int) -> int:
+    """The uploads pending, counting no further than ``up_to``; the ``admitting`` ones counted from here on (a count
+    far from ``up_to`` is read at most once a :data:`FRESH_SECONDS`)."""
     engine, now = conn.engine, time.monotonic()
     with _seen_lock:
         seen = _seen.get(engine)
         if seen is not None and now - seen[0] < FRESH_SECONDS and seen[1] + 1 < up_to:
-            _seen[engine] = (seen[0], seen[1] + 1)
+            _seen[engine] = (seen[0], seen[1] + admitting)
             return seen[1]
     counted = conn.execute(_COUNT, {"b_up_to": up_to}).scalar_one()
     with _seen_lock:
-        _seen[engine] = (now, counted + 1)
+        _seen[engine] = (now, counted + admitting)
     return counted
