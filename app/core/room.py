@@ -36,7 +36,7 @@ FRESH_SECONDS = 1.0
 
 _SOME = select(pending_uploads.c.job_id).limit(bindparam("b_up_to")).subquery()
 _COUNT = select(func.count()).select_from(_SOME)  # built once, as uploads ask it
-#: by engine: (when the count was read, what it was, and how many uploads this process admitted since)
+#: by database: (when the count was read, what it was with the uploads this process admitted since)
 _seen: dict[object, tuple[float, int]] = {}
 _seen_lock = threading.Lock()
 
@@ -62,13 +62,13 @@ def admit(conn: Connection, storage, *, min_free_bytes: int, room_bytes: int, ad
 def _pending(conn: Connection, *, up_to: int, admitting: int) -> int:
     """The uploads pending, counting no further than ``up_to``; the ``admitting`` ones counted from here on (a count
     far from ``up_to`` is read at most once a :data:`FRESH_SECONDS`)."""
-    engine, now = conn.engine, time.monotonic()
+    database, now = conn.engine.url, time.monotonic()
     with _seen_lock:
-        seen = _seen.get(engine)
+        seen = _seen.get(database)
         if seen is not None and now - seen[0] < FRESH_SECONDS and seen[1] + 1 < up_to:
-            _seen[engine] = (seen[0], seen[1] + admitting)
+            _seen[database] = (seen[0], seen[1] + admitting)
             return seen[1]
     counted = conn.execute(_COUNT, {"b_up_to": up_to}).scalar_one()
     with _seen_lock:
-        _seen[engine] = (now, counted + admitting)
+        _seen[database] = (now, counted + admitting)
     return counted
