@@ -22,10 +22,14 @@ CSP = "default-src 'self'; style-src 'self' 'unsafe-inline'; form-action 'self';
 NOWHERE = "amqp://guest:guest@127.0.0.1:1/%2F"
 
 
-def make_failed_job(engine) -> str:
-    """A job that was claimed by a worker and failed permanently (what a corrupt upload ends as)."""
+def make_failed_job(engine, storage_dir=None) -> str:
+    """A job that was claimed by a worker and failed permanently (what a corrupt upload ends as); its staged
+    original in ``storage_dir``, for a replay."""
     with engine.begin() as conn:
-        _, job_id = seed(conn)
+        attachment_id, job_id = seed(conn)
+        if storage_dir is not None:
+            (storage_dir / "staging").mkdir(parents=True, exist_ok=True)
+            (storage_dir / "staging" / str(attachment_id)).write_bytes(b"x")
         conn.execute(outbox.update().where(outbox.c.job_id == job_id).values(published_at=outbox.c.created_at))
         assert states.claim(conn, job_id, 1, states.Lease("worker:test", 30)) is not None
         assert states.fail(conn, job_id, 1, ERROR_CODE, ERROR_REASON, "worker:test")
@@ -70,8 +74,8 @@ def app(env):
 
 
 @pytest.fixture
-def failed_job(engine):
-    return make_failed_job(engine)
+def failed_job(engine, storage_dir):
+    return make_failed_job(engine, storage_dir)
 
 
 # --- login and session --------------------------------------------------------------
@@ -342,14 +346,14 @@ def test_dlq_pages_requeue_and_purge_only_what_the_operator_chose(broker_app, se
 
 
 @pytest.mark.processes
-def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, tmp_path):
+def test_operator_replays_a_failed_job_in_a_real_browser(env, engine, storage_dir, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions as EC
 
     from tests.browser import browsing, waiting
     from tests.processes import Deployment
 
-    job_id = make_failed_job(engine)
+    job_id = make_failed_job(engine, storage_dir)
     reason = "decoder upgraded, retry"
     deployment = Deployment(env, tmp_path)
     with browsing(deployment, tmp_path, "web") as driver:

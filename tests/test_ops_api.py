@@ -74,6 +74,33 @@ def test_replay_needs_a_reason_is_audited_and_gets_a_fresh_budget(app, engine, f
     assert job["state"] == "failed" and job["attempt"] == 2
 
 
+def test_a_job_whose_original_is_gone_is_refused_a_replay(app, engine, storage_dir, failed_job):
+    """Once a failed job's retention passed, the staging cleanup removed its staged original; its replay was
+    accepted and audited, and failed ``staging_missing`` at once, again each time it was replayed (an adversarial
+    run). A replay now looks where the job would read the original; an object the cleanup decided to remove counts
+    as gone."""
+    from sqlalchemy import insert
+
+    from app.adapters.postgres.models import attachments, staging_removals
+
+    ops = authed(app, OPERATOR_TOKEN)
+    path = f"/v1/ops/jobs/{failed_job['job_id']}/replay"
+    with engine.connect() as conn:
+        key = conn.execute(select(attachments.c.staging_key)).scalar_one()
+    with engine.begin() as conn:
+        conn.execute(insert(staging_removals).values(key=key))  # decided, not yet deleted
+    decided = ops.post(path, json={"reason": "decoder upgraded"})
+    assert decided.status_code == 409 and "original is gone" in decided.json["message"], decided.json
+    with engine.begin() as conn:
+        conn.execute(staging_removals.delete())
+    (storage_dir / key).unlink()  # deleted
+    gone = ops.post(path, json={"reason": "decoder upgraded"})
+    assert gone.status_code == 409 and "original is gone" in gone.json["message"], gone.json
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(audit_log)).scalar() == 0
+    assert ops.get(f"/v1/ops/jobs/{failed_job['job_id']}").json["state"] == "failed"
+
+
 def test_ops_answers_are_byte_for_byte_what_the_operations_return(app, failed_job):
     """The answer models (app/web/schemas.py) change no byte of what app.core.operations returns."""
     from flask import jsonify

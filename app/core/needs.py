@@ -8,6 +8,7 @@ pass anything that has them.
 * :class:`Database`: reads (operations' views, the backfill's estimate);
 * :class:`Producer`: writes state changes with their messages, through the
   unit of work (replay, backfill);
+* :class:`StoringProducer`: a producer that also reads the storage (replay);
 * :class:`ImageProducer`: a producer that also holds the image bytes (the
   upload's intake, the workflow's steps).
 """
@@ -53,9 +54,12 @@ class Producer(Database, Protocol):
     def settings(self) -> JobSettings: ...
 
 
-class ImageProducer(Producer, Protocol):
+class StoringProducer(Producer, Protocol):
     @property
     def storage(self) -> Storage: ...
+
+
+class ImageProducer(StoringProducer, Protocol):
 
     @property
     def limits(self) -> Limits: ...

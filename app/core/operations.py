@@ -13,9 +13,9 @@ from sqlalchemy.engine import Engine
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, job_history, jobs, variants
-from app.core import id_prefixes, outbox, states
-from app.core.needs import Database, Producer
+from app.adapters.postgres.models import JobState, attachments, job_history, jobs, variants
+from app.core import id_prefixes, outbox, staging, states
+from app.core.needs import Database, StoringProducer
 from app.errors import JobConflict, JobNotFound, MissingReason
 
 
@@ -186,8 +186,12 @@ def show_job(services: Database, job_id: uuid.UUID) -> dict:
     }
 
 
-def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
-    """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason."""
+def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
+    """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason.
+
+    A job whose original is gone (its staged original removed once the failed job's retention passed, or decided
+    for removal) is refused: its replay was accepted and audited, and failed ``staging_missing`` at once, again
+    each time it was replayed (an adversarial run)."""
     reason = (audit.clean(reason) or "").strip()
     if not reason:
         raise MissingReason("a replay needs a reason")
@@ -196,6 +200,10 @@ def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str 
         current = states.get(conn, job_id, lock=True)
         if current is None:
             raise JobNotFound(f"no job {job_id}")
+        if current.state == JobState.FAILED and not staging.source_kept(
+                conn, services.storage, current.attachment_id, _staging_key(conn, current.attachment_id)):
+            raise JobConflict(f"job {job_id} cannot be replayed: its original is gone (a failed job's is kept "
+                              "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
         row = states.replay(conn, job_id, actor=f"operator:{operator}", reason=reason[:1000],
                             budget=services.settings.max_attempts)
         if row is None:
@@ -204,6 +212,10 @@ def replay(services: Producer, job_id: uuid.UUID, *, operator: str, reason: str 
                      reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                     "attempt": current.attempt})
     return show_job(services, job_id)
+
+
+def _staging_key(conn, attachment_id) -> str:
+    return conn.execute(select(attachments.c.staging_key).where(attachments.c.id == attachment_id)).scalar_one()
 
 
 def outbox_status(services: Database) -> dict:

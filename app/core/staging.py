@@ -30,7 +30,8 @@ from __future__ import annotations
 from sqlalchemy import bindparam, delete, select, text
 from sqlalchemy.dialects.postgresql import insert
 
-from app.adapters.postgres.models import staging_removals
+from app.adapters.postgres.models import staging_removals, variants
+from app.core.pipeline import ORIGINAL
 
 #: the first key of the two-key advisory locks of staged objects (a key space of its own in PostgreSQL)
 NAMESPACE = 727275
@@ -39,6 +40,30 @@ NAMESPACE = 727275
 _LOCK = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))")
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))")
 _REMOVAL_DECIDED = select(staging_removals.c.key).where(staging_removals.c.key == bindparam("b_key"))
+_KEPT_ORIGINAL = select(variants.c.storage_key).where(
+    variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.variant == ORIGINAL,
+    variants.c.published_at.is_not(None)).limit(1)
+
+
+def source_key(conn, attachment_id, staging_key: str) -> str:
+    """Where a job reads the original's bytes: staging until the first publish, then the kept original.
+
+    A backfill into a new pipeline version runs long after staging was
+    removed; it reads the published original (shared by all versions).
+    """
+    kept = conn.execute(_KEPT_ORIGINAL, {"b_attachment_id": attachment_id}).scalar()
+    return kept or staging_key
+
+
+def source_kept(conn, storage, attachment_id, staging_key: str) -> bool:
+    """Whether a job of the attachment can still read its original, for an operator's replay: a staged one
+    under its lock (held until the transaction ends, so the staging cleanup cannot remove it before the job
+    is queued again), and not decided for removal."""
+    key = source_key(conn, attachment_id, staging_key)
+    if key != staging_key:
+        return storage.stat(key) is not None
+    lock(conn, key)
+    return usable(conn, storage, key)
 
 
 def lock(conn, key: str) -> None:

@@ -62,7 +62,7 @@ from app.adapters.imaging.shared import content_key
 from app.adapters.postgres import db
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, object_taints, step_runs, variants
-from app.core import messages, objects, outbox, pipeline, provenance, states
+from app.core import messages, objects, outbox, pipeline, provenance, staging, states
 from app.core.identity import identity
 from app.core.needs import ImageProducer
 from app.core.retry import RetryPolicy
@@ -117,9 +117,6 @@ _ATTACHMENT = select(attachments, select(func.array_agg(object_taints.c.key))
 _VARIANT_RECORDED = select(variants.c.id).where(
     variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.pipeline_version == bindparam("b_version"),
     variants.c.variant == bindparam("b_variant"))
-_KEPT_ORIGINAL = select(variants.c.storage_key).where(
-    variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.variant == pipeline.ORIGINAL,
-    variants.c.published_at.is_not(None)).limit(1)
 _RECORD_VARIANT = pg_insert(variants).on_conflict_do_nothing(constraint="variants_effect_key")
 _PUBLISHED_VARIANTS = select(variants).where(variants.c.job_id == bindparam("b_job_id"),
                                              variants.c.published_at.is_not(None))
@@ -531,14 +528,9 @@ class Workflow:
         return conn.execute(_ATTACHMENT, {"b_id": attachment_id}).one()
 
     def _source_key(self, conn, attachment) -> str:
-        """Where the original's bytes are: staging until the first publish, then the kept original.
-
-        A backfill into a new pipeline version runs long after staging was
-        removed; it reads the published original (shared by all versions).
-        Read in the step's opening transaction, with its fence.
-        """
-        kept = conn.execute(_KEPT_ORIGINAL, {"b_attachment_id": attachment.id}).scalar()
-        return kept or attachment.staging_key
+        """Where the original's bytes are (:func:`app.core.staging.source_key`), read in the step's opening
+        transaction, with its fence."""
+        return staging.source_key(conn, attachment.id, attachment.staging_key)
 
     def _outlasting_storage(self, call: Callable[[], T]) -> T:
         """``call()``, a storage call of a step, made again while it finds storage unavailable (a full disk, S3
