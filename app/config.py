@@ -130,7 +130,8 @@ class Settings:
         "where the embedded PostgreSQL keeps its data (`pgdata/` below it) when `DATABASE_URL` is unset")
     storage_url: str = setting(
         "STORAGE_URL", DEFAULT_STORAGE_URL, _url("file", "s3"),
-        "object storage: file://PATH or s3://BUCKET?endpoint=URL")
+        "object storage: file://PATH or s3://BUCKET?endpoint=URL&region=REGION (give the region: without it, "
+        "the first download asks the store for it, and one that does not answer holds the request's thread)")
     s3_access_key: str = setting("S3_ACCESS_KEY", "", lambda n, r: r, "S3 access key")
     s3_secret_key: str = setting("S3_SECRET_KEY", "", lambda n, r: r, "S3 secret key")
     port: int = setting("PORT", 8000, _int(1, 65535), "HTTP port of web")

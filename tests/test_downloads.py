@@ -11,6 +11,7 @@ from app.core.workflow import Workflow
 from app.web import create_app
 from tests.conftest import authed
 from tests.driver import run, upload
+from tests.processes import wait_for
 
 
 @pytest.fixture
@@ -154,3 +155,46 @@ def test_a_clients_downloads_at_once_are_bounded_and_each_gives_its_place_back(r
     assert answers.sending("olga") == 0
     assert client.get(url).data == data and client.head(url).status_code == 200
     assert answers.sending("olga") == 0
+
+
+def test_downloads_waiting_on_a_silent_store_count_against_the_clients_bound(ready, monkeypatch):
+    """A download took its place among the client's once its stream was open: downloads waiting on a store that did
+    not answer (S3 black-holed, 90 s a call) were not counted, and one client's 40 held every thread of a web process,
+    ``/healthz`` timing out (an adversarial run). The place is taken before storage is asked anything, and given
+    back whatever the answer."""
+    import threading
+
+    app, accepted, data = ready
+    storage, answers = app.extensions["attache"].storage, app.extensions["attache_answers"]
+    bound = app.extensions["attache"].settings.max_downloads_per_client
+    silent, waiting = threading.Event(), []
+    real_open = storage.open_stream
+
+    def open_stream(*args, **kwargs):
+        waiting.append(1)
+        silent.wait(30)
+        return real_open(*args, **kwargs)
+
+    monkeypatch.setattr(storage, "open_stream", open_stream)
+    url = f"/v1/attachments/{accepted.attachment_id}/original"
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(owned_client(app).get(url)), daemon=True)
+               for _ in range(bound)]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len(waiting) == bound, timeout=10, message="the client's downloads waiting on the store")
+        refused = owned_client(app).get(url)  # answered at once, not one more thread waiting on the store
+        assert refused.status_code == 429 and refused.json["error"] == "too_many_downloads_at_once"
+        assert len(waiting) == bound
+    finally:
+        silent.set()
+        for thread in threads:
+            thread.join(10)
+    assert [response.status_code for response in got] == [200] * bound
+    for response in got:
+        response.close()
+    assert answers.sending("olga") == 0
+    monkeypatch.setattr(storage, "open_stream", real_open)
+    monkeypatch.setattr(storage, "presigned_url", lambda *args, **kwargs: "https://store.example/o")
+    assert owned_client(app).get(url).status_code == 302 and answers.sending("olga") == 0  # a redirect gives it back

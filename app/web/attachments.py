@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import uuid
 from typing import Annotated, Literal
@@ -47,6 +48,7 @@ from app.web.responses import error as _error
 from app.web.schemas import AttachmentStatus, UploadAccepted, Variant, VersionState
 from app.web.spool import HashingSpool, spool_stream, verify_digests
 
+log = logging.getLogger("attache.downloads")
 bp = Blueprint("attachments", __name__, url_prefix="/v1/attachments")
 
 #: a download URL pinned with ``?version=N``: its bytes never change
@@ -375,6 +377,22 @@ def download_variant(attachment_id: uuid.UUID, name: str):
     }
     if request.if_none_match.star_tag or request.if_none_match.contains_weak(row.sha256):
         return Response(status=304, headers=headers)
+    try:
+        place = bodies_in_flight.AnswerPlace(identity().principal)  # before storage is asked anything
+    except TooManyDownloadsAtOnce as exc:
+        return refusal(exc)
+    streaming = False
+    try:
+        answer, streaming = _stored(attachment_id, row, headers, etag, place)
+    finally:
+        if not streaming:  # a redirect or a refusal: the place is given back now, else when the answer is sent
+            place.release()
+    return answer
+
+
+def _stored(attachment_id: uuid.UUID, row, headers: dict, etag: str, place) -> tuple[Response, bool]:
+    """The download's answer, and whether it streams the object's bytes (they then hold ``place``): a redirect to
+    the object store, a refusal, or the bytes."""
     storage = _services().storage
     lifetime = _services().settings.presign_seconds
     try:
@@ -385,35 +403,33 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         redirect_to = None
     if redirect_to:
         return Response(status=302, headers={"Location": redirect_to, "Cache-Control": "no-store",
-                                             "X-Content-Type-Options": "nosniff"})
+                                             "X-Content-Type-Options": "nosniff"}), False
     byte_range = _requested_range(row.size, etag)
     if byte_range == "unsatisfiable":
-        return Response(status=416, headers={**headers, "Content-Range": f"bytes */{row.size}"})
+        return Response(status=416, headers={**headers, "Content-Range": f"bytes */{row.size}"}), False
     start, length = byte_range or (0, row.size)
     try:
         stream = storage.open_stream(row.storage_key, start=start, length=length)
         first = next(stream, b"")
     except ObjectNotFound:  # a published object is gone: the effect is incomplete
-        return refusal(EffectMissing("the published object is missing; operators have been told"))
+        log.error("a published object is missing from storage: %s", row.storage_key,
+                  extra={"attachment_id": str(attachment_id), "variant": row.variant})
+        return refusal(EffectMissing("the published object is missing; operators have been told")), False
     except AttacheError:
-        return refusal(StorageUnavailable("storage is unavailable; retry later"))
+        return refusal(StorageUnavailable("storage is unavailable; retry later")), False
 
     def body():
         yield first
         yield from stream
 
     request.bound_silence()
-    try:
-        chunks = bodies_in_flight.HeldAnswer(body(), identity().principal, source=stream)
-    except TooManyDownloadsAtOnce as exc:
-        stream.close()
-        return refusal(exc)
+    chunks = bodies_in_flight.HeldAnswer(body(), place, source=stream)
     headers["Content-Length"] = str(length)
     status = 200
     if byte_range is not None:
         status = 206
         headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{row.size}"
-    return Response(chunks, status=status, mimetype=row.content_type, headers=headers)
+    return Response(chunks, status=status, mimetype=row.content_type, headers=headers), True
 
 
 _RANGE_SPEC = re.compile(r"(\d*)-(\d*)")

@@ -64,17 +64,35 @@ def held(owner: str) -> ContextManager[None]:
     return current_app.extensions["attache_bodies"].hold(owner)
 
 
-class HeldAnswer:
-    """A download's chunks that hold one of ``principal``'s answers in flight until the server closes them (a
-    download read slowly holds its thread as an upload sent slowly does: 100 of one uploader's, never read, held every
-    thread of a process, an adversarial run). :class:`TooManyDownloadsAtOnce` when the principal has its fill."""
+class AnswerPlace:
+    """One of ``principal``'s downloads in flight in this process, taken before storage is asked anything: taken
+    once the download's stream was open, a client's downloads waiting on a store that did not answer (90 s a call)
+    were not counted, and one client's 40 held every thread of a process (``/healthz`` timed out: an adversarial
+    run). :class:`TooManyDownloadsAtOnce` when the principal has its fill. Given back by :meth:`release`, at once
+    or by the :class:`HeldAnswer` it is handed to."""
 
-    def __init__(self, chunks, principal: str, source=None):
-        """``source``: what ``chunks`` read from, closed with them (a generator never started closes nothing)."""
-        self._chunks, self._source, self._hold = chunks, source, None
+    def __init__(self, principal: str):
         hold = current_app.extensions["attache_answers"].hold(principal)
         hold.__enter__()  # raises past the limit: nothing held, nothing to give back
         self._hold = hold
+
+    def release(self) -> None:
+        hold, self._hold = self._hold, None
+        if hold is not None:
+            hold.__exit__(None, None, None)
+
+    def __del__(self) -> None:  # a place an error left behind
+        self.release()
+
+
+class HeldAnswer:
+    """A download's chunks that hold their :class:`AnswerPlace` until the server closes them (a download read slowly
+    holds its thread as an upload sent slowly does: 100 of one uploader's, never read, held every thread of a
+    process, an adversarial run)."""
+
+    def __init__(self, chunks, place: AnswerPlace, source=None):
+        """``source``: what ``chunks`` read from, closed with them (a generator never started closes nothing)."""
+        self._chunks, self._source, self._place = chunks, source, place
 
     def __iter__(self):
         return iter(self._chunks)
@@ -84,8 +102,8 @@ class HeldAnswer:
 
     def close(self) -> None:
         """Called by the server once the answer is sent or abandoned, whether or not a chunk was read."""
-        hold, self._hold = self._hold, None
-        if hold is None:
+        place, self._place = self._place, None
+        if place is None:
             return
         try:
             for closing in (self._chunks, self._source):
@@ -93,4 +111,4 @@ class HeldAnswer:
                 if close is not None:
                     close()
         finally:
-            hold.__exit__(None, None, None)
+            place.release()

@@ -99,7 +99,9 @@ class S3Storage(Storage):
 
     def presigned_url(self, key: str, expires_seconds: int, *, content_type: str | None = None,
                       content_disposition: str | None = None) -> str | None:
-        """A presigned GET (computed locally, no request is made), with the response headers signed in."""
+        """A presigned GET, with the response headers signed in: computed locally once the bucket's region is
+        known (``region=`` in ``STORAGE_URL``); without one, the client asks the store for it first (and again
+        until it answers)."""
         from datetime import timedelta
 
         validate_key(key)
