@@ -27,15 +27,19 @@ from app.config import Settings
 from app.core.steps import step_interrupt_grace
 from app.errors import ConfigError
 
+#: how a process stops on a bad setting: 2, but a web worker stops with gunicorn's "failed to boot" status, on which
+#: its master stops too (with 2 it booted a worker again 1.5 times a second, its port bound: an adversarial run)
+CONFIG_ERROR_STATUS = {"web": 3}
+
 
 @contextlib.contextmanager
 def exit_on_config_error(process: str) -> Iterator[None]:
-    """A bad setting met inside prints one line naming its variable and exits with status 2."""
+    """A bad setting met inside prints one line naming its variable and exits (:data:`CONFIG_ERROR_STATUS`)."""
     try:
         yield
     except ConfigError as exc:
         print(f"attache {process}: configuration error: {exc}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(CONFIG_ERROR_STATUS.get(process, 2)) from None
 
 
 #: a worker process that exits for a step stuck in C says so with this status (``EX_TEMPFAIL``): its process

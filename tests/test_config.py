@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -63,6 +64,24 @@ def test_every_setting_is_documented():
 
     documented = (REPO / "docs" / "configuration.md").read_text()
     assert markdown_table() in documented, "docs/configuration.md is stale: paste `python -m app.config`"
+
+
+@pytest.mark.parametrize("setting", [("ATTACHE_MAX_UPLOAD_BYTES", "lots"), ("STORAGE_URL", "s3://photos?colour=blue")])
+def test_the_web_stops_on_a_bad_setting_instead_of_booting_workers_for_ever(setting):
+    """Its gunicorn master stayed up, its port bound, and booted a worker again 1.5 times a second, each exiting
+    with the worker's status 2; ``/healthz`` hung (an adversarial run). A web worker exits with gunicorn's "failed
+    to boot" status, 3, on which the master stops with it."""
+    from tests.processes import free_port, procfile
+
+    command = procfile()["web"].replace("${WEB_CONCURRENCY:-2}", "1").replace("${WEB_THREADS:-32}", "4")
+    command = command.replace("${BIND:-0.0.0.0}", "127.0.0.1").replace("${PORT:-8000}", str(free_port()))
+    name, value = setting
+    result = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, timeout=60,
+                            env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                                 "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", name: value})
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert f"attache web: configuration error: {name}" in result.stderr
+    assert result.stderr.count("Booting worker") == 1
 
 
 @pytest.mark.parametrize("command", [["-m", "scheduler"], ["-c", "import actors"]])

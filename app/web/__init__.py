@@ -18,7 +18,7 @@ from app.config import Settings
 from app.core.auth import effective_tokens
 from app.errors import DatabaseUnavailable, TooManyDownloadsAtOnce, UploadRejected
 from app.observability import logs
-from app.services import Services, settings_or_exit
+from app.services import Services, exit_on_config_error, settings_or_exit
 from app.web import lingering_close, parse_errors, request_head
 from app.web.bodies_in_flight import BodiesInFlight
 from app.web.connection import UNREAD_BODY, CloseUnreadBodies
@@ -34,7 +34,9 @@ def create_app(settings: Settings | None = None) -> Flask:
     app = Flask(__name__)
     app.request_class = UploadRequest
     # body limits per route, spooling only for the upload view, spools removed at the request's end
-    app.extensions["attache"] = Services(settings, pool_size=10, process="web")
+    with exit_on_config_error("web"):  # a storage URL it cannot use stops it here, not in its first request
+        app.extensions["attache"] = Services(settings, pool_size=10, process="web")
+        app.extensions["attache"].storage  # noqa: B018 - built now (no request is made)
     # spools of a process killed mid-upload (the one this worker may replace)
     ABANDONED_SPOOLS.sweep(settings.body_idle_seconds)
     app.extensions["attache_tokens"] = effective_tokens(settings.api_tokens, settings.dev_mode)
