@@ -223,6 +223,38 @@ def test_backfill_dry_run_then_twice(quiet_services, engine, data_file):
         assert job(engine, job_id).state == "ready"
 
 
+def test_a_backfill_makes_no_batch_the_storage_has_no_room_for(env, engine, data_file):
+    """A backfill's renders took the room counted for the uploads accepted beside it, and those uploads failed
+    ``storage_unavailable`` (a re-attack). A batch is made only where the storage has room for it beside the work
+    not yet done; else the backfill stops, saying what it made."""
+    import os
+
+    from app.core import room
+    from app.errors import StorageUnavailable
+    from tests.filesystems import small_filesystem
+
+    floor = 4 << 20
+    with small_filesystem(64 << 20) as disk:
+        services = Services(Settings.from_env({**env, "STORAGE_URL": f"file://{disk}",
+                                               "ATTACHE_SPOOL_MIN_FREE_BYTES": str(floor),
+                                               "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                               "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+        try:
+            for name in ("photos/coffee.jpg", "photos/chelsea.jpg"):  # 600x400 first, then 451x300
+                run(Workflow(services), engine, upload(services, data_file(name)).job_id)
+            first = room.need(pipeline.get(2), size=0, pixels=600 * 400)
+            free = os.statvfs(disk)
+            room_left = first + os.path.getsize(data_file("photos/coffee.jpg")) + (64 << 10)
+            with open(disk / "filler", "wb") as filler:  # the disk keeps room for the first job only
+                os.posix_fallocate(filler.fileno(), 0, free.f_bavail * free.f_frsize - floor - room_left)
+            with pytest.raises(StorageUnavailable, match="1 job\\(s\\) of version 2 made so far"):
+                backfill.run(services, 2, batch=1)
+            (disk / "filler").unlink()
+            assert backfill.run(services, 2, batch=1)["created"] == 1, "the rest, once there is room"
+        finally:
+            services.close()
+
+
 def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_services, app, engine, data_file, caplog):
     """An adversarial review: the endpoint answered 500 after its first batch wherever INFO was logged (the web
     logs it; the batch's log line named a field ``created``, which a LogRecord keeps for itself); a backfill wrote

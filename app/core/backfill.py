@@ -22,8 +22,9 @@ from sqlalchemy.orm import aliased
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, jobs
-from app.core import pipeline, states
-from app.core.needs import Database, Producer
+from app.core import pipeline, room, states
+from app.core.needs import Database, StoringProducer
+from app.errors import StorageUnavailable
 from app.observability.tracing import new_traceparent
 
 log = logging.getLogger("attache.backfill")
@@ -66,11 +67,28 @@ def estimate(services: Database, to_version: int) -> Estimate:
                     None if average is None else round(float(average), 3))
 
 
-def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "backfill",
+def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion, ids, created: int) -> None:
+    """:func:`app.core.room.admit` for a batch of jobs reading the kept original (no copy of it to make)."""
+    if not ids:
+        return
+    images = conn.execute(select(attachments.c.width, attachments.c.height).where(attachments.c.id.in_(ids))).all()
+    try:
+        room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes, version=version,
+                   needing=sum(room.need(version, size=0, pixels=image.width * image.height) for image in images))
+    except StorageUnavailable as exc:
+        raise StorageUnavailable(f"{exc.detail}: {created} job(s) of version {version.version} made so far; run the "
+                                 "backfill again once there is room (what it made stays)") from None
+
+
+def run(services: StoringProducer, to_version: int, *, batch: int = 100, actor: str = "backfill",
         reason: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, int]:
     """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once.
-    ``reason``: the operator's, kept in the audit log and the jobs' history (else "backfill to version N")."""
-    pipeline.get(to_version)
+    ``reason``: the operator's, kept in the audit log and the jobs' history (else "backfill to version N").
+
+    A batch is made only where the storage has room for its variants beside the work accepted
+    (:mod:`app.core.room`): else :class:`StorageUnavailable`, naming the jobs made so far. A backfill's renders took
+    the room counted for the uploads accepted beside it, and they failed ``storage_unavailable`` (a re-attack)."""
+    version = pipeline.get(to_version)
     if batch < 1:
         raise ValueError("batch must be >= 1")
     why = (audit.clean(reason) or "").strip() or f"backfill to version {to_version}"
@@ -79,6 +97,7 @@ def run(services: Producer, to_version: int, *, batch: int = 100, actor: str = "
         with services.unit_of_work.begin() as work:  # the batch's messages are published after its COMMIT
             ids = work.conn.execute(_candidates(to_version).order_by(attachments.c.created_at, attachments.c.id)
                                     .limit(batch).with_for_update(of=attachments, skip_locked=True)).scalars().all()
+            _room_for(work.conn, services, version, ids, created)
             made = [states.create_job(work.conn, attachment_id=attachment_id, pipeline_version=to_version,
                                       max_attempts=services.settings.max_attempts, traceparent=new_traceparent(),
                                       tracestate=None, actor=actor, reason=why)

@@ -177,8 +177,9 @@ def record(conn, services: ImageProducer, staged: Staged, received: Received, *,
     # 429 when the uploader has its fill; after the key, so a request that lost the race for it returns the
     # winner's attachment rather than a refusal the winner's COMMIT caused
     pending.admit(conn, owner, settings.max_pending_per_uploader)
-    room.admit(conn, services.storage, min_free_bytes=settings.spool_min_free_bytes,
-               room_bytes=pipeline.get(settings.pipeline_version).room_bytes)
+    version = pipeline.get(settings.pipeline_version)
+    room.admit(conn, services.storage, min_free_bytes=settings.spool_min_free_bytes, version=version,
+               needing=room.need(version, size=received.size, pixels=staged.info.width * staged.info.height))
     job_id, _ = states.create_job(
         conn, attachment_id=staged.attachment_id, pipeline_version=settings.pipeline_version,
         max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,

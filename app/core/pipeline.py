@@ -37,11 +37,6 @@ from app.errors import PipelineChanged
 ORIGINAL = "original"
 
 
-#: the bytes a variant is counted to take per pixel of its largest output: JPEG and WebP at their qualities here
-#: make 0.1-0.6 of photos (a 12 MP photo's v2 variants, 0.67 MB in all, of 8.9 M such pixels), more of noise
-ROOM_BYTES_PER_OUTPUT_PIXEL = 1.0
-
-
 @dataclass(frozen=True)
 class PipelineVersion:
     version: int
@@ -67,12 +62,6 @@ class PipelineVersion:
             return spec.width * spec.height * (3 if spec.output in ("webp", "avif") else 1)
 
         return sorted(names, key=cost, reverse=True)
-
-    @property
-    def room_bytes(self) -> int:
-        """The disk room one job of this version is counted to need for its variants: every spec's largest output
-        at :data:`ROOM_BYTES_PER_OUTPUT_PIXEL` (:mod:`app.core.room`)."""
-        return int(sum(spec.width * spec.height for spec in self.specs.values()) * ROOM_BYTES_PER_OUTPUT_PIXEL)
 
     @property
     def fingerprint(self) -> str:
