@@ -438,6 +438,29 @@ def test_a_file_changed_while_the_page_sends_it_is_given_up_and_its_upload_ended
     assert ("DELETE", patches[0], "204") in link.seen, link.seen
 
 
+@pytest.mark.processes
+def test_a_file_changed_after_its_last_answer_was_lost_is_the_attachment_it_made(env, tmp_path, engine, data_file):
+    """The last PATCH made the attachment and its answer was lost; the file then changed. The page ended the
+    finished upload (DELETE) and said the upload was not accepted, though its attachment was made: chosen again,
+    the file made a second (a re-attack). The page asks where the upload stands before it gives it up."""
+    from tests.http_link import LOSE_ANSWER, PASS
+
+    photo = tmp_path / "touched.jpg"
+    photo.write_bytes(data_file("photos/chelsea.jpg").read_bytes())
+    lost = []
+
+    def policy(method: str, path: str, answer_head: bytes | None):
+        if answer_head is not None and method == "PATCH" and b"attachment-id" in answer_head.lower() and not lost:
+            later = photo.stat().st_mtime + 60
+            os.utime(photo, (later, later))  # changed on the device while the answer was on its way
+            lost.append(path)
+            return LOSE_ANSWER
+        return PASS
+
+    seen = _page_upload_over(policy, env, tmp_path, engine, photo)
+    assert lost and not [what for method, _, what in seen if method == "DELETE"], seen
+
+
 @pytest.mark.long  # make soak: the page's retries run out (about two minutes)
 @pytest.mark.processes
 def test_the_page_says_the_service_is_away_when_its_questions_keep_failing(env, tmp_path, engine, data_file):

@@ -264,11 +264,14 @@ def test_a_hanging_endpoint_costs_one_timeout_and_fails_visibly_then_is_redelive
     assert len({h["webhook-id"] for h, _ in hanging.calls}) == 1  # the same event every time
 
 
+@pytest.mark.parametrize("resolver", ["fixed", "round-robin"])
 def test_an_endpoint_whose_first_address_resets_is_reached_at_another_on_the_next_attempt(app, engine, receivers,
-                                                                                        data_file, monkeypatch):
+                                                                                        data_file, monkeypatch,
+                                                                                        resolver):
     """An address that takes the connection and then resets it ended the attempt, and every attempt began at the
     same first address: an endpoint of two addresses, one of them broken so, failed every delivery (an adversarial
-    run). Each attempt now begins at the next address."""
+    run). Each attempt now begins at the next address, whatever order the resolver gives them in (one that rotated
+    its answers undid the turn, a re-attack)."""
     resetting = socket.create_server(("127.0.0.1", 0))
     port = resetting.getsockname()[1]
     healthy = receivers(host="127.0.0.2", port=port)
@@ -287,9 +290,13 @@ def test_an_endpoint_whose_first_address_resets_is_reached_at_another_on_the_nex
     threading.Thread(target=reset_each, daemon=True).start()
     real = socket.getaddrinfo
 
+    lookups = []
+
     def two(host, *args, **kwargs):
         if host == "two.example":
-            return [info for n in (1, 2) for info in real(f"127.0.0.{n}", *args, **kwargs)]
+            lookups.append(host)
+            order = (2, 1) if resolver == "round-robin" and len(lookups) % 2 == 0 else (1, 2)
+            return [info for n in order for info in real(f"127.0.0.{n}", *args, **kwargs)]
         return real(host, *args, **kwargs)
 
     monkeypatch.setattr(socket, "getaddrinfo", two)

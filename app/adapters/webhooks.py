@@ -341,7 +341,9 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
          first: int = 0) -> Answer:
     """POST ``body`` to ``url`` (checked again now): connected, sent and answered within ``timeout`` in all.
 
-    ``first``: the attempt's number; the host's addresses are tried from the one after as many as it says, in turn.
+    ``first``: the attempt's number; the host's addresses, sorted, are tried in turn from the one after as many as
+    it says (in the resolver's order, a resolver that rotates its answers, round-robin DNS, undid the turn: every
+    attempt began at the same address, a re-attack).
     An address that takes the connection and then resets it, or never answers, ends the attempt (the request may
     have reached the endpoint: it is not sent twice in one attempt), and each attempt began at the same address: an
     endpoint of two addresses, one broken so, failed every delivery (an adversarial run).
@@ -357,6 +359,7 @@ def post(url: str, body: str, headers: dict[str, str], *, timeout: float, allow_
     except (WebhookTargetRefused, InvalidWebhook) as exc:
         return Answer(None, str(exc))
     turn = first % len(addresses)
+    addresses = sorted(addresses)  # an order of their own: a resolver that rotates its answers undid the turn
     addresses = addresses[turn:] + addresses[:turn]
     left = max(0.001, timeout - (time.monotonic() - began))  # the name's time counts
     kind = _PinnedHTTPS if target.scheme == "https" else _PinnedHTTP

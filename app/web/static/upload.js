@@ -271,6 +271,30 @@
     return file.slice(0, 1).arrayBuffer().then(function () { return true; }, function () { return false; });
   }
 
+  // What the service says of an upload (a HEAD): {made: its attachment's id, or null while it is not finished}, or
+  // null when it could not say (no answer, 5xx, 429).
+  function whereItStands(url) {
+    if (!url) {
+      return Promise.resolve({ made: null });
+    }
+    return new Promise(function (resolve) {
+      var request = new XMLHttpRequest();
+      request.open("HEAD", url);
+      request.setRequestHeader("Tus-Resumable", "1.0.0");
+      request.setRequestHeader("X-CSRF-Token", csrf);
+      request.onload = function () {
+        var status = request.status;
+        if (status >= 500 || status === 429) {
+          resolve(null);
+        } else {
+          resolve({ made: status < 300 ? request.getResponseHeader("Attachment-Id") : null });
+        }
+      };
+      request.onerror = function () { resolve(null); };
+      request.send();
+    });
+  }
+
   // The answer an error carries: tus-js-client's own, or the one a failed HEAD was answered with (thrown below).
   function answerOf(err) {
     return err.originalResponse || (err.causingError && err.causingError.originalResponse) || null;
@@ -291,15 +315,28 @@
     // A file changed mid-upload was taken for a lost connection: "resuming" for two minutes of retries, then "did
     // not reach the service", and its upload left open for a day, counted against the uploader (an adversarial
     // run). It is given up at once: the upload ended on the service, the row says why.
+    // The upload may have ended before the file changed, its last answer lost: the service is asked first (a finished
+    // upload was ended again, and the row said it was not accepted, though its attachment was made: a re-attack).
     function giveUpIfChanged() {
       stillReadable(row.file).then(function (readable) {
-        if (readable || !end()) {
-          return;
-        }
-        key.forget();
-        setState(row, "refused", CHANGED);
-        upload.abort(true).catch(function () { /* it expires on the service */ });
-        finished();
+        return readable || over ? undefined : whereItStands(upload.url).then(function (stands) {
+          if (!end()) {
+            return;
+          }
+          key.forget();
+          if (stands && stands.made) {
+            upload.abort(false);
+            row.id = stands.made;
+            row.progress.value = 100;
+            setState(row, "queued", "");
+            poll(row);
+          } else {
+            setState(row, "refused", CHANGED);
+            // ended on the service where it says it is not finished; where it could not say, it expires there
+            upload.abort(!!stands).catch(function () { /* it expires on the service */ });
+          }
+          finished();
+        });
       });
     }
     var upload = new tus.Upload(row.file, {
