@@ -80,6 +80,18 @@ def test_dlq_outbox_and_gc(cli, services):
     assert cleaned["dry_run"] is True and cleaned["staging_cleanup"]["removed"] == 0
 
 
+def test_gc_run_that_did_not_run_says_so_and_fails(cli, engine):
+    """While the scheduler's cleanup held its lock, ``attache gc run`` removed nothing and exited 0, saying only
+    ``skipped=1`` among its counts (an adversarial run)."""
+    from scheduler.locking import exclusive
+
+    with exclusive(engine, "staging_cleanup") as held:
+        assert held
+        result = cli("gc", "run", "--json")
+    assert result.exit_code == 1, result.output
+    assert "staging_cleanup did not run" in result.output and "run it again" in result.output
+
+
 def test_bad_configuration_exits_non_zero(cli, monkeypatch):
     monkeypatch.setenv("ATTACHE_MAX_UPLOAD_BYTES", "lots")
     result = cli("outbox", "status")

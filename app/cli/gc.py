@@ -33,3 +33,7 @@ def gc_run(dry_run: bool, as_json: bool) -> None:
     emit({"dry_run": dry_run, **results}, as_json, lambda r: show(
         "cleanup" + (" (dry run)" if dry_run else ""), [Column("service", whole=True), Column("counts")],
         [[name, ", ".join(f"{k}={v}" for k, v in counts.items())] for name, counts in results.items()]))
+    skipped = [name for name, counts in results.items() if counts.get("skipped")]
+    if skipped:  # it exited 0, saying only skipped=1 (an adversarial run)
+        raise click.ClickException(f"{', '.join(skipped)} did not run: another run of it (the scheduler's) holds its "
+                                   "lock; run it again in a moment")
