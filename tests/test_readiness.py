@@ -58,6 +58,28 @@ def test_the_storage_check_does_not_fsync(settings, monkeypatch):
         services.broker.close()
 
 
+def test_a_check_that_hangs_leaves_the_others_their_own_answers(settings, monkeypatch):
+    """The checks ran one after another in one thread: RabbitMQ black-holed, its check hung, and the probe named
+    storage and the temporary directory as down too, never having checked them (an adversarial run)."""
+    import threading
+
+    from app.web.health import NO_ANSWER, READY_DEADLINE_SECONDS
+
+    app = create_app(settings)
+    services, silent = app.extensions["attache"], threading.Event()
+    monkeypatch.setattr(services.broker, "ping", lambda: silent.wait(30))
+    try:
+        began = time.monotonic()
+        response = app.test_client().get("/readyz")
+        assert time.monotonic() - began < READY_DEADLINE_SECONDS + 1
+        assert response.status_code == 503
+        assert response.json["checks"] == {"database": "ok", "broker": NO_ANSWER, "storage": "ok", "spool": "ok"}
+    finally:
+        silent.set()
+        services.engine.dispose()
+        services.broker.close()
+
+
 @pytest.mark.processes
 @pytest.mark.long  # make soak: waits out an outage or measures for long
 def test_readyz_answers_503_in_time_when_postgresql_stops_answering(env, tmp_path):

@@ -59,76 +59,85 @@ def _readiness() -> "Readiness":
 
 
 class Readiness:
-    """One checker thread per process runs the checks; probes wait for its answer at most a deadline.
+    """A thread of its own per check runs it; probes wait for their answers at most a deadline.
 
     A dependency that stops answering mid-connection (a frozen host, a
     partition) blocks a read with no client-side deadline. Run in the probe's
     own thread, that hung every probe and, once the web's threads were all
-    waiting, the whole process, ``/healthz`` included. Here only the checker
+    waiting, the whole process, ``/healthz`` included. Here only that check's
     thread waits; a probe gets ``503`` naming what did not answer within
-    :data:`READY_DEADLINE_SECONDS`. One long-lived thread also keeps one
-    broker connection for every check.
+    :data:`READY_DEADLINE_SECONDS`, and the others' answers. The checks ran one
+    after another in one thread, so one that hung left the later ones unrun,
+    and a probe named healthy dependencies as down: RabbitMQ black-holed,
+    storage and the spool too (an adversarial run). The broker's thread keeps
+    one broker connection for every check.
     """
 
     def __init__(self, services):
-        self.services = services
         self.changed = threading.Condition()
-        self.checks: dict[str, str] = {}
-        self.partial: dict[str, str] = {}
+        self.checks = {name: _Check(probe) for name, probe in _probes(services).items()}
+        self.answered: dict[str, str] = {}
         self.at: float | None = None
-        self.rounds = 0
-        self.wanted = False
-        self.thread: threading.Thread | None = None
 
     def answer(self) -> dict[str, str]:
         deadline = time.monotonic() + READY_DEADLINE_SECONDS
         with self.changed:
             if self.at is not None and time.monotonic() - self.at < READY_CACHE_SECONDS:
-                return dict(self.checks)
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._run, name="readiness", daemon=True)
-                self.thread.start()
-            rounds, self.wanted = self.rounds, True
+                return dict(self.answered)
+            asked = {}
+            for name, check in self.checks.items():
+                if check.thread is None:
+                    check.thread = threading.Thread(target=self._run, args=(check,), name=f"readiness-{name}",
+                                                    daemon=True)
+                    check.thread.start()
+                asked[name], check.wanted = check.rounds, True
             self.changed.notify_all()
-            while self.rounds == rounds:
+            while any(check.rounds == asked[name] for name, check in self.checks.items()):
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return {name: self.partial.get(name, NO_ANSWER) for name in CHECKS}
+                    return {name: check.result if check.rounds != asked[name] else NO_ANSWER
+                            for name, check in self.checks.items()}
                 self.changed.wait(remaining)
-            return dict(self.checks)
+            self.answered, self.at = {name: check.result for name, check in self.checks.items()}, time.monotonic()
+            return dict(self.answered)
 
-    def _run(self) -> None:
+    def _run(self, check: "_Check") -> None:
         while True:
             with self.changed:
-                while not self.wanted:
+                while not check.wanted:
                     self.changed.wait()
-                self.wanted = False
-                self.partial = partial = {}
-            checks = _checks(self.services, partial)
+                check.wanted = False
+            result = _outcome(check.probe)
             with self.changed:
-                self.checks, self.at = checks, time.monotonic()
-                self.rounds += 1
+                check.result, check.rounds = result, check.rounds + 1
                 self.changed.notify_all()
 
 
-def _checks(services, checks: dict[str, str]) -> dict[str, str]:
-    """Fills ``checks`` as each dependency answers (a probe past its deadline reads what is there)."""
+class _Check:
+    def __init__(self, probe):
+        self.probe = probe
+        self.result = NO_ANSWER
+        self.rounds = 0
+        self.wanted = False
+        self.thread: threading.Thread | None = None
 
-    def check(name, probe):
-        try:
-            probe()
-            checks[name] = "ok"
-        except AttacheError as exc:
-            checks[name] = f"unavailable: {exc.error_code}"
-        except Exception as exc:  # a readiness probe reports, it never raises
-            checks[name] = f"unavailable: {type(exc).__name__}"
+
+def _outcome(probe) -> str:
+    try:
+        probe()
+        return "ok"
+    except AttacheError as exc:
+        return f"unavailable: {exc.error_code}"
+    except Exception as exc:  # a readiness probe reports, it never raises
+        return f"unavailable: {type(exc).__name__}"
+
+
+def _probes(services) -> dict:
+    """Each check of :data:`CHECKS`, by name."""
 
     def database():
         with services.engine.connect() as conn:
             conn.execute(text("SELECT 1"))
 
-    check("database", database)
-    check("broker", services.broker.ping)
-    check("storage", services.storage.check)
-    check("spool", spool.check_directory)
-    return checks
+    return {"database": database, "broker": services.broker.ping, "storage": services.storage.check,
+            "spool": spool.check_directory}
