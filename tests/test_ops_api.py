@@ -101,6 +101,39 @@ def test_a_job_whose_original_is_gone_is_refused_a_replay(app, engine, storage_d
     assert ops.get(f"/v1/ops/jobs/{failed_job['job_id']}").json["state"] == "failed"
 
 
+def test_a_replay_without_room_on_the_storage_is_503_and_changes_nothing(env, engine, data_file):
+    """Replays were never asked for room: 32 of them took the room counted for six uploads accepted beside them,
+    and all six failed ``storage_unavailable`` (a re-attack). A replay is refused where the storage's disk has no
+    room for what the job will write beside the work not yet done: ``503``, retry later, no audit row."""
+    from app.config import Settings
+    from tests.filesystems import fill, small_filesystem
+
+    with small_filesystem(32 << 20) as disk:
+        app = create_app(Settings.from_env({**env, "STORAGE_URL": f"file://{disk}",
+                                            "ATTACHE_SPOOL_MIN_FREE_BYTES": str(4 << 20),
+                                            "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                            "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                            "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+        try:
+            with open(data_file("pillow/truncated_jpeg.jpg"), "rb") as fh:
+                accepted = authed(app).post("/v1/attachments", data={"file": (fh, "t.jpg")},
+                                            content_type="multipart/form-data").json
+            run(Workflow(app.extensions["attache"]), engine, accepted["job_id"])
+            fill(disk / "filler")
+            ops = authed(app, OPERATOR_TOKEN)
+            path = f"/v1/ops/jobs/{accepted['job_id']}/replay"
+            refused = ops.post(path, json={"reason": "decoder upgraded"})
+            assert refused.status_code == 503 and refused.json["error"] == "storage_unavailable", refused.json
+            assert "no room" in refused.json["message"] and refused.headers["Retry-After"]
+            assert ops.get(f"/v1/ops/jobs/{accepted['job_id']}").json["state"] == "failed"
+            with engine.connect() as conn:
+                assert conn.execute(select(func.count()).select_from(audit_log)).scalar() == 0
+            (disk / "filler").unlink()
+            assert ops.post(path, json={"reason": "decoder upgraded"}).status_code == 200
+        finally:
+            app.extensions["attache"].close()
+
+
 def test_ops_answers_are_byte_for_byte_what_the_operations_return(app, failed_job):
     """The answer models (app/web/schemas.py) change no byte of what app.core.operations returns."""
     from flask import jsonify

@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
 from app.adapters.postgres.models import JobState, attachments, job_history, jobs, variants
-from app.core import id_prefixes, outbox, staging, states
+from app.core import id_prefixes, outbox, pipeline, room, staging, states
 from app.core.needs import Database, StoringProducer
 from app.errors import JobConflict, JobNotFound, MissingReason
 
@@ -200,10 +200,8 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
         current = states.get(conn, job_id, lock=True)
         if current is None:
             raise JobNotFound(f"no job {job_id}")
-        if current.state == JobState.FAILED and not staging.source_kept(
-                conn, services.storage, current.attachment_id, _staging_key(conn, current.attachment_id)):
-            raise JobConflict(f"job {job_id} cannot be replayed: its original is gone (a failed job's is kept "
-                              "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
+        if current.state == JobState.FAILED:
+            _can_run_again(conn, services, current)
         row = states.replay(conn, job_id, actor=f"operator:{operator}", reason=reason[:1000],
                             budget=services.settings.max_attempts)
         if row is None:
@@ -214,8 +212,18 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
     return show_job(services, job_id)
 
 
-def _staging_key(conn, attachment_id) -> str:
-    return conn.execute(select(attachments.c.staging_key).where(attachments.c.id == attachment_id)).scalar_one()
+def _can_run_again(conn, services: StoringProducer, job) -> None:
+    """A failed job's original is still there (:class:`JobConflict`), and the storage has room for what it will
+    write beside the work not yet done (:class:`StorageUnavailable`, :mod:`app.core.room`: replays took the room
+    counted for uploads accepted beside them, and those failed ``storage_unavailable``, a re-attack)."""
+    image = conn.execute(select(attachments.c.staging_key, attachments.c.size, attachments.c.width,
+                                attachments.c.height).where(attachments.c.id == job.attachment_id)).one()
+    if not staging.source_kept(conn, services.storage, job.attachment_id, image.staging_key):
+        raise JobConflict(f"job {job.id} cannot be replayed: its original is gone (a failed job's is kept "
+                          "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
+    version = pipeline.get(job.pipeline_version)
+    room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes, version=version,
+               needing=room.need(version, size=image.size, pixels=image.width * image.height))
 
 
 def outbox_status(services: Database) -> dict:

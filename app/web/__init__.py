@@ -16,7 +16,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.config import Settings
 from app.core.auth import effective_tokens
-from app.errors import DatabaseUnavailable, TooManyDownloadsAtOnce, UploadRejected
+from app.errors import DatabaseUnavailable, StorageUnavailable, TooManyDownloadsAtOnce, UploadRejected
 from app.observability import logs
 from app.services import Services, exit_on_config_error, settings_or_exit
 from app.web import lingering_close, parse_errors, request_head
@@ -86,6 +86,10 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.errorhandler(PoolTimeout)  # every connection of the process's pool busy (long queries): not a bug, a 503
     def database_unavailable(exc):  # psycopg2's text never reaches a client
         return refusal(DatabaseUnavailable(), "the database is unavailable; retry later")
+
+    @app.errorhandler(StorageUnavailable)
+    def storage_unavailable(exc: StorageUnavailable):  # an operator's replay, say: a 503, never a 500
+        return refusal(exc, exc.detail if exc.where is None else "storage is unavailable; retry later")
 
     @app.errorhandler(UploadRejected)
     def upload_rejected(exc: UploadRejected):  # a body refused outside the upload view's own handling

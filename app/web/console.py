@@ -71,6 +71,7 @@ from app.errors import (
     MoreThanExpected,
     QueryTimeout,
     QueueBusy,
+    StorageUnavailable,
     UnknownQueue,
 )
 from app.web.access import (
@@ -403,6 +404,9 @@ def replay(job_id: uuid.UUID):
         return _message(status_of(exc), "No such job", f"There is no job {job_id}.")
     except JobConflict as exc:
         return _message(status_of(exc), "Cannot replay", str(exc))
+    except StorageUnavailable as exc:
+        return _message(status_of(exc), "Cannot replay now",
+                        exc.detail if exc.where is None else "Storage is unavailable; try again in a while.")
     log.info("console: %s replayed job %s", principal(), job_id)
     flash(f"Job {job_id} replayed: it is queued again.")
     return redirect(url_for("console.job", job_id=job_id), code=303)

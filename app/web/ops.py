@@ -166,7 +166,11 @@ def job(job_id: uuid.UUID):
     answers={200: ok("The replayed job, now `queued`.", Job),
              400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
              404: NO_SUCH_JOB,
-             409: refused("The job is not `failed`.", "conflict")},
+             409: refused("The job is not `failed`, or its original is gone (kept "
+                          "`ATTACHE_FAILED_RETENTION_SECONDS` after a failure).", "conflict"),
+             503: refused("Storage is unavailable, or its disk has no room for what the job will write beside the "
+                          "work not yet done; retry later.", "storage_unavailable", "database_unavailable",
+                          retry_after=True)},
 )
 def replay(job_id: uuid.UUID):
     body = request.get_json(silent=True) or {}
