@@ -14,7 +14,8 @@ room counted for the uploads accepted beside it, which failed, a re-attack) and 
 counted to need :func:`need`: its original's size (the copy) and, for each of its version's variants, the pixels of
 the smaller of the spec's largest output and the image, at :data:`BYTES_PER_OUTPUT_PIXEL` (one byte a pixel was too
 few for noise: 1.66 measured, and too many for a small image, counted as if it were large: re-attacks). A backfill
-asks it before each batch, and a resumable upload's part before it is stored (with TMPDIR on another disk the parts
+asks it before each batch, an operator's replay before it is accepted (replays took the room counted for uploads
+accepted beside them, which failed: a re-attack), and a resumable upload's part before it is stored (with TMPDIR on another disk the parts
 had filled the storage's disk to its last byte). A bucket reports no free space and is never refused so.
 
 What the unfinished jobs need is read at most once a :data:`FRESH_SECONDS` by a process while it is under half of
