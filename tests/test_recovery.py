@@ -422,8 +422,9 @@ def test_a_full_storage_disk_that_outlasts_the_retry_budget_costs_no_attempt(env
 
     photos = [data_file(f"photos/{name}") for name in ("chelsea.jpg", "coffee.jpg")]
     with small_filesystem(32 * 1024 * 1024) as disk:
-        deployment = Deployment({**env, "STORAGE_URL": f"file://{disk}", "ATTACHE_RETRY_INITIAL_SECONDS": "0.1"},
-                                tmp_path)
+        # a floor below the disk: the uploads are accepted, and something else fills the disk after
+        deployment = Deployment({**env, "STORAGE_URL": f"file://{disk}", "ATTACHE_RETRY_INITIAL_SECONDS": "0.1",
+                                 "ATTACHE_SPOOL_MIN_FREE_BYTES": str(1 << 20)}, tmp_path)
         try:
             deployment.start("web")
             accepted = [deployment.upload(photo).json()["id"] for photo in photos]  # staged while there is room
