@@ -1,5 +1,8 @@
 """Configuration: defaults, overrides, and a bad setting stops the process with its name."""
 
+import contextlib
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -76,12 +79,18 @@ def test_the_web_stops_on_a_bad_setting_instead_of_booting_workers_for_ever(sett
     command = procfile()["web"].replace("${WEB_CONCURRENCY:-2}", "1").replace("${WEB_THREADS:-32}", "4")
     command = command.replace("${BIND:-0.0.0.0}", "127.0.0.1").replace("${PORT:-8000}", str(free_port()))
     name, value = setting
-    result = subprocess.run(command, shell=True, cwd=REPO, capture_output=True, text=True, timeout=60,
-                            env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
-                                 "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", name: value})
-    assert result.returncode == 3, result.stderr[-2000:]
-    assert f"attache web: configuration error: {name}" in result.stderr
-    assert result.stderr.count("Booting worker") == 1
+    web = subprocess.Popen(f"exec {command}", shell=True, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, start_new_session=True,
+                           env={"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+                                "DATABASE_URL": "postgresql://postgres@127.0.0.1:1/none", name: value})
+    try:
+        _, stderr = web.communicate(timeout=60)
+    finally:  # one that boots workers for ever is stopped with them, not left to the machine
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(web.pid, signal.SIGKILL)
+    assert web.returncode == 3, stderr[-2000:]
+    assert f"attache web: configuration error: {name}" in stderr
+    assert stderr.count("Booting worker") == 1
 
 
 @pytest.mark.parametrize("command", [["-m", "scheduler"], ["-c", "import actors"]])
