@@ -398,7 +398,8 @@ def test_a_lookup_done_before_it_is_registered_leaves_the_next_ones_free(monkeyp
             done.set_result(fn(*args, **kwargs))
             return done
 
-    monkeypatch.setattr(webhook_endpoints, "_RESOLVERS", {standing: Done() for standing in ("answered", "new", "silent")})
+    monkeypatch.setattr(webhook_endpoints, "_RESOLVERS",
+                        {standing: Done() for standing in ("answered", "new", "silent")})
     answers = []
     looking = threading.Thread(target=lambda: answers.extend(
         webhook_endpoints.check_target(f"http://localhost:{port}/", allow_private=True, within=1)[1]

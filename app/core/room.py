@@ -15,13 +15,15 @@ counted to need :func:`need`: its original's size (the copy) and, for each of it
 the smaller of the spec's largest output and the image, at :data:`BYTES_PER_OUTPUT_PIXEL` (one byte a pixel was too
 few for noise: 1.66 measured, and too many for a small image, counted as if it were large: re-attacks). A backfill
 asks it before each batch, an operator's replay before it is accepted (replays took the room counted for uploads
-accepted beside them, which failed: a re-attack), and a resumable upload's part before it is stored (with TMPDIR on another disk the parts
-had filled the storage's disk to its last byte). A bucket reports no free space and is never refused so.
+accepted beside them, which failed: a re-attack), and a resumable upload's part before it is stored (with TMPDIR on
+another disk the parts had filled the storage's disk to its last byte). A bucket reports no free space and is never
+refused so.
 
 What the unfinished jobs need is read at most once a :data:`FRESH_SECONDS` by a process while it is under half of
 the room, and on every request nearer the bound; a sum read just before gets what each request this process admits
 with it needs, so one process's requests in that second cannot pass the bound; other processes' can, by a
-second's uploads.
+second's uploads. The sum joins every unfinished job to its attachment: a backlog of 100,000 jobs costs PostgreSQL
+a read of that size each second per web process, and each request near the bound.
 """
 
 from __future__ import annotations
