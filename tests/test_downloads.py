@@ -13,6 +13,9 @@ from tests.conftest import authed
 from tests.driver import run, upload
 from tests.processes import wait_for
 
+#: a download's place that raised in __del__ (a refused one never held one) is an error here, not a warning
+pytestmark = pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")
+
 
 @pytest.fixture
 def ready(quiet_services, engine, data_file, settings):

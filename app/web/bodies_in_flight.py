@@ -72,6 +72,7 @@ class AnswerPlace:
     or by the :class:`HeldAnswer` it is handed to."""
 
     def __init__(self, principal: str):
+        self._hold = None  # a refused place is collected too
         hold = current_app.extensions["attache_answers"].hold(principal)
         hold.__enter__()  # raises past the limit: nothing held, nothing to give back
         self._hold = hold
