@@ -73,7 +73,7 @@ def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion
         return
     images = conn.execute(select(attachments.c.width, attachments.c.height).where(attachments.c.id.in_(ids))).all()
     try:
-        room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes, version=version,
+        room.admit(conn, services, version=version,
                    needing=sum(room.need(version, size=0, pixels=image.width * image.height) for image in images))
     except StorageUnavailable as exc:
         raise StorageUnavailable(f"{exc.detail}: {created} job(s) of version {version.version} made so far; run the "

@@ -178,7 +178,7 @@ def record(conn, services: ImageProducer, staged: Staged, received: Received, *,
     # winner's attachment rather than a refusal the winner's COMMIT caused
     pending.admit(conn, owner, settings.max_pending_per_uploader)
     version = pipeline.get(settings.pipeline_version)
-    room.admit(conn, services.storage, min_free_bytes=settings.spool_min_free_bytes, version=version,
+    room.admit(conn, services, version=version,
                needing=room.need(version, size=received.size, pixels=staged.info.width * staged.info.height))
     job_id, _ = states.create_job(
         conn, attachment_id=staged.attachment_id, pipeline_version=settings.pipeline_version,

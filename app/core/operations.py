@@ -222,8 +222,8 @@ def _can_run_again(conn, services: StoringProducer, job) -> None:
         raise JobConflict(f"job {job.id} cannot be replayed: its original is gone (a failed job's is kept "
                           "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
     version = pipeline.get(job.pipeline_version)
-    room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes, version=version,
-               needing=room.need(version, size=image.size, pixels=image.width * image.height))
+    room.admit(conn, services, version=version, needing=room.need(version, size=image.size,
+                                                                   pixels=image.width * image.height))
 
 
 def outbox_status(services: Database) -> dict:

@@ -302,8 +302,7 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     # twice on the disk at once, past the spool's floor (an adversarial run), and its time
                     token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
-                    room.admit(conn, services.storage, min_free_bytes=services.settings.spool_min_free_bytes,
-                               version=pipeline.get(services.settings.pipeline_version), needing=0,
+                    room.admit(conn, services, version=pipeline.get(services.settings.pipeline_version), needing=0,
                                adding=part.size)  # the part leaves the room of the work accepted
                     with kept_alive(conn):  # storage's time, under the row's lock
                         intake.adopt_spool(services.storage, key, part)

@@ -70,13 +70,14 @@ def _held_statement(version):
     return statement
 
 
-def admit(conn: Connection, storage, *, min_free_bytes: int, version, needing: int, adding: int = 0) -> None:
-    """Raise :class:`StorageUnavailable` unless the storage has room above ``min_free_bytes`` for ``adding`` bytes
-    about to be written, what every unfinished job needs, and ``needing`` more (the jobs about to be made).
-    ``min_free_bytes`` 0: no floor, nothing refused."""
+def admit(conn: Connection, services, *, version, needing: int, adding: int = 0) -> None:
+    """Raise :class:`StorageUnavailable` unless the storage has room above ``ATTACHE_SPOOL_MIN_FREE_BYTES`` for
+    ``adding`` bytes about to be written, what every unfinished job needs, and ``needing`` more (the jobs about to
+    be made). A floor of 0: nothing refused."""
+    min_free_bytes = services.settings.spool_min_free_bytes
     if not min_free_bytes:
         return
-    free = storage.free_bytes()
+    free = services.storage.free_bytes()
     if free is None:
         return
     room = free - adding - min_free_bytes - needing
