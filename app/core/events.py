@@ -29,7 +29,7 @@ from sqlalchemy import and_, select, update
 from sqlalchemy.engine import Connection
 
 from app.adapters.postgres.db import idle_at_most
-from app.adapters.postgres.models import attachments, event_counter, events, jobs
+from app.adapters.postgres.models import event_counter, events, jobs
 
 ATTACHMENT_READY = "attachment.ready"
 ATTACHMENT_FAILED = "attachment.failed"
@@ -69,7 +69,7 @@ def emit(conn: Connection, job, kind: str) -> int:
     """Write the event of ``job``'s transition (its row after the UPDATE) and its deliveries; returns its sequence."""
     from app.core import webhooks
 
-    owner = conn.execute(select(attachments.c.owner).where(attachments.c.id == job.attachment_id)).scalar_one()
+    owner = job.owner  # the attachment's, copied to its job when it is made (it never changes)
     sequence = _next_sequence(conn)
     event_id = uuid.uuid4()
     document = {
