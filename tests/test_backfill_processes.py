@@ -29,7 +29,7 @@ def seed_ready_v1(engine, count):
                 id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
                 sha256="0" * 64, width=1, height=1, staging_key=pipeline.staging_key(attachment_id)))
             job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
-                                          traceparent=new_traceparent(), tracestate=None, actor="test")
+                                          traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)
         conn.execute(update(jobs).values(state="ready", attempt=1, ready_at=func.now()))
         conn.execute(update(outbox).values(published_at=func.now()))
 

@@ -170,7 +170,7 @@ def test_each_dead_letter_says_where_its_job_is_now(dlq, services, broker_url, e
             id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
             sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
         ready, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
-                                     traceparent=new_traceparent(), tracestate=None, actor="test")
+                                     traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)
         conn.execute(update(jobs).where(jobs.c.id == ready).values(state="ready", attempt=1))
     ids = []
     for n, job_id in enumerate((ready, uuid.uuid4(), None)):

@@ -114,7 +114,7 @@ def test_unversioned_urls_revalidate_and_pinned_urls_are_immutable(quiet_service
     with engine.begin() as conn:  # version 2 becomes ready: the unversioned URL now serves its bytes
         v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
                                       max_attempts=1, traceparent="00-" + "3" * 32 + "-" + "4" * 16 + "-01",
-                                      tracestate=None, actor="test")
+                                      tracestate=None, actor="test", room_bytes=0)
     run(workflow, engine, v2_job)
     revalidated = client.get(url, headers={"If-None-Match": v1.headers["ETag"]})
     assert revalidated.status_code == 200, "the cached v1 thumbnail is stale: the revalidation gets v2"

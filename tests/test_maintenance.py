@@ -47,7 +47,7 @@ def seed(engine, storage, state="queued", *, stage=True):
 def add_job(engine, attachment_id, version, state):
     with engine.begin() as conn:
         job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=version, max_attempts=3,
-                                      traceparent=new_traceparent(), tracestate=None, actor="test")
+                                      traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)
         if state != "queued":
             values = {"state": state, "attempt": 1}
             if state == "failed":

@@ -87,7 +87,7 @@ def new_job(services, attachment_id, version):
     with services.engine.begin() as conn:
         job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=version, max_attempts=1,
                                       traceparent="00-" + "3" * 32 + "-" + "4" * 16 + "-01", tracestate=None,
-                                      actor="test")
+                                      actor="test", room_bytes=0)
     return job_id
 
 

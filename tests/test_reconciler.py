@@ -42,7 +42,7 @@ def seed(engine, *, published_seconds_ago: float | None = 2 * AFTER, state: str 
             id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
             sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
         job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=3,
-                                      traceparent=new_traceparent(), tracestate=None, actor="test")
+                                      traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)
         if published_seconds_ago is not None:
             backdate(conn, job_id, published_seconds_ago)
         if state in ("processing", "waiting"):  # waiting: between steps, no step holds the lease

@@ -220,7 +220,7 @@ def seed_stuck(engine, count):
                 id=attachment_id, owner="t", filename="a.jpg", content_type="image/jpeg", format="JPEG", size=1,
                 sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
             job_id, _ = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1, max_attempts=5,
-                                          traceparent=new_traceparent(), tracestate=None, actor="test")
+                                          traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)
             if i < count:
                 outbox_jobs.append(job_id)
             else:

@@ -123,7 +123,8 @@ def test_redelivery_to_a_ready_job_whose_version_was_retired_is_acked(deployment
     assert deployment.wait_state(uploaded["id"])["state"] == "ready"
     with engine.begin() as conn:  # a backfill into v2 (the scheduler's relay publishes its message)
         v2_job, _ = states.create_job(conn, attachment_id=uuid.UUID(uploaded["id"]), pipeline_version=2,
-                                      max_attempts=3, traceparent=new_traceparent(), tracestate=None, actor="test")
+                                      max_attempts=3, traceparent=new_traceparent(), tracestate=None, actor="test",
+                                      room_bytes=0)
     wait_for(lambda: deployment.status(uploaded["id"])["pipeline_version"] == 2, timeout=60, message="v2 ready")
     counts = Retirement(services.engine, services.storage, RetirementConfig(grace_seconds=0)).run_once()
     assert counts["retired"] == 4 and counts["objects_removed"] == 3

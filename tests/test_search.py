@@ -35,7 +35,7 @@ def make_attachment(conn, *, owner="alice", filename="photo.jpg", sha256=SHA_A, 
         sha256=sha256, width=1, height=1, staging_key=f"staging/{attachment_id}",
         created_at=T0 + timedelta(minutes=minutes)))
     job_ids = [states.create_job(conn, attachment_id=attachment_id, pipeline_version=version, max_attempts=3,
-                                 traceparent=new_traceparent(), tracestate=None, actor="test")[0]
+                                 traceparent=new_traceparent(), tracestate=None, actor="test", room_bytes=0)[0]
                for version in versions]
     return attachment_id, job_ids
 

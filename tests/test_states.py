@@ -29,7 +29,7 @@ def seed(conn, max_attempts=3):
         sha256="0" * 64, width=1, height=1, staging_key=f"staging/{attachment_id}"))
     job_id, outbox_id = states.create_job(conn, attachment_id=attachment_id, pipeline_version=1,
                                           max_attempts=max_attempts, traceparent=new_traceparent(),
-                                          tracestate=None, actor="test")
+                                          tracestate=None, actor="test", room_bytes=0)
     return attachment_id, job_id
 
 

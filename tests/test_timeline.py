@@ -63,7 +63,7 @@ def two_versions(quiet_services, storage_down, engine, data_file):
     assert job(engine, accepted.job_id).state == "ready"
     with engine.begin() as conn:
         v2, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2, max_attempts=3,
-                                  traceparent=TRACEPARENT, tracestate=None, actor="backfill:test")
+                                  traceparent=TRACEPARENT, tracestate=None, actor="backfill:test", room_bytes=0)
     run(Workflow(storage_down), engine, v2)
     assert job(engine, v2).state == "queued" and job(engine, v2).next_attempt_at is not None
     return accepted.attachment_id, accepted.job_id, v2
@@ -230,7 +230,7 @@ def test_an_operator_finds_an_upload_in_a_real_browser(env, quiet_services, stor
     run(Workflow(quiet_services), engine, accepted.job_id)
     with engine.begin() as conn:
         v2, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2, max_attempts=3,
-                                  traceparent=TRACEPARENT, tracestate=None, actor="backfill:test")
+                                  traceparent=TRACEPARENT, tracestate=None, actor="backfill:test", room_bytes=0)
     run(Workflow(storage_down), engine, v2)
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "attachment.png").unlink(missing_ok=True)

@@ -33,7 +33,8 @@ def add_version(engine, attachment_id: str, version: int):
     """What a backfill does for one attachment (the scheduler's relay publishes the message)."""
     with engine.begin() as conn:
         job_id, _ = states.create_job(conn, attachment_id=uuid.UUID(attachment_id), pipeline_version=version,
-                                      max_attempts=1, traceparent=new_traceparent(), tracestate=None, actor="test")
+                                      max_attempts=1, traceparent=new_traceparent(), tracestate=None, actor="test",
+                                      room_bytes=0)
     return job_id
 
 

@@ -569,7 +569,7 @@ def test_v1_publishing_while_v2s_inspect_makes_its_variants_from_staging_keeps_s
         with engine.begin() as conn:
             v2_job, _ = states.create_job(conn, attachment_id=accepted.attachment_id, pipeline_version=2,
                                           max_attempts=3, traceparent=v1_inspect["traceparent"], tracestate=None,
-                                          actor="test")
+                                          actor="test", room_bytes=0)
         # (a backfill creates the same job once v1 is ready; made directly here, while v1 is not yet)
         [v2_inspect] = take_messages(engine, v2_job)
         make, published, once = Workflow._make_object, [], threading.Lock()

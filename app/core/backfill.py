@@ -67,14 +67,17 @@ def estimate(services: Database, to_version: int) -> Estimate:
                     None if average is None else round(float(average), 3))
 
 
-def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion, ids, created: int) -> None:
-    """:func:`app.core.room.admit` for a batch of jobs reading the kept original (no copy of it to make)."""
+def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion, ids, created: int) -> dict:
+    """:func:`app.core.room.admit` for a batch of jobs reading the kept original (no copy of it to make); what each
+    attachment's job needs, by its id."""
     if not ids:
-        return
-    images = conn.execute(select(attachments.c.width, attachments.c.height).where(attachments.c.id.in_(ids))).all()
+        return {}
+    images = conn.execute(select(attachments.c.id, attachments.c.width, attachments.c.height)
+                          .where(attachments.c.id.in_(ids))).all()
+    needs = {image.id: room.need(version, size=0, pixels=image.width * image.height) for image in images}
     try:
-        room.admit(conn, services, version=version,
-                   needing=sum(room.need(version, size=0, pixels=image.width * image.height) for image in images))
+        room.admit(conn, services, version=version, needing=sum(needs.values()))
+        return needs
     except StorageUnavailable as exc:
         raise StorageUnavailable(f"{exc.detail}: {created} job(s) of version {version.version} made so far; run the "
                                  "backfill again once there is room (what it made stays)") from None
@@ -97,10 +100,10 @@ def run(services: StoringProducer, to_version: int, *, batch: int = 100, actor: 
         with services.unit_of_work.begin() as work:  # the batch's messages are published after its COMMIT
             ids = work.conn.execute(_candidates(to_version).order_by(attachments.c.created_at, attachments.c.id)
                                     .limit(batch).with_for_update(of=attachments, skip_locked=True)).scalars().all()
-            _room_for(work.conn, services, version, ids, created)
+            needs = _room_for(work.conn, services, version, ids, created)
             made = [states.create_job(work.conn, attachment_id=attachment_id, pipeline_version=to_version,
                                       max_attempts=services.settings.max_attempts, traceparent=new_traceparent(),
-                                      tracestate=None, actor=actor, reason=why)
+                                      tracestate=None, actor=actor, reason=why, room_bytes=needs[attachment_id])
                     for attachment_id in ids]
             jobs_made = [str(job[0]) for job in made if job is not None]
             if jobs_made:  # the audit trail's row, in the transaction that made the jobs

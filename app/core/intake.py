@@ -178,12 +178,12 @@ def record(conn, services: ImageProducer, staged: Staged, received: Received, *,
     # winner's attachment rather than a refusal the winner's COMMIT caused
     pending.admit(conn, owner, settings.max_pending_per_uploader)
     version = pipeline.get(settings.pipeline_version)
-    room.admit(conn, services, version=version,
-               needing=room.need(version, size=received.size, pixels=staged.info.width * staged.info.height))
+    needing = room.need(version, size=received.size, pixels=staged.info.width * staged.info.height)
+    room.admit(conn, services, version=version, needing=needing)
     job_id, _ = states.create_job(
         conn, attachment_id=staged.attachment_id, pipeline_version=settings.pipeline_version,
         max_attempts=settings.max_attempts, traceparent=traceparent, tracestate=tracestate,
-        actor=f"web:{owner}")
+        actor=f"web:{owner}", room_bytes=needing)
     return job_id
 
 

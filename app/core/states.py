@@ -110,12 +110,14 @@ def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, err
 
 
 def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: int, max_attempts: int,
-               traceparent: str, tracestate: str | None, actor: str,
+               traceparent: str, tracestate: str | None, actor: str, room_bytes: int,
                reason: str = "upload accepted") -> tuple[uuid.UUID, int] | None:
     """none -> queued, with the first message in the outbox. Returns (job_id, outbox_id).
 
     One job per ``(attachment_id, pipeline_version)``: if it exists already,
     nothing is written and ``None`` is returned (a backfill run twice).
+    ``room_bytes``: what the job will write to storage (:func:`app.core.room.need`), counted by the room check
+    while it is unfinished.
     """
     from app.core.pipeline import ensure_recorded
 
@@ -124,6 +126,7 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
     row = conn.execute(_CREATE, dict(
         id=job_id, attachment_id=attachment_id, b_attachment_id=attachment_id, pipeline_version=pipeline_version,
         state=JobState.QUEUED, attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
+        room_bytes=room_bytes,
     )).one_or_none()
     if row is None:
         return None

@@ -61,6 +61,7 @@ from sqlalchemy import (
     Index,
     Integer,
     MetaData,
+    SmallInteger,
     Table,
     Text,
     UniqueConstraint,
@@ -130,6 +131,9 @@ jobs = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("updated_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("ready_at", DateTime(timezone=True)),
+    # what the job was counted to write to storage when it was made (``app/core/room.py``); NULL for a job made
+    # before migration 0030, whose need the room check sums from its attachment
+    Column("room_bytes", BigInteger),
     UniqueConstraint("attachment_id", "pipeline_version", name="jobs_attachment_version_key"),
     CheckConstraint(f"state IN ({', '.join(repr(state.value) for state in JobState)})", name="jobs_state_check"),
     CheckConstraint(f"state <> '{JobState.FAILED}' OR error_code IS NOT NULL", name="jobs_failed_has_code"),
@@ -143,6 +147,8 @@ Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
 Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
 Index("jobs_state_created_idx", jobs.c.state, jobs.c.created_at, jobs.c.id)
 Index("jobs_owner_created_idx", jobs.c.owner, jobs.c.created_at, jobs.c.id)  # migration 0014
+Index("jobs_room_uncounted_idx", jobs.c.attachment_id,  # migration 0030: the jobs the room triggers do not count
+      postgresql_where=text(f"room_bytes IS NULL AND state IN ('{JobState.QUEUED}', '{JobState.PROCESSING}')"))
 Index("jobs_error_code_idx", jobs.c.error_code, jobs.c.created_at, jobs.c.id,
       postgresql_where=text("error_code IS NOT NULL"))
 Index("jobs_ready_idx", jobs.c.ready_at, postgresql_where=text("ready_at IS NOT NULL"))  # charts: ready per minute
@@ -379,6 +385,23 @@ duration_deltas = Table(
     Column("le", Float, nullable=False),
     Column("rows", BigInteger, nullable=False),
     Column("microseconds", BigInteger, nullable=False),
+)
+
+#: what the unfinished jobs still write to storage (``app/core/room.py``): what ``counter_fold`` moved in, plus
+#: ``room_deltas``, which triggers on ``jobs`` append to per statement that changes it (migration 0030)
+room_total = Table(
+    "room_total",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, server_default=text("1")),
+    Column("bytes", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="room_total_one_row"),
+)
+
+room_deltas = Table(
+    "room_deltas",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("bytes", BigInteger, nullable=False),
 )
 
 sweeper_items = Table(

@@ -1,0 +1,90 @@
+"""What the room check counts the unfinished jobs to need (``app/core/room.py``, migration 0030)."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select, text, update
+
+from app.adapters.imaging import probe
+from app.adapters.postgres.models import jobs
+from app.core import backfill, operations, pipeline, room, states
+from app.core.workflow import Workflow
+from scheduler.counter_fold import CounterFold
+from tests.driver import run, take_messages, upload
+
+
+def held(engine, version: int = 1) -> int:
+    with engine.connect() as conn:
+        return int(conn.execute(room._held_statement(pipeline.get(version))).scalar_one())
+
+
+def need(services, path, version: int, *, kept: bool = False) -> int:
+    info = probe(path, services.limits)
+    return room.need(pipeline.get(version), size=0 if kept else path.stat().st_size, pixels=info.width * info.height)
+
+
+def test_the_room_held_is_each_unfinished_jobs_own_need_through_every_transition(quiet_services, engine, data_file):
+    """Counted by triggers as jobs change, read from two small tables. Each job counts the need it was made with:
+    the sum counted every unfinished job with the version being uploaded to, and a backfill's original, which it
+    reads from the kept copy, at its size."""
+    chelsea, coffee = data_file("photos/chelsea.jpg"), data_file("photos/coffee.jpg")
+    assert held(engine) == 0
+    first, second = upload(quiet_services, chelsea), upload(quiet_services, coffee)
+    assert held(engine) == need(quiet_services, chelsea, 1) + need(quiet_services, coffee, 1)
+
+    assert run(Workflow(quiet_services), engine, first.job_id)[-1] == "ready"
+    assert held(engine) == need(quiet_services, coffee, 1), "a ready job needs nothing more"
+
+    with engine.begin() as conn:  # the second fails
+        [message] = take_messages(engine, second.job_id)
+        assert states.claim(conn, second.job_id, message["attempt"], states.Lease("test", 60)) is not None
+        assert states.fail(conn, second.job_id, message["attempt"], "image_corrupt", "test", "test")
+    assert held(engine) == 0
+
+    operations.replay(quiet_services, second.job_id, operator="test", reason="counted again")
+    assert held(engine) == need(quiet_services, coffee, 1)
+
+    assert backfill.run(quiet_services, 2)["created"] == 1  # chelsea's v2 job, from its kept original
+    assert held(engine) == need(quiet_services, coffee, 1) + need(quiet_services, chelsea, 2, kept=True)
+    assert held(engine, version=2) == held(engine), "the counted jobs' need does not depend on the version asked"
+
+    with engine.connect() as conn:
+        deltas = conn.execute(text("SELECT count(*) FROM room_deltas")).scalar()
+    assert deltas > 0
+    before = held(engine)
+    assert CounterFold(engine).run_once()["room_folded"] == deltas
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT count(*) FROM room_deltas")).scalar() == 0
+    assert held(engine) == before
+
+    with engine.begin() as conn:  # a job made before migration 0030 (or by the release before it) has no need
+        conn.execute(update(jobs).where(jobs.c.id == second.job_id).values(room_bytes=None))
+    assert held(engine) == before, "summed from its attachment, as before the migration"
+
+
+def test_the_room_check_reads_none_of_a_counted_backlogs_rows(quiet_services, engine, data_file):
+    """0.5-0.6 s of PostgreSQL for 100,000 unfinished jobs among a million attachments, each second per web process
+    and on each upload near the bound (what a long outage leaves): it joined every unfinished job to its
+    attachment. Here 3,000 unfinished jobs: the check's buffers do not grow with them."""
+    accepted = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    with engine.begin() as conn:
+        conn.execute(text("""
+            WITH made AS (
+                INSERT INTO attachments (id, owner, filename, content_type, format, size, sha256, width, height,
+                                         staging_key)
+                SELECT gen_random_uuid(), 'backlog', 'b.jpg', 'image/jpeg', 'JPEG', 5000000, md5(g::text), 4000, 3000,
+                       'staging/backlog-' || g FROM generate_series(1, 3000) g RETURNING id)
+            INSERT INTO jobs (id, attachment_id, pipeline_version, state, owner, max_attempts, traceparent, room_bytes)
+            SELECT gen_random_uuid(), id, 1, 'queued', 'backlog', 5, 'x', 1000 FROM made"""))
+        conn.execute(text("ANALYZE jobs; ANALYZE attachments"))
+    with engine.connect() as conn:
+        statement = room._held_statement(pipeline.get(1))
+        [[plan]] = conn.execute(text(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {statement.text}")).one()
+        held_now = int(conn.execute(statement).scalar_one())
+    plan = plan if isinstance(plan, dict) else json.loads(plan)[0]
+    buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
+    assert buffers < 30, f"{buffers} buffers read for the sum"
+    with engine.connect() as conn:
+        own = conn.execute(select(jobs.c.room_bytes).where(jobs.c.id == accepted.job_id)).scalar_one()
+    assert held_now == own + 3000 * 1000
