@@ -193,6 +193,11 @@ class Settings:
         "the Upload-Length of one uploader's unfinished resumable uploads added up: a creation that would pass it "
         "is refused with 429 too_many_open_uploads, bounding the partial bytes one uploader can keep on the disk "
         "(an uploader with none open may still make one of any accepted size); 0: no limit")
+    max_parts_per_upload: int = setting(
+        "ATTACHE_MAX_PARTS_PER_UPLOAD", 1000, _int(1),
+        "parts a resumable upload (/v1/uploads) is stored in, one a PATCH: a PATCH that would make one more without "
+        "finishing the upload is refused with 400 too_many_parts, the upload kept at its offset; a PATCH of all "
+        "that remains is always taken. Bounds the disk blocks and files of tiny PATCHes and the last PATCH's join")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(

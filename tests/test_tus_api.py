@@ -197,6 +197,32 @@ def test_a_patch_at_the_wrong_offset_or_past_the_length_is_refused(client, stora
     assert [(storage_dir / p).read_bytes() for p in parts(storage_dir)] == [b"x" * 40]
 
 
+def test_an_upload_is_stored_in_at_most_its_parts_and_its_rest_in_one_patch_is_always_taken(env, engine,
+                                                                                                storage_dir, photo):
+    """Each PATCH's bytes are a part, a file: 1,000 PATCHes of one byte took 4 MiB of disk, and the last PATCH
+    joined 2,000 parts in 5.7 s under the upload's lock (an adversarial run), within the uploader's byte limits."""
+    from app.config import Settings
+    from app.web import create_app
+
+    app = create_app(Settings.from_env({**env, "ATTACHE_MAX_PARTS_PER_UPLOAD": "3"}))
+    try:
+        client = authed(app)
+        location = create(client, len(photo)).headers["Location"]
+        send(client, location, photo[:3], chunk=1)
+        refused = patch(client, location, 3, photo[3:4])
+        assert refused.status_code == 400 and refused.json["error"] == "too_many_parts", refused.json
+        assert f"send the {len(photo) - 3} bytes that remain in one PATCH" in refused.json["message"]
+        assert client.head(location, headers=TUS).headers["Upload-Offset"] == "3"
+        assert len(parts(storage_dir)) == 3
+        finished = patch(client, location, 3, photo[3:])
+        assert finished.status_code == 204 and finished.headers["Upload-Offset"] == str(len(photo))
+        with engine.connect() as conn:
+            [(sha256,)] = conn.execute(select(attachments.c.sha256)).all()
+        assert sha256 == hashlib.sha256(photo).hexdigest()
+    finally:
+        app.extensions["attache"].close()
+
+
 @pytest.mark.parametrize("algorithm", ["sha1", "sha256"])
 def test_checksums_are_verified_and_a_mismatch_keeps_nothing(client, storage_dir, photo, algorithm):
     location = create(client, len(photo)).headers["Location"]

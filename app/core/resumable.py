@@ -65,7 +65,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Callable, NamedTuple
 
-from sqlalchemy import delete, insert, select, text, update
+from sqlalchemy import delete, func, insert, select, text, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import OperationalError
 
@@ -83,6 +83,7 @@ from app.errors import (
     PartsMissing,
     PermanentError,
     TooManyOpenUploads,
+    TooManyParts,
     UploadExpired,
     UploadLocked,
     UploadNotFound,
@@ -293,6 +294,8 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                 raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")
             if part.size > upload.length - offset:
                 raise UploadTooLarge(f"the PATCH goes past Upload-Length {upload.length}")
+            if 0 < part.size < upload.length - offset:
+                _admit_part(conn, services.settings, upload, offset)
             values = {"updated_at": _now(conn), "expires_at": _now(conn) + lifetime(services.settings)}
             try:
                 _check_first_bytes(services, upload, offset, part)
@@ -455,6 +458,16 @@ def _visible(conn, upload_id: uuid.UUID, owner: str, *, lock: bool, expired_too:
     if not expired_too and row.expires_at <= _now(conn):
         raise UploadExpired("the upload expired; start a new one")
     return Upload.of(row)
+
+
+def _admit_part(conn, settings, upload: Upload, offset: int) -> None:
+    """:class:`TooManyParts` unless the upload may be stored in one more part that does not finish it (asked under
+    the upload's lock; an upload made before migration 0024 names no parts and is not counted)."""
+    made = conn.execute(select(func.count()).select_from(upload_parts)
+                        .where(upload_parts.c.upload_id == upload.id)).scalar_one()
+    if made >= settings.max_parts_per_upload:
+        raise TooManyParts(f"the upload is stored in {made} parts already, as many as one may: send the "
+                           f"{upload.length - offset} bytes that remain in one PATCH")
 
 
 def _check_first_bytes(services, upload: Upload, offset: int, part: intake.Received) -> None:

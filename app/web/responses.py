@@ -37,6 +37,7 @@ from app.errors import (
     SpoolUnavailable,
     TooManyDownloadsAtOnce,
     TooManyOpenUploads,
+    TooManyParts,
     TooManyPending,
     TooManyUploadsAtOnce,
     TransientError,
@@ -89,6 +90,7 @@ STATUS: dict[type[AttacheError], int] = {
     UploadExpired: 410,
     PartsMissing: 410,
     OffsetMismatch: 409,
+    TooManyParts: 400,
     UploadLocked: 423,
     ChecksumMismatch: 460,
     # webhooks
