@@ -16,10 +16,11 @@ import threading
 class Listener:
     """Accepts TCP connections; a silent one never answers, a proxy forwards until frozen."""
 
-    def __init__(self, upstream: tuple[str, int] | None = None, *, host: str = "127.0.0.1"):
+    def __init__(self, upstream: tuple[str, int] | None = None, *, host: str = "127.0.0.1", port: int = 0):
+        """``port``: one a closed listener had, to stand in for a server that comes back."""
         self.upstream = upstream
         self.frozen = threading.Event()
-        self.server = socket.create_server((host, 0))
+        self.server = socket.create_server((host, port))
         self.port = self.server.getsockname()[1]
         self.sockets: list[socket.socket] = []
         self.accepted = 0

@@ -14,6 +14,7 @@ with a confirmed count) and are audited before the broker is touched.
 from __future__ import annotations
 
 import json
+import threading
 import os
 import signal
 import subprocess
@@ -484,6 +485,43 @@ def test_a_requeue_whose_lock_postgresql_dropped_takes_nothing_more(dlq, service
     assert depth(broker_url, XQ) == 6, "before: all six taken after the lock was gone"
     [row] = audit_rows(engine)
     assert row.details["status"] == "failed" and row.details["count"] == 0
+
+
+@pytest.mark.parametrize("broker_kind", BROKER_KINDS)
+def test_an_action_that_lost_postgresql_completes_its_audit_row_once_postgresql_answers(services, broker_url,
+                                                                                         engine, monkeypatch):
+    """The audit row was written once, at once, while PostgreSQL was still away, and stayed at ``intent`` without
+    the ids of the messages the action had moved (an adversarial run: 58-79 of 3,000)."""
+    from app.adapters.broker import dead_letter_tools
+    from app.adapters.postgres.db import make_engine
+    from app.errors import DatabaseUnavailable
+    from tests.tcp import Listener
+
+    monkeypatch.setattr(dead_letter_tools, "AUDIT_COMPLETION_PAUSE_SECONDS", 0.2)
+    dead_letter_three(services, broker_url, count=4)
+    upstream = (engine.url.host, engine.url.port or 5432)
+    proxy = [Listener(upstream)]
+    through = make_engine(engine.url.set(port=proxy[0].port).render_as_string(hide_password=False))
+    tools = type(services.dead_letters)(broker_url, through, queues=STEP_QUEUES)
+    take = type(tools)._take
+    back = threading.Timer(2.0, lambda: proxy.append(Listener(upstream, port=proxy[0].port)))
+
+    def take_while_postgresql_is_away(self, *args):
+        proxy[0].close()  # every connection cut, and new ones refused, for two seconds
+        back.start()
+        return take(self, *args)
+
+    monkeypatch.setattr(type(tools), "_take", take_while_postgresql_is_away)
+    try:
+        with pytest.raises(DatabaseUnavailable):
+            tools.requeue(XQ, actor="ops:alice", expected=4, reason="the database is back")
+    finally:
+        back.join()
+        through.dispose()
+        for listener in proxy:
+            listener.close()
+    [row] = audit_rows(engine)
+    assert row.details["status"] == "failed" and row.details["count"] == 0, row.details
 
 
 def test_an_action_beside_another_holding_the_queue_too_long_is_busy_not_a_broker_outage(services, dead,

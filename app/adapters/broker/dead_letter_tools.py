@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
@@ -114,6 +115,11 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
 
 #: the advisory locks of the dead-letter tools (one a queue: :meth:`DeadLetters._alone`)
 NAMESPACE = 727278
+#: how long an action's audit row is written again while PostgreSQL does not answer: the ids the action took are
+#: known only to this process. An action that lost PostgreSQL (the queue's lock with it) tried once, at once, and
+#: left its row at ``intent``, without the ids of the 58-79 messages it had moved (an adversarial run)
+AUDIT_COMPLETION_SECONDS = 60.0
+AUDIT_COMPLETION_PAUSE_SECONDS = 1.0
 _ALONE = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:queue))")
 _NO_IDLE_BOUND = text("SET LOCAL idle_in_transaction_session_timeout = 0")
 _STILL_HELD = text("SELECT 1")
@@ -435,14 +441,21 @@ class DeadLetters:
             details["not_found"] = [m for m in wanted if m not in done]
         if error is not None:
             details["error"] = f"{type(error).__name__}: {error}"[:500]
-        try:
-            with transaction(self.engine) as conn:
-                audit.complete(conn, audit_id, details)
-        except Exception:
-            log.error("audit row %s not completed; it stays at status intent", audit_id,
-                      extra={"audit_id": audit_id, "done": len(done)})
-            if error is None:
-                raise
+        deadline = time.monotonic() + AUDIT_COMPLETION_SECONDS
+        while True:
+            try:
+                with transaction(self.engine) as conn:
+                    audit.complete(conn, audit_id, details)
+                return
+            except Exception as exc:
+                if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
+                    time.sleep(AUDIT_COMPLETION_PAUSE_SECONDS)  # the ids taken are known only here: asked again
+                    continue
+                log.error("audit row %s not completed; it stays at status intent", audit_id,
+                          extra={"audit_id": audit_id, "done": len(done)})
+                if error is None:
+                    raise
+                return
 
 
 #: the RabbitMQ toolkit by the name that says so (the PostgreSQL broker's: ``postgres_dead_letters``)
