@@ -176,6 +176,14 @@ class OutcomeUnknown(DatabaseUnavailable):
     error_code = "outcome_unknown"
 
 
+class MadeUnread(DatabaseUnavailable):
+    """An operator's action was made, and audited, and reading its result back failed: look before doing it again
+    (it was the generic ``database_unavailable``, "retry later", for replays that had been made: an adversarial
+    run)."""
+
+    error_code = "made_unread"
+
+
 class BrokerUnavailable(TransientError):
     """RabbitMQ cannot be reached or did not confirm a publish."""
 

@@ -63,6 +63,16 @@ class Listener:
         for sock in self.sockets:
             sock.close()
 
+    def cut(self):
+        """Every connection hung up on, and new ones refused (a closed socket another thread reads, or accepts on,
+        stays open)."""
+        for sock in (self.server, *self.sockets):
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+
 
 class SlowLink:
     """A proxy at ``bytes_per_second`` each way, like a phone's uplink, that hangs up both sides when either does.

@@ -507,7 +507,7 @@ def test_an_action_that_lost_postgresql_completes_its_audit_row_once_postgresql_
     back = threading.Timer(2.0, lambda: proxy.append(Listener(upstream, port=proxy[0].port)))
 
     def take_while_postgresql_is_away(self, *args):
-        proxy[0].close()  # every connection cut, and new ones refused, for two seconds
+        proxy[0].cut()  # every connection cut, and new ones refused, for two seconds
         back.start()
         return take(self, *args)
 

@@ -203,3 +203,78 @@ def test_dlq_requeue_and_purge_take_the_chosen_ids_or_a_confirmed_count(broker_a
     assert [(r.actor, r.action, r.details["status"], r.details.get("message_ids")) for r in rows] == [
         ("operator:olga", "dlq.purge", "completed", ids[:2]),
         ("operator:olga", "dlq.requeue", "completed", [ids[2], ids[0]])]
+
+
+def _failed_through(env, engine, data_file, proxy_port):
+    """An app whose database connections go through the proxy on ``proxy_port``, and a job of it ``failed``."""
+    from sqlalchemy.engine import make_url
+
+    from app.config import Settings
+
+    url = make_url(env["DATABASE_URL"]).set(port=proxy_port).render_as_string(hide_password=False)
+    app = create_app(Settings.from_env({**env, "DATABASE_URL": url, "ATTACHE_RETRY_INITIAL_SECONDS": "0",
+                                        "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                        "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5"}))
+    with open(data_file("pillow/truncated_jpeg.jpg"), "rb") as fh:
+        accepted = authed(app).post("/v1/attachments", data={"file": (fh, "t.jpg")},
+                                    content_type="multipart/form-data").json
+    run(Workflow(app.extensions["attache"]), engine, accepted["job_id"])
+    return app, accepted["job_id"]
+
+
+def test_a_replay_made_while_postgresql_goes_away_says_it_was_made(env, engine, data_file, monkeypatch):
+    """A replay that committed was read back in a transaction of its own, and PostgreSQL cut for 0.7 s there made it
+    ``503 database_unavailable``, "retry later" (an adversarial run: 8 of 30). It reads its job back while
+    PostgreSQL comes back."""
+    import threading
+
+    from tests.tcp import Listener
+
+    upstream = (engine.url.host, engine.url.port or 5432)
+    proxy = [Listener(upstream)]
+    app, job_id = _failed_through(env, engine, data_file, proxy[0].port)
+    services = app.extensions["attache"]
+    publish = type(services.unit_of_work)._publish
+    back = threading.Timer(2.0, lambda: proxy.append(Listener(upstream, port=proxy[0].port)))
+
+    def cut_after_commit(self, rows):  # as the replay reads its job back
+        published = publish(self, rows)
+        proxy[0].cut()  # every connection cut, new ones refused, for two seconds
+        back.start()
+        return published
+
+    monkeypatch.setattr(type(services.unit_of_work), "_publish", cut_after_commit)
+    try:
+        answered = authed(app, OPERATOR_TOKEN).post(f"/v1/ops/jobs/{job_id}/replay", json={"reason": "blip"})
+    finally:
+        back.join()
+        app.extensions["attache"].close()
+        for listener in proxy:
+            listener.close()
+    assert answered.status_code == 200, answered.json
+    assert answered.json["state"] == "queued" and answered.json["audit"][-1]["action"] == "job.replay"
+
+
+def test_a_replay_whose_commit_went_unanswered_says_it_may_have_been_made(env, engine, data_file):
+    """Its answer was ``503 database_unavailable``, "retry later", whatever became of it."""
+    from sqlalchemy import event
+
+    from tests.tcp import Listener
+
+    proxy = Listener((engine.url.host, engine.url.port or 5432))
+    app, job_id = _failed_through(env, engine, data_file, proxy.port)
+    audited = []
+    engine_through = app.extensions["attache"].engine
+    event.listen(engine_through, "after_cursor_execute",
+                 lambda conn, cursor, statement, *args: audited.append(1) if "INSERT INTO audit_log" in statement
+                 else None)
+    event.listen(engine_through, "commit", lambda conn: proxy.cut() if audited else None)  # the replay's COMMIT
+    try:
+        answered = authed(app, OPERATOR_TOKEN).post(f"/v1/ops/jobs/{job_id}/replay", json={"reason": "blip"})
+    finally:
+        app.extensions["attache"].close()
+        proxy.close()
+    assert answered.status_code == 503 and answered.json["error"] == "outcome_unknown", answered.json
+    assert "may have been made; look at the job before replaying it again" in answered.json["message"]
+    with engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(audit_log)).scalar() == 0, "it did not land, here"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -10,13 +11,22 @@ from typing import ClassVar
 
 from sqlalchemy import func, select, tuple_
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import SQLAlchemyError
 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import transaction
-from app.adapters.postgres.models import JobState, attachments, job_history, jobs, variants
+from app.adapters.postgres.models import JobState, attachments, audit_log, job_history, jobs, variants
 from app.core import id_prefixes, outbox, pipeline, room, staging, states
 from app.core.needs import Database, StoringProducer
-from app.errors import JobConflict, JobNotFound, MissingReason
+from app.errors import (
+    AttacheError,
+    DatabaseUnavailable,
+    JobConflict,
+    JobNotFound,
+    MadeUnread,
+    MissingReason,
+    OutcomeUnknown,
+)
 
 
 def _iso(value):
@@ -186,16 +196,34 @@ def show_job(services: Database, job_id: uuid.UUID) -> dict:
     }
 
 
+#: how long a replay that committed reads its job back while PostgreSQL does not answer, before it says so
+READ_BACK_SECONDS = 10.0
+
+
 def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reason: str | None) -> dict:
     """failed -> queued with a fresh attempt budget; the audit entry names the operator and the reason.
 
     A job whose original is gone (its staged original removed once the failed job's retention passed, or decided
     for removal) is refused: its replay was accepted and audited, and failed ``staging_missing`` at once, again
-    each time it was replayed (an adversarial run)."""
+    each time it was replayed (an adversarial run).
+
+    A replay whose COMMIT's answer was lost is looked for by its audit row; one not found is
+    :class:`OutcomeUnknown` (it may have landed). One that committed is read back for up to
+    :data:`READ_BACK_SECONDS`, and if PostgreSQL still does not answer the error says the replay was made. Both
+    answered ``503 database_unavailable``, "retry later", for replays that had been made (an adversarial run: 8 of
+    30 replays with PostgreSQL cut for 0.7 s)."""
     reason = (audit.clean(reason) or "").strip()
     if not reason:
         raise MissingReason("a replay needs a reason")
-    with services.unit_of_work.begin() as work:  # the fresh inspect message is published after COMMIT
+    audited: list[int] = []
+
+    def landed(error: Exception) -> bool:
+        if audited and _audit_row_exists(services, audited[0]):
+            return True
+        raise OutcomeUnknown(f"the replay of job {job_id} reached the database and its answer was lost: it may have "
+                             "been made; look at the job before replaying it again") from error
+
+    with services.unit_of_work.begin(landed=landed) as work:  # the fresh inspect message is published after COMMIT
         conn = work.conn
         current = states.get(conn, job_id, lock=True)
         if current is None:
@@ -206,10 +234,26 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
                             budget=services.settings.max_attempts)
         if row is None:
             raise JobConflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
-        audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
-                     reason=reason[:1000], details={"previous_error_code": current.error_code,
-                                                    "attempt": current.attempt})
-    return show_job(services, job_id)
+        audited.append(audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
+                                    reason=reason[:1000], details={"previous_error_code": current.error_code,
+                                                                   "attempt": current.attempt}))
+    deadline = time.monotonic() + READ_BACK_SECONDS
+    while True:
+        try:
+            return show_job(services, job_id)
+        except DatabaseUnavailable as exc:
+            if time.monotonic() >= deadline:
+                raise MadeUnread(f"job {job_id} was replayed, and audited; reading it back failed ({exc}): look "
+                                 "at it once PostgreSQL answers, without replaying it again") from exc
+            time.sleep(0.5)
+
+
+def _audit_row_exists(services: Database, audit_id: int) -> bool:
+    try:
+        with transaction(services.engine) as conn:
+            return conn.execute(select(audit_log.c.id).where(audit_log.c.id == audit_id)).first() is not None
+    except (AttacheError, SQLAlchemyError):
+        return False
 
 
 def _can_run_again(conn, services: StoringProducer, job) -> None:

@@ -16,7 +16,14 @@ from werkzeug.exceptions import HTTPException
 
 from app.config import Settings
 from app.core.auth import effective_tokens
-from app.errors import DatabaseUnavailable, StorageUnavailable, TooManyDownloadsAtOnce, UploadRejected
+from app.errors import (
+    DatabaseUnavailable,
+    MadeUnread,
+    OutcomeUnknown,
+    StorageUnavailable,
+    TooManyDownloadsAtOnce,
+    UploadRejected,
+)
 from app.observability import logs
 from app.services import Services, exit_on_config_error, settings_or_exit
 from app.web import lingering_close, parse_errors, request_head
@@ -86,6 +93,11 @@ def create_app(settings: Settings | None = None) -> Flask:
     @app.errorhandler(PoolTimeout)  # every connection of the process's pool busy (long queries): not a bug, a 503
     def database_unavailable(exc):  # psycopg2's text never reaches a client
         return refusal(DatabaseUnavailable(), "the database is unavailable; retry later")
+
+    @app.errorhandler(OutcomeUnknown)
+    @app.errorhandler(MadeUnread)
+    def database_unavailable_saying_what_was_done(exc: DatabaseUnavailable):  # their words are attache's own
+        return refusal(exc)
 
     @app.errorhandler(StorageUnavailable)
     def storage_unavailable(exc: StorageUnavailable):  # an operator's replay, say: a 503, never a 500
