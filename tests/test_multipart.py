@@ -38,6 +38,15 @@ def spools() -> set[Path]:
     return set(Path(tempfile.gettempdir()).glob("attache-upload-*"))
 
 
+@pytest.fixture(autouse=True)
+def _own_temporary_directory(tmp_path, monkeypatch):
+    """The spools of this file's uploads alone: another test process's upload in the shared /tmp, at the same
+    moment, was taken for one of these left behind (seen under a loaded machine)."""
+    own = tmp_path / "tmp"
+    own.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(own))
+
+
 @pytest.fixture
 def photo(data_file) -> bytes:
     return data_file("photos/chelsea.jpg").read_bytes()
