@@ -131,6 +131,23 @@ def test_a_malformed_or_empty_digest_header_is_400_not_a_mismatch_or_no_header(c
     assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
 
 
+def test_a_repr_digest_is_checked_and_a_digest_sent_twice_is_refused(client, engine, storage_dir, data_file):
+    """A wrong ``Repr-Digest`` was ignored on a POST (a resumable upload's creation checks it), and of a
+    ``Content-Digest`` sent twice, joined into one list, only the last was checked: wrong then right was accepted,
+    right then wrong refused (an adversarial run)."""
+    path = data_file("photos/chelsea.jpg")
+    right = f"sha-256=:{base64.b64encode(hashlib.sha256(path.read_bytes()).digest()).decode()}:"
+    wrong = f"sha-256=:{base64.b64encode(hashlib.sha256(b'other').digest()).decode()}:"
+    refused = post_file(client, path, **{"Repr-Digest": wrong})
+    assert (refused.status_code, refused.json["error"]) == (422, "digest_mismatch"), refused.json
+    for twice in (f"{wrong}, {right}", f"{right}, {wrong}"):
+        refused = post_file(client, path, **{"Content-Digest": twice})
+        assert (refused.status_code, refused.json["error"]) == (400, "bad_digest_header"), refused.json
+        assert "twice" in refused.json["message"]
+    assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
+    assert post_file(client, path, **{"Repr-Digest": right, "Content-Digest": f"{right}, {right}"}).status_code == 202
+
+
 def test_an_md5_is_computed_only_for_a_content_md5_to_check(client, data_file, monkeypatch):
     """MD5 costs twice the SHA-256 here; an upload that sends no Content-MD5 does not pay for it."""
     from app.core import intake

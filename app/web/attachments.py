@@ -90,6 +90,8 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
         in_header("Content-Digest", "RFC 9530, e.g. `sha-256=:<base64>:`; `sha-256` is verified against the file's "
                                  "bytes: the raw body's, or the `file` part's of a multipart body (not the whole "
                                  "multipart message's, as RFC 9530 would have it: the file is what is stored)."),
+        in_header("Repr-Digest", "RFC 9530: the file's whole digest, verified as `Content-Digest` is (the file "
+                                 "is stored as sent, without a content coding)."),
         in_header("Content-MD5", "Base64 MD5 of the file's bytes (as `Content-Digest`), verified."),
         in_header("Idempotency-Key", "1-255 printable ASCII characters but the comma, the quote and the backslash "
                                   "(surrounding quotes are dropped), sent once: a list (the header sent twice) is "
@@ -173,7 +175,7 @@ def _accept(services) -> tuple[intake.Accepted, intake.Received]:
     spool = _receive_body()
     received = spool.finish()
     verify_digests(received, content_digest=request.headers.get("Content-Digest"),
-                   content_md5=request.headers.get("Content-MD5"))
+                   content_md5=request.headers.get("Content-MD5"), repr_digest=request.headers.get("Repr-Digest"))
     traceparent = accept_traceparent(request.headers.get("traceparent"))
     with bound(trace_id=trace_id(traceparent), principal=_owner()):
         accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),

@@ -204,9 +204,12 @@ def parse_content_digest(header: str, name: str = "Content-Digest") -> dict[str,
         if not match:
             raise UploadRejected(f"malformed {name} header", error_code="bad_digest_header")
         try:
-            result[match.group(1).lower()] = base64.b64decode(match.group(2), validate=True)
+            value = base64.b64decode(match.group(2), validate=True)
         except ValueError:
             raise UploadRejected(f"malformed {name} value", error_code="bad_digest_header") from None
+        algorithm = match.group(1).lower()
+        if result.setdefault(algorithm, value) != value:  # the header sent twice: the last one alone was checked
+            raise UploadRejected(f"{name} names {algorithm} twice, with two values", error_code="bad_digest_header")
     return result
 
 
@@ -220,13 +223,16 @@ def sha256_of(header: str, name: str) -> str:
     return digests["sha-256"].hex()
 
 
-def verify_digests(received: Received, *, content_digest: str | None, content_md5: str | None) -> None:
+def verify_digests(received: Received, *, content_digest: str | None, content_md5: str | None,
+                   repr_digest: str | None = None) -> None:
     """A header sent is checked, an empty one too (refused as malformed: it was taken for no header, when a
     Content-Digest naming only another algorithm is refused); an MD5 that is not 16 bytes is malformed, not a
-    mismatch (a hex MD5 was answered ``422 digest_mismatch``: an adversarial run)."""
-    if content_digest is not None:
-        if sha256_of(content_digest, "Content-Digest") != received.sha256:
-            raise DigestMismatch("Content-Digest sha-256 does not match the bytes received")
+    mismatch (a hex MD5 was answered ``422 digest_mismatch``: an adversarial run). ``repr_digest``: a
+    ``Repr-Digest``, the whole file's (the bytes are stored as sent, no content coding), which a resumable upload's
+    creation checked and a POST ignored (an adversarial run)."""
+    for name, header in (("Content-Digest", content_digest), ("Repr-Digest", repr_digest)):
+        if header is not None and sha256_of(header, name) != received.sha256:
+            raise DigestMismatch(f"{name} sha-256 does not match the bytes received")
     if content_md5 is not None:
         try:
             expected = base64.b64decode(content_md5.strip(), validate=True)
