@@ -422,6 +422,14 @@ class UnsupportedMediaType(UploadRejected):
     error_code = "bad_content_type"
 
 
+class UnsupportedContentEncoding(UnsupportedMediaType):
+    """The body comes in a content coding (``Content-Encoding: gzip``): attache stores the bytes it is sent and
+    decodes none. A gzipped JPEG was refused ``415 unsupported_format``, as if the file were no image (an
+    adversarial run)."""
+
+    error_code = "unsupported_content_encoding"
+
+
 class UploadNotFound(UploadRejected):
     """No resumable upload with this id belongs to the caller (or it was terminated or forgotten)."""
 

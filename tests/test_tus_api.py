@@ -223,6 +223,15 @@ def test_an_upload_is_stored_in_at_most_its_parts_and_its_rest_in_one_patch_is_a
         app.extensions["attache"].close()
 
 
+def test_a_part_in_a_content_coding_is_refused_and_the_upload_kept(client, storage_dir, photo):
+    import gzip
+
+    location = create(client, len(photo)).headers["Location"]
+    refused = patch(client, location, 0, gzip.compress(photo[:100]), headers={"Content-Encoding": "gzip"})
+    assert (refused.status_code, refused.json["error"]) == (415, "unsupported_content_encoding"), refused.json
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "0" and parts(storage_dir) == []
+
+
 @pytest.mark.parametrize("algorithm", ["sha1", "sha256"])
 def test_checksums_are_verified_and_a_mismatch_keeps_nothing(client, storage_dir, photo, algorithm):
     location = create(client, len(photo)).headers["Location"]

@@ -148,6 +148,21 @@ def test_a_repr_digest_is_checked_and_a_digest_sent_twice_is_refused(client, eng
     assert post_file(client, path, **{"Repr-Digest": right, "Content-Digest": f"{right}, {right}"}).status_code == 202
 
 
+def test_a_body_in_a_content_coding_is_refused_as_such(client, engine, storage_dir, data_file):
+    """A gzipped JPEG was answered ``415 unsupported_format``, as if the file were no image (an adversarial run):
+    the coding's bytes would be stored as sent, none decoded."""
+    import gzip
+
+    path = data_file("photos/chelsea.jpg")
+    raw = client.post("/v1/attachments", data=gzip.compress(path.read_bytes()),
+                      headers={"Content-Type": "image/jpeg", "Content-Encoding": "gzip"})
+    assert (raw.status_code, raw.json["error"]) == (415, "unsupported_content_encoding"), raw.json
+    assert "Content-Encoding 'gzip'" in raw.json["message"]
+    assert post_file(client, path, **{"Content-Encoding": "br"}).json["error"] == "unsupported_content_encoding"
+    assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
+    assert post_file(client, path, **{"Content-Encoding": "identity"}).status_code == 202
+
+
 def test_an_md5_is_computed_only_for_a_content_md5_to_check(client, data_file, monkeypatch):
     """MD5 costs twice the SHA-256 here; an upload that sends no Content-MD5 does not pay for it."""
     from app.core import intake

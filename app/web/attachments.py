@@ -32,6 +32,7 @@ from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web import bodies_in_flight, multipart
 from app.web.access import identity, protect
+from app.web.body import refuse_content_coding
 from app.web.contract import (
     Header,
     in_header,
@@ -132,8 +133,9 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
         413: refused("Too large: more bytes than the upload limit, or the image declares too many pixels, too long "
                      "a side, or would need more memory to render than the decode budget.",
                      "too_large", "decompression_bomb", "image_too_large"),
-        415: refused("Not an image format attache processes, or a corrupt header.",
-                     "unsupported_format", "corrupt_image"),
+        415: refused("Not an image format attache processes, or a corrupt header; or a body in a content coding "
+                     "(`Content-Encoding`: the file's bytes are stored as sent, none is decoded).",
+                     "unsupported_format", "corrupt_image", "unsupported_content_encoding"),
         422: refused("A digest header does not match the bytes, or the Idempotency-Key was used for other content.",
                      "digest_mismatch", "idempotency_key_reused"),
         429: refused("The uploader already has `ATTACHE_MAX_PENDING_PER_UPLOADER` uploads accepted and not yet ready "
@@ -199,6 +201,7 @@ def _refuse_incomplete_body() -> None:
 
 
 def _receive_body() -> HashingSpool:
+    refuse_content_coding(request.headers)
     mimetype = request.mimetype
     if mimetype == "multipart/form-data":
         try:

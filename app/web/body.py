@@ -39,6 +39,8 @@ from typing import IO
 
 from werkzeug.exceptions import RequestEntityTooLarge
 
+from app.errors import UnsupportedContentEncoding
+
 #: What one read asks of the server's stream: gunicorn's largest recv() (its ``max_body_chunk``)
 READ_BLOCK_BYTES = 1024 * 1024
 
@@ -121,3 +123,12 @@ class BodyStream(io.RawIOBase):
         if self.error is not None:
             return True
         return self.ended and self.declared_length is not None and self.received < self.declared_length
+
+
+def refuse_content_coding(headers) -> None:
+    """:class:`UnsupportedContentEncoding` for a body in a content coding other than ``identity``: its bytes would
+    be stored as sent, the coding's, not the file's."""
+    coding = ",".join(headers.getlist("Content-Encoding")).strip().lower()
+    if coding not in ("", "identity"):
+        raise UnsupportedContentEncoding(f"Content-Encoding {coding[:40]!r} is not taken: send the file's bytes "
+                                         "as they are")

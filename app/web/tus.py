@@ -64,6 +64,7 @@ from app.observability.logs import bound
 from app.observability.tracing import accept_traceparent, accept_tracestate, trace_id
 from app.web import bodies_in_flight
 from app.web.access import identity, protect
+from app.web.body import refuse_content_coding
 from app.web.idempotency import idempotency_key
 from app.web.responses import error, refusal
 from app.web.spool import sha256_of, spool_stream
@@ -158,6 +159,8 @@ def create():
     with_body = request.has_body
     if with_body and request.mimetype != PART_TYPE:
         raise UnsupportedMediaType(f"a body sent with the creation needs Content-Type: {PART_TYPE}")
+    if with_body:
+        refuse_content_coding(request.headers)
     services = _services()
     digest = request.headers.get("Repr-Digest")
     upload, replayed = resumable.create(
@@ -204,6 +207,7 @@ def patch(upload_id):
     offset = _number("Upload-Offset", minimum=0)
     if request.mimetype != PART_TYPE:
         raise UnsupportedMediaType(f"a PATCH needs Content-Type: {PART_TYPE}")
+    refuse_content_coding(request.headers)
     upload = resumable.find(_services(), upload_id, identity().principal)
     if offset != upload.offset:
         raise OffsetMismatch(f"the upload is at offset {upload.offset}, not {offset}")  # before reading the body

@@ -87,8 +87,9 @@ SENDING = {
                   ["too_large", "decompression_bomb", "image_too_large"]),
     "415": _error(f"A body that is not `{PART_TYPE}`; a first part whose first 64 bytes claim no image format "
                   "attache accepts; or (at the last byte) not an image attache processes or a corrupt header. "
-                  "Refused bytes terminate the upload.",
-                  ["bad_content_type", "unsupported_format", "corrupt_image"]),
+                  "Refused bytes terminate the upload. A body in a content coding (`Content-Encoding`) is refused "
+                  "before it is read, the upload kept.",
+                  ["bad_content_type", "unsupported_format", "corrupt_image", "unsupported_content_encoding"]),
     "422": _error("At the last byte: the joined bytes do not match the creation's `Repr-Digest` "
                   "(`digest_mismatch`; the upload is terminated), or a retried handoff found other bytes under the "
                   "upload's key.", ["digest_mismatch", "idempotency_key_reused"]),
