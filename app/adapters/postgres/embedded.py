@@ -7,7 +7,9 @@ unix socket only (no TCP port, so nothing collides with a PostgreSQL on
 first starts the server, the others find it running and reuse it
 (pgserver keeps the pids of the processes using it in
 ``pgdata/.handle_pids.json``, under an inter-process lock). When the last
-of them exits normally the server stops; ``attache db stop`` stops it at
+of them exits normally the server stops (a process leaving forgets the pids
+of processes that died without leaving, such as a Dramatiq worker's
+children: :func:`_leave_on_exit`); ``attache db stop`` stops it at
 once. ``pg_ctl`` starts the server in a session of its own, so a SIGKILL
 of the process (or process group) that started it leaves it running for
 the others. A process killed with SIGKILL cannot remove its pid; :func:`start`
@@ -15,7 +17,10 @@ forgets the pids of processes that no longer exist, so the last live
 process still stops the server. A ``postmaster.pid`` left by a crash is
 stale unless its pid is a PostgreSQL on this data directory (the pid may
 have been reused by another process): :func:`running` says no, ``attache db
-stop`` signals nobody, and :func:`start` removes the file and starts the server.
+stop`` signals nobody, and :func:`start` removes the file, and its sockets'
+lock files, and starts the server. A start that fails is
+:class:`~app.errors.DatabaseUnavailable` (``503`` in the web), saying the
+end of why.
 A server killed while attache runs is started again by the scheduler
 (``scheduler/embedded_database.py``); before, every process stayed up,
 unable to reach it, until someone ran ``attache db upgrade`` (an
@@ -101,7 +106,7 @@ def start(data_dir: str) -> str:
             _forget_stale_postmaster(directory)
         if not directory.exists():  # (an existing directory, perhaps a mount point, is left to pgserver)
             _initialize(module, directory)
-    server = module.get_server(directory, cleanup_mode="stop")
+    server = _get_server(module, directory)
     socket_dir = server.get_postmaster_info().socket_dir
     base = f"postgresql://postgres@/%s?host={quote(str(socket_dir), safe='/')}"
     from app.adapters.postgres.db import ensure_database
@@ -150,10 +155,68 @@ def _postmaster(directory: Path) -> int | None:
 
 
 def _forget_stale_postmaster(directory: Path) -> None:
-    """Remove a ``postmaster.pid`` whose process is not this server (PostgreSQL refuses to start while its pid lives)."""
-    pid_file = directory / "postmaster.pid"
-    if pid_file.exists() and _postmaster(directory) is None:
-        pid_file.unlink(missing_ok=True)
+    """Remove a ``postmaster.pid`` whose process is not this server, and the lock files of its sockets: PostgreSQL
+    refuses to start while the pid either names lives. The sockets' were left: after a crash whose postmaster's pid
+    another process of the server's user took, every start failed (``lock file ".s.PGSQL.1.lock" already exists``)
+    until someone removed it by hand (an adversarial run)."""
+    if _postmaster(directory) is not None:
+        return
+    (directory / "postmaster.pid").unlink(missing_ok=True)
+    for lock in directory.glob(".s.PGSQL.*.lock"):
+        Path(str(lock)[:-len(".lock")]).unlink(missing_ok=True)  # the socket it guarded, no server behind it
+        lock.unlink(missing_ok=True)
+
+
+#: the most of a failed start's output an error carries: pg_ctl's output holds the server's whole log (593 KB in
+#: one line of the scheduler's log after 25 minutes of a node: an adversarial run)
+START_ERROR_CHARS = 2000
+
+
+def _get_server(module, directory: Path):
+    """pgserver's handle of the running server, started if need be; a start that failed is
+    :class:`DatabaseUnavailable` saying the end of why, and leaves no handle behind.
+
+    pgserver keeps its handle of a server before the server starts, and hands a failed one out again: each later
+    request of the web failed with an ``AssertionError``, a ``500``, after the server was up (an adversarial run).
+    """
+    try:
+        server = module.get_server(directory, cleanup_mode="stop")
+        if server.get_pid() is None:  # pragma: no cover - pgserver reports a failed start by raising
+            raise RuntimeError("no postmaster after the start")
+    except Exception as exc:
+        module.PostgresServer._instances.pop(directory, None)  # noqa: SLF001 - pgserver's handles, by data directory
+        raise _not_started(directory, exc) from exc
+    _leave_on_exit(module, directory, server)
+    return server
+
+
+def _not_started(directory: Path, error: Exception):
+    """:class:`DatabaseUnavailable` saying the end of why the server on ``directory`` did not start."""
+    from app.errors import DatabaseUnavailable
+
+    said = " ".join(str(getattr(error, "stderr", None) or getattr(error, "output", None) or error).split())
+    return DatabaseUnavailable(f"the embedded PostgreSQL on {directory} did not start: {said[-START_ERROR_CHARS:]}")
+
+
+def _leave_on_exit(module, directory: Path, server) -> None:
+    """When this process exits, its pid leaves pgserver's list, and the server stops if no live process is left.
+
+    pgserver's own exit hook stopped the server only when its list held this pid alone; a Dramatiq worker's child
+    (a ``multiprocessing`` process, which runs no ``atexit`` hook) left its pid there, and the server outlived every
+    clean stop of the stack (an adversarial run). Registered after pgserver's, this runs first, forgets dead pids,
+    and leaves; in a ``multiprocessing`` child it runs among that process's finalizers."""
+    import atexit
+    import multiprocessing
+    from multiprocessing.util import Finalize
+
+    def leave() -> None:
+        with module.PostgresServer._lock:  # noqa: SLF001
+            _forget_dead_pids(directory)
+        server._cleanup()  # noqa: SLF001 - pgserver's leaving: idempotent, and stops the server if this is the last
+
+    atexit.register(leave)
+    if multiprocessing.parent_process() is not None:
+        Finalize(None, leave, exitpriority=0)
 
 
 def start_again(data_dir: str) -> str:
@@ -166,7 +229,10 @@ def start_again(data_dir: str) -> str:
         return start(data_dir)
     with module.PostgresServer._lock:  # noqa: SLF001
         _forget_stale_postmaster(directory)
-        server.ensure_postgres_running()  # pg_ctl start, on the data directory and socket it had
+        try:
+            server.ensure_postgres_running()  # pg_ctl start, on the data directory and socket it had
+        except Exception as exc:
+            raise _not_started(directory, exc) from exc
     return _urls[directory]
 
 
