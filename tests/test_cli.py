@@ -80,6 +80,21 @@ def test_dlq_outbox_and_gc(cli, services):
     assert cleaned["dry_run"] is True and cleaned["staging_cleanup"]["removed"] == 0
 
 
+def test_gc_run_is_audited_with_what_it_removed_and_a_dry_run_is_not(cli, engine):
+    """``attache gc run`` removed objects and left no audit row, unlike every other operator action that changes
+    something (an adversarial run)."""
+    from app.adapters.postgres.models import audit_log
+
+    assert cli("gc", "run", "--dry-run").exit_code == 0
+    with engine.connect() as conn:
+        assert conn.execute(select(audit_log)).all() == []
+    ran = json.loads(cli("gc", "run", "--json").output)
+    with engine.connect() as conn:
+        [entry] = conn.execute(select(audit_log)).all()
+    assert (entry.action, entry.target) == ("gc.run", "storage") and entry.actor.startswith("operator:cli:")
+    assert entry.details == {name: counts for name, counts in ran.items() if name != "dry_run"}
+
+
 def test_gc_run_that_did_not_run_says_so_and_fails(cli, engine):
     """While the scheduler's cleanup held its lock, ``attache gc run`` removed nothing and exited 0, saying only
     ``skipped=1`` among its counts (an adversarial run)."""

@@ -30,10 +30,18 @@ def gc_run(dry_run: bool, as_json: bool) -> None:
         for cleanup in cleanups:
             results[cleanup.name] = cleanup.run_once(dry_run=dry_run)
             progress.advance(task)
+    removed = {name: counts for name, counts in results.items() if not counts.get("skipped")}
+    if not dry_run and removed:  # an operator's removal: audited as every other action that changes something
+        from app.adapters.postgres import audit
+        from app.adapters.postgres.db import transaction
+        from app.cli.runtime import operator
+
+        with transaction(services().engine) as conn:
+            audit.record(conn, actor=f"operator:{operator()}", action="gc.run", target="storage", details=removed)
     emit({"dry_run": dry_run, **results}, as_json, lambda r: show(
         "cleanup" + (" (dry run)" if dry_run else ""), [Column("service", whole=True), Column("counts")],
         [[name, ", ".join(f"{k}={v}" for k, v in counts.items())] for name, counts in results.items()]))
     skipped = [name for name, counts in results.items() if counts.get("skipped")]
     if skipped:  # it exited 0, saying only skipped=1 (an adversarial run)
-        raise click.ClickException(f"{', '.join(skipped)} did not run: another run of it (the scheduler's) holds its "
-                                   "lock; run it again in a moment")
+        raise click.ClickException(f"{', '.join(skipped)} did not run: another run of it (the scheduler's, or another "
+                                   "attache gc run) holds its lock; run it again in a moment")
