@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import ClassVar
 
-from sqlalchemy import func, select, tuple_
+from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -228,12 +228,13 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
         current = states.get(conn, job_id, lock=True)
         if current is None:
             raise JobNotFound(f"no job {job_id}")
-        if current.state == JobState.FAILED:
-            _can_run_again(conn, services, current)
+        needing = _can_run_again(conn, services, current) if current.state == JobState.FAILED else None
         row = states.replay(conn, job_id, actor=f"operator:{operator}", reason=reason[:1000],
                             budget=services.settings.max_attempts)
         if row is None:
             raise JobConflict(f"job {job_id} is {current.state}, only a failed job can be replayed")
+        if row.room_bytes is None:  # made before migration 0030: counted by the room check's triggers from now on
+            conn.execute(update(jobs).where(jobs.c.id == job_id).values(room_bytes=needing))
         audited.append(audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                                     reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                                    "attempt": current.attempt}))
@@ -256,18 +257,20 @@ def _audit_row_exists(services: Database, audit_id: int) -> bool:
         return False
 
 
-def _can_run_again(conn, services: StoringProducer, job) -> None:
+def _can_run_again(conn, services: StoringProducer, job) -> int:
     """A failed job's original is still there (:class:`JobConflict`), and the storage has room for what it will
     write beside the work not yet done (:class:`StorageUnavailable`, :mod:`app.core.room`: replays took the room
-    counted for uploads accepted beside them, and those failed ``storage_unavailable``, a re-attack)."""
+    counted for uploads accepted beside them, and those failed ``storage_unavailable``, a re-attack). Returns what
+    it will write (:func:`app.core.room.need`)."""
     image = conn.execute(select(attachments.c.staging_key, attachments.c.size, attachments.c.width,
                                 attachments.c.height).where(attachments.c.id == job.attachment_id)).one()
     if not staging.source_kept(conn, services.storage, job.attachment_id, image.staging_key):
         raise JobConflict(f"job {job.id} cannot be replayed: its original is gone (a failed job's is kept "
                           "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
     version = pipeline.get(job.pipeline_version)
-    room.admit(conn, services, version=version, needing=room.need(version, size=image.size,
-                                                                   pixels=image.width * image.height))
+    needing = room.need(version, size=image.size, pixels=image.width * image.height)
+    room.admit(conn, services, version=version, needing=needing)
+    return needing
 
 
 def outbox_status(services: Database) -> dict:

@@ -26,7 +26,8 @@ second's uploads. Each job carries the need it was made with (``jobs.room_bytes`
 unfinished jobs' sum as they change (:mod:`app.adapters.postgres.room_held`): the read costs what two small tables
 cost. It summed every unfinished job joined to its attachment: 0.5-0.6 s of PostgreSQL for a backlog of 100,000
 jobs among a million attachments (what a long outage leaves), each second per web process and on each request
-near the bound. Jobs made before migration 0030 are still summed so, through an index of those alone.
+near the bound. Jobs made without ``room_bytes`` (before migration 0030, or by the release before it while it
+rolls out) are read from an index of those alone, a few by their keys.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ NO_ROOM = "the storage's disk has no room for the work still being done; retry l
 #: by database: (when the sum was read, what it was with what this process admitted since)
 _seen: dict[object, tuple[float, int]] = {}
 _seen_lock = threading.Lock()
-_statements: dict[tuple[int, ...], object] = {}
+_statements: dict[tuple[int, ...], tuple] = {}
 
 
 def need(version, *, size: int, pixels: int) -> int:
@@ -61,23 +62,40 @@ def need(version, *, size: int, pixels: int) -> int:
     return size + BYTES_PER_OUTPUT_PIXEL * sum(min(spec.width * spec.height, pixels) for spec in version.specs.values())
 
 
-def _held_statement(version):
-    """What the unfinished jobs need: those the triggers count, and those made without ``room_bytes`` (before
-    migration 0030) as :func:`need` counts them with ``version``'s specs (integers from the code)."""
+#: uncounted jobs (made before migration 0030, or by the release before it while it rolls out, or replayed since)
+#: read one by one, by their keys, up to this many; more are summed in one join as before the migration
+FEW_UNCOUNTED = 1000
+
+
+def _statements_of(version) -> tuple:
+    """What the unfinished jobs need, as two statements: those the triggers count, with the need of at most
+    :data:`FEW_UNCOUNTED` jobs made without ``room_bytes`` and how many there were; and the need of every such job.
+    An uncounted job's need is :func:`need`'s with ``version``'s specs (integers from the code)."""
     outputs = tuple(spec.width * spec.height for spec in version.specs.values())
-    statement = _statements.get(outputs)
-    if statement is None:
+    statements = _statements.get(outputs)
+    if statements is None:
         pixels = " + ".join(f"LEAST({output}, a.width::bigint * a.height)" for output in outputs) or "0"
-        unfinished = f"j.state IN ('{JobState.QUEUED.value}', '{JobState.PROCESSING.value}')"
-        # summed only if one is left, asked of their own index by its order: the planner, which cannot tell that
-        # none is left (most jobs made before the migration are done, and keep no room_bytes), read every job or
-        # every attachment for the sum (0.25 s with none left, a million jobs)
-        statement = _statements[outputs] = text(
-            f"SELECT {room_held.COUNTED} + CASE WHEN (SELECT j.attachment_id FROM jobs j WHERE j.room_bytes IS NULL "
-            f"AND {unfinished} ORDER BY j.attachment_id LIMIT 1) IS NULL THEN 0 ELSE (SELECT coalesce(sum(a.size "
-            f"+ {BYTES_PER_OUTPUT_PIXEL} * ({pixels})), 0) FROM jobs j JOIN attachments a ON a.id = j.attachment_id "
-            f"WHERE j.room_bytes IS NULL AND {unfinished}) END")
-    return statement
+        needing = f"a.size + {BYTES_PER_OUTPUT_PIXEL} * ({pixels})"
+        uncounted = f"j.room_bytes IS NULL AND j.state IN ('{JobState.QUEUED.value}', '{JobState.PROCESSING.value}')"
+        # the few by their own index, in its order, each attachment by its key: the planner, which takes the two
+        # conditions for independent, guessed most unfinished jobs uncounted (most jobs made before the migration
+        # are done, and have no room_bytes) and joined every attachment for one such job (65-112 ms with 400,000
+        # attachments: a re-attack)
+        statements = _statements[outputs] = (
+            text(f"SELECT {room_held.COUNTED}, coalesce(sum(few.need), 0), count(*) FROM (SELECT (SELECT {needing} "
+                 f"FROM attachments a WHERE a.id = j.attachment_id) AS need FROM (SELECT j.attachment_id FROM jobs j "
+                 f"WHERE {uncounted} ORDER BY j.id LIMIT {FEW_UNCOUNTED}) j) few"),
+            text(f"SELECT coalesce(sum({needing}), 0) FROM jobs j JOIN attachments a ON a.id = j.attachment_id "
+                 f"WHERE {uncounted}"))
+    return statements
+
+
+def _read_held(conn: Connection, version) -> int:
+    few, every = _statements_of(version)
+    counted, uncounted, how_many = conn.execute(few).one()
+    if how_many >= FEW_UNCOUNTED:
+        uncounted = conn.execute(every).scalar_one()
+    return int(counted) + int(uncounted)
 
 
 def admit(conn: Connection, services, *, version, needing: int, adding: int = 0) -> None:
@@ -103,7 +121,7 @@ def _held(conn: Connection, version, *, room: int, needing: int) -> int:
         if seen is not None and now - seen[0] < FRESH_SECONDS and seen[1] <= room // 2:
             _seen[database] = (seen[0], seen[1] + needing)
             return seen[1]
-    held = int(conn.execute(_held_statement(version)).scalar_one())
+    held = _read_held(conn, version)
     with _seen_lock:
         _seen[database] = (now, held + needing)
     return held

@@ -147,7 +147,7 @@ Index("jobs_state_idx", jobs.c.state, jobs.c.pipeline_version)
 Index("jobs_created_idx", jobs.c.created_at, jobs.c.id)
 Index("jobs_state_created_idx", jobs.c.state, jobs.c.created_at, jobs.c.id)
 Index("jobs_owner_created_idx", jobs.c.owner, jobs.c.created_at, jobs.c.id)  # migration 0014
-Index("jobs_room_uncounted_idx", jobs.c.attachment_id,  # migration 0030: the jobs the room triggers do not count
+Index("jobs_room_uncounted_idx", jobs.c.id,  # migration 0030: the jobs the room triggers do not count
       postgresql_where=text(f"room_bytes IS NULL AND state IN ('{JobState.QUEUED}', '{JobState.PROCESSING}')"))
 Index("jobs_error_code_idx", jobs.c.error_code, jobs.c.created_at, jobs.c.id,
       postgresql_where=text("error_code IS NOT NULL"))

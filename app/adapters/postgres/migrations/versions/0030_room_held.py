@@ -19,7 +19,8 @@ fires nothing). The scheduler's ``counter_fold`` moves the deltas into
 Jobs made before this migration (or by the previous release's processes
 while it rolls out) have no ``room_bytes``; the check still sums those
 that are unfinished from their attachments, through an index of them
-alone, which is empty once they are done. Nothing is written to existing
+alone, which is empty once they are done (a few read by their keys, a
+thousand or more summed as before). Nothing is written to existing
 rows here: an ``UPDATE`` of a backlog in the release's transaction would
 hold those jobs against their workers until it committed.
 
@@ -58,7 +59,7 @@ def upgrade() -> None:
     )
     # the jobs the triggers do not count: made without room_bytes and not done (none, once the backlog of the
     # release before is done); IF NOT EXISTS: a large deployment can build it CONCURRENTLY by hand beforehand
-    op.execute(f"CREATE INDEX IF NOT EXISTS jobs_room_uncounted_idx ON jobs (attachment_id) "
+    op.execute(f"CREATE INDEX IF NOT EXISTS jobs_room_uncounted_idx ON jobs (id) "
                f"WHERE room_bytes IS NULL AND state IN {UNFINISHED}")
     # row triggers whose WHEN leaves out what changes nothing (a claim, a lease renewal): a statement trigger cannot
     # name its columns when it reads transition tables, and ran for each of them (some 60-100 µs of PostgreSQL an
