@@ -385,6 +385,11 @@ class Settings:
                                   "which also holds its run after it")
         if self.lease_interval_seconds > self.lease_seconds * 10:
             raise ConfigError("ATTACHE_LEASE_INTERVAL_SECONDS is more than ten leases long; expired work would wait")
+        if self.upload_chunk_bytes * self.max_parts_per_upload < self.max_upload_bytes:
+            raise ConfigError(f"ATTACHE_UPLOAD_CHUNK_BYTES ({self.upload_chunk_bytes}) times "
+                              f"ATTACHE_MAX_PARTS_PER_UPLOAD ({self.max_parts_per_upload}) must hold "
+                              f"ATTACHE_MAX_UPLOAD_BYTES ({self.max_upload_bytes}): the upload page could not finish "
+                              "its largest uploads")
 
     @property
     def broker_kind(self) -> str:

@@ -99,3 +99,13 @@ def test_process_refuses_to_start_on_bad_setting(command):
                             env={"PATH": "/usr/bin:/bin", "ATTACHE_MAX_UPLOAD_BYTES": "lots"})
     assert result.returncode == 2
     assert "ATTACHE_MAX_UPLOAD_BYTES" in result.stderr
+
+
+def test_chunks_too_small_for_the_largest_upload_in_as_many_parts_as_one_may_are_a_config_error():
+    """The upload page sends ATTACHE_UPLOAD_CHUNK_BYTES a PATCH, and an upload is stored in at most
+    ATTACHE_MAX_PARTS_PER_UPLOAD parts: 16 KiB chunks loaded, and the page's uploads past 16 MB would have been
+    refused ``too_many_parts`` after a thousand PATCHes (a re-attack)."""
+    with pytest.raises(ConfigError, match="ATTACHE_UPLOAD_CHUNK_BYTES .* times ATTACHE_MAX_PARTS_PER_UPLOAD"):
+        Settings.from_env({"ATTACHE_UPLOAD_CHUNK_BYTES": "16384"})
+    assert Settings.from_env({"ATTACHE_UPLOAD_CHUNK_BYTES": "16384",
+                              "ATTACHE_MAX_UPLOAD_BYTES": str(16384 * 1000)}).upload_chunk_bytes == 16384

@@ -204,7 +204,8 @@ def test_an_upload_is_stored_in_at_most_its_parts_and_its_rest_in_one_patch_is_a
     from app.config import Settings
     from app.web import create_app
 
-    app = create_app(Settings.from_env({**env, "ATTACHE_MAX_PARTS_PER_UPLOAD": "3"}))
+    app = create_app(Settings.from_env({**env, "ATTACHE_MAX_PARTS_PER_UPLOAD": "3",
+                                        "ATTACHE_MAX_UPLOAD_BYTES": str(3 * 5 * 1024 * 1024)}))
     try:
         client = authed(app)
         location = create(client, len(photo)).headers["Location"]

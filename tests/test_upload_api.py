@@ -159,6 +159,8 @@ def test_a_body_in_a_content_coding_is_refused_as_such(client, engine, storage_d
     assert (raw.status_code, raw.json["error"]) == (415, "unsupported_content_encoding"), raw.json
     assert "Content-Encoding 'gzip'" in raw.json["message"]
     assert post_file(client, path, **{"Content-Encoding": "br"}).json["error"] == "unsupported_content_encoding"
+    assert post_file(client, path, **{"Transfer-Encoding": "gzip, chunked"}).json["error"] == \
+        "unsupported_content_encoding"
     assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
     assert post_file(client, path, **{"Content-Encoding": "identity"}).status_code == 202
 

@@ -220,8 +220,8 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
     def landed(error: Exception) -> bool:
         if audited and _audit_row_exists(services, audited[0]):
             return True
-        raise OutcomeUnknown(f"the replay of job {job_id} reached the database and its answer was lost: it may have "
-                             "been made; look at the job before replaying it again") from error
+        raise OutcomeUnknown(f"the replay of job {job_id} got no answer to its COMMIT: it may have been made; look "
+                             "at the job before replaying it again") from error
 
     with services.unit_of_work.begin(landed=landed) as work:  # the fresh inspect message is published after COMMIT
         conn = work.conn

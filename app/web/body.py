@@ -126,9 +126,11 @@ class BodyStream(io.RawIOBase):
 
 
 def refuse_content_coding(headers) -> None:
-    """:class:`UnsupportedContentEncoding` for a body in a content coding other than ``identity``: its bytes would
-    be stored as sent, the coding's, not the file's."""
-    coding = ",".join(headers.getlist("Content-Encoding")).strip().lower()
-    if coding not in ("", "identity"):
-        raise UnsupportedContentEncoding(f"Content-Encoding {coding[:40]!r} is not taken: send the file's bytes "
-                                         "as they are")
+    """:class:`UnsupportedContentEncoding` for a body in a content coding other than ``identity``, or a transfer
+    coding other than ``chunked``: its bytes would be stored as sent, the coding's, not the file's (gunicorn undoes
+    ``chunked`` alone: ``Transfer-Encoding: gzip, chunked`` went past the first check, a re-attack)."""
+    for name, understood in (("Content-Encoding", {"identity"}), ("Transfer-Encoding", {"identity", "chunked"})):
+        coding = ",".join(headers.getlist(name)).strip().lower()
+        if {part.strip() for part in coding.split(",") if part.strip()} - understood:
+            raise UnsupportedContentEncoding(f"{name} {coding[:40]!r} is not taken: send the file's bytes as they "
+                                             "are")

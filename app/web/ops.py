@@ -169,7 +169,10 @@ def job(job_id: uuid.UUID):
              409: refused("The job is not `failed`, or its original is gone (kept "
                           "`ATTACHE_FAILED_RETENTION_SECONDS` after a failure).", "conflict"),
              503: refused("Storage is unavailable, or its disk has no room for what the job will write beside the "
-                          "work not yet done; retry later.", "storage_unavailable", "database_unavailable",
+                          "work not yet done; retry later. `outcome_unknown`: the replay's COMMIT was sent and its "
+                          "answer lost, and it may have been made: look at the job before replaying it again. "
+                          "`made_unread`: it was made, and audited, and the job could not be read back.",
+                          "storage_unavailable", "database_unavailable", "outcome_unknown", "made_unread",
                           retry_after=True)},
 )
 def replay(job_id: uuid.UUID):
