@@ -197,7 +197,8 @@ class Settings:
         "ATTACHE_MAX_PARTS_PER_UPLOAD", 1000, _int(1),
         "parts a resumable upload (/v1/uploads) is stored in, one a PATCH: a PATCH that would make one more without "
         "finishing the upload is refused with 400 too_many_parts, the upload kept at its offset; a PATCH of all "
-        "that remains is always taken. Bounds the disk blocks and files of tiny PATCHes and the last PATCH's join")
+        "that remains is always taken. Bounds the disk blocks and files of tiny PATCHes and the last PATCH's join; "
+        "ATTACHE_UPLOAD_CHUNK_BYTES times this must hold ATTACHE_MAX_UPLOAD_BYTES")
     max_pixels: int = setting(
         "ATTACHE_MAX_PIXELS", 64_000_000, _int(1), "largest declared width*height; above is a decompression bomb")
     max_dimension: int = setting(
