@@ -31,6 +31,29 @@ def forget_this_process() -> None:
     embedded._server_module().PostgresServer._instances.clear()  # noqa: SLF001
 
 
+def assert_answers(url: str) -> None:
+    engine = sa.create_engine(url)
+    try:
+        with engine.connect() as conn:
+            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
+    finally:
+        engine.dispose()
+
+
+@contextlib.contextmanager
+def stopped_and_removed(data_dir: str, *bystanders: subprocess.Popen):
+    """Whatever happens: the bystanders killed, the server of ``data_dir`` stopped and forgotten, the directory gone."""
+    try:
+        yield
+    finally:
+        for bystander in bystanders:
+            bystander.kill()
+            bystander.wait()
+        embedded.stop(data_dir)
+        forget_this_process()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
     """After a crash the pid in postmaster.pid can belong to any process (containers reuse small pids).
 
@@ -38,8 +61,8 @@ def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
     """
     data_dir = tempfile.mkdtemp(prefix="attache-stale-pid-")
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        url = embedded.start(data_dir)
+    with stopped_and_removed(data_dir, bystander):
+        embedded.start(data_dir)
         assert embedded.stop(data_dir)
         forget_this_process()  # as a fresh process after the crash would be
         crashed = embedded.pgdata(data_dir) / "postmaster.pid"
@@ -51,17 +74,7 @@ def test_a_stale_postmaster_pid_naming_a_live_process_is_not_a_server():
         assert not embedded.running(data_dir)
         assert not embedded.stop(data_dir)
         assert bystander.poll() is None, "attache db stop signalled an unrelated process"
-        url = embedded.start(data_dir)
-        engine = sa.create_engine(url)
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
-        engine.dispose()
-    finally:
-        bystander.kill()
-        bystander.wait()
-        embedded.stop(data_dir)
-        forget_this_process()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        assert_answers(embedded.start(data_dir))
 
 
 def test_processes_that_start_together_on_a_fresh_server_all_get_the_database():
@@ -200,7 +213,7 @@ def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from
     data_dir = tempfile.mkdtemp(prefix="attache-stale-lock-")
     os.chmod(data_dir, 0o755)
     bystander = _bystander_of_the_servers_user()
-    try:
+    with stopped_and_removed(data_dir, bystander):
         embedded.start(data_dir)
         directory = embedded.pgdata(data_dir)
         [lock] = directory.glob(".s.PGSQL.*.lock")
@@ -209,17 +222,7 @@ def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from
         lines = [str(bystander.pid), str(directory), "0", "1", str(directory), "", "0 0", "ready"]
         (directory / "postmaster.pid").write_text("\n".join(lines) + "\n")
         lock.write_text("\n".join(lines) + "\n")
-        url = embedded.start(data_dir)
-        engine = sa.create_engine(url)
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
-        engine.dispose()
-    finally:
-        bystander.kill()
-        bystander.wait()
-        embedded.stop(data_dir)
-        forget_this_process()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        assert_answers(embedded.start(data_dir))
 
 
 def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process_works():
@@ -229,7 +232,7 @@ def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process
     from app.errors import DatabaseUnavailable
 
     data_dir = tempfile.mkdtemp(prefix="attache-failed-start-")
-    try:
+    with stopped_and_removed(data_dir):
         embedded.start(data_dir)
         assert embedded.stop(data_dir)
         forget_this_process()
@@ -244,14 +247,7 @@ def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process
             raise AssertionError("the server started with a setting it cannot read")
         assert "did not start" in refused and len(refused) <= embedded.START_ERROR_CHARS + 200, refused[:300]
         conf.write_text(kept)
-        engine = sa.create_engine(embedded.start(data_dir))
-        with engine.connect() as conn:
-            assert conn.execute(sa.text("SELECT 1")).scalar() == 1
-        engine.dispose()
-    finally:
-        embedded.stop(data_dir)
-        forget_this_process()
-        shutil.rmtree(data_dir, ignore_errors=True)
+        assert_answers(embedded.start(data_dir))
 
 
 def test_the_server_stops_when_its_last_process_exits_though_a_multiprocessing_child_used_it():
@@ -269,11 +265,7 @@ def test_the_server_stops_when_its_last_process_exits_though_a_multiprocessing_c
               "forked.start(); forked.join()\n"
               "assert forked.exitcode == 0\n"
               "assert embedded.running(sys.argv[1])\n")
-    try:
+    with stopped_and_removed(data_dir):
         subprocess.run([sys.executable, "-c", script, data_dir], check=True, timeout=120,
                        cwd=Path(__file__).resolve().parent.parent)
         assert not embedded.running(data_dir), "the server outlived the last process that used it"
-    finally:
-        embedded.stop(data_dir)
-        forget_this_process()
-        shutil.rmtree(data_dir, ignore_errors=True)
