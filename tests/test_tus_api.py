@@ -1069,7 +1069,7 @@ def test_a_creation_sent_again_with_its_idempotency_key_answers_the_upload_it_ma
 
     # a finished upload answers with what it made; one terminated, or expired, gives its key up
     done = patch(client, first.headers["Location"], 1000, photo[1000:])
-    assert done.status_code == 204
+    assert done.status_code == 204, done.get_json()
     replayed = create(client, len(photo), headers=key)
     assert replayed.headers["Location"] == first.headers["Location"]
     assert replayed.headers["Attachment-Id"] == done.headers["Attachment-Id"]
