@@ -214,13 +214,18 @@ def test_a_stale_socket_lock_naming_a_live_process_does_not_stop_the_server_from
     lock file was left, and PostgreSQL refused every start (``lock file ".s.PGSQL.1.lock" already exists``) until
     someone removed it by hand (an adversarial run). With a data directory whose path is too long for a unix socket,
     pgserver puts the socket elsewhere, and its lock file was left there (a re-attack)."""
-    data_dir = tempfile.mkdtemp(prefix="attache-stale-lock-")
-    os.chmod(data_dir, 0o755)
+    base = tempfile.mkdtemp(prefix="attache-stale-lock-")
+    os.chmod(base, 0o755)
+    data_dir = base
     if path != "short":
-        data_dir = os.path.join(data_dir, "a-data-directory-whose-path-is-too-long-for-the-socket-" + "x" * 40)
+        data_dir = os.path.join(base, "a-data-directory-whose-path-is-too-long-for-the-socket-" + "x" * 40)
         os.makedirs(data_dir, mode=0o755)
     bystander = _bystander_of_the_servers_user()
-    with stopped_and_removed(data_dir, bystander):
+    sockets = None
+    with contextlib.ExitStack() as removed:
+        removed.callback(lambda: sockets is None or shutil.rmtree(sockets, ignore_errors=True))  # pgserver's own
+        removed.callback(shutil.rmtree, base, ignore_errors=True)
+        removed.enter_context(stopped_and_removed(data_dir, bystander))
         url = embedded.start(data_dir)
         directory = embedded.pgdata(data_dir)
         sockets = Path(unquote(url.split("?host=", 1)[1]))
