@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -14,7 +13,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import transaction
+from app.adapters.postgres.db import once_reachable, transaction
 from app.adapters.postgres.models import JobState, attachments, audit_log, job_history, jobs, variants
 from app.core import id_prefixes, outbox, pipeline, room, staging, states
 from app.core.needs import Database, StoringProducer
@@ -238,15 +237,11 @@ def replay(services: StoringProducer, job_id: uuid.UUID, *, operator: str, reaso
         audited.append(audit.record(conn, actor=f"operator:{operator}", action="job.replay", target=f"job:{job_id}",
                                     reason=reason[:1000], details={"previous_error_code": current.error_code,
                                                                    "attempt": current.attempt}))
-    deadline = time.monotonic() + READ_BACK_SECONDS
-    while True:
-        try:
-            return show_job(services, job_id)
-        except DatabaseUnavailable as exc:
-            if time.monotonic() >= deadline:
-                raise MadeUnread(f"job {job_id} was replayed, and audited; reading it back failed ({exc}): look "
-                                 "at it once PostgreSQL answers, without replaying it again") from exc
-            time.sleep(0.5)
+    try:
+        return once_reachable(services.engine, READ_BACK_SECONDS, lambda: show_job(services, job_id), interval=0.5)
+    except DatabaseUnavailable as exc:
+        raise MadeUnread(f"job {job_id} was replayed, and audited; reading it back failed ({exc}): look at it once "
+                         "PostgreSQL answers, without replaying it again") from exc
 
 
 def _audit_row_exists(services: Database, audit_id: int) -> bool:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import time
 import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable, Iterable, Iterator
@@ -48,7 +47,7 @@ from app import faults
 from app.adapters.broker.dead_letter_recorder import job_id_of
 from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, xq_name
 from app.adapters.postgres import audit
-from app.adapters.postgres.db import lock_not_available, transaction
+from app.adapters.postgres.db import lock_not_available, once_reachable, transaction
 from app.adapters.postgres.models import dead_letters, jobs
 from app.errors import BadSelection, BrokerUnavailable, DatabaseUnavailable, MoreThanExpected, QueueBusy, UnknownQueue
 
@@ -115,7 +114,7 @@ def _describe(body: bytes, properties: pika.BasicProperties) -> dict:
 
 #: the advisory locks of the dead-letter tools (one a queue: :meth:`DeadLetters._alone`)
 NAMESPACE = 727278
-#: how long an action's audit row is written again while PostgreSQL does not answer: the ids the action took are
+#: how long an action's audit row waits for PostgreSQL to answer, to be written again: the ids the action took are
 #: known only to this process. An action that lost PostgreSQL (the queue's lock with it) tried once, at once, and
 #: left its row at ``intent``, without the ids of the 58-79 messages it had moved (an adversarial run)
 AUDIT_COMPLETION_SECONDS = 60.0
@@ -441,21 +440,18 @@ class DeadLetters:
             details["not_found"] = [m for m in wanted if m not in done]
         if error is not None:
             details["error"] = f"{type(error).__name__}: {error}"[:500]
-        deadline = time.monotonic() + AUDIT_COMPLETION_SECONDS
-        while True:
-            try:
-                with transaction(self.engine) as conn:
-                    audit.complete(conn, audit_id, details)
-                return
-            except Exception as exc:
-                if isinstance(exc, DatabaseUnavailable) and time.monotonic() < deadline:
-                    time.sleep(AUDIT_COMPLETION_PAUSE_SECONDS)  # the ids taken are known only here: asked again
-                    continue
-                log.error("audit row %s not completed; it stays at status intent", audit_id,
-                          extra={"audit_id": audit_id, "done": len(done)})
-                if error is None:
-                    raise
-                return
+
+        def write() -> None:
+            with transaction(self.engine) as conn:
+                audit.complete(conn, audit_id, details)
+
+        try:  # the ids taken are known only here: written again once PostgreSQL answers
+            once_reachable(self.engine, AUDIT_COMPLETION_SECONDS, write, interval=AUDIT_COMPLETION_PAUSE_SECONDS)
+        except Exception:
+            log.error("audit row %s not completed; it stays at status intent", audit_id,
+                      extra={"audit_id": audit_id, "done": len(done)})
+            if error is None:
+                raise
 
 
 #: the RabbitMQ toolkit by the name that says so (the PostgreSQL broker's: ``postgres_dead_letters``)

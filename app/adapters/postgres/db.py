@@ -6,7 +6,7 @@ import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from sqlalchemy import create_engine, event, text
 from sqlalchemy.engine import Connection, Engine, make_url
@@ -15,6 +15,8 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.adapters.postgres.liveness import liveness_params
 from app.errors import DatabaseUnavailable, QueryTimeout
+
+T = TypeVar("T")
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 
@@ -208,6 +210,17 @@ def wait_until_reachable(engine: Engine, seconds: float, stopping: threading.Eve
             return False
         if reachable(engine):
             return True
+
+
+def once_reachable(engine: Engine, seconds: float, call: Callable[[], T], *, interval: float = 1.0) -> T:
+    """``call()``; if PostgreSQL did not answer it (:class:`DatabaseUnavailable`), ``call()`` once more as soon as
+    PostgreSQL answers within ``seconds`` (:func:`wait_until_reachable`), else its error."""
+    try:
+        return call()
+    except DatabaseUnavailable:
+        if not wait_until_reachable(engine, seconds, threading.Event(), interval=interval):
+            raise
+    return call()
 
 
 #: PostgreSQL's SQLSTATE for a lock not taken: ``NOWAIT``, or ``lock_timeout`` run out
