@@ -285,6 +285,13 @@ def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_servic
         [("pipeline.backfill", "pipeline:2", True, "webp for the gallery, ticket 42")] * 2, "one row per batch"
     assert {job for r in rows for job in r.details["jobs"]} == made and len(made) == 2
     assert histories == {"webp for the gallery, ticket 42"}
+    # run again, it finds nothing to make: the trail says it ran (it wrote no row)
+    again = ops.post("/v1/ops/pipelines/2/backfill", json={"reason": "again"})
+    assert again.status_code == 200 and again.json["created"] == 0, again.json
+    with engine.connect() as conn:
+        last = conn.execute(select(audit_log.c.action, audit_log.c.reason, audit_log.c.details)
+                            .order_by(audit_log.c.id.desc()).limit(1)).one()
+    assert tuple(last) == ("pipeline.backfill", "again", {"jobs": []})
 
 
 def test_retirement_collects_superseded_objects_after_the_grace_period(quiet_services, app, engine, data_file,

@@ -86,7 +86,8 @@ def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion
 def run(services: StoringProducer, to_version: int, *, batch: int = 100, actor: str = "backfill",
         reason: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, int]:
     """Create the target version's jobs in batches; returns counts. Safe to rerun and to run twice at once.
-    ``reason``: the operator's, kept in the audit log and the jobs' history (else "backfill to version N").
+    ``reason``: the operator's, kept in the audit log and the jobs' history (else "backfill to version N"). Each
+    batch that made jobs writes its audit row in its transaction; a run that made none writes one row, ``jobs: []``.
 
     A batch is made only where the storage has room for its variants beside the work accepted
     (:mod:`app.core.room`): else :class:`StorageUnavailable`, naming the jobs made so far. A backfill's renders took
@@ -117,4 +118,8 @@ def run(services: StoringProducer, to_version: int, *, batch: int = 100, actor: 
             progress(len(ids))
         log.info("backfill to v%d: %d job(s) created so far", to_version, created,
                  extra={"to_version": to_version, "jobs_created": created})
+    if not created:  # a run that found nothing to make is in the trail too, as a dead-letter requeue of nothing is
+        with transaction(services.engine) as conn:
+            audit.record(conn, actor=actor, action="pipeline.backfill", target=f"pipeline:{to_version}",
+                         reason=why, details={"jobs": []})
     return {"created": created, "published": published}
