@@ -148,6 +148,20 @@ def test_a_repr_digest_is_checked_and_a_digest_sent_twice_is_refused(client, eng
     assert post_file(client, path, **{"Repr-Digest": right, "Content-Digest": f"{right}, {right}"}).status_code == 202
 
 
+def test_a_digest_members_parameters_are_allowed_and_its_value_still_checked(client, engine, data_file):
+    """RFC 8941 lets a dictionary member carry parameters; ``sha-256=:...:;x=1`` was refused ``400`` (an
+    adversarial run). They are ignored, the value is checked."""
+    path = data_file("photos/chelsea.jpg")
+    digest = base64.b64encode(hashlib.sha256(path.read_bytes()).digest()).decode()
+    wrong = base64.b64encode(hashlib.sha256(b"other").digest()).decode()
+    for header in ("Content-Digest", "Repr-Digest"):
+        refused = post_file(client, path, **{header: f'sha-256=:{wrong}:;x=1;note="a b"'})
+        assert (refused.status_code, refused.json["error"]) == (422, "digest_mismatch"), refused.json
+        taken = post_file(client, path, **{header: f'sha-256=:{digest}:;x=1;y;z=?0;w=:AA==:;v=-1.5;note="a b", md5=:AAAA:'})
+        assert taken.status_code == 202, taken.json
+    assert post_file(client, path, **{"Content-Digest": f"sha-256=:{digest}:;=1"}).status_code == 400
+
+
 def test_a_body_in_a_content_coding_is_refused_as_such(client, engine, storage_dir, data_file):
     """A gzipped JPEG was answered ``415 unsupported_format``, as if the file were no image (an adversarial run):
     the coding's bytes would be stored as sent, none decoded."""

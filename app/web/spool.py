@@ -193,11 +193,15 @@ def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:
         spool.write(chunk)
 
 
-_DIGEST_ITEM = re.compile(r"\s*([a-z0-9-]+)\s*=\s*:([A-Za-z0-9+/=]*):\s*")
+#: a member's parameter (RFC 8941 3.1.2): ``;key`` or ``;key=`` a token, number, byte sequence or string without
+#: a comma (a comma inside a string would split the member; no digest parameter is registered)
+_PARAMETER = r';\s*[a-z*][a-z0-9_.*-]*(?:=(?:[A-Za-z*][!#$%&\'*+.^_`|~:/A-Za-z0-9-]*|-?[0-9.]+|:[A-Za-z0-9+/=]*:|\?[01]|"[^",]*"))?'
+_DIGEST_ITEM = re.compile(rf"\s*([a-z0-9-]+)\s*=\s*:([A-Za-z0-9+/=]*):(?:{_PARAMETER})*\s*")
 
 
 def parse_content_digest(header: str, name: str = "Content-Digest") -> dict[str, bytes]:
-    """RFC 9530 ``Content-Digest`` or ``Repr-Digest`` (``name``): a structured-field dictionary of byte sequences."""
+    """RFC 9530 ``Content-Digest`` or ``Repr-Digest`` (``name``): a structured-field dictionary of byte sequences.
+    A member's parameters are allowed and ignored (``sha-256=:...:;x=1`` was refused, an adversarial run)."""
     result: dict[str, bytes] = {}
     for item in header.split(","):
         match = _DIGEST_ITEM.fullmatch(item)
