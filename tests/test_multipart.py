@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from app.web.body import READ_BLOCK_BYTES
-from app.web.multipart import MAX_PART_HEADER_BYTES, receive_file
+from app.web.multipart import MAX_PART_HEADER_BYTES, MAX_PREAMBLE_BYTES, receive_file
 from tests.test_upload_api import counts, stored_files
 
 BOUNDARY = "attache-multipart-test"
@@ -98,7 +98,7 @@ class _Recording:
 @pytest.mark.parametrize("payload,code", [
     (body_of(part("file", b"\xff\xd8 cut before its closing boundary", "a.jpg"), closed=False), "bad_request"),
     (body_of(part("file", b"\xff\xd8", "a.jpg")).replace(f"--{BOUNDARY}--".encode(), b"--"), "bad_request"),
-    (b"a preamble\r\n" + body_of(part("file", b"\xff\xd8", "a.jpg")), "bad_request"),
+    (b"p" * MAX_PREAMBLE_BYTES + b"\r\n" + body_of(part("file", b"\xff\xd8", "a.jpg")), "bad_request"),
     (b"not multipart at all", "bad_request"),
     (body_of(part("file", b"\xff\xd8", "a.jpg", headers=f"X-Long: {'x' * MAX_PART_HEADER_BYTES}\r\n")),
      "bad_request"),
@@ -106,7 +106,7 @@ class _Recording:
     (body_of(part("file", b"a field named file, with no filename")), "missing_file"),
     (body_of(part("photo", b"\xff\xd8", "a.jpg")), "missing_file"),
     (body_of(), "missing_file"),
-], ids=["no-closing-boundary", "closing-boundary-mangled", "preamble", "garbage", "header-too-long",
+], ids=["no-closing-boundary", "closing-boundary-mangled", "preamble-too-long", "garbage", "header-too-long",
         "too-many-headers", "file-field-without-filename", "file-under-another-name", "no-parts"])
 def test_bodies_that_do_not_carry_a_whole_file_part_are_refused(client, engine, storage_dir, payload, code):
     before = spools()
@@ -115,6 +115,31 @@ def test_bodies_that_do_not_carry_a_whole_file_part_are_refused(client, engine, 
     assert response.json["error"] == code, response.json
     assert counts(engine)["attachments"] == 0 and stored_files(storage_dir) == []
     assert spools() <= before, "a refused upload leaves no spool file"
+
+
+@pytest.mark.parametrize("preamble", [b"This is a multi-part message in MIME format.\r\n", b"\r\n",
+                                      b"a line\nthen --" + BOUNDARY.encode() + b"x not at a line's start\r\n",
+                                      b"p" * (MAX_PREAMBLE_BYTES - 2) + b"\r\n"],
+                         ids=["a-line", "a-line-break", "a-boundary-like-text", "the-longest"])
+def test_a_preamble_before_the_first_boundary_is_skipped(client, storage_dir, photo, preamble):
+    """RFC 2046 allows text before the first boundary; it was refused ``400`` (an adversarial run)."""
+    response = send(client, preamble + body_of(part("file", photo, "chelsea.jpg")))
+    assert response.status_code == 202, response.json
+    assert response.json["sha256"] == hashlib.sha256(photo).hexdigest()
+    seen = {}
+    for sizes in (1, 7, 100):  # the body's blocks as short as a slow client's
+        stream = _Trickle(preamble + body_of(part("file", b"\xff\xd8kept", "x.bin")), sizes)
+        assert receive_file(stream, BOUNDARY, lambda: _Recording(seen)) is not None
+        assert seen["bytes"] == b"\xff\xd8kept"
+
+
+class _Trickle(io.BytesIO):
+    def __init__(self, data: bytes, size: int):
+        super().__init__(data)
+        self.size = size
+
+    def read(self, size=-1):
+        return super().read(self.size)
 
 
 def test_a_multipart_type_without_a_boundary_is_refused(client, engine, photo):

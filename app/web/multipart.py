@@ -17,8 +17,9 @@ other files). A part is taken only once its closing boundary has arrived:
 a body that ends before the closing boundary is refused, ``incomplete_body``
 when it is shorter than it declared (the view checks that first), else
 ``bad_request``. So is a body that is not multipart at all (no boundary
-where one must be, a preamble before the first one: no client in use sends
-one). A part has at most :data:`MAX_PART_HEADERS` headers of at most
+where one must be). A preamble before the first boundary (RFC 2046 allows
+one; mail-style generators write "This is a multi-part message in MIME
+format.") is skipped, up to :data:`MAX_PREAMBLE_BYTES`: it was refused. A part has at most :data:`MAX_PART_HEADERS` headers of at most
 :data:`MAX_PART_HEADER_BYTES` each, a boundary at most 256 bytes
 (python-multipart's); the body's limit is the
 :class:`~app.web.body.BodyStream`'s and the file's the spool's.
@@ -43,6 +44,8 @@ FILE_FIELD = "file"
 MAX_PART_HEADER_BYTES = 64 * 1024
 #: headers of one part at most (clients send two or three)
 MAX_PART_HEADERS = 16
+#: text before the first boundary at most (a line or two where one is sent at all); more is ``400``
+MAX_PREAMBLE_BYTES = 16 * 1024
 
 
 @dataclass
@@ -126,11 +129,32 @@ def receive_file(stream: IO[bytes], content_type_boundary: str | None,
     try:
         parser = MultipartParser(content_type_boundary.encode("latin-1"), parts.callbacks(),
                                  max_header_count=MAX_PART_HEADERS, max_header_size=MAX_PART_HEADER_BYTES)
-        while block := stream.read(READ_BLOCK_BYTES):
+        block = _from_first_boundary(stream, b"--" + content_type_boundary.encode("latin-1"))
+        while block:
             parser.write(block)
+            block = stream.read(READ_BLOCK_BYTES)
         parser.finalize()
     except (FormParserError, UnicodeEncodeError) as exc:
         raise UploadRejected(f"malformed multipart body: {exc}") from None
     if not parts.ended or (parts.file is not None and not parts.file_complete):
         raise UploadRejected("the multipart body ends before its closing boundary")
     return parts.file
+
+
+def _from_first_boundary(stream: IO[bytes], delimiter: bytes) -> bytes:
+    """The body's first bytes, from its first boundary line on: a preamble before it is dropped (the parser refuses
+    one). The boundary opens the body, as every client sends it, or follows a line break; what has none within
+    :data:`MAX_PREAMBLE_BYTES` is returned as it is, for the parser to refuse."""
+    seen = stream.read(READ_BLOCK_BYTES)
+    while True:
+        if seen.startswith(delimiter):
+            return seen
+        at = seen.find(b"\n" + delimiter, 0, MAX_PREAMBLE_BYTES + len(delimiter))  # a preamble of at + 1 bytes
+        if at >= 0:
+            return seen[at + 1:]
+        if len(seen) >= MAX_PREAMBLE_BYTES + len(delimiter):
+            return seen
+        more = stream.read(READ_BLOCK_BYTES)
+        if not more:
+            return seen
+        seen += more
