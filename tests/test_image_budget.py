@@ -131,6 +131,50 @@ def test_progressive_jpeg_prices_full_size_coefficients(tmp_path) -> None:
     assert priced["prog.jpg"] - priced["base.jpg"] >= 2400 * 1600 * 2
 
 
+def _decoy_frame(data: bytes, side: int, components: int) -> bytes:
+    """*data* (a progressive JPEG) with its header behind ``FF 00`` and a length, which libjpeg skips as two junk
+    bytes, and a comment where that length lands holding a baseline frame and a scan of every component (an
+    adversarial run's file: /tmp/adv159/gen_ff00.py)."""
+    sos = data.index(b"\xff\xda")
+    header, scans = data[2:sos], data[sos:]
+    decoy = (b"\xff\xc0" + struct.pack(">HBHHB", 8 + 3 * components, 8, side, side, components)
+             + b"".join(bytes([i + 1, 0x11, 0]) for i in range(components))
+             + b"\xff\xda" + struct.pack(">HB", 6 + 2 * components, components)
+             + b"".join(bytes([i + 1, 0]) for i in range(components)) + b"\x00\x3f\x00")
+    pad = next(pad for pad in range(64) if 0xFF not in struct.pack(">H", len(header) + 6 + pad))
+    payload = b"\x00" * pad + decoy
+    return (b"\xff\xd8\xff\x00" + struct.pack(">H", len(header) + 6 + pad) + header
+            + b"\xff\xfe" + struct.pack(">H", len(payload) + 2) + payload + scans)
+
+
+@pytest.mark.parametrize("mode", ["CMYK", "RGB"])
+def test_a_progressive_jpeg_is_priced_whatever_lies_between_its_segments(tmp_path, mode) -> None:
+    """The budget walked the markers its own way: ``FF 00`` taken for a marker with a length, which landed on a
+    decoy baseline frame, and a junk byte before the frame taken for an unknown layout of 3 components. A 64 MP
+    progressive CMYK JPEG refused when honest was priced 132 MB and took 1.1 GB of a worker; with seven junk bytes
+    before its frame, a 40 MP one took 503 MB (an adversarial run). libjpeg skips both as junk."""
+    side = 1024
+    honest = io.BytesIO()
+    Image.new(mode, (side, side), (10, 20, 30, 40)[:len(mode)]).save(honest, "JPEG", progressive=True,
+                                                                    subsampling=0)
+    data = honest.getvalue()
+    frame = data.index(b"\xff\xc2")
+    files = {"honest": data, "decoy": _decoy_frame(data, side, len(mode)),
+             "junk": data[:frame] + b"\x00" * 7 + data[frame:]}
+    priced = {}
+    for name, content in files.items():
+        path = tmp_path / f"{name}.jpg"
+        path.write_bytes(content)
+        with Image.open(path) as img, open(path, "rb") as fp:
+            assert img.size == (side, side) and img.mode == mode
+            img.load()  # Pillow and libjpeg decode every one of them
+        with Image.open(path) as img, open(path, "rb") as fp:
+            priced[name] = budget.estimate(img, "JPEG", fp, PIPELINE_V1_SPECS["thumbnail"]).total
+    # as much as the honest file, and a little more for the decoy's comment (metadata, priced as copied)
+    assert priced["honest"] <= priced["decoy"] < priced["honest"] + 1024, priced
+    assert priced["junk"] == priced["honest"], priced
+
+
 def _patched(source: Path, target: Path, box: bytes, offset: int, values: bytes) -> Path:
     """*source* with *values* written *offset* bytes into the payload of its only *box* box."""
     data = bytearray(source.read_bytes())

@@ -71,7 +71,6 @@ price. Small renders still run side by side; a large one runs alone.
 from __future__ import annotations
 
 import math
-import struct
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -446,72 +445,42 @@ def _as_tuple(value) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, (tuple, list)) else (int(value),)
 
 
-# SOF markers: C0 baseline, C1 extended, C2 progressive, C3 lossless, C5-C7
-# differential, C9-CB and CD-CF arithmetic. libjpeg buffers the whole image's
-# coefficients for progressive and lossless/differential modes, and for any
-# image coded in more than one scan (first SOS lists fewer components).
-_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+# libjpeg buffers the whole image's coefficients for progressive and
+# lossless/differential modes, and for any image coded in more than one scan
+# (first SOS lists fewer components): all but C0 baseline, C1 extended and C9
+# arithmetic sequential sent in one scan.
 _SINGLE_SCAN_SOF = {0xC0, 0xC1, 0xC9}
-_MAX_MARKERS = 4096
+#: the most components a JPEG Pillow opens has (CMYK), priced where its frame cannot be read
+_MOST_COMPONENTS = 4
 
 
 def _jpeg_coefficient_bytes(img: Image.Image, fp: BinaryIO) -> int:
     """Bytes of DCT coefficients libjpeg keeps for the whole image, if it must.
 
-    The markers up to the first SOS are walked (lengths only, a few reads);
-    the file position is restored.
+    The segments up to the first SOS are walked as libjpeg walks them
+    (:func:`~app.adapters.imaging.segments.jpeg_frame`); the file position
+    is restored.
     """
     width, height = img.size
     position = fp.tell()
     try:
-        sof, components, scan_components = _jpeg_frame(fp)
+        frame = segments.jpeg_frame(fp)
     except MALFORMED_ERRORS:
-        sof, components, scan_components = None, [], 0
+        frame = segments.JpegFrame(None, (), 0)
     finally:
         fp.seek(position)
-    if not components:  # unknown layout: assume the worst, 3 full-size components
-        return 3 * width * height * 2
-    if sof in _SINGLE_SCAN_SOF and scan_components >= len(components):
+    if not frame.sampling:  # unknown layout: assume the worst, every component full size
+        return _MOST_COMPONENTS * width * height * 2
+    if frame.marker in _SINGLE_SCAN_SOF and frame.first_scan >= len(frame.sampling):
         return 0
-    h_max = max(h for h, _ in components)
-    v_max = max(v for _, v in components)
+    h_max = max(h for h, _ in frame.sampling)
+    v_max = max(v for _, v in frame.sampling)
     blocks = 0
-    for h, v in components:
+    for h, v in frame.sampling:
         cols = math.ceil(math.ceil(width * h / h_max) / 8)
         rows = math.ceil(math.ceil(height * v / v_max) / 8)
         blocks += (math.ceil(cols / h) * h) * (math.ceil(rows / v) * v)  # padded to whole MCUs
     return blocks * 64 * 2
-
-
-def _jpeg_frame(fp: BinaryIO) -> tuple[int | None, list[tuple[int, int]], int]:
-    """(SOF marker, [(h, v) sampling per component], components in the first scan)."""
-    fp.seek(0)
-    if fp.read(2) != b"\xff\xd8":
-        return None, [], 0
-    sof: int | None = None
-    components: list[tuple[int, int]] = []
-    for _ in range(_MAX_MARKERS):
-        byte = fp.read(1)
-        if byte != b"\xff":
-            break  # not a marker: stop looking, the layout stays unknown
-        while byte == b"\xff":  # fill bytes
-            byte = fp.read(1)
-        if not byte:
-            break
-        marker = byte[0]
-        if marker in (0x01,) or 0xD0 <= marker <= 0xD7:
-            continue  # standalone markers
-        (length,) = struct.unpack(">H", fp.read(2))
-        body = fp.read(length - 2) if marker in _SOF or marker == 0xDA else None
-        if body is None:
-            fp.seek(length - 2, 1)
-            continue
-        if marker == 0xDA:
-            return sof, components, body[0]
-        sof = marker
-        count = body[5]
-        components = [(body[7 + 3 * i] >> 4 or 1, body[7 + 3 * i] & 15 or 1) for i in range(count)]
-    return sof, components, 0
 
 
 class Reservations:

@@ -542,6 +542,36 @@ def _jpeg(fp: BinaryIO) -> None:
                        _Progression() if progressive else _Sequence())
 
 
+class JpegFrame(NamedTuple):
+    """The frame libjpeg decodes, for the memory budget's price of its coefficients."""
+
+    #: the SOF marker (None: no frame before the first scan)
+    marker: int | None
+    #: each component's (horizontal, vertical) sampling factors
+    sampling: tuple[tuple[int, int], ...]
+    #: the components the first scan sends
+    first_scan: int
+
+
+def jpeg_frame(fp: BinaryIO) -> JpegFrame:
+    """The first frame and first scan of a JPEG, walked as :func:`_jpeg_segments` walks, as Pillow and libjpeg do
+    (libjpeg refuses a second frame). The budget's walk of its own took ``FF 00`` for a marker with a length, where
+    they skip two bytes, and stopped at the first byte between segments: a decoy baseline frame in a comment, or
+    seven junk bytes before a progressive CMYK frame, priced 64 MP of full-size coefficients as none (1.1 GB a
+    worker for a 1 MB file that its honest form had refused, an adversarial run)."""
+    with mmap.mmap(fp.fileno(), 0, access=mmap.ACCESS_READ) as data:
+        marker: int | None = None
+        sampling: tuple[tuple[int, int], ...] = ()
+        for found, pos in _jpeg_segments(data):
+            if found == 0xDA:
+                return JpegFrame(marker, sampling, data[pos + 2] if pos + 3 <= len(data) else 0)
+            if found in _FRAMES and marker is None and pos + 8 <= len(data):
+                marker, count = found, data[pos + 7]
+                factors = data[pos + 9:pos + 8 + 3 * count:3]  # each component: id, sampling, table
+                sampling = tuple((factor >> 4 or 1, factor & 15 or 1) for factor in factors)
+    return JpegFrame(marker, sampling, 0)
+
+
 PHOTOSHOP = b"Photoshop 3.0\x00"
 
 
