@@ -42,12 +42,13 @@ ROWS = [{**row, **READ_WITH_PILLOW_HEIF.get(row["path"], {})} for row in SHARED]
 # at all, so the magic-byte sniff refuses them as unsupported before Pillow
 # sees them (no 650 MB allocation for the BLP "timeout" file). A HEIC or
 # AVIF cut short is seen from its container (a box runs past the end of the
-# file), so the upload refuses it.
+# file), so the upload refuses it; so is a TIFF listing a layout tag twice
+# (two fuzzers' files: libtiff and Pillow would read it apart).
 CORRUPT_OUTCOME = {
-    "pillow/crash-0c7e0e8e11ce787078f00b5b0ca409a167f070e0.tif": ("render", CorruptImage),
+    "pillow/crash-0c7e0e8e11ce787078f00b5b0ca409a167f070e0.tif": ("probe", CorruptImage),
     "pillow/crash-754d9c7ec485ffb76a90eeaab191ef69a2a3a3cd.sgi": ("probe", UnsupportedFormat),
     "pillow/timeout-060745d3f534ad6e4128c51d336ea5489182c69d.blp": ("probe", UnsupportedFormat),
-    "pillow/timeout-6646305047838720": ("render", CorruptImage),
+    "pillow/timeout-6646305047838720": ("probe", CorruptImage),
     "pillow/truncated_image.png": ("render", CorruptImage),
     "pillow/truncated_jpeg.jpg": ("render", CorruptImage),
     "pillow/ultrahdr.jpg": ("render", CorruptImage),

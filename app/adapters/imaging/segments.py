@@ -148,6 +148,7 @@ def _tiff(fp: BinaryIO) -> None:
     compressions = set(raw.get(259, ()))
     if compressions & _TIFF_JPEG_COMPRESSIONS:
         _tiff_jpeg_strips(fp, compressions, {start for tag in _TIFF_OFFSET_TAGS for start in raw.get(tag, ())})
+    _tiff_layout_read_alike(fp)
     decoded = directory[274].count if 274 in directory else 0
     decoded += sum(tag.count for sub in _tiff_sub_directories(fp, directory) for tag in sub.values()
                    if tag.kind not in _TIFF_BYTE_TYPES)
@@ -208,19 +209,54 @@ _TIFF_OFFSET_TAGS = frozenset({273, 324})
 _TIFF_COMPRESSION = frozenset({259})
 
 
-def _tiff_raw_values(fp: BinaryIO, wanted: frozenset[int]) -> dict[int, list[int]]:
-    """Every value of every entry of the ``wanted`` tags in the first IFD, as libtiff may read them: any integer
-    type, every copy (their values joined, in the order of the entries)."""
+def _tiff_first_table(fp: BinaryIO) -> tuple[_TiffFile, int, bytes] | None:
+    """The first IFD's entries as they are in the file: (its shape, where the entries start, their bytes)."""
     shape = _tiff_file(fp)
     if shape is None or shape.first >= shape.size:
-        return {}
+        return None
     fp.seek(shape.first)
     raw = fp.read(struct.calcsize(shape.count_format))
     if len(raw) < struct.calcsize(shape.count_format):
-        return {}
+        return None
     entries = min(struct.unpack(shape.count_format, raw)[0], 65535)
-    table_at = shape.first + len(raw)
-    table = fp.read(entries * shape.entry.size)
+    return shape, shape.first + len(raw), fp.read(entries * shape.entry.size)
+
+
+#: the tags that give the size of what libtiff decodes at once, and its layout: ImageWidth, ImageLength,
+#: BitsPerSample, PhotometricInterpretation, SamplesPerPixel, RowsPerStrip, PlanarConfiguration, TileWidth,
+#: TileLength, ExtraSamples, SampleFormat, YCbCrSubSampling
+_TIFF_LAYOUT_TAGS = frozenset({256, 257, 258, 262, 277, 278, 284, 322, 323, 338, 339, 530})
+
+
+def _tiff_layout_read_alike(fp: BinaryIO) -> None:
+    """Each layout tag of the first IFD listed once at most, in an integer type Pillow reads. libtiff keeps a
+    tag's first copy, of any integer type; Pillow skips SLONG8 and IFD8 copies and keeps the next, and the budget
+    prices what Pillow read: TileWidth and TileLength typed SLONG8 made a 64x64 image of 16384x16384 tiles to
+    libtiff, 1 GiB a render priced 8 MB, and a SLONG8 RowsPerStrip before a LONG 1 one strip of the whole image
+    (an adversarial run). TIFF writers list each tag once. (The offsets and Compression are read in every copy,
+    as libtiff may read them: :func:`_tiff_raw_values`.)"""
+    found = _tiff_first_table(fp)
+    if found is None:
+        return
+    shape, _, table = found
+    seen: set[int] = set()
+    for pos in range(0, len(table) - shape.entry.size + 1, shape.entry.size):
+        tag, kind, _, _ = shape.entry.unpack_from(table, pos)
+        if tag not in _TIFF_LAYOUT_TAGS:
+            continue
+        if tag in seen or kind not in _TIFF_INTEGERS:
+            raise CorruptImage(f"the TIFF lists its tag {tag} twice, or in a type Pillow does not read: libtiff "
+                               "and Pillow would read the image's layout apart")
+        seen.add(tag)
+
+
+def _tiff_raw_values(fp: BinaryIO, wanted: frozenset[int]) -> dict[int, list[int]]:
+    """Every value of every entry of the ``wanted`` tags in the first IFD, as libtiff may read them: any integer
+    type, every copy (their values joined, in the order of the entries)."""
+    first = _tiff_first_table(fp)
+    if first is None:
+        return {}
+    shape, table_at, table = first
     found: dict[int, list[int]] = {}
     for pos in range(0, len(table) - shape.entry.size + 1, shape.entry.size):
         tag, kind, count, field = shape.entry.unpack_from(table, pos)
