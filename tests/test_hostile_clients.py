@@ -355,6 +355,36 @@ def test_a_download_nobody_reads_is_cut_off_and_frees_its_thread(deployment, tmp
             sock.close()
 
 
+def test_answers_nobody_reads_are_cut_off_and_free_their_threads(deployment):
+    """An adversarial run: anonymous connections that each sent 200 pipelined ``GET /v1/openapi.json`` (104 KB a
+    public answer) and read nothing held every thread for as long as they stayed open: ``/healthz`` timed out for
+    250 s. Only a download's writes had a deadline; every answer's now has ``ATTACHE_BODY_IDLE_SECONDS``."""
+    deployment.start("web", WEB_THREADS="2", ATTACHE_BODY_IDLE_SECONDS="3")
+    pipelined = b"GET /v1/openapi.json HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" * 200
+    stalled = []
+
+    def healthz(timeout: float) -> bool:
+        try:
+            return requests.get(deployment.url + "/healthz", timeout=timeout).status_code == 200
+        except requests.exceptions.Timeout:
+            return False
+
+    try:
+        for _ in range(4):  # twice the threads
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", deployment.port))
+            sock.sendall(pipelined)
+            stalled.append(sock)
+        # the answers fill the sockets' buffers, and then every thread waits to write
+        wait_for(lambda: not healthz(1), timeout=20, message="the threads to be held by answers nobody reads")
+        # before: no answer for as long as the connections stayed open
+        assert healthz(15)
+    finally:
+        for sock in stalled:
+            sock.close()
+
+
 def test_the_spool_of_a_web_killed_mid_upload_is_removed_by_later_uploads(deployment, data_file):
     idle = {"ATTACHE_BODY_IDLE_SECONDS": "1"}  # abandoned after ten idle periods: 10 s
     deployment.start("web", **idle)

@@ -130,8 +130,8 @@ def install(body_idle_seconds: float) -> bool:
             return request
         finally:
             _read_deadlines.pop(reader.sock, None)
-            try:
-                reader.sock.settimeout(None)  # blocking again, as gthread reads and writes the rest
+            try:  # blocking again, as gthread reads and writes the rest, each within the body's idle bound
+                reader.sock.settimeout(body_idle_seconds)
             except OSError:
                 pass
 
@@ -337,7 +337,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
         head = getattr(conn, "attache_head", None)
         if head is not None:
             conn.attache_head = None
-            conn.sock.setblocking(True)
+            conn.sock.settimeout(body_idle_seconds)  # blocking, each read and write within a bound (above)
             if conn.parser is None:
                 conn.init()  # an HTTP/1 parser (TLS and HTTP/2 prior knowledge are never gathered)
             if head:
