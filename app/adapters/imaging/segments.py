@@ -245,8 +245,7 @@ def _tiff_layout_read_alike(fp: BinaryIO) -> None:
         if tag not in _TIFF_LAYOUT_TAGS:
             continue
         if tag in seen or kind not in _TIFF_INTEGERS:
-            raise CorruptImage(f"the TIFF lists its tag {tag} twice, or in a type Pillow does not read: libtiff "
-                               "and Pillow would read the image's layout apart")
+            raise CorruptImage(f"the TIFF lists its layout tag {tag} twice, or in a type Pillow does not read")
         seen.add(tag)
 
 
