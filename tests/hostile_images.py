@@ -317,3 +317,24 @@ def heif_metadata_item(kind: bytes, size: int, *, extents: int = 1, references: 
 
     data_at = len(ftyp) + len(meta_box(0)) + 8
     return ftyp + meta_box(data_at) + _box(b"mdat", picture + payload)
+
+
+def deflate_tiff(entries: list[tuple[int, int, list[int]]], pixels: bytes) -> bytes:
+    """A little-endian TIFF of ``entries`` (tag, type, values; TileOffsets or StripOffsets 0 point at the pixels),
+    the deflated ``pixels`` after its directory."""
+    data = zlib.compress(pixels, 9)
+    units = {3: "H", 4: "I", 16: "Q", 17: "q", 18: "Q"}
+    outside_at = 8 + 2 + 12 * len(entries) + 4
+    packed = [struct.pack(f"<{len(values)}{units[kind]}", *values) for _, kind, values in entries]
+    data_at = outside_at + sum(len(raw) for raw in packed if len(raw) > 4)
+    table, outside = b"", b""
+    for (tag, kind, values), raw in zip(entries, packed):
+        if tag in (273, 324):
+            raw = struct.pack(f"<{len(values)}{units[kind]}", *([data_at] * len(values)))
+        if tag in (279, 325):
+            raw = struct.pack(f"<{len(values)}{units[kind]}", *([len(data)] * len(values)))
+        field = raw.ljust(4, b"\0") if len(raw) <= 4 else struct.pack("<I", outside_at + len(outside))
+        outside += raw if len(raw) > 4 else b""
+        table += struct.pack("<HHI", tag, kind, len(values)) + field
+    return b"II*\0" + struct.pack("<IH", 8, len(entries)) + table + bytes(4) + outside + data
+

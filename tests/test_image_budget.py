@@ -344,6 +344,30 @@ def test_measured_render_peaks_stay_under_the_estimate(tmp_path) -> None:
     assert _measured_over_priced(MEASURE, files, warm) == []
 
 
+def test_a_tiffs_upright_copy_and_rgba_blocks_are_priced(tmp_path) -> None:
+    """Two adversarial runs' TIFFs, measured: Pillow turns a TIFF of Orientation 2-8 upright as it ends its load, a
+    full-size copy beside the decoded image and the decoder's buffer (a scanner's 6400x6400 RGB TIFF of Orientation
+    6: 430 MiB a render priced 281), and reads YCbCr through libtiff's RGBA path in blocks of a tile's rows across
+    the whole image (tiles 16 pixels wide and as tall as the image: 313 MiB priced 173)."""
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    side = 3000
+    head = [(256, 4, [side]), (257, 4, [side]), (258, 3, [8, 8, 8]), (259, 3, [8])]
+    upright = hostile_images.deflate_tiff(
+        head + [(262, 3, [2]), (273, 4, [0]), (274, 3, [6]), (277, 3, [3]), (278, 4, [side]), (279, 4, [0]),
+                (284, 3, [1])], b"\x80" * side * side * 3)
+    tiles = -(-side // 16)
+    tall = hostile_images.deflate_tiff(
+        head + [(262, 3, [6]), (277, 3, [3]), (284, 3, [1]), (322, 4, [16]), (323, 4, [side]),
+                (324, 4, [0] * tiles), (325, 4, [0] * tiles), (530, 3, [1, 1])], b"\x80" * 16 * side * 3)
+    files = [tmp_path / "orientation6.tif", tmp_path / "ycbcr_tall_tiles.tif"]
+    for path, data in zip(files, (upright, tall)):
+        path.write_bytes(data)
+        with Image.open(path) as img:
+            assert img.size == (side, side)
+    assert _measured_over_priced(MEASURE, files, [DATA / "pillow" / "hopper.jpg"]) == []
+
+
 def test_an_honest_16_mp_webp_fits_the_default_budget(tmp_path) -> None:
     """A WebP's frame, handed to Pillow as bytes, was priced as kept through the conversions; Pillow lets it go
     once the frame is loaded (12 bytes a pixel held after the load, 16 at its peak, measured at 16 MP). Honest

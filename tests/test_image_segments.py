@@ -907,26 +907,6 @@ def test_every_metadata_item_a_heif_describes_its_image_with_is_reserved_as_ofte
         probe(path, Limits(max_decode_bytes=reserved - 2**20))
 
 
-def _deflate_tiff(side: int, entries: list[tuple[int, int, list[int]]], pixels: bytes) -> bytes:
-    """A little-endian TIFF of ``entries`` (tag, type, values; TileOffsets or StripOffsets 0 point at the pixels),
-    the deflated ``pixels`` after its directory."""
-    data = zlib.compress(pixels, 9)
-    units = {3: "H", 4: "I", 16: "Q", 17: "q", 18: "Q"}
-    outside_at = 8 + 2 + 12 * len(entries) + 4
-    packed = [struct.pack(f"<{len(values)}{units[kind]}", *values) for _, kind, values in entries]
-    data_at = outside_at + sum(len(raw) for raw in packed if len(raw) > 4)
-    table, outside = b"", b""
-    for (tag, kind, values), raw in zip(entries, packed):
-        if tag in (273, 324):
-            raw = struct.pack(f"<{len(values)}{units[kind]}", *([data_at] * len(values)))
-        if tag in (279, 325):
-            raw = struct.pack(f"<{len(values)}{units[kind]}", *([len(data)] * len(values)))
-        field = raw.ljust(4, b"\0") if len(raw) <= 4 else struct.pack("<I", outside_at + len(outside))
-        outside += raw if len(raw) > 4 else b""
-        table += struct.pack("<HHI", tag, kind, len(values)) + field
-    return b"II*\0" + struct.pack("<IH", 8, len(entries)) + table + bytes(4) + outside + data
-
-
 @pytest.mark.parametrize("hidden", ["tiles", "rows"])
 def test_a_tiffs_layout_is_read_alike_by_pillow_and_libtiff_or_refused(tmp_path, hidden):
     """Pillow skips a tag typed SLONG8 or IFD8 and keeps its next copy, libtiff keeps the first copy of any integer
@@ -937,12 +917,12 @@ def test_a_tiffs_layout_is_read_alike_by_pillow_and_libtiff_or_refused(tmp_path,
     head = [(256, 4, [side]), (257, 4, [side]), (258, 3, [8]), (259, 3, [8]), (262, 3, [1]), (277, 3, [1])]
     if hidden == "tiles":
         def laid(kind):
-            return _deflate_tiff(side, head + [(284, 3, [1]), (322, kind, [tile]), (323, kind, [tile]),
+            return hostile_images.deflate_tiff(head + [(284, 3, [1]), (322, kind, [tile]), (323, kind, [tile]),
                                                (324, kind, [0]), (325, kind, [0])], b"\x40" * tile * tile)
     else:
         def laid(kind):
             rows = [(278, kind, [side]), (278, 4, [1])] if kind != 4 else [(278, 4, [side])]
-            return _deflate_tiff(side, head + [(273, 4, [0])] + rows + [(279, 4, [0]), (284, 3, [1])],
+            return hostile_images.deflate_tiff(head + [(273, 4, [0])] + rows + [(279, 4, [0]), (284, 3, [1])],
                                  b"\x40" * side * side)
     assert probed(tmp_path, "honest.tif", laid(4)).width == side  # the same layout in LONGs is read alike
     for kind in (17, 18):

@@ -228,10 +228,10 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
         from .probe import read_orientation  # probe imports this module
 
         orientations: tuple[int, ...] = (read_orientation(img, header_only=True),)
-        coefficients = _jpeg_coefficient_bytes(img, fp)
+        decoding = _jpeg_coefficient_bytes(img, fp)
     else:
         orientations = (1, 6)  # known only after decoding: price both axes
-        coefficients = 0
+        decoding = 0
     transient, kept = _decoder_bytes(img, family, fp)
     if metadata is None:
         metadata = segments.metadata_bytes(fp, family)
@@ -242,10 +242,15 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
         metadata += sum(len(item.get("data") or b"") for item in img.info.get("metadata") or ()
                         if isinstance(item, dict))
     decoder = (transient, kept + METADATA_COPIES * metadata + _icc_transform_bytes(img))
+    if family == "TIFF" and (segments.exif_orientation(fp) or 1) != 1:
+        # Pillow turns a TIFF upright as it ends its load (TiffImageFile.load_end: exif_transpose in place), a
+        # full-size copy beside the decoded image and the decoder's buffer (a scanner's 6400x6400 RGB TIFF of
+        # Orientation 6 took 430 MiB a render priced 281, an adversarial run)
+        decoding += img.size[0] * img.size[1] * pixel_bytes(img.mode)
     best: Estimate | None = None
     for one in specs:
         for orientation in orientations:
-            est = _price(img, family, one, plan(img.size, orientation, one), decoder, coefficients)
+            est = _price(img, family, one, plan(img.size, orientation, one), decoder, decoding)
             if best is None or est.total > best.total:
                 best = est
     assert best is not None
@@ -253,8 +258,9 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
 
 
 def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
-           decoder: tuple[int, int], coefficients: int) -> Estimate:
+           decoder: tuple[int, int], decoding: int) -> Estimate:
     """The peak of the three phases of a render; they follow each other, so they do not add up.
+    ``decoding``: what is held only until the decode ends (a JPEG's coefficients, a TIFF's upright copy).
 
     * decode: the decoded image and the decoder's buffers;
     * convert and resample: the full-size conversions (decoded image
@@ -283,7 +289,7 @@ def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
     out_w, out_h = geometry.out_size
     output_bytes = _output_bytes(spec, bool(transparent))
     parts = (
-        ("decode", pixels * pixel_bytes(mode) + transient + coefficients + kept),
+        ("decode", pixels * pixel_bytes(mode) + transient + decoding + kept),
         ("conversions and resample",
          pixels * per_pixel + kept + _resample_bytes(box, geometry.out_size, 1 if grey else 4)
          + _vertical_pass_copy_bytes(mode, transparent, box, geometry.out_size, grey)
@@ -418,8 +424,8 @@ def _tiff_buffer_bytes(img: Image.Image) -> int:
     """libtiff reads one strip or tile at a time into a buffer of that size.
 
     Pillow's RGBA path (for YCbCr, where libtiff undoes the subsampling)
-    needs 4 bytes a pixel for it, so for YCbCr the larger of the raw and
-    RGBA sizes is counted; any other TIFF is read raw (a 1-bit G4 scan of
+    needs 4 bytes a pixel for the strip's or tile's rows across the whole
+    image, so for YCbCr the larger of the raw and RGBA sizes is counted; any other TIFF is read raw (a 1-bit G4 scan of
     4960x7016 in one strip was priced 166 MB to decode against 38 MB
     measured, four bytes a pixel for a buffer of one bit: a seventh run).
     """
@@ -438,7 +444,9 @@ def _tiff_buffer_bytes(img: Image.Image) -> int:
     except (TypeError, ValueError, OverflowError):
         cols, rows, bits = width, height, 32  # unreadable layout: assume one strip
     raw = rows * math.ceil(cols * bits / 8)
-    return max(raw, rows * cols * 4) if tags.get(262) in (6, None) else raw
+    # the RGBA path reads a block of the whole image's width (TiffDecode.c, _decodeAsRGBA): a tile's rows of it
+    # (YCbCr tiles 16 pixels wide and as tall as a 6400x6400 image took 313 MiB priced 173, an adversarial run)
+    return max(raw, rows * width * 4) if tags.get(262) in (6, None) else raw
 
 
 def _as_tuple(value) -> tuple[int, ...]:
