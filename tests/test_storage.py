@@ -760,6 +760,78 @@ def test_s3_silent_endpoint_times_out():
         _assert_clean(info.value)
 
 
+class _Drip:
+    """An endpoint that answers every request a byte every 0.1 s, for ever: each read is within any read timeout."""
+
+    def __init__(self, body: bool):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.body = body
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
+
+    def _drip(self, conn):
+        head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nETag: \"x\"\r\n\r\n" if self.body else b"HTTP/1.1 200 OK\r\n"
+        try:
+            conn.settimeout(1)
+            try:
+                conn.recv(1 << 20)  # the request (its body, if any, is left unread)
+            except OSError:
+                pass
+            conn.sendall(head)
+            while True:
+                conn.sendall(b"a")
+                time.sleep(0.1)
+        except OSError:
+            pass
+        finally:
+            conn.close()
+
+    def close(self):
+        self.server.close()
+
+
+def test_a_call_to_an_endpoint_that_answers_a_byte_at_a_time_has_a_deadline(monkeypatch):
+    """An adversarial run: an S3 answering at a byte a second was never cut (urllib3's read timeout bounds one
+    read): uploads were held 200-240 s, then committed after their clients had given up, and a worker's step ran
+    past its limit and its process was lost. A call now has a deadline on the whole of it."""
+    from app.adapters.storage import s3
+
+    monkeypatch.setattr(s3, "CALL_SECONDS", 2.0, raising=False)
+    for body, call in ((False, lambda store: store.stat(KEY)),
+                       (False, lambda store: store.put_bytes(KEY, b"x" * 1000)),
+                       (True, lambda store: b"".join(store.open_stream(KEY, chunk_size=1 << 20)))):
+        drip = _Drip(body)
+        store = S3Storage("attache-test", endpoint=f"http://127.0.0.1:{drip.port}", region="us-east-1",
+                          access_key=ACCESS_KEY, secret_key=SECRET_KEY,
+                          http_client=make_http_client(connect_timeout=1, read_timeout=1, retries=1))
+        outcome: list = []
+
+        def run():
+            try:
+                call(store)
+                outcome.append("answered")
+            except StorageError as exc:
+                outcome.append(exc)
+
+        began = time.monotonic()
+        caller = threading.Thread(target=run, daemon=True)
+        caller.start()
+        caller.join(timeout=20)
+        drip.close()
+        assert outcome, "the call was still waiting after 20 s"
+        assert isinstance(outcome[0], StorageUnavailable), outcome
+        assert time.monotonic() - began < 2.0 * 2 + 4  # its deadline, a retry's new connection cut within a second
+        _assert_clean(outcome[0])
+
+
 class _FixedAnswer(http.server.BaseHTTPRequestHandler):
     """Answers every request with the class's status and S3 error code."""
 

@@ -49,15 +49,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import socket
 import threading
 import time
-import weakref
 from typing import Iterator, Mapping
 
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
+
+from app.adapters import watchdog
 
 log = logging.getLogger("attache.database")
 
@@ -100,7 +99,7 @@ class AnswerWatch:
     """Cuts the connections of ``engine`` whose statement, COMMIT, ROLLBACK or ping has waited ``seconds`` for its
     answer: their sockets are shut down, the waiting call raises ``OperationalError`` ("server closed the connection
     unexpectedly"), and the pool discards the connection. One thread of the process looks every
-    :data:`WATCH_EVERY_SECONDS`."""
+    :data:`~app.adapters.watchdog.WATCH_EVERY_SECONDS`."""
 
     def __init__(self, engine: Engine | None, seconds: float, setting: str):
         """``engine``: whose calls are watched; None: a watch the caller brackets calls with itself
@@ -108,8 +107,7 @@ class AnswerWatch:
         self.seconds, self.setting = seconds, setting
         self._waiting: dict[int, tuple[int, float]] = {}  # id(DBAPI connection) -> (its socket's fd, since)
         self._lock = threading.Lock()
-        _watches.add(self)
-        _start_the_watchdog()
+        watchdog.watch(self)
         if engine is not None:
             self._watch(engine)
 
@@ -162,7 +160,7 @@ class AnswerWatch:
             late = [(key, fd) for key, (fd, since) in self._waiting.items() if now - since >= self.seconds]
             for key, fd in late:
                 self._waiting.pop(key, None)
-                _shut_down(fd)
+                watchdog.shut_down(fd)
         for _ in late:
             log.warning("PostgreSQL sent no answer for %.0f s (%s): its connection is cut, and what waited on it "
                         "fails as a lost connection", self.seconds, self.setting)
@@ -191,41 +189,3 @@ def check_the_client(dbapi_connection) -> None:
     finally:
         cursor.close()
     dbapi_connection.commit()
-
-
-#: every live :class:`AnswerWatch` of this process (an engine's, a broker's; tests make many), looked at by one thread
-_watches: "weakref.WeakSet[AnswerWatch]" = weakref.WeakSet()
-_watchdog_started = threading.Lock()
-#: how often the watchdog looks (the settings' minimum is 12 s)
-WATCH_EVERY_SECONDS = 1.0
-
-
-def _forget_the_watchdog() -> None:  # a forked child has none of its parent's threads
-    global _watchdog_started
-    _watchdog_started = threading.Lock()
-
-
-os.register_at_fork(after_in_child=_forget_the_watchdog)
-
-
-def _start_the_watchdog() -> None:
-    if not _watchdog_started.acquire(blocking=False):
-        return  # running already
-
-    def watch() -> None:
-        while True:
-            time.sleep(WATCH_EVERY_SECONDS)
-            for watch in list(_watches):
-                watch.cut_the_late()
-
-    threading.Thread(target=watch, name="attache-answer-watch", daemon=True).start()
-
-
-def _shut_down(fd: int) -> None:
-    """End the TCP connection of ``fd`` both ways, leaving ``fd`` to its owner (libpq closes it)."""
-    with contextlib.suppress(OSError):
-        sock = socket.socket(fileno=os.dup(fd))
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        finally:
-            sock.close()

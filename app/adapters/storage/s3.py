@@ -6,14 +6,22 @@ Every minio/urllib3/socket exception is translated by :meth:`S3Storage._errors`
 into :mod:`app.errors`; messages name the bucket, the operation, the key and
 an S3 error code or exception class, never credentials or request URLs.
 The bucket is never created implicitly; call :meth:`S3Storage.ensure_bucket`.
+
+Each call has a deadline on the whole of it (:class:`CallDeadlines`): urllib3's read timeout bounds one read,
+and an endpoint answering a byte every few seconds was never cut (an adversarial run: uploads held 200-240 s,
+then committed after their clients had given up; a worker's step past its limit, the process then lost).
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import tempfile
+import threading
+import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -25,6 +33,7 @@ from minio.commonconfig import CopySource
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
 from minio.helpers import check_bucket_name
 
+from app.adapters import watchdog
 from app.errors import ObjectNotFound, StorageError, StorageUnavailable
 
 from .base import (
@@ -56,10 +65,103 @@ _VENDOR_ERRORS = (MinioException, urllib3.exceptions.HTTPError, OSError)
 RETRIED_METHODS = frozenset({"GET", "HEAD", "PUT", "OPTIONS"})
 
 
+log = logging.getLogger("attache.storage")
+
+#: a call's deadline: what three attempts of a read timed out at 30 s took before
+CALL_SECONDS = 90.0
+#: a transfer's slowest pace, on top of :data:`CALL_SECONDS`: a put or a read of n bytes may take n / this longer
+SLOWEST_BYTES_PER_SECOND = 256 * 1024
+
+
+class _Call:
+    """One call to the store: when it began, its deadline, whether the watchdog cut it."""
+
+    def __init__(self, seconds: float):
+        self.began, self.seconds, self.cut = time.monotonic(), seconds, False
+
+
+class CallDeadlines:
+    """The calls to the store in flight in this process, and the connections each thread has from the pool: the
+    watchdog (:mod:`app.adapters.watchdog`) shuts down the connections of a thread whose call is past its deadline,
+    every second until the call ends (a retry's new connection too), and the call fails, whatever it read (a cut
+    mid-answer can read as an answer ended: a HEAD's headers cut short)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._calls: dict[int, _Call] = {}  # by thread
+        self._connections: dict[int, weakref.WeakSet] = {}
+        watchdog.watch(self)
+
+    @contextlib.contextmanager
+    def call(self, seconds: float) -> Iterator[_Call]:
+        thread, call = threading.get_ident(), _Call(seconds)
+        with self._lock:
+            outer = self._calls.get(thread)
+            self._calls[thread] = call
+        try:
+            yield call
+        finally:
+            with self._lock:
+                if outer is None:
+                    self._calls.pop(thread, None)
+                else:
+                    self._calls[thread] = outer
+
+    def checked_out(self, connection) -> None:
+        with self._lock:
+            self._connections.setdefault(threading.get_ident(), weakref.WeakSet()).add(connection)
+
+    def returned(self, connection) -> None:
+        with self._lock:
+            for held in self._connections.values():
+                held.discard(connection)
+
+    def cut_the_late(self) -> None:
+        now, cut = time.monotonic(), []
+        with self._lock:
+            for thread, call in self._calls.items():
+                if now - call.began < call.seconds:
+                    continue
+                cut += [sock.fileno() for conn in self._connections.get(thread, ())
+                        if (sock := getattr(conn, "sock", None)) is not None and sock.fileno() >= 0]
+                if not call.cut:
+                    call.cut = True
+                    log.warning("a call to the store has taken %.0f s, its deadline: its connection is cut",
+                                call.seconds)
+            for fd in cut:
+                watchdog.shut_down(fd)
+
+
+DEADLINES = CallDeadlines()
+
+
+class _Watched:
+    """A connection pool whose connections are counted as their thread's while it has them (:class:`CallDeadlines`)."""
+
+    def _get_conn(self, timeout=None):
+        conn = super()._get_conn(timeout)
+        DEADLINES.checked_out(conn)
+        return conn
+
+    def _put_conn(self, conn) -> None:
+        if conn is not None:
+            DEADLINES.returned(conn)
+        super()._put_conn(conn)
+
+
+class _WatchedHTTPConnectionPool(_Watched, urllib3.HTTPConnectionPool):
+    pass
+
+
+class _WatchedHTTPSConnectionPool(_Watched, urllib3.HTTPSConnectionPool):
+    pass
+
+
 def make_http_client(connect_timeout: float = 3.0, read_timeout: float = 30.0,
                      retries: int = 2) -> urllib3.PoolManager:
-    """A connection pool that gives up quickly and retries 5xx answers a little (:data:`RETRIED_METHODS`)."""
-    return urllib3.PoolManager(
+    """A connection pool that gives up quickly and retries 5xx answers a little (:data:`RETRIED_METHODS`), its
+    connections watched for their calls' deadlines."""
+    manager = urllib3.PoolManager(
         timeout=urllib3.Timeout(connect=connect_timeout, read=read_timeout),
         retries=urllib3.Retry(total=retries, backoff_factor=0.2, allowed_methods=RETRIED_METHODS,
                               status_forcelist=[500, 502, 503, 504], raise_on_status=False),
@@ -67,6 +169,8 @@ def make_http_client(connect_timeout: float = 3.0, read_timeout: float = 30.0,
         cert_reqs="CERT_REQUIRED",
         ca_certs=os.environ.get("SSL_CERT_FILE") or certifi.where(),
     )
+    manager.pool_classes_by_scheme = {"http": _WatchedHTTPConnectionPool, "https": _WatchedHTTPSConnectionPool}
+    return manager
 
 
 class S3Storage(Storage):
@@ -121,8 +225,8 @@ class S3Storage(Storage):
         except OSError as exc:
             raise StorageError(f"put {key!r}: cannot read source file: {exc.strerror or type(exc).__name__}",
                                where=self.describe()) from None
-        with src, self._errors("put", key, reading=False):
-            size = os.fstat(src.fileno()).st_size
+        size = os.fstat(src.fileno()).st_size
+        with src, self._errors("put", key, reading=False, size=size):
             self._client.put_object(self.bucket, key, src, size,
                                     content_type=content_type or DEFAULT_CONTENT_TYPE,
                                     num_parallel_uploads=1)
@@ -131,7 +235,7 @@ class S3Storage(Storage):
     def put_bytes(self, key: str, data: bytes, content_type: str | None = None) -> ObjectInfo:
         validate_key(key)
         data = bytes(data)
-        with self._errors("put", key, reading=False):
+        with self._errors("put", key, reading=False, size=len(data)):
             self._client.put_object(self.bucket, key, io.BytesIO(data), len(data),
                                     content_type=content_type or DEFAULT_CONTENT_TYPE,
                                     num_parallel_uploads=1)
@@ -191,7 +295,7 @@ class S3Storage(Storage):
             raise StorageError(f"get {key!r}: server ignored the byte range", where=self.describe())
 
         def read(n: int) -> bytes:
-            with self._errors("read", key):
+            with self._errors("read", key, size=n):
                 return resp.read(n, decode_content=False)
 
         return ChunkStream(read, lambda: _release(resp), chunk_size, length)
@@ -227,7 +331,7 @@ class S3Storage(Storage):
     def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """``ListObjectsV2`` (recursive, paged by minio): each entry carries size and LastModified."""
         validate_prefix(prefix)
-        with self._errors("list", prefix, reading=False):
+        with self._errors("list", prefix, reading=False, deadline=False):  # its pages' calls, not their reader's
             for obj in self._client.list_objects(self.bucket, prefix=prefix or None, recursive=True):
                 name = obj.object_name
                 if not obj.is_dir and name and name.startswith(prefix) and is_valid_key(name):
@@ -259,16 +363,26 @@ class S3Storage(Storage):
     # --- errors ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str, *, reading: bool = True) -> Iterator[None]:
-        """Translate vendor exceptions raised inside the block.
+    def _errors(self, op: str, key: str, *, reading: bool = True, size: int = 0,
+                deadline: bool = True) -> Iterator[None]:
+        """Translate vendor exceptions raised inside the block, which has a deadline (:data:`CALL_SECONDS`, and
+        ``size`` bytes at :data:`SLOWEST_BYTES_PER_SECOND`; none for a generator's block, which its reader paces).
 
         With ``reading`` a missing bucket reads as a missing object; otherwise
         it means the store is unavailable.
         """
+        seconds = CALL_SECONDS + size / SLOWEST_BYTES_PER_SECOND
         try:
-            yield
+            with DEADLINES.call(seconds) if deadline else contextlib.nullcontext() as call:
+                yield
         except _VENDOR_ERRORS as exc:
+            if call is not None and call.cut:
+                raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
+                                         where=self.describe()) from None
             raise self._translate(exc, f"{op} {key!r} failed", self.describe(), reading) from None
+        if call is not None and call.cut:  # what it read may be cut short
+            raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
+                                     where=self.describe()) from None
 
     @staticmethod
     def _translate(exc: BaseException, what: str, where: str, reading: bool) -> StorageError:
