@@ -288,7 +288,8 @@ class Settings:
         "30 s later (a quarter of a shorter limit), and a step still running 30 s after that is inside a call no "
         "interrupt reaches (a render in C): its worker process exits, for its process manager to start a fresh one; "
         "the waits for PostgreSQL and for storage may take at most half of it (below 600, lower "
-        "ATTACHE_DATABASE_WAIT_SECONDS and ATTACHE_STORAGE_WAIT_SECONDS with it; an S3 call can take 90 s more, and 1 s more per 256 KiB it moves, its deadline)")
+        "ATTACHE_DATABASE_WAIT_SECONDS and ATTACHE_STORAGE_WAIT_SECONDS with it; an S3 call can take 90 s more, "
+        "and 1 s more per 256 KiB it moves, its deadline)")
     database_wait_seconds: float = setting(
         "ATTACHE_DATABASE_WAIT_SECONDS", 300.0, _float(0),
         "how long a worker's step that finds PostgreSQL unreachable waits for it (asking every second) and then "

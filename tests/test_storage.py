@@ -778,7 +778,8 @@ class _Drip:
             threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
     def _drip(self, conn):
-        head = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nETag: \"x\"\r\n\r\n" if self.body else b"HTTP/1.1 200 OK\r\n"
+        whole = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nETag: \"x\"\r\n\r\n"
+        head = whole if self.body else b"HTTP/1.1 200 OK\r\n"
         try:
             conn.settimeout(1)
             try:

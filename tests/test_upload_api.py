@@ -157,7 +157,8 @@ def test_a_digest_members_parameters_are_allowed_and_its_value_still_checked(cli
     for header in ("Content-Digest", "Repr-Digest"):
         refused = post_file(client, path, **{header: f'sha-256=:{wrong}:;x=1;note="a b"'})
         assert (refused.status_code, refused.json["error"]) == (422, "digest_mismatch"), refused.json
-        taken = post_file(client, path, **{header: f'sha-256=:{digest}:;x=1;y;z=?0;w=:AA==:;v=-1.5;note="a b", md5=:AAAA:'})
+        members = f'sha-256=:{digest}:;x=1;y;z=?0;w=:AA==:;v=-1.5;note="a b", md5=:AAAA:'
+        taken = post_file(client, path, **{header: members})
         assert taken.status_code == 202, taken.json
     assert post_file(client, path, **{"Content-Digest": f"sha-256=:{digest}:;=1"}).status_code == 400
 

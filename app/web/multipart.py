@@ -19,7 +19,8 @@ when it is shorter than it declared (the view checks that first), else
 ``bad_request``. So is a body that is not multipart at all (no boundary
 where one must be). A preamble before the first boundary (RFC 2046 allows
 one; mail-style generators write "This is a multi-part message in MIME
-format.") is skipped, up to :data:`MAX_PREAMBLE_BYTES`: it was refused. A part has at most :data:`MAX_PART_HEADERS` headers of at most
+format.") is skipped, up to :data:`MAX_PREAMBLE_BYTES`: it was refused. A
+part has at most :data:`MAX_PART_HEADERS` headers of at most
 :data:`MAX_PART_HEADER_BYTES` each, a boundary at most 256 bytes
 (python-multipart's); the body's limit is the
 :class:`~app.web.body.BodyStream`'s and the file's the spool's.

@@ -195,7 +195,8 @@ def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:
 
 #: a member's parameter (RFC 8941 3.1.2): ``;key`` or ``;key=`` a token, number, byte sequence or string without
 #: a comma (a comma inside a string would split the member; no digest parameter is registered)
-_PARAMETER = r';\s*[a-z*][a-z0-9_.*-]*(?:=(?:[A-Za-z*][!#$%&\'*+.^_`|~:/A-Za-z0-9-]*|-?[0-9.]+|:[A-Za-z0-9+/=]*:|\?[01]|"[^",]*"))?'
+_PARAMETER = (r';\s*[a-z*][a-z0-9_.*-]*'  # its key, then its value: a token, a number, bytes, a boolean, a string
+              r'(?:=(?:[A-Za-z*][!#$%&\'*+.^_`|~:/A-Za-z0-9-]*|-?[0-9.]+|:[A-Za-z0-9+/=]*:|\?[01]|"[^",]*"))?')
 _DIGEST_ITEM = re.compile(rf"\s*([a-z0-9-]+)\s*=\s*:([A-Za-z0-9+/=]*):(?:{_PARAMETER})*\s*")
 
 
