@@ -323,7 +323,7 @@ def deflate_tiff(entries: list[tuple[int, int, list[int]]], pixels: bytes) -> by
     """A little-endian TIFF of ``entries`` (tag, type, values; TileOffsets or StripOffsets 0 point at the pixels),
     the deflated ``pixels`` after its directory."""
     data = zlib.compress(pixels, 9)
-    units = {3: "H", 4: "I", 16: "Q", 17: "q", 18: "Q"}
+    units = {1: "B", 3: "H", 4: "I", 7: "B", 11: "f", 16: "Q", 17: "q", 18: "Q"}
     outside_at = 8 + 2 + 12 * len(entries) + 4
     packed = [struct.pack(f"<{len(values)}{units[kind]}", *values) for _, kind, values in entries]
     data_at = outside_at + sum(len(raw) for raw in packed if len(raw) > 4)

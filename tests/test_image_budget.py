@@ -360,8 +360,15 @@ def test_a_tiffs_upright_copy_and_rgba_blocks_are_priced(tmp_path) -> None:
     tall = hostile_images.deflate_tiff(
         head + [(262, 3, [6]), (277, 3, [3]), (284, 3, [1]), (322, 4, [16]), (323, 4, [side]),
                 (324, 4, [0] * tiles), (325, 4, [0] * tiles), (530, 3, [1, 1])], b"\x80" * 16 * side * 3)
-    files = [tmp_path / "orientation6.tif", tmp_path / "ycbcr_tall_tiles.tif"]
-    for path, data in zip(files, (upright, tall)):
+    # a re-attack: the orientation Pillow reads where the budget's walk saw none, a FLOAT 6.0, or the XMP's
+    # tiff:Orientation with no tag (446-477 MB of a worker, priced 166 MiB)
+    rgb = [(262, 3, [2]), (273, 4, [0])]
+    rest = [(277, 3, [3]), (278, 4, [side]), (279, 4, [0]), (284, 3, [1])]
+    xmp = b'<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:Description tiff:Orientation="6"/></x:xmpmeta>'
+    floated = hostile_images.deflate_tiff(head + rgb + [(274, 11, [6.0])] + rest, b"\x80" * side * side * 3)
+    in_xmp = hostile_images.deflate_tiff(head + rgb + rest + [(700, 1, list(xmp))], b"\x80" * side * side * 3)
+    files = [tmp_path / name for name in ("orientation6.tif", "ycbcr_tall_tiles.tif", "float6.tif", "xmp6.tif")]
+    for path, data in zip(files, (upright, tall, floated, in_xmp)):
         path.write_bytes(data)
         with Image.open(path) as img:
             assert img.size == (side, side)

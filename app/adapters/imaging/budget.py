@@ -71,6 +71,7 @@ price. Small renders still run side by side; a large one runs alone.
 from __future__ import annotations
 
 import math
+import re
 import threading
 from collections import deque
 from collections.abc import Iterator
@@ -242,9 +243,8 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
         metadata += sum(len(item.get("data") or b"") for item in img.info.get("metadata") or ()
                         if isinstance(item, dict))
     decoder = (transient, kept + METADATA_COPIES * metadata + _icc_transform_bytes(img))
-    if family == "TIFF" and (segments.exif_orientation(fp) or 1) != 1:
-        # Pillow turns a TIFF upright as it ends its load (TiffImageFile.load_end: exif_transpose in place), a
-        # full-size copy beside the decoded image and the decoder's buffer (a scanner's 6400x6400 RGB TIFF of
+    if family == "TIFF" and _turned_upright_on_load(img):
+        # a full-size copy beside the decoded image and the decoder's buffer (a scanner's 6400x6400 RGB TIFF of
         # Orientation 6 took 430 MiB a render priced 281, an adversarial run)
         decoding += img.size[0] * img.size[1] * pixel_bytes(img.mode)
     best: Estimate | None = None
@@ -255,6 +255,29 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
                 best = est
     assert best is not None
     return best
+
+
+#: the orientations Pillow's ``exif_transpose`` turns (its table; 6.0 and 6/1 are 6 to it)
+_TURNED = (2, 3, 4, 5, 6, 7, 8)
+
+
+def _turned_upright_on_load(img: Image.Image) -> bool:
+    """Whether Pillow will turn this TIFF upright as it ends its load (``TiffImageFile.load_end``: ``exif_transpose``
+    in place), from the orientation Pillow itself reads: tag 274 of any type it reads (a FLOAT 6.0, a RATIONAL
+    6/1), or the XMP's ``tiff:Orientation`` where there is no tag. Read from the header alone, the tag's values
+    bounded by the segments check (:meth:`Image.getexif` would read the directory's values again, a copy of them
+    all); an orientation that cannot be read is priced as turned. A walk of the budget's own saw neither, and 6400x6400 TIFFs took 446-477 MB of a worker, priced 166 MiB (a re-attack)."""
+    try:
+        tags = getattr(img, "tag_v2", None)
+        orientation = tags.get(274) if tags is not None else None  # the first directory, as Image.getexif reads it
+        if orientation is None:  # Image.getexif's own fallback, on the XMP Pillow read with the header
+            xmp = img.info.get("XML:com.adobe.xmp") or img.info.get("xmp")
+            pattern = r'tiff:Orientation(="|>)([0-9])' if isinstance(xmp, str) else rb'tiff:Orientation(="|>)([0-9])'
+            match = re.search(pattern, xmp) if xmp else None
+            orientation = int(match[2]) if match else 1
+        return orientation in _TURNED
+    except MALFORMED_ERRORS:
+        return True
 
 
 def _price(img: Image.Image, family: str, spec: VariantSpec, geometry: Geometry,
