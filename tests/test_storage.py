@@ -778,7 +778,9 @@ class _Drip:
             threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
 
     def _drip(self, conn):
-        whole = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nETag: \"x\"\r\n\r\n"
+        # an answer that ends its connection: http.client lets the connection go and reads the body from its socket
+        # (a re-attack: the streamed GET was never cut), as moto answers
+        whole = b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\nETag: \"x\"\r\nConnection: close\r\n\r\n"
         head = whole if self.body else b"HTTP/1.1 200 OK\r\n"
         try:
             conn.settimeout(1)
@@ -802,13 +804,15 @@ class _Drip:
 def test_a_call_to_an_endpoint_that_answers_a_byte_at_a_time_has_a_deadline(monkeypatch):
     """An adversarial run: an S3 answering at a byte a second was never cut (urllib3's read timeout bounds one
     read): uploads were held 200-240 s, then committed after their clients had given up, and a worker's step ran
-    past its limit and its process was lost. A call now has a deadline on the whole of it."""
+    past its limit and its process was lost. A call now has a deadline on the whole of it. A re-attack: a streamed
+    GET answered ``Connection: close`` and a listing (a tus upload's last PATCH lists its parts) were not cut."""
     from app.adapters.storage import s3
 
     monkeypatch.setattr(s3, "CALL_SECONDS", 2.0, raising=False)
     for body, call in ((False, lambda store: store.stat(KEY)),
                        (False, lambda store: store.put_bytes(KEY, b"x" * 1000)),
-                       (True, lambda store: b"".join(store.open_stream(KEY, chunk_size=1 << 20)))):
+                       (True, lambda store: b"".join(store.open_stream(KEY, chunk_size=1 << 20))),
+                       (True, lambda store: list(store.list_objects("staging/")))):  # a tus upload's last PATCH
         drip = _Drip(body)
         store = S3Storage("attache-test", endpoint=f"http://127.0.0.1:{drip.port}", region="us-east-1",
                           access_key=ACCESS_KEY, secret_key=SECRET_KEY,

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import certifi
 import urllib3
+import urllib3.connection
 from minio import Minio
 from minio.commonconfig import CopySource
 from minio.error import InvalidResponseError, MinioException, S3Error, ServerError
@@ -90,6 +91,10 @@ class CallDeadlines:
         self._lock = threading.Lock()
         self._calls: dict[int, _Call] = {}  # by thread
         self._connections: dict[int, weakref.WeakSet] = {}
+        #: the sockets each thread connected while it had their connection: an answer with ``Connection: close``
+        #: is read from its socket after http.client has let its connection go (``sock`` None: a re-attack's
+        #: streamed GET was never cut)
+        self._sockets: dict[int, weakref.WeakSet] = {}
         watchdog.watch(self)
 
     @contextlib.contextmanager
@@ -111,10 +116,18 @@ class CallDeadlines:
         with self._lock:
             self._connections.setdefault(threading.get_ident(), weakref.WeakSet()).add(connection)
 
+    def connected(self, sock) -> None:
+        with self._lock:
+            self._sockets.setdefault(threading.get_ident(), weakref.WeakSet()).add(sock)
+
     def returned(self, connection) -> None:
+        sock = getattr(connection, "sock", None)
         with self._lock:
             for held in self._connections.values():
                 held.discard(connection)
+            if sock is not None:  # back in the pool, for any thread: no longer this one's (a closed one is passed by)
+                for held in self._sockets.values():
+                    held.discard(sock)
 
     def cut_the_late(self) -> None:
         now, cut = time.monotonic(), []
@@ -122,8 +135,9 @@ class CallDeadlines:
             for thread, call in self._calls.items():
                 if now - call.began < call.seconds:
                     continue
-                cut += [sock.fileno() for conn in self._connections.get(thread, ())
-                        if (sock := getattr(conn, "sock", None)) is not None and sock.fileno() >= 0]
+                socks = {getattr(conn, "sock", None) for conn in self._connections.get(thread, ())}
+                socks.update(self._sockets.get(thread, ()))
+                cut += [sock.fileno() for sock in socks if sock is not None and sock.fileno() >= 0]
                 if not call.cut:
                     call.cut = True
                     log.warning("a call to the store has taken %.0f s, its deadline: its connection is cut",
@@ -149,12 +163,28 @@ class _Watched:
         super()._put_conn(conn)
 
 
-class _WatchedHTTPConnectionPool(_Watched, urllib3.HTTPConnectionPool):
+class _Connected:
+    """A connection whose socket is counted as its thread's once connected (:meth:`CallDeadlines.connected`)."""
+
+    def connect(self) -> None:
+        super().connect()
+        DEADLINES.connected(self.sock)
+
+
+class _WatchedHTTPConnection(_Connected, urllib3.connection.HTTPConnection):
     pass
+
+
+class _WatchedHTTPSConnection(_Connected, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _WatchedHTTPConnectionPool(_Watched, urllib3.HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
 
 
 class _WatchedHTTPSConnectionPool(_Watched, urllib3.HTTPSConnectionPool):
-    pass
+    ConnectionCls = _WatchedHTTPSConnection
 
 
 def make_http_client(connect_timeout: float = 3.0, read_timeout: float = 30.0,
@@ -331,11 +361,16 @@ class S3Storage(Storage):
     def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
         """``ListObjectsV2`` (recursive, paged by minio): each entry carries size and LastModified."""
         validate_prefix(prefix)
-        with self._errors("list", prefix, reading=False, deadline=False):  # its pages' calls, not their reader's
-            for obj in self._client.list_objects(self.bucket, prefix=prefix or None, recursive=True):
-                name = obj.object_name
-                if not obj.is_dir and name and name.startswith(prefix) and is_valid_key(name):
-                    yield ObjectInfo(name, int(obj.size or 0), utc_datetime(obj.last_modified))
+        with self._errors("list", prefix, reading=False):  # no request yet: minio's listing fetches as it is read
+            objects = iter(self._client.list_objects(self.bucket, prefix=prefix or None, recursive=True))
+        while True:
+            with self._errors("list", prefix, reading=False):  # a deadline for each page's fetch, not its reader's
+                obj = next(objects, None)
+            if obj is None:
+                return
+            name = obj.object_name
+            if not obj.is_dir and name and name.startswith(prefix) and is_valid_key(name):
+                yield ObjectInfo(name, int(obj.size or 0), utc_datetime(obj.last_modified))
 
     # --- health ------------------------------------------------------------
 
@@ -363,24 +398,23 @@ class S3Storage(Storage):
     # --- errors ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _errors(self, op: str, key: str, *, reading: bool = True, size: int = 0,
-                deadline: bool = True) -> Iterator[None]:
+    def _errors(self, op: str, key: str, *, reading: bool = True, size: int = 0) -> Iterator[None]:
         """Translate vendor exceptions raised inside the block, which has a deadline (:data:`CALL_SECONDS`, and
-        ``size`` bytes at :data:`SLOWEST_BYTES_PER_SECOND`; none for a generator's block, which its reader paces).
+        ``size`` bytes at :data:`SLOWEST_BYTES_PER_SECOND`; a streamed read's each chunk, a listing's each page).
 
         With ``reading`` a missing bucket reads as a missing object; otherwise
         it means the store is unavailable.
         """
         seconds = CALL_SECONDS + size / SLOWEST_BYTES_PER_SECOND
         try:
-            with DEADLINES.call(seconds) if deadline else contextlib.nullcontext() as call:
+            with DEADLINES.call(seconds) as call:
                 yield
         except _VENDOR_ERRORS as exc:
-            if call is not None and call.cut:
+            if call.cut:
                 raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
                                          where=self.describe()) from None
             raise self._translate(exc, f"{op} {key!r} failed", self.describe(), reading) from None
-        if call is not None and call.cut:  # what it read may be cut short
+        if call.cut:  # what it read may be cut short
             raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
                                      where=self.describe()) from None
 
