@@ -18,6 +18,7 @@ import contextlib
 import io
 import logging
 import os
+import socket
 import tempfile
 import threading
 import time
@@ -137,13 +138,14 @@ class CallDeadlines:
                     continue
                 socks = {getattr(conn, "sock", None) for conn in self._connections.get(thread, ())}
                 socks.update(self._sockets.get(thread, ()))
-                cut += [sock.fileno() for sock in socks if sock is not None and sock.fileno() >= 0]
+                cut += [sock for sock in socks if sock is not None]
                 if not call.cut:
                     call.cut = True
                     log.warning("a call to the store has taken %.0f s, its deadline: its connection is cut",
                                 call.seconds)
-            for fd in cut:
-                watchdog.shut_down(fd)
+            for sock in cut:  # by the socket, not its number: one closed meanwhile is passed by, not another's
+                with contextlib.suppress(OSError):  # the plain socket's shutdown, whatever TLS wraps it
+                    socket.socket.shutdown(sock, socket.SHUT_RDWR)
 
 
 DEADLINES = CallDeadlines()
