@@ -72,6 +72,10 @@ MAX_SEQUENCE_HEADERS = 256
 #: (hidden ones it refers to); the decoder decodes each until it shows one (1,000 hidden key frames in one item
 #: took 21 s of CPU an open: an adversarial run).
 MAX_FRAMES = 16
+#: the pictures of an item's frames the decoder holds at once, at most: AV1's eight reference slots. A layered
+#: ("progressive") item's frames are each a picture: four layers of 4800x4800 took 377 MiB a render priced 250 as
+#: one (an adversarial run)
+HELD_PICTURES = 8
 #: The most bytes of an ``hvcC`` box (a photo's is some 100-200 bytes); more is a bomb: libheif reads it whole, and a
 #: parameter set placed past a bound on what is read here went unpriced (an adversarial run).
 MAX_HVCC_BYTES = 1 << 16
@@ -319,7 +323,9 @@ def read_layout(fp: BinaryIO) -> Layout:
                 item_frames = _sequence_headers(_Data(fp, _placed(method, extents, found.idat, end)), reading)
                 frames += item_frames
                 if item_frames:
-                    decoded[track].append(max(item_frames, key=lambda f: f[0] * f[1] * f[2]))
+                    width, height, per_pixel = max(item_frames, key=lambda f: f[0] * f[1] * f[2])
+                    held = min(max(1, reading.frames), HELD_PICTURES)
+                    decoded[track].append((width, height, per_pixel * held))
         picture = max([*found.pictures, *(frame[2] for frame in frames)], default=UNKNOWN_PICTURE_BYTES)
         coded = max((frame[:2] for frame in frames), key=lambda size: size[0] * size[1], default=None)
         sizes = tuple(found.sizes) + tuple(dict.fromkeys(frame[:2] for frame in frames)) + tuple(
@@ -690,6 +696,8 @@ class _Reading:
 
     obus: int = MAX_OBUS
     headers: dict[bytes, tuple[int, int, float] | None] = field(default_factory=dict)
+    #: the frames (frame and frame header OBUs) of the data the last walk read
+    frames: int = 0
 
     def header(self, payload: bytes) -> tuple[int, int, float] | None:
         if payload not in self.headers:
@@ -703,7 +711,8 @@ def _sequence_headers(data: _Data, reading: _Reading) -> list[tuple[int, int, fl
     """(``max_frame_width``, ``max_frame_height``, bytes per pixel of the decoded picture) of every sequence header
     OBU in ``data`` (AV1, 5.3 and 5.5): the decoder takes the last before a frame, so a small one first is no
     promise. An OBU that cannot be read ends the walk; more than the ``reading`` has left is a bomb."""
-    found, pos, frames = [], 0, 0
+    found, pos = [], 0
+    reading.frames = 0
     while reading.obus > 0:
         reading.obus -= 1
         if pos >= data.size:
@@ -720,8 +729,8 @@ def _sequence_headers(data: _Data, reading: _Reading) -> list[tuple[int, int, fl
         else:
             size = data.size - pos - used  # to the end of the data
         if kind in (3, 6):  # a frame header, or a frame
-            frames += 1
-            if frames > MAX_FRAMES:
+            reading.frames += 1
+            if reading.frames > MAX_FRAMES:
                 raise DecompressionBomb(f"an AV1 image of more than {MAX_FRAMES} frames")
         if kind == 1:
             frame = reading.header(data.read(pos + used, min(size, SEQUENCE_HEADER_BYTES)))
