@@ -259,6 +259,8 @@ def estimate(img: Image.Image, family: str, fp: BinaryIO, spec: VariantSpec | No
 
 #: the orientations Pillow's ``exif_transpose`` turns (its table; 6.0 and 6/1 are 6 to it)
 _TURNED = (2, 3, 4, 5, 6, 7, 8)
+#: where :meth:`Image.getexif` finds an orientation in the XMP (its pattern)
+_XMP_ORIENTATION = r'tiff:Orientation(="|>)([0-9])'
 
 
 def _turned_upright_on_load(img: Image.Image) -> bool:
@@ -266,13 +268,14 @@ def _turned_upright_on_load(img: Image.Image) -> bool:
     in place), from the orientation Pillow itself reads: tag 274 of any type it reads (a FLOAT 6.0, a RATIONAL
     6/1), or the XMP's ``tiff:Orientation`` where there is no tag. Read from the header alone, the tag's values
     bounded by the segments check (:meth:`Image.getexif` would read the directory's values again, a copy of them
-    all); an orientation that cannot be read is priced as turned. A walk of the budget's own saw neither, and 6400x6400 TIFFs took 446-477 MB of a worker, priced 166 MiB (a re-attack)."""
+    all); an orientation that cannot be read is priced as turned. A walk of the budget's own saw neither, and
+    6400x6400 TIFFs took 446-477 MB of a worker, priced 166 MiB (a re-attack)."""
     try:
         tags = getattr(img, "tag_v2", None)
         orientation = tags.get(274) if tags is not None else None  # the first directory, as Image.getexif reads it
         if orientation is None:  # Image.getexif's own fallback, on the XMP Pillow read with the header
             xmp = img.info.get("XML:com.adobe.xmp") or img.info.get("xmp")
-            pattern = r'tiff:Orientation(="|>)([0-9])' if isinstance(xmp, str) else rb'tiff:Orientation(="|>)([0-9])'
+            pattern = _XMP_ORIENTATION if isinstance(xmp, str) else _XMP_ORIENTATION.encode()
             match = re.search(pattern, xmp) if xmp else None
             orientation = int(match[2]) if match else 1
         return orientation in _TURNED

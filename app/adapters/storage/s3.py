@@ -408,17 +408,16 @@ class S3Storage(Storage):
         it means the store is unavailable.
         """
         seconds = CALL_SECONDS + size / SLOWEST_BYTES_PER_SECOND
+        error: StorageError | None = None
         try:
             with DEADLINES.call(seconds) as call:
                 yield
         except _VENDOR_ERRORS as exc:
-            if call.cut:
-                raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
-                                         where=self.describe()) from None
-            raise self._translate(exc, f"{op} {key!r} failed", self.describe(), reading) from None
-        if call.cut:  # what it read may be cut short
-            raise StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s",
-                                     where=self.describe()) from None
+            error = self._translate(exc, f"{op} {key!r} failed", self.describe(), reading)
+        if call.cut:  # cut by the watchdog: whatever it raised or read (an answer may read as ended)
+            error = StorageUnavailable(f"{op} {key!r} failed: no answer within {seconds:.0f} s", where=self.describe())
+        if error is not None:
+            raise error from None
 
     @staticmethod
     def _translate(exc: BaseException, what: str, where: str, reading: bool) -> StorageError:
