@@ -323,6 +323,13 @@ class IncompleteBody(UploadRejected):
     error_code = "incomplete_body"
 
 
+class ClientGone(UploadRejected):
+    """The client closed its connection, or its sending side, before the upload was committed: it no longer waits
+    for the answer, so nothing of the upload is kept (no ``202`` could reach it)."""
+
+    error_code = "client_gone"
+
+
 class DigestMismatch(UploadRejected):
     """A digest header does not match the bytes received."""
 

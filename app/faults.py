@@ -33,6 +33,9 @@ name                            #   where
                                     to remove an object, not yet deleted it
 ``render_hangs``                -   worker: where ``during_render`` is, a render
                                     that does not return (hangs, see below)
+``before_upload_commit``        -   web: an upload's rows written in its
+                                    transaction, the COMMIT not yet sent (the
+                                    process stops, see below)
 ==============================  ==  ==============================================
 
 Most points kill. A point in :data:`RAISES` instead raises its error, once
@@ -42,7 +45,9 @@ error the web must handle, not a crash. A point in :data:`HANGS` blocks
 the thread that reaches it first in a call into C that does not return for
 :data:`HANG_SECONDS` (a decoder caught in a loop), once per process: no
 Python exception can reach that thread meanwhile, as none reaches a
-render in libjpeg or libwebp.
+render in libjpeg or libwebp. A point in :data:`STOPS` stops its process
+(``SIGSTOP``) the first time it is reached, as a frozen VM or a debugger
+does, until the test sends ``SIGCONT``.
 
 Without ``ATTACHE_FAULT`` every point is a cheap no-op.
 """
@@ -76,6 +81,8 @@ POINTS = {
     "object_gc_before_delete": 0,
     # not a contract window: a render that never returns (a decoder caught in a loop on a hostile file)
     "render_hangs": 0,
+    # not a contract window: the web paused between an upload's last statement and its COMMIT (its client may go)
+    "before_upload_commit": 0,
 }
 
 #: points that raise this error (once per process) instead of killing
@@ -88,6 +95,9 @@ HANGS = {"render_hangs"}
 HANG_SECONDS = 3600.0
 _hung: set[str] = set()
 _hung_lock = threading.Lock()
+#: points that stop their process (``SIGSTOP``, once per process) instead of killing
+STOPS = {"before_upload_commit"}
+_stopped: set[str] = set()
 
 log = logging.getLogger("attache.faults")
 
@@ -115,6 +125,14 @@ def point(name: str) -> None:
             _hung.add(name)
         log.critical("fault point %s reached: hanging for %g s", name, HANG_SECONDS, extra={"fault": name})
         time.sleep(HANG_SECONDS)  # one call into C: an asynchronous exception waits for its return
+        return
+    if name in STOPS:
+        with _hung_lock:
+            if name in _stopped:
+                return
+            _stopped.add(name)
+        log.critical("fault point %s reached: stopping until SIGCONT", name, extra={"fault": name})
+        os.kill(os.getpid(), signal.SIGSTOP)
         return
     log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
     for handler in logging.getLogger().handlers:

@@ -10,13 +10,15 @@ is accepted.
 from __future__ import annotations
 
 import json
+import signal
 import socket
+from pathlib import Path
 
 import pytest
 from sqlalchemy import func, select
 
 from app.adapters.postgres.models import attachments, idempotency_keys, jobs, outbox
-from tests.processes import Deployment
+from tests.processes import Deployment, wait_for
 
 pytestmark = pytest.mark.processes
 
@@ -24,11 +26,13 @@ BOUNDARY = "attache-test-boundary"
 
 
 
-def send_truncated(port: int, head: str, body: bytes, sent: int) -> tuple[int, dict]:
-    """Send ``head`` and the first ``sent`` bytes of ``body``, close the write side, read the answer."""
+def send_truncated(port: int, head: str, body: bytes, sent: int, *, shut_write: bool = True) -> tuple[int, dict]:
+    """Send ``head`` and the first ``sent`` bytes of ``body``, close the write side, read the answer. A client that
+    closes its sending side is taken to have given up (``shut_write=False`` for one that waits for the answer)."""
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(head.encode() + body[:sent])
-        sock.shutdown(socket.SHUT_WR)
+        if shut_write:
+            sock.shutdown(socket.SHUT_WR)
         answer = b""
         while chunk := sock.recv(65536):
             answer += chunk
@@ -49,10 +53,14 @@ def multipart(data: bytes, filename: str) -> bytes:
             f"Content-Type: image/jpeg\r\n\r\n").encode() + data + f"\r\n--{BOUNDARY}--\r\n".encode()
 
 
-def assert_nothing_stored(engine, storage_dir):
+def _counts(engine) -> dict[str, int]:
     with engine.connect() as conn:
-        counts = {t.name: conn.execute(select(func.count()).select_from(t)).scalar()
-                  for t in (attachments, jobs, outbox, idempotency_keys)}
+        return {t.name: conn.execute(select(func.count()).select_from(t)).scalar()
+                for t in (attachments, jobs, outbox, idempotency_keys)}
+
+
+def assert_nothing_stored(engine, storage_dir):
+    counts = _counts(engine)
     assert counts == {"attachments": 0, "jobs": 0, "outbox": 0, "idempotency_keys": 0}
     assert [p for p in storage_dir.rglob("*") if p.is_file()] == [], "no staged object is left"
 
@@ -96,5 +104,52 @@ def test_chunked_body_cut_short_is_400(web, engine, storage_dir, data_file):
     assert (status, body.get("error")) == (400, "incomplete_body"), body
     assert_nothing_stored(engine, storage_dir)
     whole = send_truncated(web.port, request_head(web, "image/jpeg", length=None, key="cut-4"), chunked,
-                           len(chunked))
+                           len(chunked), shut_write=False)
     assert whole[0] == 202, whole
+
+
+def _stopped_in(process) -> list[int]:
+    """The processes of ``process``'s group stopped (``SIGSTOP``, state ``T``)."""
+    stopped = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] == "T" and int(fields[2]) == process.popen.pid:
+            stopped.append(int(stat.parent.name))
+    return stopped
+
+
+@pytest.mark.parametrize("gives_up", ["closes", "shuts_its_sending_side"])
+def test_a_client_gone_before_the_commit_leaves_nothing(env, tmp_path, engine, storage_dir, data_file, gives_up):
+    """A client that gave up while the web was slow to commit (a store or a database outlasting its timeout; here
+    the web paused between the upload's last statement and its COMMIT) had its upload committed and processed all
+    the same: visible without a ``202``, and a retry without an Idempotency-Key made a second attachment (carried
+    from an adversarial run). The web asks whether its client still waits just before the COMMIT."""
+    deployment = Deployment(env, tmp_path)
+    try:
+        web = deployment.start("web", ATTACHE_FAULT="before_upload_commit")
+        data = data_file("photos/chelsea.jpg").read_bytes()
+        head = request_head(deployment, "image/jpeg", length=len(data), key="gone-1").replace(
+            "Connection: close\r\n", "")
+        with socket.create_connection(("127.0.0.1", deployment.port), timeout=30) as sock:
+            sock.sendall(head.encode() + data)
+            wait_for(lambda: _stopped_in(web), timeout=30, message="the web paused before the upload's COMMIT")
+            assert [p.parent.name for p in storage_dir.rglob("*") if p.is_file()] == ["staging"]
+            if gives_up == "shuts_its_sending_side":
+                sock.shutdown(socket.SHUT_WR)
+                web.signal(signal.SIGCONT)
+                assert sock.recv(65536).startswith(b"HTTP/1.1 400"), "a client still reading is told"
+        if gives_up == "closes":
+            web.signal(signal.SIGCONT)
+        wait_for(lambda: "client_gone" in web.output() or _counts(engine)["jobs"], timeout=30,
+                 message="the upload answered or committed")
+        wait_for(lambda: not any(p.is_file() for p in storage_dir.rglob("*")), timeout=10,
+                 message="the staged bytes removed")
+        assert_nothing_stored(engine, storage_dir)
+        retry = deployment.session.post(deployment.url + "/v1/attachments", data=data, timeout=30,
+                                        headers={"Content-Type": "image/jpeg", "Idempotency-Key": "gone-1"})
+        assert retry.status_code == 202 and "Idempotent-Replayed" not in retry.headers, retry.text
+    finally:
+        deployment.stop_all()

@@ -9,7 +9,10 @@ Order matters and each step is a failure window:
    invisible, removed by the orphan cleanup);
 2. ONE transaction takes the staged object's lock (:mod:`app.core.staging`),
    checks the object is still there, and inserts the attachment, the
-   ``queued`` job, its history and its outbox message (window 2 follows: the job is durable, the
+   ``queued`` job, its history and its outbox message, then asks whether the
+   client still waits for its answer: one that closed its connection (gave
+   up while storage or the database was slow) is not committed for, since no
+   ``202`` could reach it (window 2 follows: the job is durable, the
    scheduler publishes the unmarked row). An error before COMMIT is a
    clear rollback and the staged object is removed; an error raised by
    COMMIT itself (the connection dropped after sending it) is ambiguous:
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +50,7 @@ from app.core import pending, pipeline, room, staging, states
 from app.core.needs import Database, ImageProducer, Producer
 from app.errors import (
     AttacheError,
+    ClientGone,
     DatabaseUnavailable,
     IdempotencyKeyReused,
     OutcomeUnknown,
@@ -188,8 +193,12 @@ def record(conn, services: ImageProducer, staged: Staged, received: Received, *,
 
 
 def accept(services: ImageProducer, received: Received, *, filename: str, owner: str, traceparent: str,
-           tracestate: str | None, idempotency_key: str | None = None) -> Accepted:
+           tracestate: str | None, idempotency_key: str | None = None,
+           client_waits: Callable[[], bool] = lambda: True) -> Accepted:
     """Stage, then record in one transaction, then publish. See the module docstring.
+
+    ``client_waits`` is asked just before the COMMIT; when it says no, the
+    transaction is rolled back and :class:`~app.errors.ClientGone` raised.
 
     With an ``idempotency_key``, a retry of the same content by the same
     principal returns the first attachment (no second job, no second staged
@@ -211,6 +220,11 @@ def accept(services: ImageProducer, received: Received, *, filename: str, owner:
         with services.unit_of_work.begin(after_commit=window_2, landed=landed, behind=True) as work:
             job_id = record(work.conn, services, staged, received, filename=filename, owner=owner,
                             traceparent=traceparent, tracestate=tracestate, idempotency_key=idempotency_key)
+            faults.point("before_upload_commit")
+            if not client_waits():
+                log.warning("upload not committed: its client is gone", extra={
+                    "attachment_id": str(staged.attachment_id), "error_code": ClientGone.error_code})
+                raise ClientGone("the client closed its connection before the upload was committed; nothing was kept")
             committing = True  # every statement succeeded: an error from here on is the COMMIT's own
     except LostRace:
         forget_staging(services, staged.key)

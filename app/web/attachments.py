@@ -33,6 +33,7 @@ from app.observability.tracing import accept_traceparent, accept_tracestate, tra
 from app.web import bodies_in_flight, multipart
 from app.web.access import identity, protect
 from app.web.body import refuse_content_coding
+from app.web.connection import client_waits
 from app.web.contract import (
     Header,
     in_header,
@@ -127,8 +128,10 @@ _RAW = {"schema": {"type": "string", "format": "binary"}}
         400: refused("Malformed request: no `file` part, an unusable content type, an empty body, a bad "
                      "Idempotency-Key or digest header, or the client went away mid-body (`incomplete_body`: fewer "
                      "bytes than `Content-Length`, or a broken chunked framing; nothing is stored and the "
-                     "Idempotency-Key stays unused).",
-                     "missing_file", "bad_content_type", "empty_body", "incomplete_body", "bad_idempotency_key",
+                     "Idempotency-Key stays unused). `client_gone`: the client closed its connection, or its "
+                     "sending side, before the upload was committed (it had given up; nothing is stored).",
+                     "missing_file", "bad_content_type", "empty_body", "incomplete_body", "client_gone",
+                     "bad_idempotency_key",
                      "bad_digest_header", "unsupported_digest", "bad_request", "http_error"),
         413: refused("Too large: more bytes than the upload limit, or the image declares too many pixels, too long "
                      "a side, or would need more memory to render than the decode budget.",
@@ -182,7 +185,8 @@ def _accept(services) -> tuple[intake.Accepted, intake.Received]:
     with bound(trace_id=trace_id(traceparent), principal=_owner()):
         accepted = intake.accept(services, received, filename=_display_name(), owner=_owner(),
                                  traceparent=traceparent, tracestate=accept_tracestate(request.headers.get("tracestate")),
-                                 idempotency_key=idempotency_key(request.headers))
+                                 idempotency_key=idempotency_key(request.headers),
+                                 client_waits=lambda: client_waits(request.environ))
     return accepted, received
 
 

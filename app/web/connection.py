@@ -12,9 +12,16 @@ send hop-by-hop headers (PEP 3333: gunicorn drops them), so
 ``start_response`` is a method of its response object, whose
 ``force_close()`` makes it answer ``Connection: close`` and close. Under
 another server this does nothing, and that server's own handling stands.
+
+:func:`client_waits` tells whether the client of a request still waits for
+its answer, as nginx asks before it gives up on a request (``499``): a
+client that closed its connection, or its sending side, does not.
 """
 
 from __future__ import annotations
+
+import select
+import socket
 
 #: the environ key a request sets when it answers without having read its body to the end
 UNREAD_BODY = "attache.unread_body"
@@ -34,3 +41,28 @@ class CloseUnreadBodies:
             return start_response(status, headers, exc_info)
 
         return self.wsgi_app(environ, start)
+
+
+#: poll events that say the peer has closed (its sending side at least) or the connection broke
+_PEER_CLOSED = select.POLLHUP | select.POLLERR | select.POLLNVAL | getattr(select, "POLLRDHUP", 0)
+
+
+def client_waits(environ) -> bool:
+    """Whether the request's client still has its connection open to read the answer (``True`` under a server
+    that does not give the WSGI application its socket). Looks without waiting: one ``poll``."""
+    sock = environ.get("gunicorn.socket")
+    if sock is None:
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN | _PEER_CLOSED)
+    events = sum(event for _, event in poller.poll(0))
+    if events & _PEER_CLOSED:
+        return False
+    if events & select.POLLIN and not hasattr(select, "POLLRDHUP"):  # readable: a next request, or the end
+        try:
+            return sock.recv(1, socket.MSG_PEEK) != b""
+        except ValueError:  # a TLS socket, which cannot peek
+            return True
+        except OSError:  # reset
+            return False
+    return True
