@@ -132,7 +132,9 @@ def point(name: str) -> None:
                 return
             _stopped.add(name)
         log.critical("fault point %s reached: stopping until SIGCONT", name, extra={"fault": name})
-        os.kill(os.getpid(), signal.SIGSTOP)
+        # to this thread: a SIGSTOP sent to the process is taken by another thread, and this one ran on past the
+        # point (its upload committed) before the whole process stopped
+        signal.pthread_kill(threading.get_ident(), signal.SIGSTOP)
         return
     log.critical("fault point %s reached: killing process group", name, extra={"fault": name})
     for handler in logging.getLogger().handlers:

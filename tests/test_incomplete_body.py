@@ -121,6 +121,16 @@ def _stopped_in(process) -> list[int]:
     return stopped
 
 
+def _closed_by_its_peer(server_port: int, client_port: int) -> bool:
+    """The server's end of a loopback connection has its peer's FIN (``CLOSE_WAIT`` in ``/proc/net/tcp``): the
+    FIN is taken in asynchronously, after the client's ``shutdown`` or ``close`` has returned."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, remote, state = line.split()[1:4]
+        if int(local.split(":")[1], 16) == server_port and int(remote.split(":")[1], 16) == client_port:
+            return state == "08"
+    return False
+
+
 @pytest.mark.parametrize("gives_up", ["closes", "shuts_its_sending_side"])
 def test_a_client_gone_before_the_commit_leaves_nothing(env, tmp_path, engine, storage_dir, data_file, gives_up):
     """A client that gave up while the web was slow to commit (a store or a database outlasting its timeout; here
@@ -137,11 +147,16 @@ def test_a_client_gone_before_the_commit_leaves_nothing(env, tmp_path, engine, s
             sock.sendall(head.encode() + data)
             wait_for(lambda: _stopped_in(web), timeout=30, message="the web paused before the upload's COMMIT")
             assert [p.parent.name for p in storage_dir.rglob("*") if p.is_file()] == ["staging"]
+            client_port = sock.getsockname()[1]
             if gives_up == "shuts_its_sending_side":
                 sock.shutdown(socket.SHUT_WR)
+                wait_for(lambda: _closed_by_its_peer(deployment.port, client_port), timeout=10,
+                         message="the server's side saw the client's FIN")
                 web.signal(signal.SIGCONT)
                 assert sock.recv(65536).startswith(b"HTTP/1.1 400"), "a client still reading is told"
         if gives_up == "closes":
+            wait_for(lambda: _closed_by_its_peer(deployment.port, client_port), timeout=10,
+                     message="the server's side saw the client's FIN")
             web.signal(signal.SIGCONT)
         wait_for(lambda: "client_gone" in web.output() or _counts(engine)["jobs"], timeout=30,
                  message="the upload answered or committed")
