@@ -29,6 +29,7 @@ from app.services import Services, exit_on_config_error, settings_or_exit
 from app.web import lingering_close, parse_errors, request_head
 from app.web.bodies_in_flight import BodiesInFlight
 from app.web.connection import UNREAD_BODY, CloseUnreadBodies
+from app.web.expect_continue import ContinueOnFirstRead
 from app.web.request import ABANDONED_SPOOLS, UploadRequest
 from app.web.responses import error, refusal
 from app.web.session import SessionInterface
@@ -67,7 +68,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.register_blueprint(attachments.bp)
     app.register_blueprint(tus.bp)  # resumable uploads (tus 1.0)
     app.register_blueprint(tus.discovery)
-    app.wsgi_app = CloseUnreadBodies(tus.MethodOverride(app.wsgi_app))
+    # 100 Continue on the body's first read (the route refuses on the head first)
+    app.wsgi_app = CloseUnreadBodies(ContinueOnFirstRead(tus.MethodOverride(app.wsgi_app)))
     app.register_blueprint(health.bp)
     app.register_blueprint(ops.bp)
     app.register_blueprint(events.bp)  # the replay cursor of completion events

@@ -70,6 +70,7 @@ import time
 import weakref
 from collections import defaultdict, deque
 
+from app.web import expect_continue
 from app.web.framing import GATHER_BYTES, TOO_LARGE, WAIT, PartialRequest
 
 #: seconds a request's head has, from its connection's turn in a thread: a client sends it in one or two packets
@@ -81,7 +82,6 @@ FIRST_BYTE_SECONDS = 0.5
 GATHERING_PER_ADDRESS = 128
 _TOO_LARGE_MESSAGE = (b'{"error":"request_head_too_large","message":"a request\'s head (its request line and '
                       b'headers) is at most ' + str(GATHER_BYTES).encode() + b' bytes here"}')
-CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 #: the answer to a head that has not ended within GATHER_BYTES, given without a thread
 HEAD_TOO_LARGE = (b"HTTP/1.1 431 Request Header Fields Too Large\r\nContent-Type: application/json\r\n"
                   b"Connection: close\r\nContent-Length: " + str(len(_TOO_LARGE_MESSAGE)).encode() + b"\r\n\r\n"
@@ -122,11 +122,15 @@ def install(body_idle_seconds: float) -> bool:
         if not isinstance(reader, unreader.SocketUnreader):
             return next_request(self)
         _read_deadlines[reader.sock] = time.monotonic() + HEAD_SECONDS  # not the previous request's body's
+        expect_continue.forgive(reader.sock)
         try:
             request = next_request(self)
             if getattr(reader, "attache_continued", False):  # the gatherer said 100 Continue (and got the body)
                 reader.attache_continued = False
                 request._expected_100_continue = False
+            elif request._expected_100_continue:  # said when the application reads the body, not before it runs
+                request._expected_100_continue = False
+                expect_continue.owe(reader.sock)
             return request
         finally:
             _read_deadlines.pop(reader.sock, None)
@@ -299,7 +303,7 @@ def _gather_heads_on_the_poller(gthread, body_idle_seconds: float) -> None:
         if head.awaits:
             head.awaits = False
             try:
-                conn.sock.send(CONTINUE)  # 25 bytes into an empty send buffer: never blocks
+                conn.sock.send(expect_continue.CONTINUE)  # 25 bytes into an empty send buffer: never blocks
             except OSError:
                 return
             conn.attache_continued = True
