@@ -75,7 +75,7 @@ def bomb_warnings_as_errors() -> Iterator[None]:
 
 def is_text_chunk_bomb(exc: BaseException) -> bool:
     """PNG zTXt/iTXt/iCCP chunks that inflate past Pillow's limits (a chunk's, or all text's together:
-    ``plugins.PNG_TEXT_CHARACTERS``)."""
+    ``segments.PNG_TEXT_CHARACTERS``)."""
     return isinstance(exc, ValueError) and ("Decompressed data too large" in str(exc)
                                             or "Too much memory used in text chunks" in str(exc))
 

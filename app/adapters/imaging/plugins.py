@@ -27,12 +27,10 @@ from __future__ import annotations
 import pillow_heif
 from PIL import PngImagePlugin
 
+from app.adapters.imaging.segments import PNG_INFLATED_CHUNK_BYTES, PNG_TEXT_CHARACTERS
+
 pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
-#: the characters of a PNG's text chunks (tEXt, zTXt, iTXt) Pillow keeps per open, all chunks together (Pillow's
-#: default: 64 Mi). Pillow counts characters, and a character of an iTXt can take 4 bytes: 255 iTXt chunks of 1 Mi
-#: emoji each, a 274 KB PNG of 1024x768, held 270 MB an open, 592 MB in the worker and 2 GB for four at once,
-#: outside the memory budget (an adversarial run). A photo's text, XMP included, is a few KB to a few hundred.
-#: More is refused as a decompression bomb (``_translate.is_text_chunk_bomb``).
-PNG_TEXT_CHARACTERS = 4 * 1024 * 1024
+# the text a PNG may carry, and what one compressed chunk may inflate to (Pillow's default): segments says why
 PngImagePlugin.MAX_TEXT_MEMORY = PNG_TEXT_CHARACTERS
+PngImagePlugin.MAX_TEXT_CHUNK = PNG_INFLATED_CHUNK_BYTES

@@ -277,12 +277,25 @@ def _declared_orientation(img: Image.Image) -> int | None:
         return None
     exif = img.info.get("exif")
     if exif is None and "Raw profile type exif" in img.info:  # a PNG's, as Pillow's getexif() decodes it
-        exif = bytes.fromhex("".join(str(img.info["Raw profile type exif"]).split("\n")[3:]))
+        # kept where Pillow's getexif() looks first, so that it never splits the text itself
+        exif = img.info["exif"] = _raw_profile(str(img.info["Raw profile type exif"]))
     if not isinstance(exif, bytes):
         return None
     for _ in range(2):  # Pillow takes off one "Exif\0\0" or two (a second one hid the tag from a walk that took one)
         exif = exif.removeprefix(b"Exif\x00\x00")
     return segments.exif_orientation(io.BytesIO(exif))
+
+
+def _raw_profile(text: str) -> bytes:
+    """The bytes of an ImageMagick raw profile (a name, a length, then hex over many lines) as Pillow's
+    ``getexif()`` reads them, ``"".join(text.split("\\n")[3:])``, without its list: a str a line, 64-88 bytes for
+    every 3 of text, took a 15 KB PNG's render to 45 MB priced 8 (an adversarial run)."""
+    at = -1
+    for _ in range(3):
+        at = text.find("\n", at + 1)
+        if at < 0:
+            return b""
+    return bytes.fromhex(text[at + 1:].replace("\n", ""))
 
 
 def _declared_frames(img: Image.Image, family: str) -> int | None:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import mmap
 import re
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import BinaryIO, NamedTuple
 
@@ -780,7 +781,7 @@ _PNG_BEFORE_DATA = frozenset({b"tRNS", b"iCCP"})
 
 def _png(fp: BinaryIO) -> None:
     """Every chunk to IEND: Pillow walks those after the image data too, when it loads it (``load_end``)."""
-    others = 0
+    others = profiles = 0
     data_seen = False
     for count, (kind, _) in enumerate(_png_chunks(fp), 1):
         if count > MAX_PNG_CHUNKS:
@@ -790,10 +791,110 @@ def _png(fp: BinaryIO) -> None:
         elif data_seen and kind in _PNG_BEFORE_DATA:
             raise CorruptImage(f"the PNG's {kind.decode()} chunk comes after its image data; the PNG "
                                "specification puts it before")
+        if kind == b"iCCP":
+            profiles += 1
+            if profiles > 1:  # Pillow inflates each (up to 1 MiB), to keep the last: 990 took 2.2 s of CPU an open
+                raise CorruptImage("the PNG has more than one iCCP chunk; the PNG specification allows one")
         if kind not in _PNG_DATA:
             others += 1
             if others > MAX_SEGMENTS:
                 raise DecompressionBomb(f"the PNG has more than {MAX_SEGMENTS} chunks besides its image data")
+
+
+#: the characters of a PNG's text chunks (tEXt, zTXt, iTXt) Pillow keeps per open, all chunks together (Pillow's
+#: default: 64 Mi; ``plugins`` sets it). Pillow counts characters, and a character of an iTXt can take 4 bytes: 255
+#: iTXt chunks of 1 Mi emoji each, a 274 KB PNG of 1024x768, held 270 MB an open, 592 MB in the worker and 2 GB for
+#: four at once, outside the memory budget (an adversarial run). A photo's text, XMP included, is a few KB to a few
+#: hundred. More is refused as a decompression bomb (``_translate.is_text_chunk_bomb``).
+PNG_TEXT_CHARACTERS = 4 * 1024 * 1024
+#: what one compressed chunk (zTXt, iTXt, iCCP) may inflate to before Pillow refuses it (its ``MAX_TEXT_CHUNK``,
+#: set by ``plugins`` to this, Pillow's own default)
+PNG_INFLATED_CHUNK_BYTES = 1 << 20
+#: the chunks whose bytes Pillow keeps otherwise than as they are in the file
+_PNG_TEXT = frozenset({b"tEXt", b"zTXt", b"iTXt", b"iCCP"})
+#: bytes that continue a UTF-8 character: a str holds one character for each other byte
+_UTF8_CONTINUATION = bytes(range(0x80, 0xC0))
+_PNG_READ = 1 << 16
+
+
+def _png_metadata(fp: BinaryIO) -> int:
+    """The chunks besides the image data, as Pillow keeps them: a text's as the str it decodes, a compressed
+    text's or profile's inflated. They had been priced as they are in the file: 16 compressed iTXt chunks of
+    262,000 emoji each, a 17 KB PNG of 64x64, took 18 MB a render priced 8 (an adversarial run)."""
+    total = characters = 0
+    for kind, length in _png_chunks(fp):
+        if kind in _PNG_DATA:
+            continue
+        if kind not in _PNG_TEXT or characters > PNG_TEXT_CHARACTERS:  # past it, Pillow refuses the file
+            total += length
+            continue
+        kept, chars = _png_text_kept(fp, kind, length)
+        total += kept
+        characters += chars
+    return total
+
+
+def _png_text_kept(fp: BinaryIO, kind: bytes, length: int) -> tuple[int, int]:
+    """Bytes a text or profile chunk is kept in by Pillow (its str: one to four bytes a character, by the widest
+    one), and the characters it counts against :data:`PNG_TEXT_CHARACTERS`; read from ``fp`` at the chunk's data,
+    64 KiB at a time, inflating no more than Pillow would. A header that cannot be read is priced at four bytes
+    a byte."""
+    head = fp.read(min(length, _PNG_READ))
+    keyword_end = head.find(b"\x00")
+    if kind == b"iTXt":  # keyword, compression flag and method, language, translated keyword, text
+        compressed = head[keyword_end + 1:keyword_end + 2] == b"\x01"
+        language_end = head.find(b"\x00", keyword_end + 3)
+        text_at = head.find(b"\x00", language_end + 1) + 1 if language_end >= 0 else 0
+    else:  # tEXt: keyword, text; zTXt and iCCP: keyword or name, compression method, compressed bytes
+        compressed = kind != b"tEXt"
+        text_at = keyword_end + (2 if compressed else 1)
+    if keyword_end < 0 or not 0 < text_at <= len(head):
+        return 4 * length, length
+    header = 4 * text_at  # the keyword, language and translated keyword, decoded: four bytes a byte at most
+    if kind == b"tEXt":  # Latin-1: a byte a character
+        return header + length - text_at, length - text_at
+    pieces = _png_chunk_pieces(fp, head[text_at:], length - text_at)
+    if compressed:
+        pieces = _inflated(pieces, PNG_INFLATED_CHUNK_BYTES)
+    if kind != b"iTXt":  # Latin-1 text, or a profile's bytes: a byte each
+        size = sum(len(piece) for piece in pieces)
+        return header + size, 0 if kind == b"iCCP" else size
+    chars, widest = 0, 0
+    for piece in pieces:
+        chars += len(piece.translate(None, _UTF8_CONTINUATION))
+        widest = max(widest, max(piece, default=0))
+    width = 4 if widest >= 0xF0 else 2 if widest >= 0xC4 else 1  # U+10000 and up; U+0100 and up; Latin-1
+    return header + chars * width, chars
+
+
+def _png_chunk_pieces(fp: BinaryIO, first: bytes, length: int) -> Iterator[bytes]:
+    """``length`` bytes of a chunk's data, ``first`` already read, the rest from ``fp`` 64 KiB at a time."""
+    yield first
+    left = length - len(first)
+    while left > 0:
+        piece = fp.read(min(left, _PNG_READ))
+        if not piece:
+            return
+        left -= len(piece)
+        yield piece
+
+
+def _inflated(pieces: Iterator[bytes], most: int) -> Iterator[bytes]:
+    """The zlib stream of ``pieces`` inflated, 64 KiB at a time, up to one byte past ``most`` (where Pillow
+    stops and refuses); a stream that breaks ends there."""
+    inflate = zlib.decompressobj()
+    made = 0
+    try:
+        for piece in pieces:
+            while piece and made <= most:
+                out = inflate.decompress(piece, min(_PNG_READ, most + 1 - made))
+                made += len(out)
+                yield out
+                piece = inflate.unconsumed_tail
+            if made > most or inflate.eof:
+                return
+    except zlib.error:
+        return
 
 
 def png_exif(fp: BinaryIO) -> bytes | None:
@@ -826,7 +927,7 @@ def metadata_bytes(fp: BinaryIO, family: str) -> int:
         if family == "JPEG":
             return _jpeg_metadata(fp)
         if family == "PNG":
-            return sum(length for kind, length in _png_chunks(fp) if kind not in _PNG_DATA)
+            return _png_metadata(fp)
         if family == "WEBP":
             return _webp_metadata(fp)
         if family == "TIFF":
