@@ -9,6 +9,8 @@ until the limit is spent.
 
 from __future__ import annotations
 
+import contextlib
+import time
 import uuid
 
 import pytest
@@ -277,3 +279,52 @@ def test_the_broker_prepares_no_statement_on_the_server(database_url):
             assert curs.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()[0] == 0
     finally:
         pool.close()
+
+
+def test_a_broker_session_left_idle_in_its_transaction_is_ended(database_url, monkeypatch):
+    """A process stopped inside one of the broker's transactions (SIGSTOP, a debugger) kept its row locks for as
+    long as it stayed stopped: a web paused between its publish's INSERT and COMMIT blocked the relay's publish of
+    the same message and every row behind it; a worker paused mid-claim kept the messages from every other worker
+    and the reconciler; one paused in the upkeep kept dead workers' messages from being requeued (an adversarial
+    run: uploads queued for the whole 45-150 s pause). PostgreSQL now ends such a session
+    (``IDLE_IN_TRANSACTION_SECONDS``, here shortened), and the locks go with it."""
+    import threading
+
+    import psycopg
+
+    from app.adapters.broker import postgres
+
+    default = postgres.make_pool(database_url, timeout=2, max_size=1)
+    try:
+        with default.connection() as connection:
+            shown = connection.execute("SHOW idle_in_transaction_session_timeout").fetchone()[0]
+        assert shown == f"{int(postgres.IDLE_IN_TRANSACTION_SECONDS)}s"
+    finally:
+        default.close()
+
+    monkeypatch.setattr(postgres, "IDLE_IN_TRANSACTION_SECONDS", 1.0)
+    pool = postgres.make_pool(database_url, timeout=2, max_size=1)
+    with psycopg.connect(database_url, autocommit=True) as other:
+        other.execute("CREATE TABLE held (id int PRIMARY KEY)")
+        other.execute("INSERT INTO held VALUES (1)")
+        locked, stop = threading.Event(), threading.Event()
+
+        def stopped_inside_its_transaction():
+            with contextlib.suppress(psycopg.Error), pool.connection() as connection:
+                with connection.transaction():
+                    connection.execute("SELECT id FROM held WHERE id = 1 FOR UPDATE")
+                    locked.set()
+                    stop.wait(30)  # the process, stopped: nothing more is sent
+
+        holder = threading.Thread(target=stopped_inside_its_transaction, daemon=True)
+        holder.start()
+        try:
+            assert locked.wait(10)
+            other.execute("SET lock_timeout = '10s'")
+            began = time.monotonic()
+            other.execute("SELECT id FROM held WHERE id = 1 FOR UPDATE")  # LockNotAvailable before
+            assert time.monotonic() - began < 8
+        finally:
+            stop.set()
+            holder.join(10)
+            pool.close()

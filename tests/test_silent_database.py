@@ -188,7 +188,7 @@ def test_the_server_is_asked_for_the_same_on_its_side_and_the_url_wins(database_
     pool = make_pool(database_url + "?keepalives_interval=7", timeout=5)
     try:
         with pool.connection() as conn:
-            assert conn.execute(SHOW_SERVER).fetchone() == ("5", "7", "3", "10000", "0", "0")
+            assert conn.execute(SHOW_SERVER).fetchone() == ("5", "7", "3", "10000", "10s", "0")
     finally:
         pool.close()
 

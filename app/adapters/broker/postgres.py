@@ -79,6 +79,15 @@ DEAD_LETTERED = "dead_lettered"
 HEARTBEAT_SECONDS = 2.0
 #: a worker silent this long is dead: the messages it held are queued again
 HEARTBEAT_TTL_SECONDS = 10.0
+#: PostgreSQL ends a broker session whose transaction has waited this long for its client. The broker's
+#: transactions are a few statements on PostgreSQL alone; one idle this long belongs to a process stopped inside
+#: it (SIGSTOP, a debugger, ``docker pause``; a frozen VM's session ends only by keepalives), whose row locks held,
+#: for as long as it stayed stopped: the message a web had inserted and the relay's publish of it (which blocked
+#: every row behind it), the messages a worker was claiming (skipped by the others, and counted as a backlog, so
+#: the reconciler announced nothing anywhere), or the upkeep's lock (a dead worker's messages never requeued;
+#: an adversarial run: uploads queued for the whole 45-150 s pause). The engine's sessions have theirs
+#: (``app/services.py``).
+IDLE_IN_TRANSACTION_SECONDS = HEARTBEAT_TTL_SECONDS
 #: how often (about) one worker of the deployment requeues dead workers' messages
 MAINTENANCE_SECONDS = 3.0
 #: a consumer with nothing to do looks again after this long even without a NOTIFY
@@ -182,7 +191,8 @@ def make_pool(url: str, *, timeout: float, max_size: int = POOL_MAX_SIZE,
     kwargs = dict(parse_qsl(parts.query))
     kwargs.setdefault("connect_timeout", str(max(1, int(timeout * 2))))
     kwargs.setdefault("application_name", "attache-broker")
-    kwargs.update(liveness_params(kwargs))
+    kwargs.update(liveness_params(kwargs, {"idle_in_transaction_session_timeout": int(
+        IDLE_IN_TRANSACTION_SECONDS * 1000)}))
     # no server-side prepared statements: behind a pooler in transaction mode they were made on one server
     # session and used on another (DuplicatePreparedStatement, InvalidSqlStatementName, "bind message supplies 4
     # parameters": 20-29 consumer errors in 12 uploads, an adversarial run through PgBouncer); the broker's
