@@ -57,3 +57,14 @@ def test_a_body_the_route_reads_is_invited_once(web, data_file):
         answer = _first_answer(sock)
     assert answer.split(b"\r\n", 1)[0].split()[1] == b"202", answer[:300]
     assert CONTINUE not in answer
+
+
+def test_a_later_http_1_client_awaiting_100_with_a_small_body_is_invited(web, data_file):
+    """gunicorn takes HTTP/1.2 as 1.1 (chunked bodies, ``Expect``), the poller only 1.1: an HTTP/1.2 client
+    awaiting 100 with a body small enough to be gathered was never invited, and was answered after the body's
+    idle bound, 60 s, with a refusal (a re-attack)."""
+    photo = data_file("photos/chelsea.jpg").read_bytes()[:6000]  # gathered on the poller: 16 KiB at most
+    head = _head(web, token=web.token, length=len(photo)).replace(b"HTTP/1.1", b"HTTP/1.2", 1)
+    with socket.create_connection(("127.0.0.1", web.port), timeout=10) as sock:
+        sock.sendall(head)
+        assert _first_answer(sock) == CONTINUE

@@ -13,6 +13,8 @@ which gathers requests on gunicorn's poller; nothing here touches a socket.
 
 from __future__ import annotations
 
+import re
+
 #: bytes of a request gathered on the poller at most: a head that has not ended within them is refused with ``431``
 #: (gunicorn's own limits allow some 800 KB), a body that does not fit with its head is read in a thread
 GATHER_BYTES = 64 * 1024
@@ -35,13 +37,19 @@ def head_end(data, start: int = 0) -> int | None:
     return min(ends) if ends else None
 
 
+#: a request line whose version gunicorn reads as HTTP/1.1 (chunked bodies, ``Expect: 100-continue``)
+_HTTP_1_1_ON = re.compile(rb" HTTP/1\.[1-9]$")
+
+
 def framing(head: bytes) -> tuple[int | None, bool]:
     """A head's body as gunicorn will read it (``message.Message.set_body_reader``): its declared length, or
     :data:`CHUNKED` (a ``Transfer-Encoding`` list, in one or more fields, that ends with ``chunked``, in HTTP/1.1),
     or None for no body or framing the parser refuses before reading one; and whether the client awaits
     ``100 Continue`` before sending it."""
     lines = head.lstrip(b"\r\n").split(b"\n")  # empty lines before the request line are skipped, as gunicorn does
-    http11 = lines[0].rstrip().endswith(b"HTTP/1.1")
+    # HTTP/1.1 or a later HTTP/1 (gunicorn takes 1.0-1.9, and 1.1 on as 1.1): an HTTP/1.2 client awaiting 100
+    # Continue was not invited here, and waited for it until the body's idle bound (a re-attack)
+    http11 = _HTTP_1_1_ON.search(lines[0].rstrip()) is not None
     lengths, codings, awaits = [], [], False
     for line in lines[1:]:
         name, colon, value = line.partition(b":")

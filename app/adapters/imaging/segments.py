@@ -814,35 +814,47 @@ PNG_INFLATED_CHUNK_BYTES = 1 << 20
 _PNG_TEXT = frozenset({b"tEXt", b"zTXt", b"iTXt", b"iCCP"})
 #: bytes that continue a UTF-8 character: a str holds one character for each other byte
 _UTF8_CONTINUATION = bytes(range(0x80, 0xC0))
+#: bytes below the first that leads a character of four bytes (U+10000 and up), and below the first that leads one
+#: of U+0100 and up: what is left of a text once they are deleted says how wide its str is
+_BELOW_4_BYTE_LEAD = bytes(range(0xF0))
+_BELOW_U0100_LEAD = bytes(range(0xC4))
+#: what a PNG's text and profile chunks may decode to in all: its text at four bytes a character, and a profile
+PNG_TEXT_BYTES = 4 * PNG_TEXT_CHARACTERS + PNG_INFLATED_CHUNK_BYTES
 _PNG_READ = 1 << 16
 
 
 def _png_metadata(fp: BinaryIO) -> int:
     """The chunks besides the image data, as Pillow keeps them: a text's as the str it decodes, a compressed
     text's or profile's inflated. They had been priced as they are in the file: 16 compressed iTXt chunks of
-    262,000 emoji each, a 17 KB PNG of 64x64, took 18 MB a render priced 8 (an adversarial run)."""
-    total = characters = 0
+    262,000 emoji each, a 17 KB PNG of 64x64, took 18 MB a render priced 8 (an adversarial run). Text and profiles
+    that decode to more than :data:`PNG_TEXT_BYTES` in all are a bomb, refused before Pillow inflates them."""
+    total = decoded = 0
     for kind, length in _png_chunks(fp):
         if kind in _PNG_DATA:
             continue
-        if kind not in _PNG_TEXT or characters > PNG_TEXT_CHARACTERS:  # past it, Pillow refuses the file
+        if kind not in _PNG_TEXT:
             total += length
             continue
-        kept, chars = _png_text_kept(fp, kind, length)
+        kept, size = _png_text_kept(fp, kind, length, PNG_TEXT_BYTES - decoded)
         total += kept
-        characters += chars
+        decoded += size
+        if decoded > PNG_TEXT_BYTES:
+            raise DecompressionBomb(f"the PNG's text and profile decode to more than {PNG_TEXT_BYTES >> 20} MiB")
     return total
 
 
-def _png_text_kept(fp: BinaryIO, kind: bytes, length: int) -> tuple[int, int]:
+def _png_text_kept(fp: BinaryIO, kind: bytes, length: int, most: int) -> tuple[int, int]:
     """Bytes a text or profile chunk is kept in by Pillow (its str: one to four bytes a character, by the widest
-    one), and the characters it counts against :data:`PNG_TEXT_CHARACTERS`; read from ``fp`` at the chunk's data,
-    64 KiB at a time, inflating no more than Pillow would. A header that cannot be read is priced at four bytes
-    a byte."""
+    one), and the bytes it decodes to (inflated, if compressed), read from ``fp`` at the chunk's data 64 KiB at
+    a time, no more than ``most`` of them nor more than Pillow would inflate. A header that cannot be read is
+    priced at four bytes a byte."""
     head = fp.read(min(length, _PNG_READ))
     keyword_end = head.find(b"\x00")
     if kind == b"iTXt":  # keyword, compression flag and method, language, translated keyword, text
-        compressed = head[keyword_end + 1:keyword_end + 2] == b"\x01"
+        flag, method = head[keyword_end + 1:keyword_end + 2], head[keyword_end + 2:keyword_end + 3]
+        if flag not in (b"", b"\x00") and method != b"\x00":  # compressed otherwise than zlib: Pillow skips it
+            return length, 0
+        compressed = flag not in (b"", b"\x00")  # as Pillow reads it: any flag but 0
         language_end = head.find(b"\x00", keyword_end + 3)
         text_at = head.find(b"\x00", language_end + 1) + 1 if language_end >= 0 else 0
     else:  # tEXt: keyword, text; zTXt and iCCP: keyword or name, compression method, compressed bytes
@@ -855,16 +867,22 @@ def _png_text_kept(fp: BinaryIO, kind: bytes, length: int) -> tuple[int, int]:
         return header + length - text_at, length - text_at
     pieces = _png_chunk_pieces(fp, head[text_at:], length - text_at)
     if compressed:
-        pieces = _inflated(pieces, PNG_INFLATED_CHUNK_BYTES)
+        pieces = _inflated(pieces, min(PNG_INFLATED_CHUNK_BYTES, most))
     if kind != b"iTXt":  # Latin-1 text, or a profile's bytes: a byte each
         size = sum(len(piece) for piece in pieces)
-        return header + size, 0 if kind == b"iCCP" else size
-    chars, widest = 0, 0
+        return header + size, size
+    size = chars = 0
+    width = 1
     for piece in pieces:
+        size += len(piece)
         chars += len(piece.translate(None, _UTF8_CONTINUATION))
-        widest = max(widest, max(piece, default=0))
-    width = 4 if widest >= 0xF0 else 2 if widest >= 0xC4 else 1  # U+10000 and up; U+0100 and up; Latin-1
-    return header + chars * width, chars
+        if width < 4 and piece.translate(None, _BELOW_4_BYTE_LEAD):  # U+10000 and up: four bytes a character
+            width = 4
+        elif width < 2 and piece.translate(None, _BELOW_U0100_LEAD):  # U+0100 and up: two
+            width = 2
+        if size > most:
+            break
+    return header + chars * width, size
 
 
 def _png_chunk_pieces(fp: BinaryIO, first: bytes, length: int) -> Iterator[bytes]:
