@@ -48,9 +48,11 @@ def read_only_view(root):
 
 
 @contextlib.contextmanager
-def small_filesystem(size_bytes: int):
-    """An empty tmpfs of ``size_bytes`` (whole pages): a write past it is ENOSPC, as on a full disk."""
-    with _mounted("-t", "tmpfs", "-o", f"size={size_bytes}", "tmpfs", prefix="attache-small-") as root:
+def small_filesystem(size_bytes: int, *, inodes: int | None = None):
+    """An empty tmpfs of ``size_bytes`` (whole pages): a write past it is ENOSPC, as on a full disk; with
+    ``inodes``, a file past that many is ENOSPC too, as on a disk out of inodes."""
+    options = f"size={size_bytes}" + (f",nr_inodes={inodes}" if inodes is not None else "")
+    with _mounted("-t", "tmpfs", "-o", options, "tmpfs", prefix="attache-small-") as root:
         yield root
 
 

@@ -113,3 +113,38 @@ def test_the_room_check_reads_none_of_a_backlogs_rows_nor_of_the_jobs_done_befor
     buffers = plan["Plan"]["Shared Hit Blocks"] + plan["Plan"]["Shared Read Blocks"]
     assert buffers < 40, f"{buffers} buffers read for the sum"
     assert held_now == own + 3000 * 1000 + room.need(pipeline.get(1), size=5_000_000, pixels=4000 * 3000)
+
+
+def test_a_disk_out_of_inodes_with_bytes_to_spare_takes_no_upload(env, data_file):
+    """Out of inodes with bytes to spare, uploads were accepted whose variants could not be written: 20 of 27
+    ended ``failed storage_unavailable`` with 190 MB free (an adversarial run: a tmpfs of 100 inodes). The floor
+    is kept free in inodes too (``room.FLOOR_BYTES_PER_INODE``)."""
+    import pytest
+
+    from app.config import Settings
+    from app.errors import StorageUnavailable
+    from app.services import Services
+    from tests.filesystems import small_filesystem
+
+    floor = 1 << 20  # 64 inodes
+    with small_filesystem(64 << 20, inodes=200) as root:
+        services = Services(Settings.from_env({
+            **env, "STORAGE_URL": f"file://{root}", "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+            "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5", "ATTACHE_SPOOL_MIN_FREE_BYTES": str(floor)}))
+        try:
+            assert upload(services, data_file("photos/chelsea.jpg")).job_id
+            for number in range(200):  # the inodes, taken by other files; the bytes left
+                try:
+                    (root / f"other-{number}").touch()
+                except OSError:
+                    break
+            free = services.storage.free_inodes()
+            assert free is not None and free < floor // room.FLOOR_BYTES_PER_INODE
+            assert services.storage.free_bytes() > 32 << 20
+            with pytest.raises(StorageUnavailable):
+                upload(services, data_file("photos/coffee.jpg"))
+            for other in root.glob("other-*"):
+                other.unlink()
+            assert upload(services, data_file("photos/coffee.jpg")).job_id
+        finally:
+            services.engine.dispose()

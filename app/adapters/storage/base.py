@@ -260,6 +260,11 @@ class Storage(ABC):
         reports none (a bucket)."""
         return None
 
+    def free_inodes(self) -> int | None:
+        """The files that may still be made where the objects are written, for an unprivileged writer; ``None``
+        where the store counts none (a bucket, a filesystem that reports no inodes)."""
+        return None
+
     @abstractmethod
     def ensure_bucket(self) -> None:
         """Create the container (bucket or root directory) if missing; idempotent."""

@@ -255,6 +255,15 @@ class FilesystemStorage(Storage):
             return None
         return found.f_bavail * found.f_frsize
 
+    def free_inodes(self) -> int | None:
+        """The root's filesystem's free inodes, for an unprivileged writer; ``None`` if it cannot be read, or if
+        the filesystem counts none (btrfs, some network filesystems report 0 in all)."""
+        try:
+            found = os.statvfs(self._root)
+        except OSError:
+            return None
+        return found.f_favail if found.f_files else None
+
     def check(self) -> None:
         """Create the root if needed and prove it writable with a probe file (no fsync: /readyz calls this)."""
         try:
