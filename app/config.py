@@ -176,8 +176,8 @@ class Settings:
         "filesystem: a body that would go below is refused with 503 and Retry-After (before it is read, when "
         "its declared length alone would); on the filesystem backend, an upload is also refused (503 "
         "storage_unavailable, Retry-After) unless the storage's disk keeps this much free beyond room for what "
-        "every unfinished job still writes and this upload's job will, and an inode for each 16 KiB of this "
-        "(docs/architecture.md); 0: no floor")
+        "every unfinished job still writes and this upload's job will, in bytes and in files (an inode kept "
+        "free for each 16 KiB of this) (docs/architecture.md); 0: no floor")
     max_pending_per_uploader: int = setting(
         "ATTACHE_MAX_PENDING_PER_UPLOADER", 1000, _int(0),
         "uploads of one uploader accepted and not yet ready or failed; one more is refused with 429 and "

@@ -76,7 +76,7 @@ def _room_for(conn, services: StoringProducer, version: pipeline.PipelineVersion
                           .where(attachments.c.id.in_(ids))).all()
     needs = {image.id: room.need(version, size=0, pixels=image.width * image.height) for image in images}
     try:
-        room.admit(conn, services, version=version, needing=sum(needs.values()))
+        room.admit(conn, services, version=version, needing=sum(needs.values()), jobs=len(needs))
         return needs
     except StorageUnavailable as exc:
         raise StorageUnavailable(f"{exc.detail}: {created} job(s) of version {version.version} made so far; run the "

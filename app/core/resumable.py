@@ -306,7 +306,7 @@ def _append(services, upload_id: uuid.UUID, *, owner: str, offset: int, part: in
                     token = None if _keyed_by_offset(conn, upload) else uuid.uuid4().hex
                     key = part_key(upload.id, offset, token)
                     room.admit(conn, services, version=pipeline.get(services.settings.pipeline_version), needing=0,
-                               adding=part.size)  # the part leaves the room of the work accepted
+                               adding=part.size, jobs=0)  # the part leaves the room of the work accepted
                     with kept_alive(conn):  # storage's time, under the row's lock
                         intake.adopt_spool(services.storage, key, part)
                     values["upload_offset"] = offset + part.size

@@ -8,8 +8,9 @@ write nothing, and every upload accepted ended ``failed storage_unavailable`` (a
 TMPDIR on another disk, and 26 of 48 with both on one, the floor's 16 MiB gone in 22 jobs' variants).
 
 So the upload's transaction asks :func:`admit` before it commits, as it asks :func:`app.core.pending.admit`. The
-upload is refused, ``503 storage_unavailable`` with ``Retry-After``, when the disk has fewer free inodes than the
-floor's (:data:`FLOOR_BYTES_PER_INODE`), or unless the disk's free space less the floor
+upload is refused, ``503 storage_unavailable`` with ``Retry-After``, unless the disk's free inodes less the
+floor's (:data:`FLOOR_BYTES_PER_INODE`) hold the files every unfinished job and this one may make, and its free
+space less the floor
 holds what every unfinished job still needs (uploads', backfills' and replays' alike: a backfill's renders took the
 room counted for the uploads accepted beside it, which failed, a re-attack) and what this one needs. A job is
 counted to need :func:`need`: its original's size (the copy) and, for each of its version's variants, the pixels of
@@ -47,18 +48,20 @@ from app.errors import StorageUnavailable
 #: of photos (a 12 MP photo's version 2 variants, 0.67 MB, of 8.9 M such pixels), up to 1.66 of noise
 BYTES_PER_OUTPUT_PIXEL = 2
 #: the floor is kept free in files too, one inode for each of this many of its bytes (ext4's default ratio): 8,192
-#: for the default 128 MiB, the files of some 1,000 jobs' variants. Out of inodes with bytes to spare, uploads were
-#: accepted whose variants could not be written: 20 of 27 ended ``failed storage_unavailable`` with 190 MB free
-#: (an adversarial run). The unfinished jobs' files are not counted one by one, as their bytes are: a backlog
-#: of more than the floor's files on a disk out of inodes can still fail some.
+#: for the default 128 MiB. Above it, the files every unfinished job may still make (:func:`files_per_job`) and
+#: the new jobs' are counted, as their bytes are. Out of inodes with bytes to spare, uploads were accepted whose
+#: variants could not be written: 20 of 27 ended ``failed storage_unavailable`` with 190 MB free (an adversarial
+#: run); with a fixed floor of files alone, 40 of 90 stood still, their partial files holding the last inodes (a
+#: re-attack).
 FLOOR_BYTES_PER_INODE = 16 * 1024
 #: how long a sum of what the unfinished jobs need is used by a process before it is read again (far from the bound)
 FRESH_SECONDS = 1.0
 
 NO_ROOM = "the storage's disk has no room for the work still being done; retry later"
 
-#: by database: (when the sum was read, what it was with what this process admitted since)
+#: by database: (when the sum was read, what it was with what this process admitted since); and the files
 _seen: dict[object, tuple[float, int]] = {}
+_files_seen: dict[object, tuple[float, int]] = {}
 _seen_lock = threading.Lock()
 _statements: dict[tuple[int, ...], tuple] = {}
 
@@ -105,33 +108,53 @@ def _read_held(conn: Connection, version) -> int:
     return int(counted) + int(uncounted)
 
 
-def admit(conn: Connection, services, *, version, needing: int, adding: int = 0) -> None:
+def admit(conn: Connection, services, *, version, needing: int, adding: int = 0, jobs: int = 1) -> None:
     """Raise :class:`StorageUnavailable` unless the storage has room above ``ATTACHE_SPOOL_MIN_FREE_BYTES`` for
-    ``adding`` bytes about to be written, what every unfinished job needs, and ``needing`` more (the jobs about to
-    be made). A floor of 0: nothing refused."""
+    ``adding`` bytes about to be written, what every unfinished job needs, and ``needing`` more (the ``jobs`` about
+    to be made); and files for them all, above the floor's. A floor of 0: nothing refused."""
     min_free_bytes = services.settings.spool_min_free_bytes
     if not min_free_bytes:
         return
     inodes = services.storage.free_inodes()
-    if inodes is not None and inodes < min_free_bytes // FLOOR_BYTES_PER_INODE:
-        raise StorageUnavailable(NO_ROOM)
+    if inodes is not None:
+        per_job = files_per_job(version)
+        spare = inodes - min_free_bytes // FLOOR_BYTES_PER_INODE - per_job * jobs - (1 if adding else 0)
+        if spare < 0 or _recent(_files_seen, conn, lambda c: per_job * _unfinished(c, spare // per_job + 1),
+                                room=spare, adding=per_job * jobs) > spare:
+            raise StorageUnavailable(NO_ROOM)
     free = services.storage.free_bytes()
     if free is None:
         return
     room = free - adding - min_free_bytes - needing
-    if room < 0 or _held(conn, version, room=room, needing=needing) > room:
+    if room < 0 or _recent(_seen, conn, lambda c: _read_held(c, version), room=room, adding=needing) > room:
         raise StorageUnavailable(NO_ROOM)
 
 
-def _held(conn: Connection, version, *, room: int, needing: int) -> int:
-    """What the unfinished jobs need; ``needing`` counted with them from here on."""
+def files_per_job(version) -> int:
+    """The files a job of ``version`` may make on the storage's disk: its staged original, a file for each of its
+    variants (the original's copy among them) and two directories."""
+    return 1 + len(version.variants) + 2
+
+
+#: the unfinished jobs, counted up to a bound (an index-only scan of ``jobs_state_idx``)
+_UNFINISHED = text(f"SELECT count(*) FROM (SELECT 1 FROM jobs WHERE state IN ('{JobState.QUEUED.value}', "
+                   f"'{JobState.PROCESSING.value}') LIMIT :up_to) unfinished")
+
+
+def _unfinished(conn: Connection, up_to: int) -> int:
+    return conn.execute(_UNFINISHED, {"up_to": max(up_to, 0)}).scalar_one()
+
+
+def _recent(seen: dict, conn: Connection, read, *, room: int, adding: int) -> int:
+    """``read(conn)``, or what this process read of it less than :data:`FRESH_SECONDS` ago while it was under half
+    of ``room``, with what the process admitted since; ``adding`` counted with it from here on."""
     database, now = conn.engine.url, time.monotonic()
     with _seen_lock:
-        seen = _seen.get(database)
-        if seen is not None and now - seen[0] < FRESH_SECONDS and seen[1] <= room // 2:
-            _seen[database] = (seen[0], seen[1] + needing)
-            return seen[1]
-    held = _read_held(conn, version)
+        last = seen.get(database)
+        if last is not None and now - last[0] < FRESH_SECONDS and last[1] <= room // 2:
+            seen[database] = (last[0], last[1] + adding)
+            return last[1]
+    value = read(conn)
     with _seen_lock:
-        _seen[database] = (now, held + needing)
-    return held
+        seen[database] = (now, value + adding)
+    return value
