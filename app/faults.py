@@ -89,15 +89,14 @@ POINTS = {
 RAISES = {
     "during_commit": lambda: DatabaseUnavailable("database connection lost during COMMIT (fault point)"),
 }
-_raised: set[str] = set()
 #: points that block their first caller (once per process) instead of killing, for this long
 HANGS = {"render_hangs"}
 HANG_SECONDS = 3600.0
-_hung: set[str] = set()
-_hung_lock = threading.Lock()
 #: points that stop their process (``SIGSTOP``, once per process) instead of killing
 STOPS = {"before_upload_commit"}
-_stopped: set[str] = set()
+#: the raising, hanging and stopping points reached in this process: each acts once
+_reached: set[str] = set()
+_reached_lock = threading.Lock()
 
 log = logging.getLogger("attache.faults")
 
@@ -112,25 +111,19 @@ def point(name: str) -> None:
     """Die here, at once and without cleanup, if this point is armed (or raise, for :data:`RAISES`)."""
     if not armed(name):
         return
+    if name in RAISES or name in HANGS or name in STOPS:
+        with _reached_lock:
+            if name in _reached:
+                return
+            _reached.add(name)
     if name in RAISES:
-        if name in _raised:
-            return
-        _raised.add(name)
         log.critical("fault point %s reached: raising", name, extra={"fault": name})
         raise RAISES[name]()
     if name in HANGS:
-        with _hung_lock:
-            if name in _hung:
-                return
-            _hung.add(name)
         log.critical("fault point %s reached: hanging for %g s", name, HANG_SECONDS, extra={"fault": name})
         time.sleep(HANG_SECONDS)  # one call into C: an asynchronous exception waits for its return
         return
     if name in STOPS:
-        with _hung_lock:
-            if name in _stopped:
-                return
-            _stopped.add(name)
         log.critical("fault point %s reached: stopping until SIGCONT", name, extra={"fault": name})
         # to this thread: a SIGSTOP sent to the process is taken by another thread, and this one ran on past the
         # point (its upload committed) before the whole process stopped

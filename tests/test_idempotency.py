@@ -213,7 +213,7 @@ def test_a_commit_that_landed_unseen_is_told_apart_from_a_refusal(app, engine, d
     from app.core import intake
 
     monkeypatch.setenv("ATTACHE_FAULT", "during_commit")  # the COMMIT lands, then the web sees a lost connection
-    monkeypatch.setattr(faults, "_raised", set())
+    monkeypatch.setattr(faults, "_reached", set())
     monkeypatch.setattr(intake, "committed_after_all", lambda *args: False)  # its look for the row cannot connect
     client = authed(app)
     with open(data_file("photos/chelsea.jpg"), "rb") as fh:

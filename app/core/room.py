@@ -115,17 +115,16 @@ def admit(conn: Connection, services, *, version, needing: int, adding: int = 0,
     min_free_bytes = services.settings.spool_min_free_bytes
     if not min_free_bytes:
         return
-    inodes = services.storage.free_inodes()
-    if inodes is not None:
+    space = services.storage.free_space()
+    if space is None:
+        return
+    if space.files is not None:
         per_job = files_per_job(version)
-        spare = inodes - min_free_bytes // FLOOR_BYTES_PER_INODE - per_job * jobs - (1 if adding else 0)
+        spare = space.files - min_free_bytes // FLOOR_BYTES_PER_INODE - per_job * jobs - (1 if adding else 0)
         if spare < 0 or _recent(_files_seen, conn, lambda c: per_job * _unfinished(c, spare // per_job + 1),
                                 room=spare, adding=per_job * jobs) > spare:
             raise StorageUnavailable(NO_ROOM)
-    free = services.storage.free_bytes()
-    if free is None:
-        return
-    room = free - adding - min_free_bytes - needing
+    room = space.bytes - adding - min_free_bytes - needing
     if room < 0 or _recent(_seen, conn, lambda c: _read_held(c, version), room=room, adding=needing) > room:
         raise StorageUnavailable(NO_ROOM)
 

@@ -173,6 +173,15 @@ class ChunkStream(Iterator[bytes]):
             pass
 
 
+@dataclass(frozen=True)
+class FreeSpace:
+    """What may still be written where the objects are, for an unprivileged writer."""
+
+    bytes: int
+    #: the files that may still be made; ``None`` where the filesystem counts none (btrfs, some network ones)
+    files: int | None
+
+
 class Storage(ABC):
     """A flat namespace of immutable-by-convention objects addressed by key."""
 
@@ -255,15 +264,20 @@ class Storage(ABC):
     def check(self) -> None:
         """Raise :class:`~app.errors.StorageUnavailable` unless the store is usable."""
 
-    def free_bytes(self) -> int | None:
-        """The room left where the objects are written, for an unprivileged writer; ``None`` where the store
-        reports none (a bucket)."""
+    def free_space(self) -> FreeSpace | None:
+        """What may still be written where the objects are, for an unprivileged writer (one ``statvfs``); ``None``
+        where the store reports none (a bucket)."""
         return None
 
+    def free_bytes(self) -> int | None:
+        """The room left where the objects are written (:meth:`free_space`'s bytes)."""
+        space = self.free_space()
+        return None if space is None else space.bytes
+
     def free_inodes(self) -> int | None:
-        """The files that may still be made where the objects are written, for an unprivileged writer; ``None``
-        where the store counts none (a bucket, a filesystem that reports no inodes)."""
-        return None
+        """The files that may still be made where the objects are written (:meth:`free_space`'s files)."""
+        space = self.free_space()
+        return None if space is None else space.files
 
     @abstractmethod
     def ensure_bucket(self) -> None:

@@ -27,6 +27,7 @@ from app.errors import ObjectNotFound, StorageError, StorageUnavailable
 
 from .base import (
     ChunkStream,
+    FreeSpace,
     ObjectInfo,
     Storage,
     is_valid_key,
@@ -246,23 +247,14 @@ class FilesystemStorage(Storage):
 
     # --- health ------------------------------------------------------------
 
-    def free_bytes(self) -> int | None:
-        """The root's filesystem's free space, as an unprivileged writer may use it; ``None`` if it cannot be read
-        (the root is not there yet: nothing is refused for that)."""
+    def free_space(self) -> FreeSpace | None:
+        """The root's filesystem's free space and inodes, as an unprivileged writer may use them; ``None`` if they
+        cannot be read (the root is not there yet: nothing is refused for that)."""
         try:
             found = os.statvfs(self._root)
         except OSError:
             return None
-        return found.f_bavail * found.f_frsize
-
-    def free_inodes(self) -> int | None:
-        """The root's filesystem's free inodes, for an unprivileged writer; ``None`` if it cannot be read, or if
-        the filesystem counts none (btrfs, some network filesystems report 0 in all)."""
-        try:
-            found = os.statvfs(self._root)
-        except OSError:
-            return None
-        return found.f_favail if found.f_files else None
+        return FreeSpace(found.f_bavail * found.f_frsize, found.f_favail if found.f_files else None)
 
     def check(self) -> None:
         """Create the root if needed and prove it writable with a probe file (no fsync: /readyz calls this)."""
