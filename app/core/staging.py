@@ -40,18 +40,30 @@ NAMESPACE = 727275
 _LOCK = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))")
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))")
 _REMOVAL_DECIDED = select(staging_removals.c.key).where(staging_removals.c.key == bindparam("b_key"))
-_KEPT_ORIGINAL = select(variants.c.storage_key).where(
-    variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.variant == ORIGINAL,
-    variants.c.published_at.is_not(None)).limit(1)
+def kept_original(attachment_id):
+    """The storage key of the attachment's published original (a scalar subquery: ``attachment_id`` may be a
+    column of the outer query, so a step reads it with its attachment's row), or NULL before its first publish."""
+    return select(variants.c.storage_key).where(
+        variants.c.attachment_id == attachment_id, variants.c.variant == ORIGINAL,
+        variants.c.published_at.is_not(None)).limit(1).scalar_subquery()
+
+
+_KEPT_ORIGINAL = select(kept_original(bindparam("b_attachment_id")))
 
 
 def source_key(conn, attachment_id, staging_key: str) -> str:
-    """Where a job reads the original's bytes: staging until the first publish, then the kept original.
+    """Where a job reads the original's bytes: staging until the first publish, then the kept original
+    (:func:`source_of`)."""
+    return source_of(conn.execute(_KEPT_ORIGINAL, {"b_attachment_id": attachment_id}).scalar(), staging_key)
+
+
+def source_of(kept: str | None, staging_key: str) -> str:
+    """Where a job reads the original's bytes, given :func:`kept_original`: staging until the first publish, then
+    the kept original.
 
     A backfill into a new pipeline version runs long after staging was
     removed; it reads the published original (shared by all versions).
     """
-    kept = conn.execute(_KEPT_ORIGINAL, {"b_attachment_id": attachment_id}).scalar()
     return kept or staging_key
 
 

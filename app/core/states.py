@@ -1,7 +1,9 @@
 """The job state machine: the only code that writes ``jobs.state``.
 
 Every transition is ONE conditional ``UPDATE ... WHERE state = <from> ...``
-in the caller's transaction plus an append to ``job_history``; if the
+in the caller's transaction plus an append to ``job_history`` (in the same
+statement for the two every upload makes, :func:`create_job` and
+:func:`claim`: :func:`_logged`); if the
 ``WHERE`` matches nothing the transition did not happen and the caller is
 told so (``None``/``False``), never an exception. Each move to ``ready`` or
 ``failed`` also writes its completion event and webhook deliveries in the
@@ -47,7 +49,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import Interval, and_, bindparam, func, insert, select, text, update
+from sqlalchemy import Interval, Text, and_, bindparam, func, insert, literal, select, text, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection, Row
 
@@ -92,6 +94,24 @@ def _lease(lease: Lease) -> dict:
     return {"b_owner": lease.owner, "b_lease": timedelta(seconds=lease.seconds)}
 
 
+def _logged(moved, from_state: JobState | None, to_state: JobState):
+    """``moved`` (an ``INSERT`` or ``UPDATE`` of ``jobs`` returning the row it wrote) with the move's ``job_history``
+    row appended by the same statement, for the job's attempt as written; the row, or none if it moved nothing.
+
+    The actor, error code and reason are bound as ``b_actor``, ``b_error_code`` and ``b_reason``. One statement,
+    not two: an upload's and a claim's transaction each spent a round trip on the history row (about 0.25 ms of
+    wall time and 0.1 ms of the client's CPU here, on the small photo's path to ``ready``).
+    """
+    moved = moved.cte("moved")
+    logged = insert(job_history).from_select(
+        ["job_id", "from_state", "to_state", "attempt", "actor", "error_code", "reason"],
+        select(moved.c.id, literal(from_state and from_state.value, Text), literal(to_state.value, Text),
+               moved.c.attempt, bindparam("b_actor", type_=Text), bindparam("b_error_code", None, type_=Text),
+               bindparam("b_reason", None, type_=Text)),
+    ).cte("logged")
+    return select(moved).add_cte(logged)
+
+
 _HISTORY = insert(job_history)
 _GET = select(jobs).where(jobs.c.id == bindparam("b_job_id"))
 _ANOTHER_UNFINISHED = select(jobs.c.id).where(jobs.c.attachment_id == bindparam("b_attachment_id"),
@@ -99,9 +119,12 @@ _ANOTHER_UNFINISHED = select(jobs.c.id).where(jobs.c.attachment_id == bindparam(
 _GET_LOCKED = _GET.with_for_update()
 _RECORDED = select(variants.c.variant).where(variants.c.job_id == bindparam("b_job_id"))
 #: none -> queued: the job's owner is its attachment's (built once, as every upload makes a job)
-_CREATE = pg_insert(jobs).values(
+_CREATE = _logged(pg_insert(jobs).values(
+    id=bindparam("b_job_id"), attachment_id=bindparam("b_attachment_id"), state=JobState.QUEUED, attempt=0,
     owner=select(attachments.c.owner).where(attachments.c.id == bindparam("b_attachment_id")).scalar_subquery(),
-).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs)
+    pipeline_version=bindparam("b_version"), max_attempts=bindparam("b_max_attempts"),
+    traceparent=bindparam("b_traceparent"), tracestate=bindparam("b_tracestate"), room_bytes=bindparam("b_room"),
+).on_conflict_do_nothing(constraint="jobs_attachment_version_key").returning(jobs), None, JobState.QUEUED)
 
 
 def _history(conn: Connection, job_id, from_state, to_state, attempt, actor, error_code=None, reason=None) -> None:
@@ -124,13 +147,11 @@ def create_job(conn: Connection, *, attachment_id: uuid.UUID, pipeline_version: 
     ensure_recorded(conn, pipeline_version)
     job_id = uuid.uuid4()
     row = conn.execute(_CREATE, dict(
-        id=job_id, attachment_id=attachment_id, b_attachment_id=attachment_id, pipeline_version=pipeline_version,
-        state=JobState.QUEUED, attempt=0, max_attempts=max_attempts, traceparent=traceparent, tracestate=tracestate,
-        room_bytes=room_bytes,
+        b_job_id=job_id, b_attachment_id=attachment_id, b_version=pipeline_version, b_max_attempts=max_attempts,
+        b_traceparent=traceparent, b_tracestate=tracestate, b_room=room_bytes, b_actor=actor, b_reason=reason,
     )).one_or_none()
     if row is None:
         return None
-    _history(conn, job_id, None, JobState.QUEUED, 0, actor, reason=reason)
     return job_id, outbox.announce(conn, row, 1, Step.INSPECT)
 
 
@@ -154,15 +175,14 @@ def recorded(conn: Connection, job_id) -> set[str]:
     return set(conn.execute(_RECORDED, {"b_job_id": job_id}).scalars())
 
 
-_CLAIM = (
+_CLAIM = _logged(
     update(jobs)
     .where(jobs.c.id == bindparam("b_job_id"), jobs.c.state == JobState.QUEUED, jobs.c.attempt == bindparam("b_previous"),
            (jobs.c.next_attempt_at.is_(None)) | (jobs.c.next_attempt_at <= func.now()))
     .values(state=JobState.PROCESSING, attempt=bindparam("b_attempt"), lease_owner=bindparam("b_owner"),
             lease_expires_at=_lease_until(), next_attempt_at=None, error_code=None, error_reason=None,
             updated_at=func.now())
-    .returning(jobs)
-)
+    .returning(jobs), JobState.QUEUED, JobState.PROCESSING)
 
 
 def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
@@ -174,10 +194,9 @@ def claim(conn: Connection, job_id, attempt: int, lease: Lease) -> Row | None:
     attachment's objects (:func:`app.core.objects.await_removals` raises).
     """
     row = conn.execute(_CLAIM, {"b_job_id": job_id, "b_previous": attempt - 1, "b_attempt": attempt,
-                                **_lease(lease)}).one_or_none()
+                                "b_actor": lease.owner, **_lease(lease)}).one_or_none()
     if row is not None:
         objects.await_removals(conn, row.attachment_id)
-        _history(conn, job_id, JobState.QUEUED, JobState.PROCESSING, attempt, lease.owner)
     return row
 
 

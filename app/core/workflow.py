@@ -112,7 +112,8 @@ INLINE_THREADS = 2
 #: built once (see app.core.states): the statements every step runs
 #: with its tainted keys (``taints``: a list, or None), whose variants are written under others (app/core/objects.py)
 _ATTACHMENT = select(attachments, select(func.array_agg(object_taints.c.key))
-                     .where(object_taints.c.owner == cast(attachments.c.id, Text)).scalar_subquery().label("taints")
+                     .where(object_taints.c.owner == cast(attachments.c.id, Text)).scalar_subquery().label("taints"),
+                     staging.kept_original(attachments.c.id).label("kept_original")
                      ).where(attachments.c.id == bindparam("b_id"))
 _VARIANT_RECORDED = select(variants.c.id).where(
     variants.c.attachment_id == bindparam("b_attachment_id"), variants.c.pipeline_version == bindparam("b_version"),
@@ -356,7 +357,7 @@ class Workflow:
             if isinstance(job, Unheld):
                 return job
             attachment = self._attachment(conn, job.attachment_id)
-            source = self._source_key(conn, attachment)
+            source = self._source_key(attachment)
             one_step = attachment.width * attachment.height <= self.services.settings.one_step_max_pixels
             recorded = states.recorded(conn, job.id) if one_step else set()
         # looked up once the claim is committed: a worker that does not know the version fails the attempt
@@ -429,7 +430,7 @@ class Workflow:
             done = conn.execute(_VARIANT_RECORDED, {"b_attachment_id": job.attachment_id,
                                                     "b_version": job.pipeline_version,
                                                     "b_variant": variant}).first() is not None
-            source = None if done or variant == pipeline.ORIGINAL else self._source_key(conn, attachment)
+            source = None if done or variant == pipeline.ORIGINAL else self._source_key(attachment)
         if not done:
             faults.point("during_render")
             with self._lease_kept(job.id, attempt, lease), self._staged_or_none(source, attachment.sha256) as path:
@@ -527,10 +528,11 @@ class Workflow:
     def _attachment(self, conn, attachment_id):
         return conn.execute(_ATTACHMENT, {"b_id": attachment_id}).one()
 
-    def _source_key(self, conn, attachment) -> str:
-        """Where the original's bytes are (:func:`app.core.staging.source_key`), read in the step's opening
-        transaction, with its fence."""
-        return staging.source_key(conn, attachment.id, attachment.staging_key)
+    @staticmethod
+    def _source_key(attachment) -> str:
+        """Where the original's bytes are (:func:`app.core.staging.source_of`), read with the attachment's row
+        (``_ATTACHMENT``) in the step's opening transaction, with its fence."""
+        return staging.source_of(attachment.kept_original, attachment.staging_key)
 
     def _outlasting_storage(self, call: Callable[[], T]) -> T:
         """``call()``, a storage call of a step, made again while it finds storage unavailable (a full disk, S3
