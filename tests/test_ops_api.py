@@ -53,6 +53,9 @@ def test_replay_needs_a_reason_is_audited_and_gets_a_fresh_budget(app, engine, f
     ops = authed(app, OPERATOR_TOKEN)
     path = f"/v1/ops/jobs/{failed_job['job_id']}/replay"
     assert ops.post(path, json={}).status_code == 400
+    # a reason sent as a form was dropped: refused for having none, where the body is what is wrong
+    sent_as_form = ops.post(path, data={"reason": "decoder upgraded"})
+    assert sent_as_form.status_code == 400 and "JSON object" in sent_as_form.json["message"], sent_as_form.json
     assert ops.post(path, json={"reason": "   "}).status_code == 400
     response = ops.post(path, json={"reason": "decoder upgraded"})
     assert response.status_code == 200, response.json

@@ -267,6 +267,13 @@ def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_servic
         conn.execute(text("UPDATE jobs SET created_at = created_at - interval '1 hour'"))
         conn.execute(text("ALTER TABLE jobs ENABLE TRIGGER USER"))
     ops = authed(app, OPERATOR_TOKEN)
+    # a dry run asked for in a body that is not a JSON object was taken for no body, and ran (an adversarial run)
+    for unread in (dict(data={"dry_run": "true"}), dict(data='{"dry_run": true,}', content_type="application/json"),
+                   dict(data='{"dry_run": true}', content_type="text/plain"), dict(json=[{"dry_run": True}])):
+        refused = ops.post("/v1/ops/pipelines/2/backfill", **unread)
+        assert refused.status_code == 400 and refused.json["error"] == "bad_request", (unread, refused.json)
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).first() is None, "nothing ran"
     estimate = ops.post("/v1/ops/pipelines/2/backfill", json={"dry_run": True}).json
     assert estimate["candidates"] == 2 and 0 < estimate["seconds_per_job"] < 60, estimate
     assert ops.post("/v1/ops/pipelines/2/backfill", json={"reason": 7}).status_code == 400

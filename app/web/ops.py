@@ -164,7 +164,8 @@ def job(job_id: uuid.UUID):
                 "and the reason. Recorded variants stay, so the job resumes at its first unfinished step.",
     body=ReplayRequest,
     answers={200: ok("The replayed job, now `queued`.", Job),
-             400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
+             400: refused("The body is neither empty nor a JSON object sent as `application/json`, or `reason` is "
+                          "missing, blank or not a string.", "reason_required", "bad_request"),
              404: NO_SUCH_JOB,
              409: refused("The job is not `failed`, or its original is gone (kept "
                           "`ATTACHE_FAILED_RETENTION_SECONDS` after a failure).", "conflict"),
@@ -176,10 +177,7 @@ def job(job_id: uuid.UUID):
                           retry_after=True)},
 )
 def replay(job_id: uuid.UUID):
-    body = request.get_json(silent=True) or {}
-    reason = body.get("reason") if isinstance(body, dict) else None
-    if not isinstance(reason, (str, type(None))):
-        return _error(400, "bad_request", "reason must be a string")
+    reason = _optional_reason()
     return answer(Job.model_validate(operations.replay(_services(), job_id, operator=identity().principal,
                                                        reason=reason)))
 
@@ -211,16 +209,23 @@ def _reason(body) -> str | None:
     return reason
 
 
-def _optional_reason() -> str | None:
-    """The ``reason`` of an audited action whose JSON body is optional: no body, no reason; a body that is not a JSON
-    object is refused (it was taken for no body, and the action done with no reason recorded)."""
+def _optional_object() -> dict:
+    """The JSON object an action's optional body holds: no body, ``{}``; any other body that is not a JSON object
+    sent as ``application/json`` (not JSON, a form, an array) is refused. Read leniently (``get_json(silent=True)
+    or {}``), a dry run's body sent as a form, or with a trailing comma, was taken for no body, and the backfill
+    it asked to estimate ran (an adversarial run); a reason was dropped the same way."""
     if not request.get_data(cache=True):
-        return None
+        return {}
     body = request.get_json(silent=True)
     if not isinstance(body, dict):
         raise BadRequest('the body must be a JSON object sent as application/json, such as {"reason": "..."}, '
                          'or empty')
-    return _reason(body)
+    return body
+
+
+def _optional_reason() -> str | None:
+    """The ``reason`` of an audited action whose JSON body is optional (:func:`_optional_object`)."""
+    return _reason(_optional_object())
 
 
 BROKER_DOWN = refused("RabbitMQ is unavailable; retry later.", "broker_unavailable", retry_after=True)
@@ -337,7 +342,8 @@ def dlq_purge(queue: str):
     parameters=[in_path("version", "The target version.")], body=BackfillRequest,
     answers={
         200: ok("The estimate (dry run) or what was created.", BackfillEstimate, BackfillResult),
-        400: refused("The body is JSON but not an object (`[]`, `0`, `\"\"`, `false` and `null` count as `{}`), or "
+        400: refused("The body is neither empty nor a JSON object sent as `application/json` (a form, an array, "
+                     "JSON with a trailing comma), or "
                      f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused), `reason` is not a "
                      "string, or a field is not one of these (a mistyped `dryRun` would otherwise run the "
                      "backfill).", "bad_request"),
@@ -348,9 +354,7 @@ def backfill(version: int):
     from app.core import backfill as backfill_module
     from app.core import pipeline
 
-    body = request.get_json(silent=True) or {}
-    if not isinstance(body, dict):
-        return _error(400, "bad_request", "send a JSON object")
+    body = _optional_object()
     unknown = sorted(set(body) - set(BackfillRequest.model_fields))
     if unknown:  # a mistyped "dryRun" ran the whole backfill (an adversarial run)
         return _error(400, "bad_request", f"unknown field(s) {', '.join(unknown)}; the fields are "
@@ -492,17 +496,15 @@ def failing_deliveries():
                        "receiver that already has it deduplicates it. Audited (`webhook.redeliver`).",
            body=RedeliverRequest,
            answers={200: ok("The delivery, pending.", WebhookDelivery),
-                    400: refused("`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
+                    400: refused("The body is neither empty nor a JSON object sent as `application/json`, or "
+                                 "`reason` is missing, blank or not a string.", "reason_required", "bad_request"),
                     404: refused("No such delivery.", "not_found"),
                     409: refused("The delivery is being sent right now; redeliver it once that attempt has ended "
                                  "(within the deliverer's timeout).", "delivery_in_flight")})
 def redeliver_webhook(delivery_id: int):
     from app.core import webhooks
 
-    body = request.get_json(silent=True)
-    reason = body.get("reason") if isinstance(body, dict) else None
-    if not isinstance(reason, (str, type(None))):
-        return _error(400, "bad_request", "reason must be a string")
+    reason = _optional_reason()
     with _webhook_conn() as conn:
         return answer(WebhookDelivery.model_validate(webhooks.redeliver(
             conn, delivery_id, actor=f"operator:{identity().principal}", reason=reason)))
