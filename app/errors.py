@@ -161,6 +161,16 @@ class RemovalUnderWay(TransientError):
     error_code = "removal_under_way"
 
 
+class VersionUnknownHere(TransientError):
+    """A message names a pipeline version this worker's release does not register: a newer release made the job
+    (an upgrade under way, workers last; or a rollback). The message goes back to the broker (Dramatiq's retry, as
+    after a PostgreSQL outage) for a worker that knows the version, and the job is neither claimed nor charged an
+    attempt: before, its attempts were spent within 30 s and the job of an upload answered ``202`` ended ``failed
+    internal_error`` (an adversarial run)."""
+
+    error_code = "pipeline_version_unknown"
+
+
 class DatabaseUnavailable(TransientError):
     """PostgreSQL cannot be reached."""
 

@@ -19,7 +19,7 @@ from app.adapters.postgres.models import audit_log, job_history, jobs, outbox, v
 from app.config import Settings
 from app.core import backfill, operations, pipeline, states
 from app.core.workflow import Workflow
-from app.errors import ConfigError
+from app.errors import ConfigError, JobConflict, VersionUnknownHere
 from app.services import Services
 from app.web import create_app
 from scheduler.retirement import Retirement, RetirementConfig
@@ -391,3 +391,44 @@ def test_v1_publishing_while_v2_reads_the_staged_original_keeps_it_for_v2(quiet_
     run(workflow, engine, v2_job)
     assert job(engine, v2_job).state == "ready"
     assert not (storage_dir / pipeline.staging_key(accepted.attachment_id)).exists(), "the last one out removes it"
+
+
+def test_a_worker_of_an_older_release_hands_a_newer_versions_message_back(env, engine, data_file, monkeypatch):
+    """A release adds version 3, its web (or a backfill) makes jobs at it, and a worker of the previous release
+    takes their messages: each claimed the job and failed its attempt on the version it did not know, so every job
+    spent its attempts within 30 s and ended ``failed internal_error``, the new upload's included; a backfill run
+    again found nothing to make, and a replay by a web of the previous release answered 500 (an adversarial run).
+    The message goes back to the broker instead, and the job waits, unclaimed, for a worker that knows it."""
+    newer = pipeline.PipelineVersion(3, dict(pipeline.REGISTRY[2].specs))
+    monkeypatch.setitem(pipeline.REGISTRY, 3, newer)
+    services = Services(Settings.from_env({**env, "ATTACHE_PIPELINE_VERSION": "3",
+                                           "BROKER_URL": "amqp://guest:guest@127.0.0.1:1/%2F",
+                                           "ATTACHE_PUBLISH_TIMEOUT_SECONDS": "0.5",
+                                           "ATTACHE_RETRY_INITIAL_SECONDS": "0"}))
+    try:
+        accepted = upload(services, data_file("photos/chelsea.jpg"))
+        failed = upload(services, data_file("photos/coffee.jpg"))
+        with engine.begin() as conn:  # a job of version 3 that failed, for a replay
+            conn.execute(jobs.update().where(jobs.c.id == failed.job_id)
+                         .values(state="failed", error_code="storage_unavailable"))
+        (message,) = take_messages(engine, accepted.job_id)
+        monkeypatch.delitem(pipeline.REGISTRY, 3)  # the previous release's worker and web
+        older = Workflow(services)
+        for _ in range(services.settings.max_attempts + 1):
+            with pytest.raises(VersionUnknownHere, match="pipeline version 3 is not registered"):
+                older.handle(message, step=message["step"])
+        waiting = job(engine, accepted.job_id)
+        assert (waiting.state, waiting.attempt, waiting.lease_owner) == ("queued", 0, None)
+        with engine.connect() as conn:
+            moves = conn.execute(select(job_history.c.to_state).where(job_history.c.job_id == accepted.job_id)).all()
+        assert [m.to_state for m in moves] == ["queued"], "never claimed"
+        with pytest.raises(JobConflict, match="version 3 is not registered in this release"):
+            operations.replay(services, failed.job_id, operator="olga", reason="after the rollback")
+
+        monkeypatch.setitem(pipeline.REGISTRY, 3, newer)  # a worker of the release that made it
+        current = Workflow(services)
+        assert current.handle(message, step=message["step"]).status in ("inspected", "ready")
+        run(current, engine, accepted.job_id)
+        assert job(engine, accepted.job_id).state == "ready"
+    finally:
+        services.close()

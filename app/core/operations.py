@@ -262,7 +262,11 @@ def _can_run_again(conn, services: StoringProducer, job) -> int:
     if not staging.source_kept(conn, services.storage, job.attachment_id, image.staging_key):
         raise JobConflict(f"job {job.id} cannot be replayed: its original is gone (a failed job's is kept "
                           "for ATTACHE_FAILED_RETENTION_SECONDS); the uploader must upload the file again")
-    version = pipeline.get(job.pipeline_version)
+    try:
+        version = pipeline.get(job.pipeline_version)
+    except LookupError:  # a newer release made it (a rollback): it answered 500 (an adversarial run)
+        raise JobConflict(f"job {job.id} cannot be replayed here: its pipeline version {job.pipeline_version} is not "
+                          "registered in this release; replay it from a release that registers it") from None
     needing = room.need(version, size=image.size, pixels=image.width * image.height)
     room.admit(conn, services, version=version, needing=needing)
     return needing

@@ -82,6 +82,7 @@ from app.errors import (
     StorageUnavailable,
     StorageWaitInterrupted,
     UnknownJob,
+    VersionUnknownHere,
     error_code,
     retryable,
     sanitized_reason,
@@ -311,7 +312,7 @@ class Workflow:
                     outcome = self.render(body, attempt, body["variant"], lease)
                 case Step.PUBLISH:
                     outcome = self.publish(body, attempt, lease)
-        except (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted, RemovalUnderWay):
+        except (PoisonMessage, DatabaseUnavailable, StorageWaitInterrupted, RemovalUnderWay, VersionUnknownHere):
             raise
         except Exception as error:  # every other error becomes a recorded outcome
             return self.record_failure(job_id, attempt, body["step"], error, lease.owner)
@@ -339,6 +340,20 @@ class Workflow:
         _check(job, body)
         return job
 
+    @staticmethod
+    def _version(job: Row) -> pipeline.PipelineVersion:
+        """The job's pipeline version, looked up in the step's opening transaction once the message was checked
+        against the job. One this worker's release does not register raises :class:`VersionUnknownHere`, which
+        rolls the claim or fence back: the message goes back to the broker for a worker of the release that made
+        the job, which is not charged an attempt."""
+        try:
+            return pipeline.get(job.pipeline_version)
+        except LookupError:
+            raise VersionUnknownHere(
+                f"pipeline version {job.pipeline_version} is not registered in this worker's release (it registers "
+                f"{', '.join(map(str, pipeline.REGISTRY))}): the message goes back for a worker that registers it"
+            ) from None
+
     def _unheld(self, job, attempt: int) -> Outcome:
         """A message whose attempt does not hold its job: a ready job is verified, never redone."""
         if job.state == JobState.READY:
@@ -356,12 +371,11 @@ class Workflow:
                              or states.fence(conn, job_id, attempt, lease))
             if isinstance(job, Unheld):
                 return job
+            version = self._version(job)
             attachment = self._attachment(conn, job.attachment_id)
             source = self._source_key(attachment)
             one_step = attachment.width * attachment.height <= self.services.settings.one_step_max_pixels
             recorded = states.recorded(conn, job.id) if one_step else set()
-        # looked up once the claim is committed: a worker that does not know the version fails the attempt
-        version = pipeline.get(job.pipeline_version)
         here = self._made_here(version, recorded) if one_step else []
         with self._lease_kept(job.id, attempt, lease), self._staged(source, attachment.sha256) as path:
             imaging.probe(path, self.services.limits)  # fetching a large original from S3 may take a while
@@ -423,7 +437,7 @@ class Workflow:
             job = self._held(conn, body, states.fence(conn, uuid.UUID(body["job_id"]), attempt, lease))
             if isinstance(job, Unheld):
                 return job
-            version = pipeline.get(job.pipeline_version)  # the message names it: checked against the job
+            version = self._version(job)  # the message names it: checked against the job
             if variant not in version.variants:  # rolls back the fence
                 raise InvalidMessage(f"variant {variant!r} is not in pipeline version {version.version}")
             attachment = self._attachment(conn, job.attachment_id)
@@ -453,7 +467,7 @@ class Workflow:
             job = self._named(conn, body, lock=True)  # a second publish waits, then finds it ready
             if job.state != JobState.PROCESSING:
                 return Unheld(job)
-            version = pipeline.get(job.pipeline_version)
+            version = self._version(job)
             if not states.publish_ready(conn, job.id, attempt, version.variants, lease.owner):
                 return Outcome("stale", f"attempt {attempt} cannot publish")
             attachment = self._attachment(conn, job.attachment_id)
