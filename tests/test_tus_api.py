@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import hashlib
+import io
 import os
 import tempfile
 import threading
@@ -1098,3 +1099,121 @@ def test_a_replayed_creation_answers_at_once_while_its_upload_is_being_written(c
             took = time.monotonic() - began
     assert again.status_code == 201 and again.headers["Location"] == first.headers["Location"]
     assert took < 2, took
+
+
+def test_a_replay_keeps_the_key_of_an_expired_upload_its_last_patch_is_finishing(client, engine, photo):
+    """The last PATCH of a 43 MB upload, begun just before its expiry, held its row while it joined the parts; the
+    creation sent again with its key read the row (unfinished, expired), waited for it to free the key, and took
+    it from the upload that PATCH had finished meanwhile (204, Attachment-Id): the creation was answered a new,
+    empty upload, no replay (an adversarial run). Here the PATCH's transaction is this test's: the row locked,
+    the upload finished, committed once the creation is answered or waits for the row."""
+    key = {"Idempotency-Key": "finishing"}
+    first = create(client, len(photo), headers=key)
+    location = first.headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    assert patch(client, location, 0, photo[:1000]).status_code == 204
+    made = send(client, create(client, len(photo)).headers["Location"], photo, chunk=len(photo))
+    attachment_id = uuid.UUID(made.headers["Attachment-Id"])  # what the last PATCH makes, made beforehand
+    with engine.begin() as conn:
+        conn.execute(update(uploads).where(uploads.c.id == upload_id)
+                     .values(expires_at=func.now() - text("interval '1 second'")))
+    uploads_before = count(engine, uploads)
+    answers = {}
+    auth = {"Authorization": client.environ_base["HTTP_AUTHORIZATION"]}
+    replaying = threading.Thread(target=lambda: answers.setdefault(
+        "again", create(client.application.test_client(), len(photo), headers={**key, **auth})))
+    with engine.connect() as finishing:
+        with finishing.begin():  # the last PATCH: the row locked, the upload finished and its life extended
+            finishing.execute(select(uploads.c.id).where(uploads.c.id == upload_id).with_for_update())
+            holder = finishing.execute(text("SELECT pg_backend_pid()")).scalar()
+            finishing.execute(update(uploads).where(uploads.c.id == upload_id).values(
+                upload_offset=len(photo), attachment_id=attachment_id,
+                expires_at=func.now() + text("interval '1 hour'")))
+            replaying.start()
+            with engine.connect() as watching:  # answered, or waiting for the row: either way, the PATCH commits
+                waited = False
+                deadline = time.monotonic() + 30
+                while replaying.is_alive() and not waited and time.monotonic() < deadline:
+                    waited = watching.execute(text(
+                        "SELECT count(*) > 0 FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND :holder = ANY(pg_blocking_pids(pid))"), {"holder": holder}).scalar()
+                    watching.rollback()
+        replaying.join(30)
+    assert not replaying.is_alive()
+    again = answers["again"]
+    assert again.status_code == 201, again.get_json()
+    assert (again.headers["Location"], again.headers.get("Idempotent-Replayed")) == (location, "true"), \
+        "before: a new, empty upload, the finished one's key taken from it"
+    assert not waited, "a replay never waits for the upload's row"
+    with engine.connect() as conn:
+        assert conn.execute(select(uploads.c.creation_key).where(uploads.c.id == upload_id)).scalar() == "finishing"
+    assert count(engine, uploads) == uploads_before
+    replayed = create(client, len(photo), headers=key)
+    assert (replayed.headers["Location"], replayed.headers["Attachment-Id"]) == (location, str(attachment_id))
+
+
+class _HeldBody(io.RawIOBase):
+    """A request body that stops after ``hold_at`` bytes until ``go`` is set (``reached`` says it stopped)."""
+
+    def __init__(self, data: bytes, hold_at: int):
+        super().__init__()
+        self.data, self.hold_at, self.position = data, hold_at, 0
+        self.reached, self.go = threading.Event(), threading.Event()
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:  # the test client measures the body by seeking to its end and back
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        self.position = offset + (len(self.data) if whence == io.SEEK_END else 0)
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def readinto(self, buffer) -> int:
+        if self.position >= self.hold_at and not self.go.is_set():
+            self.reached.set()
+            assert self.go.wait(60), "the test never let the body go on"
+        end = min(len(self.data), self.position + len(buffer), self.hold_at if not self.go.is_set() else len(self.data))
+        chunk = self.data[self.position:end]
+        buffer[:len(chunk)] = chunk
+        self.position = end
+        return len(chunk)
+
+
+def test_a_refused_creation_keeps_an_upload_its_replay_let_another_request_finish(client, engine, photo):
+    """A creation replayed with its key while the first creation's body still arrived answered the upload's
+    Location, and a PATCH there finished it (204, Attachment-Id); the first creation's own append was then refused
+    (409: the offset had moved), and its refusal terminated the upload: HEAD 404, and the key free, so the client's
+    retried creation made a second attachment of the file (an adversarial run)."""
+    key = {"Idempotency-Key": "held-creation"}
+    body = _HeldBody(photo, hold_at=len(photo) // 2)
+    answers = {}
+
+    def first_creation():
+        answers["first"] = create(authed(client.application), len(photo), headers=key, input_stream=body,
+                                  content_type=PART)
+
+    creating = threading.Thread(target=first_creation)
+    creating.start()
+    try:
+        assert body.reached.wait(30), "the first creation's body never started"
+        again = create(client, len(photo), headers=key)
+        assert again.status_code == 201 and again.headers["Idempotent-Replayed"] == "true", again.get_json()
+        location = again.headers["Location"]
+        done = patch(client, location, 0, photo)
+        assert done.status_code == 204 and done.headers["Attachment-Id"], done.get_json()
+    finally:
+        body.go.set()
+        creating.join(60)
+    first = answers["first"]
+    assert first.status_code == 409 and first.headers["Location"] == location, (first.status_code, first.headers)
+    assert first.headers["Attachment-Id"] == done.headers["Attachment-Id"], "the refusal says what the upload made"
+    head = client.head(location, headers=TUS)
+    assert head.status_code == 200 and head.headers["Attachment-Id"] == done.headers["Attachment-Id"]
+    retried = create(client, len(photo), headers=key)
+    assert retried.headers["Location"] == location and retried.headers["Attachment-Id"] == done.headers["Attachment-Id"]
+    assert count(engine, uploads) == 1 and count(engine, attachments) == 1

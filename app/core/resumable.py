@@ -171,7 +171,13 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
     finished), the creation answers that one (:class:`IdempotencyKeyReused` if it declared another length, digest
     or ``Upload-Metadata``): tus-js-client sends a creation whose answer was lost again, and each made an upload
     that stayed open, empty, for a day, counted against the uploader's limits until every creation was refused
-    (an adversarial run). An expired upload gives its key up."""
+    (an adversarial run). An expired upload gives its key up; one being written when it would gives it up to no
+    creation (:func:`_give_up`).
+
+    A replay never waits for the upload's row: a PATCH or a DELETE may hold it (a last PATCH joining 43 MB of parts
+    on slow storage), and a replay waiting for it held the uploader's creations behind it, and took the pool's
+    connections, until its lock timeout (a re-attack); what it answers is where the upload stood when it was read.
+    """
     limit = services.settings.max_upload_bytes
     if length > limit:
         raise UploadTooLarge(f"Upload-Length {length} is larger than the limit of {limit} bytes")
@@ -180,15 +186,12 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
     with transaction(services.engine) as conn:
         if key is not None:
             _lock_creations(conn, owner)  # a key sent twice at once
-            # read, not locked: a PATCH or a DELETE may hold the row (a last PATCH's join on slow storage), and a
-            # replay waiting for it held the uploader's creations behind it, and took the pool's connections,
-            # until its lock timeout (a re-attack); what it answers is where the upload stood at this read
+            # read, not locked (see above): a replay never waits for the upload's row
             earlier = conn.execute(select(uploads).where(uploads.c.owner == owner, uploads.c.creation_key == key)
                                    ).one_or_none()
             if earlier is not None and earlier.attachment_id is None and earlier.expires_at <= _now(conn):
-                conn.execute(update(uploads).where(uploads.c.id == earlier.id, uploads.c.creation_key == key)
-                             .values(creation_key=None))  # given up: the unique key is free for the new upload
-            elif earlier is not None:
+                earlier = _give_up(conn, earlier, key)  # None: the unique key is free for the new upload
+            if earlier is not None:
                 if (earlier.upload_length, earlier.expected_sha256, earlier.upload_metadata) != (
                         length, expected_sha256, metadata):  # another name answered with the first one's upload
                     raise IdempotencyKeyReused("this Idempotency-Key made an upload of another length, digest or "
@@ -201,6 +204,35 @@ def create(services, *, owner: str, length: int, filename: str, metadata: str | 
             expected_sha256=expected_sha256, creation_key=key,
             expires_at=_now(conn) + lifetime(services.settings)).returning(uploads)).one()
     return Created(Upload.of(row), False)
+
+
+def _give_up(conn, earlier, key: str):
+    """Free ``key`` from the upload ``earlier``, read unfinished and expired, and answer None; or answer the upload's
+    row, for a replay, when it is not (or may not be) given up after all.
+
+    The read that judged it is not locked (a replay never waits for the row), so the row is locked here, ``NOWAIT``,
+    and judged again as it stands now. Locked by another request, it is being written: a PATCH begun before it
+    expired (which extends its life, or finishes it), a DELETE; the creation is a replay of the upload as it was
+    read, and the key stays with it (a creation sent after that request ends judges it again). The key was freed by
+    an ``UPDATE`` that waited for the row, then matched it by its key alone: the last PATCH of a 43 MB upload,
+    begun just before its expiry, finished it (``204``, its Attachment-Id) while the creation sent again waited,
+    then the finished upload lost its key and the creation was answered a new, empty upload, not a replay; a client
+    whose creation's answer was lost would have sent the file again and made a second attachment (an adversarial
+    run). Gone since the read (terminated, forgotten): the key is free."""
+    try:
+        with conn.begin_nested():  # a lock not taken ends the savepoint, not the creation's transaction
+            current = conn.execute(select(uploads).where(uploads.c.id == earlier.id, uploads.c.creation_key == key)
+                                   .with_for_update(nowait=True)).one_or_none()
+    except OperationalError as exc:
+        if lock_not_available(exc):
+            return earlier
+        raise
+    if current is None:
+        return None
+    if current.attachment_id is not None or current.expires_at > _now(conn):  # finished, or extended, since the read
+        return current
+    conn.execute(update(uploads).where(uploads.c.id == current.id).values(creation_key=None))
+    return None
 
 
 #: the first key of the two-key advisory locks of one uploader's creations (a key space of its own, as
@@ -385,6 +417,27 @@ def terminate(services, upload_id: uuid.UUID, owner: str) -> None:
         _visible(conn, upload_id, owner, lock=True, expired_too=True)
         conn.execute(delete(uploads).where(uploads.c.id == upload_id))
     _remove_parts(services.storage, upload_id)
+
+
+def terminate_untouched(services, upload_id: uuid.UUID, owner: str) -> Upload | None:
+    """Terminate the upload of a creation that was refused, unless another request reached it meanwhile: ``None``
+    once it is terminated, else the upload as that request left it, kept.
+
+    A creation replayed with its Idempotency-Key hands out the upload's Location while the first creation's body
+    may still be arriving; a PATCH to it then writes the upload, even finishes it. Terminated whatever its state
+    when the first creation's own append was refused (``409``: the offset had moved), an upload finished by that
+    PATCH's ``204`` was gone (HEAD ``404``) and its key free, so a retried creation made a second attachment of the
+    file (an adversarial run). Nothing of the refused creation's own body is ever appended (a part is appended
+    whole, at the end of its request), so an upload at offset 0 is untouched. One whose row another request holds
+    raises :class:`UploadLocked`, as :func:`terminate` does.
+    """
+    with transaction(services.engine) as conn:
+        upload = _visible(conn, upload_id, owner, lock=True, expired_too=True)
+        if upload.offset or upload.complete:
+            return upload
+        conn.execute(delete(uploads).where(uploads.c.id == upload_id))
+    _remove_parts(services.storage, upload_id)
+    return None
 
 
 def forget_expired(engine: Engine, storage: Storage, *, batch: int = 200, dry_run: bool = False) -> int:

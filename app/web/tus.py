@@ -49,6 +49,7 @@ from werkzeug.http import http_date
 
 from app.core import filenames, resumable
 from app.errors import (
+    AttacheError,
     ChecksumMismatch,
     DatabaseUnavailable,
     IncompleteBody,
@@ -56,6 +57,7 @@ from app.errors import (
     PermanentError,
     StorageUnavailable,
     UnsupportedMediaType,
+    UploadLocked,
     UploadNotFound,
     UploadRejected,
     UploadTooLarge,
@@ -186,9 +188,13 @@ def create():
             # Location, left an attachment the client could never learn of, and its retry made a second (an
             # adversarial run). HEAD on the Location says where the upload stands, and what it made.
             return _named(exc, headers)
-        except Exception:
-            _forget(upload)  # a refusal carries no Location: nobody could reach the upload again
-            raise
+        except Exception as exc:
+            # a refusal carries no Location: nobody could reach the upload again, unless a replay of this creation
+            # handed it out and another request wrote it; that upload is kept, and the refusal names it
+            kept = _forget(upload)
+            if kept is None or not isinstance(exc, AttacheError):
+                raise
+            return _named(exc, {**headers, **_where(kept)})
         headers.update(_where(upload))
     return Response(status=201, headers={**headers, **_state(upload)})
 
@@ -281,15 +287,23 @@ def _named(exc, headers: dict[str, str]) -> Response:
     return response
 
 
-def _forget(upload: resumable.Upload) -> None:
+def _forget(upload: resumable.Upload) -> resumable.Upload | None:
     """Terminate an upload whose creation is refused, as far as that can be done now: one left behind counted
-    against its uploader until it expired (the refusals of the hand-off terminate it themselves)."""
+    against its uploader until it expired (the refusals of the hand-off terminate it themselves). An upload another
+    request reached meanwhile, through a replay of the creation, is kept (:func:`resumable.terminate_untouched`):
+    returned as it stands."""
     try:
-        resumable.terminate(_services(), upload.id, upload.owner)
+        return resumable.terminate_untouched(_services(), upload.id, upload.owner)
     except UploadNotFound:
-        pass
+        return None
+    except UploadLocked:  # another request is writing it: it keeps it
+        try:
+            return resumable.find(_services(), upload.id, upload.owner)
+        except Exception:
+            return upload
     except Exception as exc:  # the refusal being answered matters more; expiry removes the upload later
         log.warning("upload %s of a refused creation not terminated (%s): it expires", upload.id, exc)
+        return None
 
 
 def _state(upload: resumable.Upload) -> dict[str, str]:
