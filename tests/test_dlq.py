@@ -14,11 +14,12 @@ with a confirmed count) and are audited before the broker is touched.
 from __future__ import annotations
 
 import json
-import threading
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import uuid
 from pathlib import Path
 from unittest.mock import ANY
@@ -548,3 +549,91 @@ def test_an_action_beside_another_holding_the_queue_too_long_is_busy_not_a_broke
         impatient.dispose()
     assert status_of(QueueBusy) == 409
     assert depth(broker_url, XQ) == 3 and audit_rows(engine) == []
+
+
+class CommitAnswerLost:
+    """A proxy to PostgreSQL (:class:`tests.tcp.Listener`) that lets the first ``COMMIT`` through and hangs up on its
+    client before the answer comes back: the server commits, the client sees its connection drop. ``then_cut``: every
+    connection cut, and new ones refused, once that COMMIT is through (nobody can look whether it landed)."""
+
+    COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
+
+    def __init__(self, upstream: tuple[str, int], *, then_cut: bool = False):
+        from tests.tcp import Listener
+
+        proxy = self
+
+        class Proxy(Listener):
+            def _pipe(self, source, target):
+                if target.getpeername()[1] != upstream[1] or proxy.fired.is_set():
+                    return super()._pipe(source, target)
+                try:
+                    while data := source.recv(65536):
+                        if proxy.COMMIT in data and not proxy.fired.is_set():
+                            proxy.fired.set()
+                            source.shutdown(socket.SHUT_RDWR)  # the client's connection drops first...
+                            target.sendall(data)  # ...then PostgreSQL gets the COMMIT
+                            if then_cut:
+                                self.cut()
+                            return
+                        target.sendall(data)
+                except OSError:
+                    pass
+
+        self.fired = threading.Event()
+        self.listener = Proxy(upstream)
+        self.port = self.listener.port
+
+    def close(self):
+        self.listener.close()
+
+
+@pytest.mark.parametrize("verb", ["purge", "requeue"])
+@pytest.mark.parametrize("broker_kind", ["postgres"])
+def test_a_pg_action_whose_commit_went_unanswered_and_landed_is_done(services, broker_url, engine, verb):
+    """The PostgreSQL broker moves the chosen dead letters in one transaction. Its COMMIT's answer lost, the call
+    answered ``503 broker_unavailable`` with an audit row ``failed``, ``count: 0``, "what is listed was done, the
+    rest is still in the queue", after the server had purged (or requeued) them all (an adversarial run)."""
+    from app.adapters.broker.postgres_dead_letters import PostgresDeadLetters
+
+    ids = dead_letter_three(services, broker_url, count=4)
+    proxy = CommitAnswerLost((engine.url.host, engine.url.port or 5432))
+    through = engine.url.set(port=proxy.port).render_as_string(hide_password=False)
+    tools = PostgresDeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
+    try:
+        result = getattr(tools, verb)(XQ, actor="ops:olga", expected=4, reason="db is back")
+    finally:
+        tools.close()
+        proxy.close()
+    assert proxy.fired.is_set(), "the COMMIT's answer was lost"
+    assert result == {f"{verb}d": 4, "message_ids": ids, "not_found": []}
+    assert depth(broker_url, XQ) == 0 and depth(broker_url, "attache.inspect") == (4 if verb == "requeue" else 0)
+    [row] = audit_rows(engine)
+    assert row.details == {"status": "completed", "all": True, "expected": 4, "depth": 4, f"{verb}d": ids,
+                           "count": 4, "completed_at": ANY}
+
+
+@pytest.mark.parametrize("broker_kind", ["postgres"])
+def test_a_pg_purge_whose_commit_went_unanswered_and_cannot_be_checked_says_it_may_have_been_done(
+        services, broker_url, engine):
+    """Not "nothing was done" (``failed``, ``purged: []``) for messages that may have been purged."""
+    from app.adapters.broker.postgres_dead_letters import PostgresDeadLetters
+    from app.errors import OutcomeUnknown
+    from app.web.responses import status_of
+
+    ids = dead_letter_three(services, broker_url, count=4)
+    proxy = CommitAnswerLost((engine.url.host, engine.url.port or 5432), then_cut=True)
+    through = engine.url.set(port=proxy.port).render_as_string(hide_password=False)
+    tools = PostgresDeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=1.0)
+    try:
+        with pytest.raises(OutcomeUnknown, match="may have been requeued or purged") as raised:
+            tools.purge(XQ, actor="ops:olga", message_ids=ids, reason="poison")
+    finally:
+        tools.close()
+        proxy.close()
+    assert proxy.fired.is_set(), "the COMMIT's answer was lost"
+    assert raised.value.error_code == "outcome_unknown" and status_of(raised.value) == 503
+    assert depth(broker_url, XQ) in (0, 4), "one transaction: all or none"
+    [row] = audit_rows(engine)
+    assert row.details == {"status": "unknown", "message_ids": ids, "depth": 4, "purged": [], "count": 0,
+                           "unknown": ids, "completed_at": ANY, "error": ANY}

@@ -69,6 +69,7 @@ from app.errors import (
     JobNotFound,
     MissingReason,
     MoreThanExpected,
+    OutcomeUnknown,
     QueryTimeout,
     QueueBusy,
     StorageUnavailable,
@@ -492,6 +493,9 @@ def _act(verb: str, queue: str):
                         f"nothing was {verb}d. Look at the queue again.")
     except QueueBusy:
         return _queue_busy(queue)
+    except OutcomeUnknown as exc:  # the PostgreSQL broker's COMMIT went unanswered: done, or not at all
+        return _message(status_of(exc), f"Maybe {verb}d",
+                        f"{exc}. The audit log's row for this action says unknown and lists them.")
     except DatabaseUnavailable as exc:  # the audit row may not say what was done: it is in PostgreSQL
         return _message(status_of(exc), "PostgreSQL unavailable",
                         f"{_broker_down(exc)}; nothing more was {verb}d. What was done before is in the audit "

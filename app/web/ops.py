@@ -294,7 +294,10 @@ DEAD_LETTER_ACTION_ANSWERS = {
     409: refused("`all`: the queue holds more messages than `expected` (`more_than_expected`), or another "
                  "listing, requeue or purge of the queue held it for longer than the web waits for its lock "
                  "(`queue_busy`); nothing was done.", "more_than_expected", "queue_busy"),
-    503: BROKER_OR_DATABASE_DOWN,
+    503: refused("RabbitMQ or PostgreSQL is unavailable; retry later. `outcome_unknown` (the PostgreSQL broker): "
+                 "the move's COMMIT got no answer, and whether it landed cannot be told: the chosen messages were "
+                 "all moved or none were; list the queue before acting again.",
+                 "broker_unavailable", "database_unavailable", "outcome_unknown", retry_after=True),
 }
 DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touched (`details.status`: `intent`) and "
                      "completed afterwards (`completed` with what was done, or `failed`).")

@@ -49,7 +49,15 @@ from app.adapters.broker.rabbitmq import PUBLISH_ERRORS, connection_parameters, 
 from app.adapters.postgres import audit
 from app.adapters.postgres.db import lock_not_available, once_reachable, transaction
 from app.adapters.postgres.models import dead_letters, jobs
-from app.errors import BadSelection, BrokerUnavailable, DatabaseUnavailable, MoreThanExpected, QueueBusy, UnknownQueue
+from app.errors import (
+    BadSelection,
+    BrokerUnavailable,
+    DatabaseUnavailable,
+    MoreThanExpected,
+    OutcomeUnknown,
+    QueueBusy,
+    UnknownQueue,
+)
 
 TRACEBACK_CHARS = 2000
 REQUEUED_BY_HEADER = "x-attache-requeued-by"
@@ -370,14 +378,17 @@ class DeadLetters:
         The audit row is committed *before* the broker is touched, with
         ``details.status`` ``intent`` (what was chosen and the depth seen);
         afterwards the same row becomes ``completed`` (what was done, count,
-        ids not found) or ``failed`` (what was done before the error). A row
-        left at ``intent`` means the process died, or lost PostgreSQL, in between: its ids say
-        what may have been done.
+        ids not found) or ``failed`` (what was done before the error), or
+        ``unknown`` when the broker cannot tell whether it did what was
+        asked (:class:`OutcomeUnknown`: its ``unknown`` ids may have been
+        done). A row left at ``intent`` means the process died, or lost
+        PostgreSQL, in between: its ids say what may have been done.
         """
         selection = self._selection(message_ids, expected)
         wanted = selection.get("message_ids")
         action = f"dlq.{verb}"
         done: list[str | None] = []
+        doubt: list[str | None] = []  # taken, and whether the broker did it cannot be told
         audit_id: int | None = None
         depth = 0
         try:
@@ -396,17 +407,19 @@ class DeadLetters:
                         held()
                         handle(*message)
 
-                    self._take(connection, xq, depth, wanted, alone_handle, done)
+                    self._take(connection, xq, depth, wanted, alone_handle, done, doubt)
         except Exception as exc:
             if audit_id is not None:
-                self._complete(audit_id, verb, selection, depth, done, wanted, error=exc)
+                self._complete(audit_id, verb, selection, depth, done, wanted, error=exc, doubt=doubt)
             raise
         self._complete(audit_id, verb, selection, depth, done, wanted)
         return {f"{verb}d": len(done), "message_ids": done,
                 "not_found": [] if wanted is None else [m for m in wanted if m not in done]}
 
     def _take(self, connection, xq: str, depth: int, wanted: list[str] | None, handle,
-              done: list[str | None]) -> None:
+              done: list[str | None], doubt: list[str | None]) -> None:
+        """The chosen messages handled one by one, each in ``done`` once handled (``doubt``: for a broker that
+        may not know, :meth:`PostgresDeadLetters._take`)."""
         source = connection.channel()
         remaining = None if wanted is None else set(wanted)
         held = 0  # fetched, not chosen: unacked until the end, then handed back in place
@@ -431,13 +444,16 @@ class DeadLetters:
         source.close()
 
     def _complete(self, audit_id: int, verb: str, selection: dict, depth: int, done: list, wanted,
-                  error: Exception | None = None) -> None:
-        details: dict[str, Any] = {"status": "completed" if error is None else "failed", **selection,
+                  error: Exception | None = None, doubt: list | None = None) -> None:
+        status = "completed" if error is None else "unknown" if isinstance(error, OutcomeUnknown) else "failed"
+        details: dict[str, Any] = {"status": status, **selection,
                                    "depth": depth, f"{verb}d": done,
                                    "count": len(done),
                                    "completed_at": datetime.now(timezone.utc).isoformat()}
         if wanted is not None and error is None:
             details["not_found"] = [m for m in wanted if m not in done]
+        if doubt:
+            details["unknown"] = doubt
         if error is not None:
             details["error"] = f"{type(error).__name__}: {error}"[:500]
 

@@ -14,7 +14,13 @@ Differences an operator may notice, none of them a loss:
 
 * looking at dead letters does not touch them (no fetch and hand back);
 * a requeue or purge is one transaction: all of the chosen messages move,
-  or none do (RabbitMQ moves them one by one);
+  or none do (RabbitMQ moves them one by one). A COMMIT whose answer was
+  lost (the connection dropped just then) is checked on another
+  connection: the messages gone from the ``.XQ``, it is done; still there,
+  nothing was; neither to be told, :class:`~app.errors.OutcomeUnknown` and
+  an audit row ``unknown`` naming them. It answered ``503
+  broker_unavailable`` with an audit row saying nothing was done, after the
+  server had purged or requeued them all (an adversarial run);
 * a requeued message keeps its message id (it is the same row, queued
   again with a fresh delivery count), as RabbitMQ's requeue keeps the body.
 """
@@ -41,9 +47,12 @@ from app.adapters.broker.postgres import (
     make_pool,
     xq_name,
 )
-from app.errors import BadSelection, BrokerUnavailable
+from app.errors import BadSelection, BrokerUnavailable, OutcomeUnknown
 
 REJECTED = f"""FROM {TABLE} WHERE "state" = 'rejected' AND queue_name IN (%s, %s)"""
+#: how long the look after a COMMIT without answer waits for that COMMIT's transaction to end, should PostgreSQL
+#: not have ended it yet (its row locks; then it cannot be told)
+LANDED_LOCK_TIMEOUT_MS = 5000
 
 
 def _describe(message_id: str, envelope, mtime) -> dict:
@@ -151,8 +160,12 @@ class PostgresDeadLetters(DeadLetters):
         return self._act("purge", xq, prepare, actor=actor, message_ids=message_ids, expected=expected, reason=reason)
 
     def _take(self, connection, xq: str, depth: int, wanted: list[str] | None, handle,
-              done: list[str | None]) -> None:
-        """The chosen rows, oldest first and at most ``depth``, handled in one transaction."""
+              done: list[str | None], doubt: list[str | None]) -> None:
+        """The chosen rows, oldest first and at most ``depth``, handled in one transaction.
+
+        A COMMIT that failed after every statement succeeded may have landed: :meth:`_landed` looks. Landed, the
+        rows are done; not, the error stands (nothing was done); not to be told, their ids go to ``doubt`` and
+        :class:`OutcomeUnknown` is raised."""
         query = "SELECT message_id::text, message " + REJECTED
         args: tuple = self._queues_of(xq)
         if wanted is not None:
@@ -160,11 +173,40 @@ class PostgresDeadLetters(DeadLetters):
             args += (list(wanted),)
         query += " ORDER BY mtime, position LIMIT %s FOR UPDATE SKIP LOCKED"
         taken = []
-        with connection.transaction(), connection.cursor() as cursor:
-            for message_id, envelope in cursor.execute(query, (*args, depth)).fetchall():
-                handle(cursor, message_id, envelope)
-                taken.append(message_id)
+        committing = False
+        try:
+            with connection.transaction(), connection.cursor() as cursor:
+                for message_id, envelope in cursor.execute(query, (*args, depth)).fetchall():
+                    handle(cursor, message_id, envelope)
+                    taken.append(message_id)
+                committing = True  # every statement succeeded: an error from here on is the COMMIT's own
+        except PUBLISH_ERRORS as exc:
+            if not (committing and taken):
+                raise
+            landed = self._landed(xq, taken)
+            if landed is False:
+                raise
+            if landed is None:
+                doubt.extend(taken)
+                raise OutcomeUnknown(f"the COMMIT of the {len(taken)} dead letter(s) taken from {xq} got no answer "
+                                     "and whether it landed cannot be told: they may have been requeued or purged "
+                                     "as asked (the audit row lists them, status unknown); list the queue before "
+                                     "doing it again") from exc
         done.extend(taken)
+
+    def _landed(self, xq: str, taken: list[str]) -> bool | None:
+        """Whether the transaction that took ``taken`` from ``xq`` committed, as another connection sees it: True
+        when none of them is a dead letter any more, False when all still are (one transaction: all or none),
+        None when it cannot be told. ``FOR SHARE`` waits for that transaction to end if PostgreSQL has not ended
+        it yet (for :data:`LANDED_LOCK_TIMEOUT_MS`), and sees its rows as it left them."""
+        try:
+            with self._connection(f"check {xq}") as connection, connection.transaction():
+                connection.execute(f"SET LOCAL lock_timeout = {LANDED_LOCK_TIMEOUT_MS}")
+                left = connection.execute("SELECT message_id " + REJECTED + " AND message_id::text = ANY(%s) "
+                                          "FOR SHARE", (*self._queues_of(xq), taken)).fetchall()
+        except BrokerUnavailable:
+            return None
+        return {0: True, len(taken): False}.get(len(left))
 
 
 __all__ = ["PostgresDeadLetters"]
