@@ -215,13 +215,26 @@ def _cache_bits(bits: _Bits) -> int:
 
 def _subimage(bits: _Bits, width: int, height: int) -> array:
     """The ARGB pixels of a sub-image (``DecodeImageStream`` below level 0): a colour cache, one group of five
-    codes, then literals, copies and cache hits. Kept 4 bytes a pixel, as libwebp keeps them."""
+    codes, then literals, copies and cache hits. Kept 4 bytes a pixel, as libwebp keeps them.
+
+    Codes of one symbol each are read in no bits, so such a sub-image is one pixel repeated, made at once: read
+    pixel by pixel, a 40-byte WebP whose sub-image of 524,176 pixels took no bits cost the web 0.16-0.21 s of CPU
+    per upload, refused (``413``) or not, and a few connections slowed everyone's uploads 10-100 times (an
+    adversarial run). Each pixel read in the loop now costs its stream at least a bit. (A copy, the one symbol,
+    reaches before the start at once: corrupt.)"""
     cache_bits = _cache_bits(bits)
     green, red, blue, alpha, distance = (
         _read_code(bits, alphabet)
         for alphabet in (_LITERALS + _LENGTH_CODES + (1 << cache_bits if cache_bits else 0), _LITERALS, _LITERALS,
                          _LITERALS, _DISTANCE_CODES))
     total = width * height
+    if not green.longest:  # every pixel's green symbol is read in no bits: the whole sub-image is known now
+        symbol = green.table[0][0]
+        if symbol < _LITERALS and not (red.longest or blue.longest or alpha.longest):  # one literal, every pixel
+            a, r, b = (code.table[0][0] for code in (alpha, red, blue))
+            return array("I", [a << 24 | r << 16 | symbol << 8 | b]) * total
+        if symbol >= _LITERALS + _LENGTH_CODES:  # a cache hit, every pixel: the cache only ever holds zeros
+            return array("I", [0]) * total
     pixels = array("I")
     cache = [0] * (1 << cache_bits)
     shift, cached = 32 - cache_bits, 0
