@@ -40,6 +40,8 @@ NAMESPACE = 727275
 _LOCK = text("SELECT pg_advisory_xact_lock(:ns, hashtext(:key))")
 _TRY_LOCK = text("SELECT pg_try_advisory_xact_lock(:ns, hashtext(:key))")
 _REMOVAL_DECIDED = select(staging_removals.c.key).where(staging_removals.c.key == bindparam("b_key"))
+
+
 def kept_original(attachment_id):
     """The storage key of the attachment's published original (a scalar subquery: ``attachment_id`` may be a
     column of the outer query, so a step reads it with its attachment's row), or NULL before its first publish."""

@@ -498,7 +498,7 @@ class Workflow:
     # --- ready: verify, never redo -------------------------------------------
 
     def verify_ready(self, job) -> Outcome:
-        version = pipeline.get(job.pipeline_version)
+        version = self._version(job)
         with transaction(self.services.engine) as conn:
             rows = conn.execute(_PUBLISHED_VARIANTS, {"b_job_id": job.id}).all()
             attachment = self._attachment(conn, job.attachment_id)
