@@ -637,3 +637,59 @@ def test_a_pg_purge_whose_commit_went_unanswered_and_cannot_be_checked_says_it_m
     [row] = audit_rows(engine)
     assert row.details == {"status": "unknown", "message_ids": ids, "depth": 4, "purged": [], "count": 0,
                            "unknown": ids, "completed_at": ANY, "error": ANY}
+
+
+class AckLost:
+    """A proxy to RabbitMQ (:class:`tests.tcp.Listener`) that hangs up on both sides as the first ``basic.ack`` after
+    it is armed passes toward the broker, which never gets it."""
+
+    ACK = b"\x00\x3c\x00\x50"  # a method frame's class and method: basic (60), ack (80)
+
+    def __init__(self, upstream: tuple[str, int]):
+        from tests.tcp import Listener
+
+        proxy = self
+
+        class Proxy(Listener):
+            def _pipe(self, source, target):
+                if target.getpeername()[1] != upstream[1]:
+                    return super()._pipe(source, target)
+                try:
+                    while data := source.recv(65536):
+                        if proxy.armed.is_set() and proxy.ACK in data and not proxy.fired.is_set():
+                            proxy.fired.set()
+                            self.cut()
+                            return
+                        target.sendall(data)
+                except OSError:
+                    pass
+
+        self.armed, self.fired = threading.Event(), threading.Event()
+        self.listener = Proxy(upstream)
+        self.port = self.listener.port
+
+    def close(self):
+        self.listener.close()
+
+
+def test_a_rabbitmq_purge_whose_connection_dropped_as_it_acked_does_not_call_that_message_purged(
+        services, broker_url, engine):
+    """An ack gets no answer: the audit row listed as purged a message whose ack the broker never got, and which was
+    still in the queue (status failed: "what is listed was done"; an adversarial run)."""
+    ids = dead_letter_three(services, broker_url)
+    host, port = services.settings.broker_url.split("@", 1)[1].split("/", 1)[0].split(":")
+    proxy = AckLost((host, int(port)))
+    through = broker_url.replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+    tools = DeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
+    proxy.armed.set()
+    try:
+        with pytest.raises(BrokerUnavailable):
+            tools.purge(XQ, actor="ops:olga", expected=3, reason="poison")
+    finally:
+        tools.close()
+        proxy.close()
+    assert proxy.fired.is_set(), "the ack was lost"
+    assert depth(broker_url, XQ) == 3, "nothing was purged"
+    [row] = audit_rows(engine)
+    assert (row.details["status"], row.details["purged"], row.details["count"]) == ("failed", [], 0), row.details
+    assert row.details["unknown"] == ids[:1]

@@ -418,30 +418,42 @@ class DeadLetters:
 
     def _take(self, connection, xq: str, depth: int, wanted: list[str] | None, handle,
               done: list[str | None], doubt: list[str | None]) -> None:
-        """The chosen messages handled one by one, each in ``done`` once handled (``doubt``: for a broker that
-        may not know, :meth:`PostgresDeadLetters._take`)."""
+        """The chosen messages handled one by one, each in ``done`` once RabbitMQ has its ack.
+
+        An ack is not answered: RabbitMQ has it once it answers a later call on the channel (the next ``basic.get``,
+        the channel's close), as it handles a channel's calls in order. A message acked just before the connection
+        failed goes to ``doubt``, not ``done``: it may still be in the queue (requeued, it was published to its step
+        queue too). It was listed as done, and the audit row of a purge whose connection dropped as its ack was sent
+        said "purged" of a message still in the queue (an adversarial run)."""
         source = connection.channel()
         remaining = None if wanted is None else set(wanted)
         held = 0  # fetched, not chosen: unacked until the end, then handed back in place
+        known = len(done)  # how many of ``done`` RabbitMQ is known to have
         try:
-            for _ in range(depth):
-                if remaining is not None and not remaining:
-                    break
-                method, properties, body = source.basic_get(xq, auto_ack=False)
-                if method is None:
-                    break
-                message_id = _message_id(_decode(body), properties)
-                if remaining is not None and message_id not in remaining:
-                    held += 1
-                    continue
-                handle(source, method, properties, body)
-                done.append(message_id)
-                if remaining is not None:
-                    remaining.discard(message_id)
-        finally:
-            if held and source.is_open:
-                source.basic_nack(delivery_tag=0, multiple=True, requeue=True)
-        source.close()
+            try:
+                for _ in range(depth):
+                    if remaining is not None and not remaining:
+                        break
+                    method, properties, body = source.basic_get(xq, auto_ack=False)
+                    known = len(done)
+                    if method is None:
+                        break
+                    message_id = _message_id(_decode(body), properties)
+                    if remaining is not None and message_id not in remaining:
+                        held += 1
+                        continue
+                    handle(source, method, properties, body)
+                    done.append(message_id)
+                    if remaining is not None:
+                        remaining.discard(message_id)
+            finally:
+                if held and source.is_open:
+                    source.basic_nack(delivery_tag=0, multiple=True, requeue=True)
+            source.close()
+        except BaseException:
+            doubt.extend(done[known:])
+            del done[known:]
+            raise
 
     def _complete(self, audit_id: int, verb: str, selection: dict, depth: int, done: list, wanted,
                   error: Exception | None = None, doubt: list | None = None) -> None:
