@@ -140,6 +140,11 @@ class Process:
     def output(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
 
+    def children(self) -> list[int]:
+        """The pids of the other processes of its process group (gunicorn's workers), sorted."""
+        found = subprocess.run(["pgrep", "-g", str(self.popen.pid)], capture_output=True, text=True).stdout.split()
+        return sorted(int(pid) for pid in found if int(pid) != self.popen.pid)
+
 
 class Deployment:
     """web + worker + scheduler of one test, sharing one database, vhost and storage.

@@ -280,7 +280,17 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
         while not select.select([long_chunked], [], [], 0.5)[0]:  # before: no answer while it trickled
             assert time.monotonic() - began < 4, "answered within its second, however it trickles"
             long_chunked.send(b"1\r\nb\r\n")
-        assert long_chunked.recv(100).split(b"\r\n")[0].split()[1] == b"400"
+        assert long_chunked.recv(100).split(b"\r\n")[0].split()[1] == b"411"
+        # a fifth: 64 KiB of 1-byte chunks, less than the form's limit, handed to a thread before their end, held it
+        # the form's second; 120 a second from one address held every thread (an adversarial run). A sign-in form
+        # must declare its length: refused at once
+        for path in ("/ops/login", "/"):
+            at_once = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
+            unsent.append(at_once)
+            at_once.sendall((chunked.replace("/ops/login", path, 1) + "1\r\na\r\n" * 11_000).encode())
+            began = time.monotonic()
+            assert at_once.recv(100).split(b"\r\n")[0].split()[1] == b"411"
+            assert time.monotonic() - began < 0.5, "no wait for the rest of the body"
         large = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
         unsent.append(large)
         large.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}"  # too large to gather
@@ -296,7 +306,7 @@ def test_sign_in_forms_whose_body_never_comes_take_no_thread(deployment):
         assert answer_of(trickled).split(b"\r\n")[0].split()[1] == b"400"  # no CSRF token: refused, but answered
         chunked = requests.post(deployment.url + "/ops/login", data=iter([b"token=", b"x"]), timeout=5,
                                 headers={"Content-Type": "application/x-www-form-urlencoded"})
-        assert chunked.status_code == 400, chunked.text
+        assert chunked.status_code == 411, chunked.text
         awaiting = socket.create_connection(("127.0.0.1", deployment.port), timeout=20)
         unsent.append(awaiting)  # told to send its body once, then answered
         awaiting.sendall(f"POST /ops/login HTTP/1.1\r\nHost: 127.0.0.1\r\n{form}Expect: 100-continue\r\n"
@@ -640,6 +650,28 @@ def test_what_gunicorn_cannot_parse_is_refused_in_json(deployment):
         assert status.split()[1] in (b"400", b"414"), answer[:200]
         assert b"content-type: application/json" in headers.lower(), answer[:300]
         assert set(json.loads(body)) == {"error", "message"}, body
+    # a Content-Length of 4,301 digits or more: int() refused it on the poller, whose ValueError ended the worker
+    # process and every connection on it, no token needed (an adversarial run); and a 60,000-comma Transfer-Encoding
+    workers = deployment.processes["web"].children()
+    kept = socket.create_connection(("127.0.0.1", deployment.port), timeout=10)  # a connection the process serves
+
+    def healthy() -> bool:
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}\n") and (chunk := kept.recv(65536)):
+            answer += chunk
+        return answer.startswith(b"HTTP/1.1 200")
+
+    assert healthy()
+    for head in (b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n",
+                 b"POST /ops/login HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + b"," * 60_000 + b"chunked\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as sock:
+            sock.sendall(head)
+            answer = answer_of(sock)
+        assert answer.split(b"\r\n")[0].split()[1] in (b"400", b"431"), answer[:200]
+    assert healthy(), "the process lives on"
+    kept.close()
+    assert deployment.processes["web"].children() == workers
     # a header sent twice reaches the application joined with a comma (an adversarial run: two Idempotency-Keys
     # were taken as one key, "a,b")
     photo = b"\xff\xd8\xff\xd9"

@@ -442,6 +442,15 @@ def _stored(attachment_id: uuid.UUID, row, headers: dict, etag: str, place) -> t
 
 
 _RANGE_SPEC = re.compile(r"(\d*)-(\d*)")
+#: a range's number of more digits than this is past the end of any object (and ``int()`` refuses one of 4,301
+#: digits or more: such a range answered 500, an adversarial run)
+_RANGE_DIGITS = 18
+
+
+def _position(digits: str) -> int:
+    """A range's byte position: its digits' value, or one past any object's end when they are too many."""
+    digits = digits.lstrip("0") or "0"
+    return int(digits) if len(digits) <= _RANGE_DIGITS else 10 ** _RANGE_DIGITS
 
 
 def _requested_range(size: int, etag: str):
@@ -461,14 +470,14 @@ def _requested_range(size: int, etag: str):
     if first == last == "":
         return None
     if first == "":
-        suffix = int(last)
+        suffix = _position(last)
         if suffix <= 0:
             return "unsatisfiable"
         start = max(0, size - suffix)
         end = size - 1
     else:
-        start = int(first)
-        end = int(last) if last else size - 1
+        start = _position(first)
+        end = _position(last) if last else size - 1
         if last and end < start:  # an invalid range-spec (RFC 9110 14.1.1): ignored, not refused
             return None
     if start >= size:
