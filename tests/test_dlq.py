@@ -37,6 +37,7 @@ from app.core.steps import Step
 from app.errors import BadSelection, BrokerUnavailable, MoreThanExpected
 from app.observability.tracing import new_traceparent
 from tests.conftest import BROKER_KINDS
+from tests.processes import wait_for
 
 XQ = "attache.inspect.XQ"
 STEP_QUEUES = [step.queue for step in Step]
@@ -558,7 +559,9 @@ class CommitAnswerLost:
 
     COMMIT = b"Q\x00\x00\x00\x0bCOMMIT\x00"
 
-    def __init__(self, upstream: tuple[str, int], *, then_cut: bool = False):
+    def __init__(self, upstream: tuple[str, int], *, then_cut: bool = False, meanwhile=None):
+        """``meanwhile``: called once the COMMIT is through, before the client's connection drops (what the world
+        does while the client has not yet noticed)."""
         from tests.tcp import Listener
 
         proxy = self
@@ -571,6 +574,13 @@ class CommitAnswerLost:
                     while data := source.recv(65536):
                         if proxy.COMMIT in data and not proxy.fired.is_set():
                             proxy.fired.set()
+                            if meanwhile is not None:  # the answer swallowed while the world goes on
+                                self.frozen.set()
+                                target.sendall(data)
+                                meanwhile()
+                                self.frozen.clear()
+                                source.shutdown(socket.SHUT_RDWR)
+                                return
                             source.shutdown(socket.SHUT_RDWR)  # the client's connection drops first...
                             target.sendall(data)  # ...then PostgreSQL gets the COMMIT
                             if then_cut:
@@ -693,3 +703,30 @@ def test_a_rabbitmq_purge_whose_connection_dropped_as_it_acked_does_not_call_tha
     [row] = audit_rows(engine)
     assert (row.details["status"], row.details["purged"], row.details["count"]) == ("failed", [], 0), row.details
     assert row.details["unknown"] == ids[:1]
+
+
+@pytest.mark.parametrize("broker_kind", ["postgres"])
+def test_a_pg_requeue_that_landed_and_came_back_before_the_look_is_done(services, broker_url, engine):
+    """A re-attack: the requeue's COMMIT landed, a worker ran the messages and dead-lettered them again before the
+    client noticed its connection was gone, and the look, judging by their state alone, found them all dead letters
+    and audited the requeue ``failed``, nothing done."""
+    from app.adapters.broker.postgres_dead_letters import PostgresDeadLetters
+
+    ids = dead_letter_three(services, broker_url, count=4)
+
+    def run_and_dead_letter_again():
+        wait_for(lambda: depth(broker_url, "attache.inspect") == 4, timeout=10, message="the requeue landed")
+        reject(services, broker_url, ids)
+
+    proxy = CommitAnswerLost((engine.url.host, engine.url.port or 5432), meanwhile=run_and_dead_letter_again)
+    through = engine.url.set(port=proxy.port).render_as_string(hide_password=False)
+    tools = PostgresDeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
+    try:
+        result = tools.requeue(XQ, actor="ops:olga", expected=4, reason="decoder fixed")
+    finally:
+        tools.close()
+        proxy.close()
+    assert proxy.fired.is_set(), "the COMMIT's answer was lost"
+    assert result["requeued"] == 4 and depth(broker_url, XQ) == 4, "dead letters again, after a requeue that landed"
+    [row] = audit_rows(engine)
+    assert (row.details["status"], row.details["requeued"]) == ("completed", ids), row.details

@@ -166,19 +166,19 @@ class PostgresDeadLetters(DeadLetters):
         A COMMIT that failed after every statement succeeded may have landed: :meth:`_landed` looks. Landed, the
         rows are done; not, the error stands (nothing was done); not to be told, their ids go to ``doubt`` and
         :class:`OutcomeUnknown` is raised."""
-        query = "SELECT message_id::text, message " + REJECTED
+        query = "SELECT message_id::text, message, mtime " + REJECTED
         args: tuple = self._queues_of(xq)
         if wanted is not None:
             query += " AND message_id::text = ANY(%s)"
             args += (list(wanted),)
         query += " ORDER BY mtime, position LIMIT %s FOR UPDATE SKIP LOCKED"
-        taken = []
+        taken: dict[str, object] = {}  # message id -> its row's mtime when taken
         committing = False
         try:
             with connection.transaction(), connection.cursor() as cursor:
-                for message_id, envelope in cursor.execute(query, (*args, depth)).fetchall():
+                for message_id, envelope, mtime in cursor.execute(query, (*args, depth)).fetchall():
                     handle(cursor, message_id, envelope)
-                    taken.append(message_id)
+                    taken[message_id] = mtime
                 committing = True  # every statement succeeded: an error from here on is the COMMIT's own
         except PUBLISH_ERRORS as exc:
             if not (committing and taken):
@@ -187,25 +187,29 @@ class PostgresDeadLetters(DeadLetters):
             if landed is False:
                 raise
             if landed is None:
-                doubt.extend(taken)
+                doubt.extend(taken)  # their ids
                 raise OutcomeUnknown(f"the COMMIT of the {len(taken)} dead letter(s) taken from {xq} got no answer "
                                      "and whether it landed cannot be told: they may have been requeued or purged "
                                      "as asked (the audit row lists them, status unknown); list the queue before "
                                      "doing it again") from exc
-        done.extend(taken)
+        done.extend(taken)  # their ids, oldest first
 
-    def _landed(self, xq: str, taken: list[str]) -> bool | None:
-        """Whether the transaction that took ``taken`` from ``xq`` committed, as another connection sees it: True
-        when none of them is a dead letter any more, False when all still are (one transaction: all or none),
-        None when it cannot be told. ``FOR SHARE`` waits for that transaction to end if PostgreSQL has not ended
-        it yet (for :data:`LANDED_LOCK_TIMEOUT_MS`), and sees its rows as it left them."""
+    def _landed(self, xq: str, taken: dict[str, object]) -> bool | None:
+        """Whether the transaction that took ``taken`` (message id -> its row's mtime then) from ``xq`` committed,
+        as another connection sees it: True when none of them is the dead letter it was any more, False when all
+        still are (one transaction: all or none), None when it cannot be told. ``FOR SHARE`` waits for that
+        transaction to end if PostgreSQL has not ended it yet (for :data:`LANDED_LOCK_TIMEOUT_MS`), and sees its rows
+        as it left them. A row is the same dead letter while its ``mtime`` is: a message requeued, run by a worker
+        and dead-lettered again before the look is a dead letter again, with a later ``mtime``; judged by its state
+        alone, a requeue that landed was audited ``failed``, nothing done (a re-attack)."""
         try:
             with self._connection(f"check {xq}") as connection, connection.transaction():
                 connection.execute(f"SET LOCAL lock_timeout = {LANDED_LOCK_TIMEOUT_MS}")
-                left = connection.execute("SELECT message_id " + REJECTED + " AND message_id::text = ANY(%s) "
-                                          "FOR SHARE", (*self._queues_of(xq), taken)).fetchall()
+                rows = connection.execute("SELECT message_id::text, mtime " + REJECTED + " AND message_id::text = "
+                                          "ANY(%s) FOR SHARE", (*self._queues_of(xq), list(taken))).fetchall()
         except BrokerUnavailable:
             return None
+        left = [message_id for message_id, mtime in rows if taken[message_id] == mtime]
         return {0: True, len(taken): False}.get(len(left))
 
 
