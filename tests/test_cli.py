@@ -42,6 +42,16 @@ def failed_job_id(quiet_services, engine, data_file):
 
 
 
+def test_a_reason_that_is_an_option_is_refused_and_nothing_is_done(cli, engine, quiet_services, data_file):
+    """A re-attack: ``--reason --dry-run`` took the flag for the reason, and the backfill it meant to estimate ran."""
+    run(Workflow(quiet_services), engine, upload(quiet_services, data_file("photos/chelsea.jpg")).job_id)
+    result = cli("pipeline", "backfill", "--to", "2", "--reason", "--dry-run")
+    assert result.exit_code != 0 and "is an option, not a reason" in result.output, result.output
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).first() is None
+    assert cli("pipeline", "backfill", "--to", "2", "--dry-run", "--reason", "estimate").exit_code == 0
+
+
 def test_jobs_list_show_and_replay(cli, engine, failed_job_id):
     result = cli("jobs", "list", "--state", "failed", "--json")
     assert result.exit_code == 0

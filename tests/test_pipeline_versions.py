@@ -269,7 +269,10 @@ def test_backfill_over_http_is_audited_and_estimates_the_steps_time(quiet_servic
     ops = authed(app, OPERATOR_TOKEN)
     # a dry run asked for in a body that is not a JSON object was taken for no body, and ran (an adversarial run)
     for unread in (dict(data={"dry_run": "true"}), dict(data='{"dry_run": true,}', content_type="application/json"),
-                   dict(data='{"dry_run": true}', content_type="text/plain"), dict(json=[{"dry_run": True}])):
+                   dict(data='{"dry_run": true}', content_type="text/plain"), dict(json=[{"dry_run": True}]),
+                   # a re-attack: a dry run asked for in the query, given twice, or as something not a boolean
+                   dict(query_string={"dry_run": "true"}), dict(json={"dry_run": None}), dict(json={"dry_run": {}}),
+                   dict(data='{"dry_run": true, "dry_run": false}', content_type="application/json")):
         refused = ops.post("/v1/ops/pipelines/2/backfill", **unread)
         assert refused.status_code == 400 and refused.json["error"] == "bad_request", (unread, refused.json)
     with engine.connect() as conn:

@@ -9,7 +9,7 @@ import click
 from rich.progress import Progress
 
 from app.cli.output import console, emit, json_option, say
-from app.cli.runtime import fail_on_attache_errors, operator, services
+from app.cli.runtime import fail_on_attache_errors, operator, reason_option, services
 from app.cli.tables import Column, show
 from app.core import id_prefixes
 
@@ -122,7 +122,7 @@ def _outcome(verb: str, result: dict, as_json: bool) -> None:
 @dlq.command("requeue")
 @click.argument("queue")
 @_selection_options("requeue")
-@click.option("--reason", help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.")
 @json_option
 @fail_on_attache_errors
 def dlq_requeue(queue: str, message_ids: tuple[str, ...], everything: bool, expect: int | None, reason: str | None,
@@ -142,7 +142,7 @@ def dlq_requeue(queue: str, message_ids: tuple[str, ...], everything: bool, expe
 @dlq.command("purge")
 @click.argument("queue")
 @_selection_options("purge")
-@click.option("--reason", help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.")
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
 @json_option
 @fail_on_attache_errors

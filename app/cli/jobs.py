@@ -7,7 +7,7 @@ import click
 from app.adapters.postgres.models import JobState
 from app.cli.ids import UUID_PREFIX
 from app.cli.output import console, emit, json_option, say
-from app.cli.runtime import fail_on_attache_errors, operator, services
+from app.cli.runtime import fail_on_attache_errors, operator, reason_option, services
 from app.cli.tables import Column, record, show
 
 
@@ -102,7 +102,7 @@ def _provenance_row(variant: dict) -> list:
 
 @jobs.command("replay")
 @click.argument("job_id", type=UUID_PREFIX)
-@click.option("--reason", required=True, help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.", required=True)
 @json_option
 @fail_on_attache_errors
 def jobs_replay(job_id: str, reason: str, as_json: bool) -> None:

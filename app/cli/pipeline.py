@@ -6,7 +6,7 @@ import click
 from rich.progress import Progress
 
 from app.cli.output import console, emit, json_option, say
-from app.cli.runtime import fail_on_attache_errors, operator, services
+from app.cli.runtime import fail_on_attache_errors, operator, reason_option, services
 from app.cli.tables import Column, show
 
 
@@ -32,7 +32,7 @@ def pipeline_list(as_json: bool) -> None:
 @click.option("--to", "to_version", type=int, required=True, help="The pipeline version to reprocess into.")
 @click.option("--dry-run", is_flag=True, help="Count and estimate; change nothing.")
 @click.option("--batch", type=click.IntRange(1, 10_000), default=100, show_default=True)
-@click.option("--reason", help='Why; kept in the audit log and each new job\'s history (else "backfill to version N").')
+@reason_option('Why; kept in the audit log and each new job\'s history (else "backfill to version N").')
 @json_option
 @fail_on_attache_errors
 def pipeline_backfill(to_version: int, dry_run: bool, batch: int, reason: str | None, as_json: bool) -> None:

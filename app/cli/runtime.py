@@ -32,6 +32,17 @@ def operator() -> str:
         return "cli:unknown"
 
 
+def _a_reason(_ctx, _param, value: str | None) -> str | None:
+    if value is not None and value.startswith("--"):  # `--reason --dry-run`: the flag taken for the reason, and the
+        raise click.BadParameter(f"{value!r} is an option, not a reason; nothing was done")  # backfill ran (a re-attack)
+    return value
+
+
+def reason_option(help: str, *, required: bool = False):
+    """``--reason``, the audited why of an operator's action; a value that is an option's name is refused."""
+    return click.option("--reason", required=required, callback=_a_reason, help=help)
+
+
 def fail_on_attache_errors(fn):
     """An attache error or a ValueError ends the command with its message and exit status 1; so does a connection
     to PostgreSQL lost or never made outside a :func:`~app.adapters.postgres.db.transaction` (the cleanups' locks:

@@ -7,7 +7,7 @@ import uuid
 import click
 
 from app.cli.output import emit, json_option, say
-from app.cli.runtime import fail_on_attache_errors, operator, services
+from app.cli.runtime import fail_on_attache_errors, operator, reason_option, services
 from app.cli.tables import Column, show
 from app.core.events import TYPES
 
@@ -84,7 +84,7 @@ def webhooks_deliveries(subscription_id: uuid.UUID | None, state: str | None, li
 
 @webhooks.command("redeliver")
 @click.argument("delivery_id", type=int)
-@click.option("--reason", required=True, help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.", required=True)
 @json_option
 @fail_on_attache_errors
 def webhooks_redeliver(delivery_id: int, reason: str, as_json: bool) -> None:
@@ -98,7 +98,7 @@ def webhooks_redeliver(delivery_id: int, reason: str, as_json: bool) -> None:
 
 @webhooks.command("disable")
 @click.argument("subscription_id", type=click.UUID)
-@click.option("--reason", help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.")
 @json_option
 @fail_on_attache_errors
 def webhooks_disable(subscription_id: uuid.UUID, reason: str | None, as_json: bool) -> None:
@@ -112,7 +112,7 @@ def webhooks_disable(subscription_id: uuid.UUID, reason: str | None, as_json: bo
 
 @webhooks.command("enable")
 @click.argument("subscription_id", type=click.UUID)
-@click.option("--reason", help="Why; kept in the audit trail.")
+@reason_option("Why; kept in the audit trail.")
 @json_option
 @fail_on_attache_errors
 def webhooks_enable(subscription_id: uuid.UUID, reason: str | None, as_json: bool) -> None:

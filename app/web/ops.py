@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import datetime
 from typing import Literal
@@ -214,9 +215,25 @@ def _optional_object() -> dict:
     sent as ``application/json`` (not JSON, a form, an array) is refused. Read leniently (``get_json(silent=True)
     or {}``), a dry run's body sent as a form, or with a trailing comma, was taken for no body, and the backfill
     it asked to estimate ran (an adversarial run); a reason was dropped the same way."""
-    if not request.get_data(cache=True):
+    if request.args:  # `?dry_run=true` was not read, and the backfill ran (a re-attack)
+        raise BadRequest(f"this action takes no query parameters ({', '.join(sorted(request.args))}): send them as "
+                         "fields of its JSON body")
+    data = request.get_data(cache=True)
+    if not data:
         return {}
-    body = request.get_json(silent=True)
+    repeated: list[str] = []  # `{"dry_run": true, "dry_run": false}`: the last one won, and the backfill ran
+
+    def fields_once(pairs: list[tuple[str, object]]) -> dict:
+        names = [name for name, _ in pairs]
+        repeated.extend(name for name in names if names.count(name) > 1)
+        return dict(pairs)
+
+    try:
+        body = json.loads(data, object_pairs_hook=fields_once) if request.is_json else None
+    except ValueError:
+        body = None
+    if repeated:
+        raise BadRequest(f"the field {repeated[0]!r} is given more than once")
     if not isinstance(body, dict):
         raise BadRequest('the body must be a JSON object sent as application/json, such as {"reason": "..."}, '
                          'or empty')
@@ -346,7 +363,8 @@ def dlq_purge(queue: str):
     answers={
         200: ok("The estimate (dry run) or what was created.", BackfillEstimate, BackfillResult),
         400: refused("The body is neither empty nor a JSON object sent as `application/json` (a form, an array, "
-                     "JSON with a trailing comma), or "
+                     "JSON with a trailing comma, a field given twice), the request has query parameters, "
+                     "`dry_run` is not `true` or `false`, or "
                      f"`batch` is not an integer in 1..{MAX_BACKFILL_BATCH} (`1.0` is refused), `reason` is not a "
                      "string, or a field is not one of these (a mistyped `dryRun` would otherwise run the "
                      "backfill).", "bad_request"),
@@ -370,6 +388,8 @@ def backfill(version: int):
     if not isinstance(batch, int) or isinstance(batch, bool) or not 1 <= batch <= MAX_BACKFILL_BATCH:
         return _error(400, "bad_request", f"batch must be an integer between 1 and {MAX_BACKFILL_BATCH}")
     reason = _reason(body)
+    if not isinstance(body.get("dry_run", False), bool):  # `null` and `{}` were taken for false: it ran (a re-attack)
+        return _error(400, "bad_request", "dry_run must be true or false")
     estimate = backfill_module.estimate(_services(), version).as_dict()
     if body.get("dry_run"):
         return answer(BackfillEstimate(dry_run=True, **estimate))
