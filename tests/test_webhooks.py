@@ -102,7 +102,8 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
                     "http://192.0.0.192/latest/meta-data/", "http://192.0.0.8/", "http://192.0.0.100/",
                     "http://[3fff::1]/hook", "http://[::ffff:192.0.0.192]/hook",
                     # the deprecated 6to4 relay anycast: a relay, never a receiver, and global to ipaddress
-                    "http://192.88.99.1/hook", "http://[2002:c058:6301::1]/hook"):
+                    "http://192.88.99.1/hook", "http://[2002:c058:6301::1]/hook",
+                    "http://[64:ff9b::a00:1]/hook", "http://[64:ff9b::7f00:1]/hook"):  # NAT64 of 10.0.0.1, 127.0.0.1
             response = ops.post("/v1/ops/webhooks", json={"url": url, "events": ["attachment.ready"]})
             assert response.status_code == 422, (url, response.json)
             assert response.json["error"] == "webhook_target_refused"
@@ -115,6 +116,16 @@ def test_private_and_link_local_targets_are_refused_unless_allowed(env):
         assert ops.get("/v1/ops/webhooks").json["webhooks"] == []
     finally:
         app.extensions["attache"].close()
+
+
+def test_an_ipv4_only_host_reached_through_nat64_is_public():
+    """On an IPv6-only network DNS64 answers an IPv4-only host's name under NAT64's prefix (64:ff9b::/96), which
+    Python counts as reserved: every such endpoint was refused (an adversarial run). The address inside is judged."""
+    from app.adapters.webhooks import is_public
+
+    assert is_public("64:ff9b::5db8:d822") and is_public("93.184.216.34")  # the same host, through NAT64 or not
+    assert not is_public("64:ff9b::a00:1") and not is_public("64:ff9b::a9fe:a9fe")  # 10.0.0.1, 169.254.169.254
+    assert not is_public("64:ff9c::5db8:d822"), "only the well-known prefix"
 
 
 def test_the_delivery_checks_the_target_again(app, engine, receivers, data_file):

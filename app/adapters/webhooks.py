@@ -90,16 +90,23 @@ NOT_GLOBAL = tuple(ipaddress.ip_network(block) for block in (
 ))
 
 
+#: NAT64's well-known prefix (RFC 6052): on an IPv6-only network, DNS64 answers an IPv4-only host's name with its
+#: address under it, which Python counts as reserved (``::/8``), so every IPv4-only endpoint was refused there (an
+#: adversarial run); the address inside is judged instead
+NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
+
+
 def is_public(address: str) -> bool:
     """A globally routable unicast address; an IPv6 address that carries an IPv4 one (mapped, 6to4,
-    Teredo) only if that one is too (a 6to4 relay would otherwise reach ``2002:7f00:1::`` = 127.0.0.1); never
-    a site-local IPv6 one (``fec0::/10``: deprecated, still routed inside the sites that use it, and not
-    private to Python's ``ipaddress``), nor one of :data:`NOT_GLOBAL`."""
+    Teredo, NAT64's well-known prefix) only if that one is too (a 6to4 relay would otherwise reach
+    ``2002:7f00:1::`` = 127.0.0.1); never a site-local IPv6 one (``fec0::/10``: deprecated, still routed inside the
+    sites that use it, and not private to Python's ``ipaddress``), nor one of :data:`NOT_GLOBAL`."""
     ip = ipaddress.ip_address(address.split("%", 1)[0])
     if any(ip in block for block in NOT_GLOBAL if block.version == ip.version):
         return False
     if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+        embedded = (ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
+                    or (ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF) if ip in NAT64 else None))
         if embedded is not None:
             return is_public(str(embedded))
         if ip.is_site_local:
