@@ -781,3 +781,36 @@ def test_a_backlog_on_dead_endpoints_never_slows_the_claim_of_a_healthy_ones_del
     finally:
         deliverer.close()
     assert max(took) < 0.1, took
+
+
+def test_a_hold_without_retry_after_is_the_first_backoff_and_a_redelivery_lifts_it(app, engine, receivers, data_file):
+    """Two adversarial runs. One event the endpoint kept answering 502 held every other event back for that
+    delivery's own backoff, up to 6 h at a time for the day it took to fail; and a redelivery answered "next attempt
+    now" sent nothing while the hold lasted, which nothing showed or lifted."""
+    throttled = receivers(status=502)
+    hook = register(app, throttled.url, events=["attachment.ready"])
+    upload_and_process(app, engine, data_file("photos/chelsea.jpg"))
+    with engine.begin() as conn:  # a delivery far into its backoff: its next wait is 30 * 2^6 s, capped at an hour
+        conn.execute(text("UPDATE webhook_deliveries SET attempts = 6"))
+    policy = RetryPolicy(initial_interval=30, max_interval=3600, jitter=0)
+    config = DelivererConfig(policy=policy, max_attempts=20, concurrency=1, allow_private=True)
+    _rounds(engine, config, 1)
+    assert len(throttled.calls) == 1
+
+    def hold() -> float | None:
+        with engine.connect() as conn:
+            return conn.execute(text("SELECT extract(epoch FROM resume_at - now()) FROM webhook_endpoints "
+                                     "WHERE subscription_id = CAST(:id AS uuid)"), {"id": hook["id"]}).scalar()
+
+    assert 20 < hold() <= 30, "the first backoff, not the delivery's own (an hour)"
+    throttled.status = 204
+    with engine.connect() as conn:
+        delivery_id = conn.execute(text("SELECT id FROM webhook_deliveries")).scalar()
+    redelivered = authed(app, OPERATOR_TOKEN).post(f"/v1/ops/webhooks/deliveries/{delivery_id}/redeliver",
+                                                   json={"reason": "the endpoint is fixed"})
+    assert redelivered.status_code == 200, redelivered.json
+    assert hold() is None, "the operator's redelivery lifts the hold"
+    _rounds(engine, config, 1)
+    assert len(throttled.calls) == 2
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT state FROM webhook_deliveries")).scalar() == "delivered"

@@ -238,6 +238,7 @@ def enable(engine: Engine, subscription_id, *, actor: str, reason: str | None) -
         conn.execute(update(webhook_subscriptions).where(table.id == subscription_id)
                      .values(disabled_at=None, disabled_after_event=None,
                              last_sequence=table.last_sequence + (since or 0)))
+        _lift_hold(conn, subscription_id)
         audit.record(conn, actor=actor, action="webhook.enable", target=target, reason=reason,
                      details={"disabled_at": row.disabled_at.isoformat(),
                               "recovered_deliveries": None if since is None else recovered + since})
@@ -322,9 +323,19 @@ def redeliver(conn: Connection, delivery_id: int, *, actor: str, reason: str | N
             raise DeliveryInFlight(f"webhook delivery {delivery_id} is being sent now; redeliver it once that "
                                    "attempt has ended (or, if its sender died, once its claim has passed)")
         raise WebhookNotFound(f"no webhook delivery {delivery_id}")
+    _lift_hold(conn, row.subscription_id)
     audit.record(conn, actor=actor, action="webhook.redeliver", target=AUDIT_TARGET.format(row.subscription_id),
                  reason=reason, details={"delivery_id": delivery_id, "sequence": row.sequence})
     return delivery(conn, delivery_id)
+
+
+def _lift_hold(conn: Connection, subscription_id) -> None:
+    """An operator's redelivery or enable sends now: a hold a throttling answer set (``resume_at``, up to 6 h) kept
+    a redelivery answered "next attempt: now" from being sent, and nothing showed it or lifted it (an adversarial
+    run)."""
+    conn.execute(update(webhook_endpoints).where(webhook_endpoints.c.subscription_id == subscription_id,
+                                                 webhook_endpoints.c.resume_at.is_not(None))
+                 .values(resume_at=None))
 
 
 # --- the deliverer ---------------------------------------------------------------------------
@@ -485,15 +496,19 @@ class Deliverer:
         """The attempt's outcome, as Standard Webhooks asks: a 2xx is done; a 410 disables the subscription (its
         pending deliveries stay, unsent, as an operator's disable leaves them); a throttling answer keeps every
         delivery of the subscription back for its ``Retry-After`` (at most the policy's longest interval), or for
-        the backoff when it gave none; anything else is tried again after the backoff, or fails once the attempts
-        are spent."""
+        the first backoff when it gave none (``resume_at``, which an operator's redelivery or enable lifts);
+        anything else is tried again after the backoff, or fails once the attempts are spent."""
         attempts = row.attempts + 1
         values = {"attempts": attempts, "claimed_until": None, "last_status": answer.status,
                   "last_error": answer.error, "updated_at": func.now()}
         delay = self.config.policy.delay(attempts)
         pause = None  # a throttling answer holds the subscription back, whatever becomes of this delivery
         if answer.throttling and not answer.gone:
-            pause = min(self.config.policy.max_interval, answer.retry_after if answer.retry_after is not None else delay)
+            # without a Retry-After, the first backoff: held for this delivery's own backoff, one event the endpoint
+            # kept answering 502 held every other event back up to 6 h at a time, for the day it took to fail (an
+            # adversarial run); the endpoint still gets one attempt per first backoff while it throttles them all
+            pause = min(self.config.policy.max_interval,
+                        answer.retry_after if answer.retry_after is not None else self.config.policy.delay(1))
         if answer.ok:
             outcome, values = DELIVERED, {**values, "state": DELIVERED, "delivered_at": func.now()}
         elif answer.gone:
