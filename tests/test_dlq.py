@@ -651,18 +651,19 @@ def test_a_pg_purge_whose_commit_went_unanswered_and_cannot_be_checked_says_it_m
 
 class AckLost:
     """A proxy to RabbitMQ (:class:`tests.tcp.Listener`) that hangs up on both sides as the first ``basic.ack`` after
-    it is armed passes toward the broker, which never gets it."""
+    it is armed passes toward the broker (a consumer's ack), which never gets it; or, ``toward_broker=False``,
+    toward the client (a publisher confirm), which never gets it."""
 
     ACK = b"\x00\x3c\x00\x50"  # a method frame's class and method: basic (60), ack (80)
 
-    def __init__(self, upstream: tuple[str, int]):
+    def __init__(self, upstream: tuple[str, int], *, toward_broker: bool = True):
         from tests.tcp import Listener
 
         proxy = self
 
         class Proxy(Listener):
             def _pipe(self, source, target):
-                if target.getpeername()[1] != upstream[1]:
+                if (target.getpeername()[1] == upstream[1]) != toward_broker:
                     return super()._pipe(source, target)
                 try:
                     while data := source.recv(65536):
@@ -730,3 +731,24 @@ def test_a_pg_requeue_that_landed_and_came_back_before_the_look_is_done(services
     assert result["requeued"] == 4 and depth(broker_url, XQ) == 4, "dead letters again, after a requeue that landed"
     [row] = audit_rows(engine)
     assert (row.details["status"], row.details["requeued"]) == ("completed", ids), row.details
+
+
+def test_a_rabbitmq_requeue_cut_while_its_publish_awaited_the_confirm_names_that_message(services, broker_url, engine):
+    """A re-attack: the publish went through and its confirm was lost with the connection; the message was in the
+    step queue and still a dead letter, and the audit row named it neither requeued nor unknown."""
+    ids = dead_letter_three(services, broker_url)
+    host, port = services.settings.broker_url.split("@", 1)[1].split("/", 1)[0].split(":")
+    proxy = AckLost((host, int(port)), toward_broker=False)
+    through = broker_url.replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
+    tools = DeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
+    proxy.armed.set()
+    try:
+        with pytest.raises(BrokerUnavailable):
+            tools.requeue(XQ, actor="ops:olga", expected=3, reason="decoder fixed")
+    finally:
+        tools.close()
+        proxy.close()
+    assert proxy.fired.is_set(), "the confirm was lost"
+    assert depth(broker_url, "attache.inspect") == 1 and depth(broker_url, XQ) == 3, "published, and still there"
+    [row] = audit_rows(engine)
+    assert (row.details["status"], row.details["requeued"], row.details["unknown"]) == ("failed", [], ids[:1])

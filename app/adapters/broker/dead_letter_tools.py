@@ -60,6 +60,9 @@ from app.errors import (
 )
 
 TRACEBACK_CHARS = 2000
+#: what a message's handling raises when it surely sent nothing: RabbitMQ refused the requeue's publish, or the
+#: queue's lock was lost before it began (``_alone``'s ``held``)
+NOT_SENT = (pika.exceptions.UnroutableError, pika.exceptions.NackError, DatabaseUnavailable)
 REQUEUED_BY_HEADER = "x-attache-requeued-by"
 #: a quorum queue's own redelivery counter: dropped on requeue, so the message gets a full delivery limit again
 DROPPED_HEADERS = ("x-delivery-count",)
@@ -429,6 +432,7 @@ class DeadLetters:
         remaining = None if wanted is None else set(wanted)
         held = 0  # fetched, not chosen: unacked until the end, then handed back in place
         known = len(done)  # how many of ``done`` RabbitMQ is known to have
+        handling = None  # the message being handled: a requeue's publish, or an ack, may have been sent
         try:
             try:
                 for _ in range(depth):
@@ -442,17 +446,23 @@ class DeadLetters:
                     if remaining is not None and message_id not in remaining:
                         held += 1
                         continue
+                    handling = message_id
                     handle(source, method, properties, body)
                     done.append(message_id)
+                    handling = None
                     if remaining is not None:
                         remaining.discard(message_id)
             finally:
                 if held and source.is_open:
                     source.basic_nack(delivery_tag=0, multiple=True, requeue=True)
             source.close()
-        except BaseException:
+        except BaseException as exc:
             doubt.extend(done[known:])
             del done[known:]
+            if handling is not None and not isinstance(exc, NOT_SENT):
+                # a requeue cut while its publish waited for the confirm: the message was in the step queue and
+                # still a dead letter, and the audit row named neither (a re-attack)
+                doubt.append(handling)
             raise
 
     def _complete(self, audit_id: int, verb: str, selection: dict, depth: int, done: list, wanted,
