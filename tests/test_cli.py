@@ -49,6 +49,12 @@ def test_a_reason_that_is_an_option_is_refused_and_nothing_is_done(cli, engine, 
     assert result.exit_code != 0 and "is an option, not a reason" in result.output, result.output
     with engine.connect() as conn:
         assert conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).first() is None
+    # given twice, the last one was taken and the first never looked at; a dash a document put in a flag's place
+    for args in (("--reason", "--dry-run", "--reason", "ticket 42"), ("--reason", "\u2014dry-run")):
+        result = cli("pipeline", "backfill", "--to", "2", *args)
+        assert result.exit_code != 0 and "nothing was done" in result.output, (args, result.output)
+    with engine.connect() as conn:
+        assert conn.execute(select(jobs.c.id).where(jobs.c.pipeline_version == 2)).first() is None
     assert cli("pipeline", "backfill", "--to", "2", "--dry-run", "--reason", "estimate").exit_code == 0
 
 

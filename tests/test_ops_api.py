@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlalchemy import func, select
 
@@ -186,6 +188,11 @@ def test_dlq_requeue_and_purge_take_the_chosen_ids_or_a_confirmed_count(broker_a
             response = ops.post(f"/v1/ops/dlq/{XQ}/{action}", json=body)
             assert response.status_code == 400, (action, body, response.json)
             assert response.json["error"] == "bad_request"
+        # a re-attack: a field the action does not take (a purge "dry_run" purged), and a field given twice
+        for data in (json.dumps({"message_ids": [ids[0]], "dry_run": True}),
+                     '{"all": false, "all": true, "expected": 3}'):
+            response = ops.post(f"/v1/ops/dlq/{XQ}/{action}", data=data, content_type="application/json")
+            assert response.status_code == 400, (action, data, response.json)
     assert depth(broker_url, XQ) == 3
 
     [late] = dead_letter_three(services, broker_url, count=1)  # arrives after the operator counted 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import getpass
+import re
 
 import click
 from sqlalchemy.exc import InterfaceError, OperationalError
@@ -32,15 +33,24 @@ def operator() -> str:
         return "cli:unknown"
 
 
-def _a_reason(_ctx, _param, value: str | None) -> str | None:
-    if value is not None and value.startswith("--"):  # `--reason --dry-run`: the flag taken for the reason, and the
-        raise click.BadParameter(f"{value!r} is an option, not a reason; nothing was done")  # backfill ran (a re-attack)
-    return value
+#: a value that reads as an option's name: dashes, or a dash a document or a chat put in their place, then a letter
+_OPTION_LIKE = re.compile(r"[-\u2010-\u2015\u2212]+[A-Za-z]")
+
+
+def _a_reason(_ctx, _param, values: tuple[str, ...]) -> str | None:
+    """One ``--reason``, not an option's name: `--reason --dry-run` took the flag for the reason, and the backfill ran;
+    given twice, the last one was taken and the refusal of the first never seen (re-attacks)."""
+    if len(values) > 1:
+        raise click.BadParameter("given more than once; nothing was done")
+    for value in values:
+        if _OPTION_LIKE.match(value):
+            raise click.BadParameter(f"{value!r} is an option, not a reason; nothing was done")
+    return values[0] if values else None
 
 
 def reason_option(help: str, *, required: bool = False):
-    """``--reason``, the audited why of an operator's action; a value that is an option's name is refused."""
-    return click.option("--reason", required=required, callback=_a_reason, help=help)
+    """``--reason``, the audited why of an operator's action, once; a value that is an option's name is refused."""
+    return click.option("--reason", required=required, multiple=True, callback=_a_reason, help=help)
 
 
 def fail_on_attache_errors(fn):

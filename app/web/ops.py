@@ -279,10 +279,19 @@ def dlq_messages(queue: str):
     return answer(DeadLetterMessages(queue=queue, depth=listing["depth"], messages=listing["messages"]))
 
 
+#: the fields of a dead-letter action's body
+CHOICE_FIELDS = ("message_ids", "all", "expected", "reason")
+
+
 def _chosen(body) -> dict:
-    """``{"message_ids": [...]}`` or ``{"all": true, "expected": N}``: the keyword arguments of the action."""
-    if not isinstance(body, dict):
+    """``{"message_ids": [...]}`` or ``{"all": true, "expected": N}``: the keyword arguments of the action. Another
+    field is refused: a purge, which cannot be undone, was done with a ``dry_run`` the endpoint does not take (a
+    re-attack)."""
+    if not isinstance(body, dict) or not body:
         raise BadRequest("send a JSON object naming message_ids, or all with expected")
+    unknown = sorted(set(body) - set(CHOICE_FIELDS))
+    if unknown:
+        raise BadRequest(f"unknown field(s) {', '.join(unknown)}; the fields are {', '.join(CHOICE_FIELDS)}")
     ids, everything, expected = body.get("message_ids"), body.get("all", False), body.get("expected")
     if everything is True:
         if ids is not None:
@@ -329,7 +338,7 @@ DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touche
     answers={200: ok("Done.", RequeueResult), **DEAD_LETTER_ACTION_ANSWERS},
 )
 def dlq_requeue(queue: str):
-    body = request.get_json(silent=True)
+    body = _optional_object()  # a field given twice (`"all": false, "all": true`) took the last (a re-attack)
     reason = _reason(body)
     return answer(RequeueResult.model_validate(
         _dead_letters().requeue(queue, actor=f"operator:{identity().principal}", reason=reason, **_chosen(body))))
@@ -344,7 +353,7 @@ def dlq_requeue(queue: str):
     answers={200: ok("Done.", PurgeResult), **DEAD_LETTER_ACTION_ANSWERS},
 )
 def dlq_purge(queue: str):
-    body = request.get_json(silent=True)
+    body = _optional_object()  # a field given twice (`"all": false, "all": true`) took the last (a re-attack)
     reason = _reason(body)
     return answer(PurgeResult.model_validate(
         _dead_letters().purge(queue, actor=f"operator:{identity().principal}", reason=reason, **_chosen(body))))
