@@ -314,8 +314,8 @@ def _chosen(body) -> dict:
 
 
 DEAD_LETTER_ACTION_ANSWERS = {
-    400: refused("The body does not name `message_ids`, or `all` with `expected` (see the request schema), or "
-                 "`reason` is not a string.", "bad_request"),
+    400: refused("The body does not name `message_ids`, or `all` with `expected` (see the request schema), has "
+                 "a field it does not take or one given twice, or `reason` is not a string.", "bad_request"),
     404: NO_SUCH_QUEUE,
     409: refused("`all`: the queue holds more messages than `expected` (`more_than_expected`), or another "
                  "listing, requeue or purge of the queue held it for longer than the web waits for its lock "
