@@ -683,23 +683,28 @@ class AckLost:
         self.listener.close()
 
 
-def test_a_rabbitmq_purge_whose_connection_dropped_as_it_acked_does_not_call_that_message_purged(
-        services, broker_url, engine):
-    """An ack gets no answer: the audit row listed as purged a message whose ack the broker never got, and which was
-    still in the queue (status failed: "what is listed was done"; an adversarial run)."""
-    ids = dead_letter_three(services, broker_url)
+def acted_as_an_ack_is_lost(services, broker_url, engine, verb: str, *, toward_broker: bool) -> None:
+    """``verb`` all three dead letters of :data:`XQ` through an :class:`AckLost` proxy, which fails the call."""
     host, port = services.settings.broker_url.split("@", 1)[1].split("/", 1)[0].split(":")
-    proxy = AckLost((host, int(port)))
+    proxy = AckLost((host, int(port)), toward_broker=toward_broker)
     through = broker_url.replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
     tools = DeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
     proxy.armed.set()
     try:
         with pytest.raises(BrokerUnavailable):
-            tools.purge(XQ, actor="ops:olga", expected=3, reason="poison")
+            getattr(tools, verb)(XQ, actor="ops:olga", expected=3, reason="the test's")
     finally:
         tools.close()
         proxy.close()
     assert proxy.fired.is_set(), "the ack was lost"
+
+
+def test_a_rabbitmq_purge_whose_connection_dropped_as_it_acked_does_not_call_that_message_purged(
+        services, broker_url, engine):
+    """An ack gets no answer: the audit row listed as purged a message whose ack the broker never got, and which was
+    still in the queue (status failed: "what is listed was done"; an adversarial run)."""
+    ids = dead_letter_three(services, broker_url)
+    acted_as_an_ack_is_lost(services, broker_url, engine, "purge", toward_broker=True)
     assert depth(broker_url, XQ) == 3, "nothing was purged"
     [row] = audit_rows(engine)
     assert (row.details["status"], row.details["purged"], row.details["count"]) == ("failed", [], 0), row.details
@@ -737,18 +742,7 @@ def test_a_rabbitmq_requeue_cut_while_its_publish_awaited_the_confirm_names_that
     """A re-attack: the publish went through and its confirm was lost with the connection; the message was in the
     step queue and still a dead letter, and the audit row named it neither requeued nor unknown."""
     ids = dead_letter_three(services, broker_url)
-    host, port = services.settings.broker_url.split("@", 1)[1].split("/", 1)[0].split(":")
-    proxy = AckLost((host, int(port)), toward_broker=False)
-    through = broker_url.replace(f"@{host}:{port}/", f"@127.0.0.1:{proxy.port}/")
-    tools = DeadLetters(through, engine, queues=STEP_QUEUES, socket_timeout=2.0)
-    proxy.armed.set()
-    try:
-        with pytest.raises(BrokerUnavailable):
-            tools.requeue(XQ, actor="ops:olga", expected=3, reason="decoder fixed")
-    finally:
-        tools.close()
-        proxy.close()
-    assert proxy.fired.is_set(), "the confirm was lost"
+    acted_as_an_ack_is_lost(services, broker_url, engine, "requeue", toward_broker=False)
     assert depth(broker_url, "attache.inspect") == 1 and depth(broker_url, XQ) == 3, "published, and still there"
     [row] = audit_rows(engine)
     assert (row.details["status"], row.details["requeued"], row.details["unknown"]) == ("failed", [], ids[:1])
