@@ -326,7 +326,8 @@ DEAD_LETTER_ACTION_ANSWERS = {
                  "broker_unavailable", "database_unavailable", "outcome_unknown", retry_after=True),
 }
 DEAD_LETTER_AUDIT = ("The `audit_log` row is committed before RabbitMQ is touched (`details.status`: `intent`) and "
-                     "completed afterwards (`completed` with what was done, or `failed`).")
+                     "completed afterwards (`completed` with what was done, `failed`, or `unknown` naming what may "
+                     "have been done).")
 
 
 @bp.post("/dlq/<queue>/requeue")
