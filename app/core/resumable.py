@@ -411,29 +411,23 @@ def _settle(services, upload: Upload) -> Upload:
     return Upload.of(row) if row is not None else upload
 
 
-def terminate(services, upload_id: uuid.UUID, owner: str) -> None:
-    """Forget the upload and remove its partial bytes (tus termination); an attachment it made stays."""
-    with transaction(services.engine) as conn:
-        _visible(conn, upload_id, owner, lock=True, expired_too=True)
-        conn.execute(delete(uploads).where(uploads.c.id == upload_id))
-    _remove_parts(services.storage, upload_id)
+def terminate(services, upload_id: uuid.UUID, owner: str, *, untouched_only: bool = False) -> Upload | None:
+    """Forget the upload and remove its partial bytes (tus termination); an attachment it made stays. ``None`` once
+    it is terminated.
 
-
-def terminate_untouched(services, upload_id: uuid.UUID, owner: str) -> Upload | None:
-    """Terminate the upload of a creation that was refused, unless another request reached it meanwhile: ``None``
-    once it is terminated, else the upload as that request left it, kept.
-
-    A creation replayed with its Idempotency-Key hands out the upload's Location while the first creation's body
-    may still be arriving; a PATCH to it then writes the upload, even finishes it. Terminated whatever its state
+    ``untouched_only``: the upload of a creation that was refused, terminated unless another request reached it
+    meanwhile; then it is kept, and returned as that request left it. A creation replayed with its Idempotency-Key
+    hands out the upload's Location while the first creation's body may still be arriving; a PATCH to it then writes
+    the upload, even finishes it. Terminated whatever its state
     when the first creation's own append was refused (``409``: the offset had moved), an upload finished by that
     PATCH's ``204`` was gone (HEAD ``404``) and its key free, so a retried creation made a second attachment of the
     file (an adversarial run). Nothing of the refused creation's own body is ever appended (a part is appended
     whole, at the end of its request), so an upload at offset 0 is untouched. One whose row another request holds
-    raises :class:`UploadLocked`, as :func:`terminate` does.
+    raises :class:`UploadLocked`.
     """
     with transaction(services.engine) as conn:
         upload = _visible(conn, upload_id, owner, lock=True, expired_too=True)
-        if upload.offset or upload.complete:
+        if untouched_only and (upload.offset or upload.complete):
             return upload
         conn.execute(delete(uploads).where(uploads.c.id == upload_id))
     _remove_parts(services.storage, upload_id)

@@ -35,9 +35,11 @@ from app.web.responses import error as _error
 from app.web.schemas import (
     DEFAULT_BACKFILL_BATCH,
     MAX_BACKFILL_BATCH,
+    AllMessages,
     BackfillEstimate,
     BackfillRequest,
     BackfillResult,
+    ChosenMessages,
     DeadLetterChoice,
     DeadLetterMessages,
     DeadLetterQueues,
@@ -279,8 +281,8 @@ def dlq_messages(queue: str):
     return answer(DeadLetterMessages(queue=queue, depth=listing["depth"], messages=listing["messages"]))
 
 
-#: the fields of a dead-letter action's body
-CHOICE_FIELDS = ("message_ids", "all", "expected", "reason")
+#: the fields of a dead-letter action's body, as its request schema names them
+CHOICE_FIELDS = tuple(dict.fromkeys([*ChosenMessages.model_fields, *AllMessages.model_fields]))
 
 
 def _chosen(body) -> dict:

@@ -416,7 +416,8 @@ class BackfillRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dry_run: bool = Field(False, description="Only estimate; create nothing (any truthy JSON value counts).")
+    dry_run: bool = Field(False, description="Only estimate; create nothing (`true` or `false`: any "
+                                                 "other value is refused).")
     batch: int = Field(DEFAULT_BACKFILL_BATCH, ge=1, le=MAX_BACKFILL_BATCH,
                        description="Jobs created per transaction.")
     reason: AuditReason = Field(None, description="Why; kept in the audit log and each new job's history "

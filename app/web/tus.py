@@ -290,10 +290,11 @@ def _named(exc, headers: dict[str, str]) -> Response:
 def _forget(upload: resumable.Upload) -> resumable.Upload | None:
     """Terminate an upload whose creation is refused, as far as that can be done now: one left behind counted
     against its uploader until it expired (the refusals of the hand-off terminate it themselves). An upload another
-    request reached meanwhile, through a replay of the creation, is kept (:func:`resumable.terminate_untouched`):
+    request reached meanwhile, through a replay of the creation, is kept
+    (:func:`resumable.terminate`, ``untouched_only``):
     returned as it stands."""
     try:
-        return resumable.terminate_untouched(_services(), upload.id, upload.owner)
+        return resumable.terminate(_services(), upload.id, upload.owner, untouched_only=True)
     except UploadNotFound:
         return None
     except UploadLocked:  # another request is writing it: it keeps it
