@@ -61,7 +61,7 @@ class AnsweringEndpoint:
         with contextlib.suppress(OSError):
             client, _ = self.listener.accept()
             with client:
-                client.recv(65536)
+                _read_request(client)
                 client.sendall(self.answer)
                 while self.forever and not self.stop.wait(self.every):
                     client.sendall(self.forever)
@@ -70,6 +70,19 @@ class AnsweringEndpoint:
     def close(self):
         self.stop.set()
         self.listener.close()
+
+
+def _read_request(client: socket.socket) -> None:
+    """The whole request (its head, then as many bytes as its ``Content-Length`` says): a close with bytes unread
+    is a reset, which the client may see before the answer."""
+    seen = b""
+    while b"\r\n\r\n" not in seen:
+        seen += client.recv(65536) or b"\r\n\r\n"
+    head, _, body = seen.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += client.recv(65536) or b" " * length
 
 
 def dripping_endpoint(every: float) -> AnsweringEndpoint:
@@ -408,3 +421,29 @@ def test_a_lookup_done_before_it_is_registered_leaves_the_next_ones_free(monkeyp
     looking.join(5)
     assert not looking.is_alive(), "the lookups are stuck on their own lock"
     assert len(answers) == 3 and all("127.0.0.1" in addresses for addresses in answers), answers
+
+
+@pytest.mark.parametrize("head", [b"HTTP/1.1 200 OK", b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 204 No Content\r\nServer: x",
+                                  b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n"])
+def test_an_answer_whose_head_the_connection_cut_is_no_answer(head):
+    """http.client takes the connection's end for the blank line that ends an answer's headers: a receiver that
+    closed (or crashed) after ``HTTP/1.1 200 OK\\r\\n`` was counted as having taken the delivery, and it was never
+    sent again (an adversarial run)."""
+    endpoint = AnsweringEndpoint(head)
+    try:
+        answer = webhook_endpoints.post(endpoint.url, "{}", {}, timeout=3, allow_private=True)
+        assert (answer.status, answer.ok) == (None, False), answer
+        assert "IncompleteRead" in answer.error
+    finally:
+        endpoint.close()
+
+
+def test_a_whole_head_with_no_body_is_still_an_answer():
+    """The connection's end after the blank line (no length: the body runs to the end) is a whole answer."""
+    for head in (b"HTTP/1.1 200 OK\r\n\r\n", b"HTTP/1.0 204 No Content\r\nServer: x\r\n\r\n", b"HTTP/1.1 200 OK\n\n"):
+        endpoint = AnsweringEndpoint(head)
+        try:
+            answer = webhook_endpoints.post(endpoint.url, "{}", {}, timeout=3, allow_private=True)
+            assert answer.ok, (head, answer)
+        finally:
+            endpoint.close()

@@ -218,10 +218,40 @@ def sign(secret: str, message_id: str, at: datetime, body: str) -> dict[str, str
 ANSWER_READ_BYTES = 64 * 1024
 
 
+class _Lines:
+    """The answer's socket file, noting a line that the connection's end cut short (or an empty read: the end)."""
+
+    def __init__(self, fp):
+        self._fp = fp
+        self.cut = False
+
+    def readline(self, limit: int = -1) -> bytes:
+        line = self._fp.readline(limit)
+        if not line.endswith(b"\n") and (limit < 0 or len(line) < limit):
+            self.cut = True
+        return line
+
+    def __getattr__(self, name: str):
+        return getattr(self._fp, name)
+
+
 class _Answer(http.client.HTTPResponse):
     """An answer whose interim ``1xx`` answers (``102``, ``103`` Early Hints) are skipped, as ``100`` is by
     http.client: a ``103`` before the ``200`` was taken for the answer, a failure, and the delivery sent again
-    up to 17 times (an adversarial run)."""
+    up to 17 times (an adversarial run).
+
+    An answer whose head the connection's end cut short is no answer: http.client takes the end for the blank line
+    that ends the headers, and a receiver that closed (or crashed) after ``HTTP/1.1 200 OK\r\n`` was counted as
+    having taken the delivery, never sent again (an adversarial run)."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.fp = self._lines = _Lines(self.fp)
+
+    def begin(self):
+        super().begin()
+        if self._lines.cut:
+            raise http.client.IncompleteRead(b"", None)
 
     def _read_status(self):
         while True:
