@@ -539,6 +539,21 @@ def test_an_upload_is_its_owners_only(client, photo):
     assert client.head(f"/v1/uploads/{uuid.uuid4()}", headers=TUS).status_code == 404
 
 
+def test_another_uploaders_requests_never_meet_the_uploads_lock(client, engine, photo):
+    """The lock was taken before the owner was looked at: another uploader's DELETE of an upload being written was
+    ``423`` (its existence told: an unknown id is ``404``), and the DELETE's own moment under the lock was a ``423``
+    to the owner's PATCH (an adversarial run)."""
+    location = create(client, len(photo)).headers["Location"]
+    upload_id = uuid.UUID(location.rsplit("/", 1)[1])
+    bob = authed(client.application, OTHER_UPLOADER_TOKEN)
+    with engine.begin() as conn:  # a request of the owner's, writing the upload
+        conn.execute(select(uploads.c.id).where(uploads.c.id == upload_id).with_for_update())
+        assert bob.delete(location, headers=TUS).status_code == 404
+        assert patch(bob, location, 0, photo[:10]).status_code == 404
+        assert client.delete(location, headers=TUS).status_code == 423, "the owner's own request meets the lock"
+    assert client.head(location, headers=TUS).headers["Upload-Offset"] == "0"
+
+
 def test_a_browser_session_needs_its_csrf_token_to_write(client, photo):
     from tests.test_upload_page import csrf_meta, signed_in
 

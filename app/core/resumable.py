@@ -492,15 +492,20 @@ def _visible(conn, upload_id: uuid.UUID, owner: str, *, lock: bool, expired_too:
     holds it: requests that queued on the lock held a database connection each, and a last PATCH (which needs
     more connections for its handoff while it holds the lock) waited for the pool's whole timeout behind them
     (an adversarial run: 25 PATCHes of one upload, every answer 30 s, six 503s; a paused web holding the lock
-    wedged the other web's pool as the client retried)."""
-    query = select(uploads).where(uploads.c.id == upload_id)
+    wedged the other web's pool as the client retried).
+
+    Another uploader's upload is not there for the caller, locked or not: the owner is in the locked query's
+    condition. Looked at after the lock, an upload being written was ``423`` to another uploader's DELETE (its
+    existence told, by the same 404 answered an unknown id), and the DELETE's own moment under the lock was a
+    ``423`` to the owner's PATCH (an adversarial run)."""
+    query = select(uploads).where(uploads.c.id == upload_id, uploads.c.owner == owner)
     try:
         row = conn.execute(query.with_for_update(nowait=True) if lock else query).one_or_none()
     except OperationalError as exc:
         if lock_not_available(exc):
             raise UploadLocked("another request is writing this upload; retry in a moment") from None
         raise
-    if row is None or row.owner != owner:
+    if row is None:
         raise UploadNotFound("no such upload")
     if not expired_too and row.expires_at <= _now(conn):
         raise UploadExpired("the upload expired; start a new one")
