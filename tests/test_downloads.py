@@ -208,3 +208,16 @@ def test_downloads_waiting_on_a_silent_store_count_against_the_clients_bound(rea
     monkeypatch.setattr(storage, "open_stream", real_open)
     monkeypatch.setattr(storage, "presigned_url", lambda *args, **kwargs: "https://store.example/o")
     assert owned_client(app).get(url).status_code == 302 and answers.sending("olga") == 0  # a redirect gives it back
+
+
+@pytest.mark.parametrize("asked", ["abc", "1_000", "%201", "1.0", "-1", "%C2%B9", "", "1234567890"])
+def test_a_version_that_is_not_digits_is_400_not_the_newest(ready, asked):
+    """werkzeug's ``type=int`` left ``abc`` unasked, so the newest version answered as if none had been asked, and
+    read ``1_000`` and `` 1`` as numbers (an adversarial run)."""
+    app, accepted, _ = ready
+    client = owned_client(app)
+    for url in (f"/v1/attachments/{accepted.attachment_id}", f"/v1/attachments/{accepted.attachment_id}/original",
+                f"/v1/attachments/{accepted.attachment_id}/variants/thumbnail"):
+        response = client.get(f"{url}?version={asked}")
+        assert (response.status_code, response.json["error"]) == (400, "bad_request"), (url, response.status_code)
+        assert client.get(f"{url}?version=1").status_code == 200

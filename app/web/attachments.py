@@ -265,7 +265,19 @@ def _load(attachment_id: uuid.UUID, version: int | None):
 
 ATTACHMENT_ID = in_path("attachment_id")
 VERSION = in_query("version", "A pipeline version. Without it: the newest version with a `ready` job, else the newest "
-                           "job. A value that is not an integer is ignored.", int)
+                           "job. Anything but ASCII digits (at most 9) is `400`.", int)
+
+
+def _asked_version() -> int | None:
+    """The ``version`` asked for, or None; :class:`ValueError` for one that is not ASCII digits (at most 9). werkzeug's
+    ``type=int`` left ``abc`` unasked (the newest version answered, as if none had been asked) and read ``1_000``
+    and `` 2`` as numbers (an adversarial run)."""
+    value = request.args.get("version")
+    if value is None:
+        return None
+    if not (value.isascii() and value.isdigit() and len(value) <= 9):
+        raise ValueError("version must be a pipeline version: ASCII digits, at most 9")
+    return int(value)
 PROVENANCE = in_query("provenance", "`1`: each variant carries its provenance record (source sha256, pipeline "
                                     "fingerprint, spec, library versions, encoder settings, stripped metadata).",
                       Literal["0", "1"])
@@ -277,10 +289,14 @@ PROVENANCE = in_query("provenance", "`1`: each variant carries its provenance re
     description="An uploader sees only its own attachments (others answer 404); an operator sees all.",
     parameters=[ATTACHMENT_ID, VERSION, PROVENANCE],
     answers={200: ok("The status document.", AttachmentStatus),
+             400: refused("`version` is not ASCII digits (at most 9).", "bad_request"),
              404: refused("No such attachment (or not yours), or no job at the asked version.", "not_found")},
 )
 def status(attachment_id: uuid.UUID):
-    version = request.args.get("version", type=int)
+    try:
+        version = _asked_version()
+    except ValueError as exc:
+        return _error(400, "bad_request", str(exc))
     with_provenance = request.args.get("provenance") == "1"
     attachment, job, published = _load(attachment_id, version)
     if attachment is None or job is None:
@@ -338,6 +354,7 @@ def _download(operation_id: str, summary: str, *parameters):
                 "Location": Header("A presigned URL, valid for `ATTACHE_PRESIGN_SECONDS`.", required=True),
                 "Cache-Control": Header("`no-store`")}),
             304: raw("Not modified: `If-None-Match` names the ETag. No body.", None, _DOWNLOAD_HEADERS),
+            400: refused("`version` is not ASCII digits (at most 9).", "bad_request"),
             404: refused("No such attachment (or not yours), no job at the asked version, or no such variant in a "
                          "ready job.", "not_found"),
             409: refused("The job is not ready yet (or failed): nothing is published.", "not_ready"),
@@ -366,7 +383,10 @@ def download_original(attachment_id: uuid.UUID):
                 Annotated[str, Field(pattern="^[a-z][a-z0-9_]{0,31}$",
                                      examples=["thumbnail", "crop", "optimized", "original"])]))
 def download_variant(attachment_id: uuid.UUID, name: str):
-    version = request.args.get("version", type=int)
+    try:
+        version = _asked_version()
+    except ValueError as exc:
+        return _error(400, "bad_request", str(exc))
     attachment, job, published = _load(attachment_id, version)
     if attachment is None or job is None:
         return _error(404, "not_found", "no such attachment")
