@@ -1,9 +1,11 @@
-"""Counter fold: moves the transitions, durations and room counted since its last round into their totals.
+"""Counter fold: moves the transitions, durations, uploads, jobs and room counted since its last round into their
+totals.
 
-``/metrics`` adds up ``transition_counts`` and ``duration_counts`` and the deltas not yet folded
-(``app/adapters/postgres/transition_counts.py``, ``duration_counts.py``), so a scrape costs what
-those small tables cost, not what ``job_history`` and ``step_runs`` do; the web's room check adds up
-``room_total`` and ``room_deltas`` (``app/adapters/postgres/room_held.py``), not the backlog's attachments.
+``/metrics`` adds up ``transition_counts``, ``duration_counts``, ``upload_total`` and ``job_counts`` and the deltas
+not yet folded (``app/adapters/postgres/transition_counts.py``, ``duration_counts.py``, ``row_counts.py``), so a
+scrape costs what those small tables cost, not what ``job_history``, ``step_runs``, ``attachments`` and ``jobs``
+do; the web's room check adds up ``room_total`` and ``room_deltas`` (``app/adapters/postgres/room_held.py``), not
+the backlog's attachments.
 Folding keeps the deltas few; a fold that falls behind (the scheduler down) makes scrapes and checks slower, never
 wrong.
 Safe with two schedulers: each takes its own deltas (``SKIP LOCKED``).
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.engine import Engine
 
-from app.adapters.postgres import duration_counts, room_held, transition_counts
+from app.adapters.postgres import duration_counts, room_held, row_counts, transition_counts
 from app.adapters.postgres.db import transaction
 
 log = logging.getLogger("attache.scheduler.counters")
@@ -38,10 +40,11 @@ class CounterFold:
 
     def run_once(self) -> dict[str, int]:
         folded = {"folded": self._fold(transition_counts.fold), "durations_folded": self._fold(duration_counts.fold),
-                  "room_folded": self._fold(room_held.fold)}
+                  "room_folded": self._fold(room_held.fold), "uploads_folded": self._fold(row_counts.fold_uploads),
+                  "jobs_folded": self._fold(row_counts.fold_jobs)}
         if any(folded.values()):
-            log.debug("counter fold moved %(folded)d transition, %(durations_folded)d duration and %(room_folded)d "
-                      "room delta rows", folded, extra=folded)
+            log.debug("counter fold moved %(folded)d transition, %(durations_folded)d duration, %(room_folded)d room, "
+                      "%(uploads_folded)d upload and %(jobs_folded)d job delta rows", folded, extra=folded)
         return folded
 
     def _fold(self, fold) -> int:

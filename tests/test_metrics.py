@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -11,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import event, func, text, update
 
 from app.adapters.postgres import duration_counts as durations
+from app.adapters.postgres import row_counts
 from app.adapters.postgres import transition_counts as counters
 from app.adapters.postgres.models import outbox
 from app.core.workflow import Workflow
@@ -18,6 +20,7 @@ from app.web import create_app
 from scheduler.counter_fold import CounterFold, CounterFoldConfig
 from tests.conftest import OPERATOR_TOKEN, authed
 from tests.driver import run, upload
+from tests.sql_log import sql_log
 from tests.test_migrations import ADD_ATTACHMENT
 
 
@@ -345,3 +348,150 @@ def test_a_duration_sum_is_the_same_before_and_after_a_fold(engine):
                               "VALUES (:job, 'odd', 1, 'ok', CAST(:s AS float8))"), {"job": job, "s": odd})
         assert durations.histograms(conn)["step"]["odd"].count == 3
         assert durations.histograms(conn)["step"]["odd"].seconds == 0
+
+
+#: what a scrape sent to count the two tables whole, before they were counted as written
+_WHOLE_TABLE_COUNTS = re.compile(r"count\(\*\)\s+FROM\s+attachments|FROM\s+jobs\s+GROUP\s+BY", re.IGNORECASE)
+
+
+def _jobs_by_scanning(conn) -> dict:
+    return {(state, version): n for state, version, n in conn.execute(text(
+        "SELECT state, pipeline_version, count(*) FROM jobs GROUP BY 1, 2"))}
+
+
+def _counted_jobs(conn) -> dict:
+    return {(state, version): n for state, version, n in row_counts.jobs(conn)}
+
+
+def _scraped_jobs(scraped: dict) -> dict:
+    return {(dict(labels)["state"], int(dict(labels)["pipeline_version"])): value
+            for (name, labels), value in scraped.items() if name == "attache_jobs"}
+
+
+def _scanned(engine) -> tuple[int, dict]:
+    with engine.begin() as conn:
+        return conn.execute(text("SELECT count(*) FROM attachments")).scalar(), _jobs_by_scanning(conn)
+
+
+def test_a_scrape_counts_neither_attachments_nor_jobs_whole(settings, quiet_services, engine, data_file):
+    """``attache_uploads_total`` was a ``count(*)`` of ``attachments`` and ``attache_jobs`` a ``GROUP BY`` of
+    ``jobs``, at every scrape: two whole-table scans growing with every upload for ever (some 0.3 s at a million
+    rows). Both are counted as the rows are written now (``app/adapters/postgres/row_counts.py``); of ``jobs`` a
+    scrape reads only the expired leases."""
+    from app.observability import metrics
+
+    app = create_app(settings)
+    ok = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    upload(quiet_services, data_file("photos/chelsea.jpg"))
+    run(Workflow(quiet_services), engine, ok.job_id)
+    with sql_log(app.extensions["attache"].engine) as sent:
+        scraped = samples(app)
+    uploads, per_state = _scanned(engine)
+    assert scraped[("attache_uploads_total", ())] == uploads == 2
+    assert _scraped_jobs(scraped) == per_state == {("ready", 1): 1, ("queued", 1): 1}
+    assert [s for s in sent.statements if _WHOLE_TABLE_COUNTS.search(s)] == []
+    reading = {}
+    with engine.connect() as conn:
+        for statement in sent.statements:
+            plan = conn.exec_driver_sql("EXPLAIN (FORMAT JSON) " + statement, metrics.STATES).scalar()[0]["Plan"]
+            for table in _relations(plan) & {"attachments", "jobs"}:
+                reading.setdefault(table, []).append(statement)
+    assert "attachments" not in reading
+    assert [("lease_expires_at" in s) for s in reading.get("jobs", [])] == [True], "only the expired leases"
+    app.extensions["attache"].close()
+
+
+def test_the_uploads_and_jobs_per_state_are_exact_through_folds(settings, quiet_services, engine, data_file):
+    """Each upload, each job made, moved (its state or its version) or deleted is counted once, folded or not; one
+    rolled back is not; a state with no job left has no series, as the ``GROUP BY`` had none; an attachment deleted
+    leaves the counter of accepted uploads as it was."""
+    app = create_app(settings)
+    fold = CounterFold(engine)
+    ok = upload(quiet_services, data_file("photos/chelsea.jpg"))
+    bad = upload(quiet_services, data_file("pillow/truncated_jpeg.jpg"))
+
+    def agree(uploads: int, per_state: dict) -> None:
+        scraped = samples(app)
+        assert (scraped[("attache_uploads_total", ())], _scraped_jobs(scraped)) == _scanned(engine) \
+            == (uploads, per_state)
+
+    agree(2, {("queued", 1): 2})
+    folded = fold.run_once()
+    assert {"folded", "durations_folded", "room_folded"} <= folded.keys()
+    assert folded["uploads_folded"] == 2 and folded["jobs_folded"] == 2
+    agree(2, {("queued", 1): 2})
+    for job_id in (ok.job_id, bad.job_id):
+        run(Workflow(quiet_services), engine, job_id)
+    agree(2, {("ready", 1): 1, ("failed", 1): 1})  # before a fold: queued went to 0, and has no series
+    assert fold.run_once()["jobs_folded"] > 0
+    agree(2, {("ready", 1): 1, ("failed", 1): 1})
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET pipeline_version = 2 WHERE id = :id"), {"id": bad.job_id})
+        conn.execute(text("UPDATE jobs SET updated_at = now()"))  # moves no job: counts nothing
+    agree(2, {("ready", 1): 1, ("failed", 2): 1})
+    with engine.begin() as conn:
+        conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
+        conn.execute(text(  # a statement of several jobs
+            "INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, owner) "
+            "SELECT gen_random_uuid(), '00000000-0000-4000-8000-000000000001', v, 'queued', 3, '00-x', 'u' "
+            "FROM generate_series(3, 5) v"))
+    with engine.begin() as conn:
+        conn.execute(text("UPDATE jobs SET state = 'processing', lease_expires_at = now() WHERE state = 'queued'"))
+        conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000002", "owner": "u"})
+        conn.rollback()  # what is rolled back is not counted
+    agree(3, {("ready", 1): 1, ("failed", 2): 1, ("queued", 3): 1, ("queued", 4): 1, ("queued", 5): 1})
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM jobs WHERE pipeline_version >= 4"))
+    agree(3, {("ready", 1): 1, ("failed", 2): 1, ("queued", 3): 1})
+    fold.run_once()
+    with engine.begin() as conn:
+        conn.execute(text("DELETE FROM jobs WHERE pipeline_version = 3"))
+        conn.execute(text("DELETE FROM attachments WHERE id = '00000000-0000-4000-8000-000000000001'"))
+        assert conn.execute(text("SELECT count(*) FROM upload_deltas")).scalar() == 0
+    with engine.begin() as conn:
+        assert row_counts.uploads(conn) == 3, "a counter of accepted uploads never goes down"
+        assert _counted_jobs(conn) == _jobs_by_scanning(conn) == {("ready", 1): 1, ("failed", 2): 1}
+    fold.run_once()
+    assert fold.run_once() == {key: 0 for key in folded}
+    with engine.begin() as conn:
+        assert _counted_jobs(conn) == _jobs_by_scanning(conn)
+        assert conn.execute(text("SELECT count(*) FROM job_deltas")).scalar() == 0
+        assert row_counts.uploads(conn) == 3
+    app.extensions["attache"].close()
+
+
+def test_jobs_moved_while_folds_run_are_each_counted_once(engine):
+    """Writers making jobs and moving them between states, and two folds taking turns with them."""
+    with engine.begin() as conn:
+        conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
+    stop = threading.Event()
+
+    def write(worker: int) -> None:
+        for i in range(40):
+            with engine.begin() as conn:
+                conn.execute(text(
+                    "INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, owner) "
+                    "SELECT gen_random_uuid(), '00000000-0000-4000-8000-000000000001', :v + k, 'queued', 3, '00-x', "
+                    "'u' FROM generate_series(0, :n) k"), {"v": 1000 * worker + 10 * i, "n": i % 3})
+                conn.execute(text("UPDATE jobs SET state = 'processing', lease_expires_at = now() "
+                                  "WHERE pipeline_version = :v"), {"v": 1000 * worker + 10 * i})
+                if i % 4 == 3:
+                    conn.execute(text("UPDATE jobs SET state = 'ready', ready_at = now(), lease_expires_at = NULL "
+                                      "WHERE pipeline_version BETWEEN :low AND :high AND state = 'processing'"),
+                                 {"low": 1000 * worker, "high": 1000 * worker + 10 * i})
+
+    def keep_folding() -> int:
+        fold, folded = CounterFold(engine, CounterFoldConfig(batch=5)), 0
+        while not stop.is_set():
+            folded += fold.run_once()["jobs_folded"]
+        return folded
+
+    with ThreadPoolExecutor(6) as pool:
+        folds = [pool.submit(keep_folding) for _ in range(2)]
+        list(pool.map(write, range(4)))
+        stop.set()
+        assert sum(f.result() for f in folds) > 0
+    with engine.begin() as conn:
+        counted, scanned = _counted_jobs(conn), _jobs_by_scanning(conn)
+    assert counted == scanned
+    assert sum(scanned.values()) == 4 * sum(1 + i % 3 for i in range(40))

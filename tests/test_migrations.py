@@ -157,3 +157,42 @@ def test_0021_counts_the_uploads_already_waiting(database_url):
     finally:
         db.upgrade(database_url)
         engine.dispose()
+
+
+def test_0031_counts_the_uploads_and_jobs_there_before_it(database_url):
+    """An upgraded database reports the uploads and the jobs per state it reported before migration 0031 (which
+    counts them, once); the rows written after it are counted by its triggers."""
+    from alembic import command
+
+    from app.adapters.postgres import row_counts
+
+    engine = create_engine(database_url.replace("postgresql://", "postgresql+psycopg2://"))
+    add_job = text("INSERT INTO jobs (id, attachment_id, pipeline_version, state, max_attempts, traceparent, owner, "
+                   "error_code, ready_at) VALUES (gen_random_uuid(), :attachment, :version, :state, 3, '00-x', 'u', "
+                   "CASE WHEN :state = 'failed' THEN 'corrupt_image' END, CASE WHEN :state = 'ready' THEN now() END)")
+    attachments = [f"00000000-0000-4000-8000-00000000000{n}" for n in "123"]
+    scanned = text("SELECT state, pipeline_version, count(*) FROM jobs GROUP BY 1, 2 ORDER BY 1, 2")
+    try:
+        command.downgrade(db.alembic_config(database_url), "0030")
+        with engine.begin() as conn:
+            for attachment in attachments:
+                conn.execute(ADD_ATTACHMENT, {"id": attachment, "owner": "u"})
+            for attachment, version, state in ((attachments[0], 1, "ready"), (attachments[0], 2, "queued"),
+                                               (attachments[1], 1, "ready"), (attachments[2], 1, "failed")):
+                conn.execute(add_job, {"attachment": attachment, "version": version, "state": state})
+            before = [tuple(row) for row in conn.execute(scanned)]
+        db.upgrade(database_url)
+        with engine.begin() as conn:
+            assert row_counts.uploads(conn) == 3
+            assert row_counts.jobs(conn) == before == [("failed", 1, 1), ("queued", 2, 1), ("ready", 1, 2)]
+            conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000004", "owner": "u"})
+            conn.execute(add_job, {"attachment": attachments[1], "version": 2, "state": "queued"})
+            conn.execute(text("UPDATE jobs SET state = 'processing', lease_expires_at = now() "
+                              "WHERE state = 'queued' AND attachment_id = :a"), {"a": attachments[0]})
+        with engine.begin() as conn:
+            assert row_counts.uploads(conn) == 4
+            assert row_counts.jobs(conn) == [tuple(row) for row in conn.execute(scanned)] \
+                == [("failed", 1, 1), ("processing", 2, 1), ("queued", 2, 1), ("ready", 1, 2)]
+    finally:
+        db.upgrade(database_url)
+        engine.dispose()

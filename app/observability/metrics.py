@@ -3,12 +3,13 @@
 PostgreSQL is the source of truth, so the numbers are computed from it
 rather than counted in process memory: every web worker answers the same,
 nothing is lost when a process restarts, and counters stay monotonic
-because the rows they count are append-only (``attachments``,
-``job_history``). ``job_history``'s transitions and the duration
-histograms are counted as their rows are written
-(``app/adapters/postgres/transition_counts.py``,
-``app/adapters/postgres/duration_counts.py``): a scrape reads neither
-``job_history`` nor ``step_runs``.
+because what they count is only ever added to. The uploads, the jobs per
+state, ``job_history``'s transitions and the duration histograms are
+counted as their rows are written (``app/adapters/postgres/row_counts.py``,
+``transition_counts.py``, ``duration_counts.py``): a scrape reads none of
+``attachments``, ``job_history`` and ``step_runs``, and of ``jobs`` only
+its ``processing`` jobs (the expired leases); each of those tables grows
+with every upload for ever, and a scan of them at each scrape with it.
 
 * ``attache_uploads_total`` - accepted uploads;
 * ``attache_job_transitions_total{from,to}`` - every transition of the state machine;
@@ -16,7 +17,7 @@ histograms are counted as their rows are written
 * ``attache_lease_expiries_total`` - leases recovered by the scheduler (``worker_lost``);
 * ``attache_reconciler_reannounced_total`` - stranded jobs announced again by the reconciler
   (its self-loop history rows, ``queued -> queued`` and ``processing -> processing``);
-* ``attache_jobs{state,pipeline_version}`` - jobs per state;
+* ``attache_jobs{state,pipeline_version}`` - jobs per state (a state and version with no job: no series);
 * ``attache_outbox_backlog``, ``attache_outbox_oldest_age_seconds``;
 * ``attache_outbox_oldest_due_age_seconds`` - how long the oldest unpublished row has been due
   (a managed retry's row is not late while its delay runs; 0 when none is due);
@@ -53,7 +54,7 @@ from prometheus_client.core import (
 )
 from sqlalchemy import text
 
-from app.adapters.postgres import duration_counts, transition_counts
+from app.adapters.postgres import duration_counts, row_counts, transition_counts
 from app.adapters.postgres.models import SWEEPER_OUTCOMES, JobState
 from app.errors import AttacheError
 
@@ -89,15 +90,15 @@ class DatabaseCollector:
 
     def collect(self):
         with self.engine.connect() as conn:
-            uploads = conn.execute(text("SELECT count(*) FROM attachments")).scalar()
-            yield CounterMetricFamily("attache_uploads", "Accepted uploads.", value=uploads)
+            # counted as the rows are written (``app/adapters/postgres/row_counts.py``): not a scan of two tables
+            # that grow with every upload
+            yield CounterMetricFamily("attache_uploads", "Accepted uploads.", value=row_counts.uploads(conn))
 
             yield from _history(conn)
 
             jobs = GaugeMetricFamily("attache_jobs", "Jobs per state and pipeline version.",
                                      labels=["state", "pipeline_version"])
-            for state, version, count in conn.execute(text(
-                    "SELECT state, pipeline_version, count(*) FROM jobs GROUP BY 1, 2")):
+            for state, version, count in row_counts.jobs(conn):
                 jobs.add_metric([state, str(version)], count)
             yield jobs
 

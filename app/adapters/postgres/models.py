@@ -404,6 +404,43 @@ room_deltas = Table(
     Column("bytes", BigInteger, nullable=False),
 )
 
+#: the attachments ever inserted, for ``/metrics``: what ``counter_fold`` moved in
+#: (``app/adapters/postgres/row_counts.py``), plus ``upload_deltas``, which a trigger on ``attachments`` appends to
+#: per insert statement (migration 0031)
+upload_total = Table(
+    "upload_total",
+    metadata,
+    Column("id", SmallInteger, primary_key=True, server_default=text("1")),
+    Column("total", BigInteger, nullable=False),
+    CheckConstraint("id = 1", name="upload_total_one_row"),
+)
+
+upload_deltas = Table(
+    "upload_deltas",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("rows", BigInteger, nullable=False),
+)
+
+#: the jobs per state and pipeline version, for ``/metrics``: what ``counter_fold`` moved in, plus ``job_deltas``,
+#: which triggers on ``jobs`` append to per insert or delete statement and per job moved (migration 0031)
+job_counts = Table(
+    "job_counts",
+    metadata,
+    Column("state", Text, primary_key=True),
+    Column("pipeline_version", Integer, primary_key=True),
+    Column("total", BigInteger, nullable=False),
+)
+
+job_deltas = Table(
+    "job_deltas",
+    metadata,
+    Column("id", BigInteger, primary_key=True, autoincrement=True),
+    Column("state", Text, nullable=False),
+    Column("pipeline_version", Integer, nullable=False),
+    Column("rows", BigInteger, nullable=False),
+)
+
 sweeper_items = Table(
     "sweeper_items",
     metadata,
