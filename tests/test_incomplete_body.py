@@ -102,6 +102,7 @@ def test_chunked_body_cut_short_is_400(web, engine, storage_dir, data_file):
     status, body = send_truncated(web.port, request_head(web, "image/jpeg", length=None, key="cut-4"),
                                   chunked, len(chunked) // 3)
     assert (status, body.get("error")) == (400, "incomplete_body"), body
+    assert "before its last chunk" in body["message"], "it said the body ended after 0 bytes"
     assert_nothing_stored(engine, storage_dir)
     whole = send_truncated(web.port, request_head(web, "image/jpeg", length=None, key="cut-4"), chunked,
                            len(chunked), shut_write=False)

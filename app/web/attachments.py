@@ -199,9 +199,12 @@ def _refuse_incomplete_body() -> None:
     """A body cut short is refused whole: its bytes are not the upload the client meant."""
     if request.body_incomplete():
         stream = request.stream
-        declared = f" of the {stream.declared_length} declared" if stream.declared_length is not None else ""
-        raise IncompleteBody(f"the request body ended after {stream.received} bytes{declared}; "
-                             "send it again", error_code="incomplete_body")
+        if stream.declared_length is None:  # chunked: gunicorn drops the chunks it held when the framing breaks, so
+            # a count of the bytes that reached the view said "0 bytes" of a body cut at its middle
+            raise IncompleteBody("the chunked request body ended before its last chunk; send it again",
+                                 error_code="incomplete_body")
+        raise IncompleteBody(f"the request body ended after {stream.received} bytes of the {stream.declared_length} "
+                             "declared; send it again", error_code="incomplete_body")
 
 
 def _receive_body() -> HashingSpool:
