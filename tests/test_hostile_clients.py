@@ -650,6 +650,12 @@ def test_what_gunicorn_cannot_parse_is_refused_in_json(deployment):
         assert status.split()[1] in (b"400", b"414"), answer[:200]
         assert b"content-type: application/json" in headers.lower(), answer[:300]
         assert set(json.loads(body)) == {"error", "message"}, body
+    # a transfer coding gunicorn does not know is its 501, which it called "Bad Request" (an adversarial run)
+    with socket.create_connection(("127.0.0.1", deployment.port), timeout=10) as sock:
+        sock.sendall(b"POST /v1/attachments HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked,\r\n\r\n")
+        answer = answer_of(sock)
+    assert answer.startswith(b"HTTP/1.1 501 Not Implemented\r\n"), answer[:200]
+    assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "not_implemented"
     # a Content-Length of 4,301 digits or more: int() refused it on the poller, whose ValueError ended the worker
     # process and every connection on it, no token needed (an adversarial run); and a 60,000-comma Transfer-Encoding
     workers = deployment.processes["web"].children()

@@ -14,10 +14,19 @@ from __future__ import annotations
 
 import json
 import sys
+from http import HTTPStatus
 
 #: the ``error`` code of each status gunicorn answers itself (others: ``bad_request``)
 CODES = {403: "forbidden", 414: "request_line_too_long", 431: "request_headers_too_large",
-         500: "internal_error"}
+         500: "internal_error", 501: "not_implemented"}
+
+
+def phrase(status: int, otherwise: str) -> str:
+    """The reason phrase of ``status`` (RFC 9110's), or ``otherwise`` for a status Python does not name."""
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return otherwise
 
 
 def install() -> bool:
@@ -27,6 +36,9 @@ def install() -> bool:
         return False
 
     def write_error(sock, status_int, reason, mesg):
+        # the status's own phrase: gunicorn keeps "Bad Request" for a 501 (a transfer coding it does not know, such
+        # as ``chunked,``: an adversarial run read "501 Bad Request")
+        reason = phrase(status_int, reason)
         body = json.dumps({"error": CODES.get(status_int, "bad_request"), "message": str(mesg) or reason},
                           sort_keys=True).encode()
         head = (f"HTTP/1.1 {status_int} {reason}\r\nConnection: close\r\nContent-Type: application/json\r\n"
