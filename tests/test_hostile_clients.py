@@ -15,6 +15,7 @@ import os
 import select
 import socket
 import subprocess
+import threading
 import time
 import uuid
 
@@ -688,3 +689,24 @@ def test_what_gunicorn_cannot_parse_is_refused_in_json(deployment):
         answer = answer_of(sock)
     assert answer.startswith(b"HTTP/1.1 400"), answer[:300]
     assert json.loads(answer.partition(b"\r\n\r\n")[2])["error"] == "bad_idempotency_key", answer
+
+
+def test_a_lingering_close_of_a_socket_closed_already_raises_nothing_in_its_thread(monkeypatch):
+    """gunicorn's error path for an answer its source cut (an S3 read ended mid-download) closes the socket, then
+    asks for a graceful close: the lingering thread's "Bad file descriptor" was a traceback each time (an adversarial
+    run)."""
+    import gunicorn.workers.gthread as gthread
+
+    from app.web import lingering_close
+
+    lingering_close.install()
+    raised = []
+    monkeypatch.setattr(threading, "excepthook", lambda args: raised.append(args.exc_value))
+    closed, other = socket.socketpair()
+    closed.close()
+    connection = gthread.TConn.__new__(gthread.TConn)
+    connection.sock = closed
+    connection.close(graceful=True)
+    wait_for(lambda: lingering_close._lingering._value == lingering_close.MAX_LINGERING, timeout=5)
+    other.close()
+    assert raised == []

@@ -50,6 +50,8 @@ def install() -> bool:
             try:
                 self.sock.setblocking(True)
                 util.close_graceful(self.sock)
+            except OSError:  # closed already (gunicorn's error path for an answer cut by its source closes it
+                pass  # first): nothing to linger on; its "Bad file descriptor" was a traceback (an adversarial run)
             finally:
                 _lingering.release()
 
