@@ -186,6 +186,24 @@ def _counted_by_scanning(conn) -> dict:
         "FROM job_history GROUP BY 1, 2, 3"))}
 
 
+def folded_while_writing(engine, write, *, key: str, batch: int) -> None:
+    """``write(worker)`` for four workers at once while two folds of ``batch`` rows keep running; some were folded
+    (``run_once()[key]``)."""
+    stop = threading.Event()
+
+    def keep_folding() -> int:
+        fold, folded = CounterFold(engine, CounterFoldConfig(batch=batch)), 0
+        while not stop.is_set():
+            folded += fold.run_once()[key]
+        return folded
+
+    with ThreadPoolExecutor(6) as pool:
+        folds = [pool.submit(keep_folding) for _ in range(2)]
+        list(pool.map(write, range(4)))
+        stop.set()
+        assert sum(f.result() for f in folds) > 0
+
+
 def _counted(conn) -> dict:
     return {(f, t, lost): n for f, t, lost, n in counters.transitions(conn)}
 
@@ -232,7 +250,6 @@ def test_transitions_written_while_folds_run_are_each_counted_once(engine):
                                 "'00000000-0000-4000-8000-000000000001', 1, 'queued', 3, '00-x', 'u') "
                                 "RETURNING id")).scalar()
     kinds = [("queued", "processing", None), ("processing", "queued", "worker_lost"), ("processing", "ready", None)]
-    stop = threading.Event()
 
     def write(worker: int) -> None:
         # statements of one row (executemany sends one each), of several rows (VALUES lists, INSERT ... SELECT)
@@ -259,17 +276,7 @@ def test_transitions_written_while_folds_run_are_each_counted_once(engine):
                                            f"{job}\t{f}\t{t}\t1\ttest\t{e or chr(92) + 'N'}\n"
                                            for f, t, e in rows)))
 
-    def keep_folding() -> int:
-        fold, folded = CounterFold(engine, CounterFoldConfig(batch=7)), 0
-        while not stop.is_set():
-            folded += fold.run_once()["folded"]
-        return folded
-
-    with ThreadPoolExecutor(6) as pool:
-        folds = [pool.submit(keep_folding) for _ in range(2)]
-        list(pool.map(write, range(4)))
-        stop.set()
-        assert sum(f.result() for f in folds) > 0
+    folded_while_writing(engine, write, key="folded", batch=7)
     with engine.begin() as conn:
         counted, scanned = _counted(conn), _counted_by_scanning(conn)
     assert counted == scanned
@@ -464,7 +471,6 @@ def test_jobs_moved_while_folds_run_are_each_counted_once(engine):
     """Writers making jobs and moving them between states, and two folds taking turns with them."""
     with engine.begin() as conn:
         conn.execute(ADD_ATTACHMENT, {"id": "00000000-0000-4000-8000-000000000001", "owner": "u"})
-    stop = threading.Event()
 
     def write(worker: int) -> None:
         for i in range(40):
@@ -480,17 +486,7 @@ def test_jobs_moved_while_folds_run_are_each_counted_once(engine):
                                       "WHERE pipeline_version BETWEEN :low AND :high AND state = 'processing'"),
                                  {"low": 1000 * worker, "high": 1000 * worker + 10 * i})
 
-    def keep_folding() -> int:
-        fold, folded = CounterFold(engine, CounterFoldConfig(batch=5)), 0
-        while not stop.is_set():
-            folded += fold.run_once()["jobs_folded"]
-        return folded
-
-    with ThreadPoolExecutor(6) as pool:
-        folds = [pool.submit(keep_folding) for _ in range(2)]
-        list(pool.map(write, range(4)))
-        stop.set()
-        assert sum(f.result() for f in folds) > 0
+    folded_while_writing(engine, write, key="jobs_folded", batch=5)
     with engine.begin() as conn:
         counted, scanned = _counted_jobs(conn), _jobs_by_scanning(conn)
     assert counted == scanned
