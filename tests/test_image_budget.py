@@ -230,6 +230,77 @@ def test_an_avif_is_priced_by_the_frame_its_sequence_header_allows_not_by_ispe(t
     assert decode["honest.avif"] >= frame
 
 
+def test_libavif_shares_an_av1_decoder_only_across_alike_tiles() -> None:
+    """libavif's rule (``avifTilesCanBeDecodedWithSameCodecInstance``, v1.4.2): one decoder for every tile of the
+    image and its alpha when they have the same operating point (``a1op``) and all-layers setting (``lsel``) and
+    neither is a single tile beside the other; else one a tile."""
+    def decoders(associations: dict[int, list[int]], alpha: list[int] = ()) -> int:
+        found = bmff._Found(primary=1, item_types={1: b"grid", 2: b"av01", 3: b"av01", 4: b"av01", 5: b"av01"})
+        found.references = {b"dimg": {1: [2, 3]}, b"auxl": {4: [1]}} if alpha else {b"dimg": {1: [2, 3]}}
+        found.aux_types = {9: b"urn:mpeg:mpegB:cicp:systems:auxiliary:alpha"}
+        found.associations = {**associations, **({4: [9, *alpha]} if alpha else {})}
+        if alpha == [8]:  # an alpha grid of two tiles
+            found.item_types[4] = b"grid"
+            found.references[b"dimg"][4] = [5, 6]
+            found.item_types[6] = b"av01"
+        found.operating_points = {5: 0, 6: 1}
+        found.layer_selections = {7: 0, 8: 0xFFFF}
+        return bmff._av1_decoders(found, bmff._decoded_items(found))
+
+    assert decoders({}) == 1
+    assert decoders({2: [5], 3: []}) == 1, "operating point 0 is the default"
+    assert decoders({2: [], 3: [6]}) == 2
+    assert decoders({2: [6, 5], 3: [6]}) == 1, "the first a1op counts"
+    assert decoders({2: [7], 3: [7]}) == 1, "every tile decodes all layers"
+    assert decoders({2: [7], 3: [8]}) == 2, "an lsel of 0xFFFF is no lsel"
+    assert decoders({2: [], 3: []}, alpha=[]) == 1
+    assert decoders({2: [], 3: []}, alpha=[5]) == 3, "a single alpha tile beside a grid has a decoder of its own"
+    assert decoders({2: [], 3: []}, alpha=[8]) == 1, "an alpha grid of alike tiles shares the colour's"
+
+
+def test_an_avif_grid_of_split_operating_points_is_priced_a_decoder_a_tile(tmp_path, monkeypatch) -> None:
+    """libavif opens an AV1 decoder (and Pillow gives each its threads) for each tile of a grid whose tiles differ
+    in operating point: 3,072 64x64 tiles sharing one 93-byte payload, every second tagged with operating point 1
+    (134 KB), took 3.2 GB of a worker priced 122 MB, ``ready``; 1,024 tiles 684-703 MB priced 46, 2,050 threads
+    (an adversarial run). Each decoder past the first is priced, and more threads than a bound are a bomb."""
+    split, plain = hostile_images.avif_split_grid(16, 16), hostile_images.avif_split_grid(16, 16, split=False)
+    unsplit = split.replace(b"a1op\x01", b"a1op\x00")  # every tile at operating point 0, tagged or not
+    assert [bmff.read_layout(io.BytesIO(data)).av1_decoders for data in (split, plain, unsplit)] == [256, 1, 1]
+    assert budget._av1_instance_bytes(1) == 0, "a grid's shared decoder is priced as before"
+    monkeypatch.setattr(budget, "MAX_AV1_DECODER_THREADS", 10**9)
+    decode = []
+    for data in (split, plain):
+        with Image.open(io.BytesIO(data)) as img:
+            decode.append(dict(budget.estimate(img, "AVIF", io.BytesIO(data), PIPELINE_V1_SPECS["thumbnail"]).parts)
+                          ["decode"])
+    each = budget.AV1_DECODER_INSTANCE_BYTES + budget.av1_threads() * budget.AV1_DECODER_THREAD_BYTES
+    assert decode[0] - decode[1] == 255 * each + len(split) - len(plain)
+    big = tmp_path / "split3072.avif"
+    big.write_bytes(hostile_images.avif_split_grid(48, 64))
+    with pytest.raises(ImageTooLarge):  # 3,072 decoders: some 2 GB at two threads each
+        probe(big, Limits())
+    monkeypatch.undo()
+    with pytest.raises(DecompressionBomb, match="3072 AV1 decoders"):
+        probe(big, Limits())
+    (tmp_path / "plain3072.avif").write_bytes(hostile_images.avif_split_grid(48, 64, split=False))
+    assert probe(tmp_path / "plain3072.avif", Limits()).width == 4096
+
+
+def test_measured_peaks_of_split_avif_grids_stay_under_the_estimate(tmp_path) -> None:
+    """The priced peak of a split grid (the adversarial run's 1,024 tiles of 64x64, and 64 of 256x256) against its render's
+    peak, its thread bound lifted: 684 MB measured against 46 priced before."""
+    if not _can_reset_peak():
+        pytest.skip("needs Linux /proc/self/clear_refs and VmHWM")
+    files = [tmp_path / "split1024.avif", tmp_path / "split64_256.avif", tmp_path / "plain1024.avif"]
+    files[0].write_bytes(hostile_images.avif_split_grid(32, 32))
+    files[1].write_bytes(hostile_images.avif_split_grid(8, 8, side=256))
+    files[2].write_bytes(hostile_images.avif_split_grid(32, 32, split=False))
+    measure = MEASURE.replace("unlimited = Limits(max_decode_bytes=10**12)",
+                              "unlimited = Limits(max_decode_bytes=10**12)\nbudget.MAX_AV1_DECODER_THREADS = 10**9")
+    assert measure != MEASURE
+    assert _measured_over_priced(measure, files, [DATA / "phones" / "card_p3_orientation6.avif"]) == []
+
+
 def test_a_48mp_heic_needs_a_larger_budget(tmp_path, monkeypatch) -> None:
     """An iPhone's 48 MP "HEIF Max" photo is priced about 400 MiB: refused at the default, before decoding."""
     spy = LoadSpy(monkeypatch)

@@ -19,8 +19,10 @@ lost on a restart:
 
 Buckets are aligned to the clock (``date_bin``); the last one is the
 current, partial one. Every query reads an index made for it (migration
-0011) and the whole runs in one read-only snapshot under a
-:data:`TIME_LIMIT_SECONDS` statement timeout (:class:`~app.errors.QueryTimeout`).
+0011) and the whole runs in one read-only snapshot, its queries under a
+:data:`TIME_LIMIT_SECONDS` limit on them all (``time_limit``:
+:class:`~app.errors.QueryTimeout`). The console's dashboards asked for the
+same window at once share one call (``app/web/console.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from sqlalchemy.engine import Engine
 from app.adapters.postgres.db import time_limit, transaction
 from app.adapters.postgres.models import JobState
 
-#: how long the window's queries may take together
+#: how long the window's queries may take together (``time_limit`` bounds the block, not each statement)
 TIME_LIMIT_SECONDS = 10.0
 _ORIGIN = datetime(2000, 1, 1, tzinfo=timezone.utc)
 

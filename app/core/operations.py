@@ -12,8 +12,8 @@ from sqlalchemy import func, select, tuple_, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.adapters.postgres import audit
-from app.adapters.postgres.db import once_reachable, transaction
+from app.adapters.postgres import audit, row_counts
+from app.adapters.postgres.db import once_reachable, time_limit, transaction
 from app.adapters.postgres.models import JobState, attachments, audit_log, job_history, jobs, variants
 from app.core import id_prefixes, outbox, pipeline, room, staging, states
 from app.core.needs import Database, StoringProducer
@@ -287,9 +287,15 @@ def lease_status(services: Database) -> dict:
     return {"processing": row.processing, "expired": row.expired, "next_expiry": _iso(row.next_expiry)}
 
 
+#: how long the dashboard's jobs per state may take (they are read from kept counts: milliseconds)
+COUNTS_TIME_LIMIT_SECONDS = 5.0
+
+
 def counts_by_state(services: Database) -> list[dict]:
-    with transaction(services.engine) as conn:
-        rows = conn.execute(select(jobs.c.pipeline_version, jobs.c.state, func.count())
-                            .group_by(jobs.c.pipeline_version, jobs.c.state)
-                            .order_by(jobs.c.pipeline_version, jobs.c.state)).all()
-    return [{"pipeline_version": v, "state": s, "count": c} for v, s, c in rows]
+    """The jobs per pipeline version and state (none counted 0), by version then state: the counts the triggers keep
+    (:func:`app.adapters.postgres.row_counts.jobs`, what ``/metrics`` says as ``attache_jobs``), under a time limit.
+    A ``GROUP BY`` of every job was 30 ms at 200,000 jobs on each dashboard load, growing with the table, with no
+    time limit (an adversarial review)."""
+    with transaction(services.engine) as conn, time_limit(conn, COUNTS_TIME_LIMIT_SECONDS):
+        rows = row_counts.jobs(conn)
+    return [{"pipeline_version": v, "state": s, "count": c} for s, v, c in sorted(rows, key=lambda r: (r[1], r[0]))]

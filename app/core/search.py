@@ -11,13 +11,15 @@ any of them finds is a match (with how it matched):
   (``attachments_sha256_idx``, ``text_pattern_ops``, so ``LIKE 'abc%'`` is a
   range scan);
 * an uploader, exactly (``attachments_owner_idx``);
-* a fragment of the filename, :data:`MIN_FRAGMENT` characters or more,
-  case-insensitive (``attachments_filename_trgm_idx``, a ``pg_trgm`` GIN
-  index: a fragment search is an index scan, not a read of every row).
+* a fragment of the filename, :data:`MIN_FRAGMENT` characters or more, at
+  least :data:`MIN_FRAGMENT` of them letters or digits, case-insensitive
+  (``attachments_filename_trgm_idx``, a ``pg_trgm`` GIN index; what a
+  fragment of common trigrams costs: :func:`_by_filename`).
 
 Matches come newest first, at most ``limit`` of them (``more`` says there
-were others). The queries run under a :data:`TIME_LIMIT_SECONDS` statement
-timeout; a search that cannot finish in it is :class:`SearchTooBroad`.
+were others). The queries run under a :data:`TIME_LIMIT_SECONDS` limit on
+them all (:func:`~app.adapters.postgres.db.time_limit`); a search that
+cannot finish in it is :class:`SearchTooBroad`.
 """
 
 from __future__ import annotations
@@ -35,13 +37,13 @@ from app.errors import QueryTimeout, SearchTooBroad
 
 #: the most matches a search returns
 MAX_MATCHES = 50
-#: the shortest filename fragment searched for (a trigram index needs three characters)
+#: the shortest filename fragment searched for, and the fewest letters or digits it holds
 MIN_FRAGMENT = 3
 #: the fewest hex digits of a sha256 searched for as its start
 MIN_SHA256_PREFIX = 8
 #: the longest text searched for
 MAX_QUERY = 256
-#: how long the search's queries may take together
+#: how long the search's queries may take together (``time_limit`` bounds the block, not each statement)
 TIME_LIMIT_SECONDS = 5.0
 
 _HEX = re.compile(r"[0-9a-fA-F]+")
@@ -76,10 +78,35 @@ def _searches(text: str, limit: int) -> list[tuple[str, object]]:
     found.append((UPLOADER, select(attachments.c.id, _NO_JOB).where(attachments.c.owner == text)
                   .order_by(newest).limit(limit + 1)))
     if len(text) >= MIN_FRAGMENT:
-        found.append((FILENAME, select(attachments.c.id, _NO_JOB)
-                      .where(attachments.c.filename.ilike(f"%{_like_escaped(text)}%", escape="\\"))
-                      .order_by(newest).limit(limit + 1)))
+        found.append((FILENAME, _by_filename(text, limit)))
     return found
+
+
+def _by_filename(text: str, limit: int):
+    """The newest ``limit`` + 1 attachments whose filename holds ``text``, on the trigram index.
+
+    The index finds the rows that hold each of the fragment's trigrams, and
+    PostgreSQL rechecks them: a fragment whose trigrams are each common but
+    never together (``jpg.IMG``) has every such row rechecked (200,000 rows,
+    100-125 ms, growing with the table; an adversarial review), bounded by
+    :data:`TIME_LIMIT_SECONDS` on the whole search (then
+    :class:`SearchTooBroad`) and by the reads one client may have in flight.
+    Looking among the newest attachments only would bound it better, and
+    lose every older upload's name. A fragment with too few letters or
+    digits (``...``, no trigram to look up: a read of every row) is refused
+    (:func:`_check_fragment`).
+    """
+    return (select(attachments.c.id, _NO_JOB)
+            .where(attachments.c.filename.ilike(f"%{_like_escaped(text)}%", escape="\\"))
+            .order_by(attachments.c.created_at.desc()).limit(limit + 1))
+
+
+def _check_fragment(text: str) -> None:
+    """ValueError for a text long enough to be searched as a filename fragment with too few letters or digits in
+    it: ``...`` or ``___`` is in nearly every filename or in none, and tells no upload from another."""
+    if len(text) >= MIN_FRAGMENT and sum(ch.isalnum() for ch in text) < MIN_FRAGMENT:
+        raise ValueError(f"a part of a filename needs at least {MIN_FRAGMENT} letters or digits: type more of it "
+                         "(or an id, a sha256 or an uploader)")
 
 
 def _iso(value):
@@ -102,6 +129,7 @@ def search(engine: Engine, text: str, *, limit: int = MAX_MATCHES) -> dict:
         raise ValueError(f"a search is at most {MAX_QUERY} characters")
     if not text.isprintable():
         raise ValueError("a search is printable text, without control characters")
+    _check_fragment(text)
     limit = max(1, min(limit, MAX_MATCHES))
     how: dict[uuid.UUID, list[str]] = {}
     job_hits: dict[uuid.UUID, list[str]] = {}

@@ -13,44 +13,16 @@ scrapes at once.
 
 from __future__ import annotations
 
-import threading
-import time
-from typing import Callable
-
 from flask import Blueprint, Response, current_app
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.observability import metrics
 from app.web.access import protect
 from app.web.contract import operation, raw
+from app.web.shared_reads import SharedReads
 
 bp = Blueprint("metrics", __name__)
 protect(bp, role="operator")
-
-
-class SharedReads:
-    """One read at a time; a caller takes the outcome (its result, or its error) of the latest read that began after
-    it arrived, or makes one. A failed read is shared too: PostgreSQL down, the scrapes waiting behind a read would
-    otherwise each try again in turn, holding their threads for as many timeouts (an adversarial review)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._began = float("-inf")
-        self._body: bytes = b""
-        self._error: Exception | None = None
-
-    def get(self, read: Callable[[], bytes]) -> bytes:
-        arrived = time.monotonic()
-        with self._lock:
-            if self._began < arrived:
-                self._began = time.monotonic()
-                try:
-                    self._body, self._error = read(), None
-                except Exception as exc:
-                    self._error = exc
-            if self._error is not None:
-                raise self._error
-            return self._body
 
 
 @bp.get("/metrics")

@@ -131,7 +131,8 @@ def jobs():
     tag="ops",
     description=f"Tried as each at once: an attachment or job id or its start ({id_prefixes.MIN_PREFIX}+ hex "
                 f"digits), a sha256 or its first {finder.MIN_SHA256_PREFIX}+ hex digits, an uploader (exactly), "
-                f"a part of the filename ({finder.MIN_FRAGMENT}+ characters, any case). One match is the "
+                f"a part of the filename ({finder.MIN_FRAGMENT}+ characters, any case; one of {finder.MIN_FRAGMENT}+ "
+                f"characters with fewer than {finder.MIN_FRAGMENT} letters or digits is `400`). One match is the "
                 "attachment to open; several are listed.",
     parameters=[
         in_query("q", "What to look for.", str),
@@ -139,7 +140,8 @@ def jobs():
                           f"{finder.MAX_MATCHES}).", int, default=finder.MAX_MATCHES),
     ],
     answers={200: ok("OK.", SearchResult),
-             400: refused("`q` is missing, blank, too long or has control characters; or the search matched "
+             400: refused("`q` is missing, blank, too long or has control characters, or a filename part with "
+                          "too few letters or digits; or the search matched "
                           f"too much to finish in {finder.TIME_LIMIT_SECONDS:g} s.", "bad_request", "search_too_broad")},
 )
 def search():

@@ -171,6 +171,13 @@ class Layout:
     #: item 160 MB; a 4 MB file listing its item's bytes 32 times 388 MB, one naming a 10 MB Exif item 32 times 370
     #: MB: re-attacks). ``Exif`` and ``mime`` items are counted once even with no reference.
     metadata_bytes: int = 0
+    #: the AV1 decoders (dav1d instances) libavif opens for the primary image, all alive until the image is done:
+    #: one shared by every tile of the colour item and its alpha, unless the tiles differ in operating point
+    #: (``a1op``) or in decoding all layers (``lsel``), or one of the two is a single tile beside the other, when
+    #: each tile gets its own (:func:`_av1_decoders`); an image sequence's, one a track (colour, alpha). A 134 KB
+    #: grid of 3,072 64x64 tiles, every second one tagged with operating point 1, took 3.2 GB of a worker priced
+    #: 122 MB, holding a decoder and its threads per tile (an adversarial run).
+    av1_decoders: int = 0
 
 
 #: An overlay's canvas: libheif draws it in RGB planes at its first input's bit depth, up to 16 bits (a 5400x5400
@@ -207,6 +214,45 @@ def _decoded_items(found: "_Found") -> set[int] | None:
         todo += found.references.get(b"dimg", {}).get(item, [])
         todo += alphas_of.get(item, ())
     return decoded
+
+
+#: ``lsel``'s layer_id that selects no layer (all of them): as absent, the decoder outputs its usual frame.
+ALL_LAYERS = 0xFFFF
+
+
+def _av1_decoders(found: "_Found", wanted: set[int] | None) -> int:
+    """:attr:`Layout.av1_decoders`, by libavif's rule (``avifDecoderCreateCodecs`` and
+    ``avifTilesCanBeDecodedWithSameCodecInstance`` in its src/read.c, v1.4.2, the version Pillow bundles): the
+    image's tiles (a grid's cells, or the item itself; then its alpha's) share one codec when there is one tile, or
+    when no category (colour, alpha) is a single tile beside the other and every tile has the first's operating
+    point (its first ``a1op``'s op_index, 0 without one) and the first's all-layers setting (an ``lsel`` whose
+    layer_id is not :data:`ALL_LAYERS`); otherwise each tile has a codec of its own. Pillow never asks for
+    progressive decoding nor for a gain map, so neither makes a tile here. An image sequence is decoded with a
+    codec for its colour track and one for its alpha."""
+    av1 = [item for item, kind in found.item_types.items() if kind == b"av01" and (wanted is None or item in wanted)]
+    colour: set[int] = set()
+    todo = [found.primary] if found.primary is not None else list(av1)
+    while todo and len(colour) <= MAX_BOXES:  # the primary and what it is derived from (a grid's tiles)
+        item = todo.pop()
+        if item not in colour:
+            colour.add(item)
+            todo += found.references.get(b"dimg", {}).get(item, [])
+    categories = [[item for item in av1 if item in colour], [item for item in av1 if item not in colour]]
+    tiles = [(_first_property(found, item, found.operating_points, 0),
+              _first_property(found, item, found.layer_selections, ALL_LAYERS) != ALL_LAYERS)
+             for category in categories for item in category]
+    tracks = min(2, sum(isinstance(item, tuple) for item, _, _ in found.items))
+    if len(tiles) <= 1:
+        return max(len(tiles), tracks)
+    stolen = all(categories) and any(len(category) == 1 for category in categories)
+    shared = not stolen and all(tile == tiles[0] for tile in tiles)
+    return max(1 if shared else len(tiles), tracks)
+
+
+def _first_property(found: "_Found", item: int, values: dict[int, int], default: int) -> int:
+    """The value of the first of an item's properties (in ``ipma`` order) that ``values`` holds, as libavif's
+    ``avifPropertyArrayFind`` finds it; ``default`` without one."""
+    return next((values[index] for index in found.associations.get(item, ()) if index in values), default)
 
 
 def _item_size(found: "_Found", item: int) -> int:
@@ -336,7 +382,7 @@ def read_layout(fp: BinaryIO) -> Layout:
                             if wanted is None or item in wanted)
         return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found, wanted),
                       canvas_pixels, *_heif_bytes(found, picture, wanted), _profile_bytes(found),
-                      _metadata_bytes(found, end))
+                      _metadata_bytes(found, end), _av1_decoders(found, wanted))
     finally:
         fp.seek(position)
 
@@ -387,6 +433,9 @@ class _Found:
     item_bytes: dict[int, float] = field(default_factory=dict)
     #: the size of each ``colr`` property in ``ipco``, by property index
     profile_sizes: dict[int, int] = field(default_factory=dict)
+    #: each ``a1op`` property's op_index and each ``lsel``'s layer_id, by property index (:func:`_av1_decoders`)
+    operating_points: dict[int, int] = field(default_factory=dict)
+    layer_selections: dict[int, int] = field(default_factory=dict)
 
 
 def picture_bytes(kind: bytes, config: bytes) -> float | None:
@@ -493,6 +542,13 @@ def _walk(fp: BinaryIO, start: int, stop: int, file_end: int, found: _Found, bud
             found.items.extend(_item_locations(fp.read(size - header_size), found.extents_left))
         elif kind == b"colr" and parent == b"/meta/iprp/ipco":
             found.profile_sizes[len(found.properties)] = size - header_size
+        elif kind in (b"a1op", b"lsel") and parent == b"/meta/iprp/ipco":  # neither a full box: the value is first
+            fp.seek(offset + header_size)
+            width = 1 if kind == b"a1op" else 2
+            value = fp.read(min(width, size - header_size))
+            if len(value) == width:
+                (found.operating_points if kind == b"a1op" else found.layer_selections)[len(found.properties)] = \
+                    int.from_bytes(value, "big")
         elif kind == b"auxC" and parent == b"/meta/iprp/ipco":
             fp.seek(offset + header_size + 4)
             found.aux_types[len(found.properties)] = fp.read(min(size - header_size - 4, 256)).split(b"\x00")[0]

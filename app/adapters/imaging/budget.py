@@ -71,6 +71,7 @@ price. Small renders still run side by side; a large one runs alone.
 from __future__ import annotations
 
 import math
+import os
 import re
 import threading
 from collections import deque
@@ -81,7 +82,7 @@ from typing import BinaryIO
 
 from PIL import Image
 
-from app.errors import ImageTooLarge
+from app.errors import DecompressionBomb, ImageTooLarge
 
 from . import bmff, icc, libvips, segments, vp8l
 from ._translate import MALFORMED_ERRORS
@@ -165,6 +166,21 @@ ALPHA_PICTURE_BYTES = 2
 #: dav1d's own frame state besides the picture, per pixel (measured: under 1 B/px
 #: for 12 and 24 MP AVIFs, on two threads).
 AV1_DECODER_BYTES = 1
+#: What each AV1 decoder (dav1d instance) past the first holds whatever its picture's size, and more for each thread
+#: Pillow gives it (``AvifImagePlugin``'s max threads: the CPUs the process may run on): libavif opens one for each
+#: tile of a grid whose tiles differ in operating point (:attr:`bmff.Layout.av1_decoders`), all alive until the
+#: image is done. Measured here, split grids of 256 and 1,024 64x64 tiles less the same grids unsplit, per decoder:
+#: 0.36 MiB at 1 thread, 0.63 at 2 (this machine's count), 1.15 at 4, 2.18 at 8, some 0.10 MiB and 0.26 a thread.
+#: Unpriced, a 134 KB grid of 3,072 tiles took 3.2 GB of a worker priced 122 MB, and one of 1,024 tiles (45 KB)
+#: 684-703 MB priced 46, holding 2,050 threads (an adversarial run). The first decoder is in :data:`FIXED_BYTES`.
+AV1_DECODER_INSTANCE_BYTES = 128 * 1024
+AV1_DECODER_THREAD_BYTES = 280 * 1024
+#: libavif's clamp on the threads it gives dav1d (``DAV1D_MAX_THREADS``).
+DAV1D_MAX_THREADS = 256
+#: The most dav1d threads one image's decoders may start together, beyond its colour's and its alpha's (two, what
+#: a photo needs, however many CPUs give each its threads): a split grid's 1,024 decoders held 2,050 threads at
+#: once (an adversarial run), threads a worker shares with its other renders. More is a bomb.
+MAX_AV1_DECODER_THREADS = 256
 #: Bytes per pixel of the deepest HEIC pictures libheif turns into 8-bit RGB(A) directly: a deep (10- or 12-bit)
 #: 4:2:0 one, or an 8-bit 4:4:4 one. A deeper one (deep 4:2:2 at 4, deep 4:4:4 at 6) goes through RGB(A) of 16
 #: bits a sample first, twice the 8-bit RGB(A), held with the coded picture and the 8-bit copy (measured at 12 MP:
@@ -415,7 +431,7 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more
         largest = layout.coded[0] * layout.coded[1] if layout.coded else 0
         pictures = max(layout.coded_bytes, pixels * picture)
-        decoders = max(layout.coded_pixels, pixels) * AV1_DECODER_BYTES
+        decoders = max(layout.coded_pixels, pixels) * AV1_DECODER_BYTES + _av1_instance_bytes(layout.av1_decoders)
         scaled = pixels * picture if largest > pixels else 0
         return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
     if family == "WEBP":
@@ -436,6 +452,28 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         # and the tile Pillow keeps for each strip or tile it lists (131,072 tiles of 1x1 cost 37 MB: a run)
         return _tiff_buffer_bytes(img), TIFF_TILE_BYTES * len(img.tile)
     return 0, 0
+
+
+def av1_threads() -> int:
+    """The threads each AV1 decoder is given: Pillow's ``AvifImagePlugin`` max threads (its
+    ``DEFAULT_MAX_THREADS``, else the CPUs the process may run on), as libavif clamps them."""
+    try:
+        from PIL import AvifImagePlugin
+
+        threads = AvifImagePlugin._get_default_max_threads()
+    except (ImportError, AttributeError):  # another Pillow: its default then, the CPU count
+        threads = os.cpu_count() or 1
+    return min(max(1, threads), DAV1D_MAX_THREADS)
+
+
+def _av1_instance_bytes(decoders: int) -> int:
+    """What an AVIF's AV1 decoders past the first hold, whatever their pictures' size; more threads than
+    :data:`MAX_AV1_DECODER_THREADS` for decoders past two is a bomb."""
+    threads = av1_threads()
+    if decoders > 2 and decoders * threads > MAX_AV1_DECODER_THREADS:
+        raise DecompressionBomb(f"an AVIF decoded by {decoders} AV1 decoders of {threads} threads each, more than "
+                                f"{MAX_AV1_DECODER_THREADS} threads")
+    return max(0, decoders - 1) * (AV1_DECODER_INSTANCE_BYTES + threads * AV1_DECODER_THREAD_BYTES)
 
 
 def _file_size(fp: BinaryIO) -> int:

@@ -236,20 +236,75 @@ def lock_not_available(error: BaseException) -> bool:
 QUERY_CANCELED = "57014"
 
 
+#: how often a block past its time asks PostgreSQL again to cancel what runs: a statement that began just as the
+#: first cancel arrived (which PostgreSQL ignores between statements) is cancelled at the next
+CANCEL_REPEAT_SECONDS = 0.05
+
+
 @contextlib.contextmanager
 def time_limit(conn: Connection, seconds: float) -> Iterator[None]:
-    """Statements of this block on ``conn`` are cancelled after ``seconds``: :class:`QueryTimeout`.
+    """The statements of this block on ``conn`` take ``seconds`` at most, together: :class:`QueryTimeout`.
 
-    ``SET LOCAL``: the limit ends with the transaction, and the cancelled
+    ``SET LOCAL statement_timeout`` alone bounded each statement, not the
+    block: four statements of 0.9 s under a 1 s limit ran 3.6 s (an
+    adversarial review). It stays as each statement's bound; a timer now
+    also cancels the statement running when the block's time is up (the
+    driver's cancel request, as from another session), and a statement
+    started after that fails before it is sent. ``SET LOCAL``: the
+    statement bound ends with the transaction, and the cancelled
     transaction is rolled back by whoever opened it.
     """
     conn.exec_driver_sql(f"SET LOCAL statement_timeout = {max(1, int(seconds * 1000))}")
+    deadline = time.monotonic() + seconds
+    canceller = _Canceller(conn.connection.dbapi_connection, seconds)
+
+    def started(*_):
+        if time.monotonic() >= deadline:
+            raise _timed_out(seconds)
+
+    event.listen(conn, "before_cursor_execute", started)
+    canceller.start()
     try:
         yield
     except OperationalError as exc:
         if getattr(exc.orig, "pgcode", None) == QUERY_CANCELED:
-            raise QueryTimeout(f"the query ran longer than {seconds:g} s and was cancelled") from exc
+            raise _timed_out(seconds) from exc
         raise
+    finally:
+        canceller.stop()
+        event.remove(conn, "before_cursor_execute", started)
+
+
+def _timed_out(seconds: float) -> QueryTimeout:
+    return QueryTimeout(f"the queries ran longer than {seconds:g} s and were cancelled")
+
+
+class _Canceller(threading.Thread):
+    """After ``seconds``, cancels what ``dbapi_connection`` runs, every :data:`CANCEL_REPEAT_SECONDS` until stopped;
+    none is sent once :meth:`stop` returns (a cancel that reached the block's COMMIT would undo finished work)."""
+
+    def __init__(self, dbapi_connection, seconds: float):
+        super().__init__(name="attache-time-limit", daemon=True)
+        self._connection = dbapi_connection
+        self._seconds = seconds
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        wait = self._seconds
+        while not self._stopped.wait(wait):
+            with self._lock:
+                if self._stopped.is_set():
+                    return
+                try:
+                    self._connection.cancel()
+                except Exception:  # noqa: BLE001 - a connection lost meanwhile: its statement fails anyway
+                    return
+            wait = CANCEL_REPEAT_SECONDS
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
 
 
 #: SQLSTATEs of a CREATE DATABASE whose name another took first: the name checked, or the catalog's unique key
