@@ -170,6 +170,13 @@ class Settings:
         "downloads one web process streams to one client (token) at once; one more is refused with 429 "
         "too_many_downloads_at_once, so one client's downloads read slowly cannot hold every thread of a process "
         "(redirects to presigned URLs hold none); 0: no limit")
+    max_reads_per_client: int = setting(
+        "ATTACHE_MAX_READS_PER_CLIENT", 4, _int(0),
+        "reads (GET and HEAD of the API and the /ops console, downloads and uploads aside: they have their own "
+        "bounds) one web process answers one client (a token's or a browser session's principal, operators too) at "
+        "once; one more is refused at once with 429 too_many_reads_at_once and Retry-After, so one client's reads "
+        "cannot take a process's threads and CPU (600 pages of 1000 events in 3 s from one token took 19 s of its "
+        "CPU, and uploads waited seconds for their 202); 0: no limit")
     spool_min_free_bytes: int = setting(
         "ATTACHE_SPOOL_MIN_FREE_BYTES", 128 * 1024 * 1024, _int(0),
         "free space an upload's spool file (in the web's temporary directory, TMPDIR) always leaves on its "

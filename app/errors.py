@@ -310,6 +310,16 @@ class TooManyDownloadsAtOnce(AttacheError):
     retryable = True
 
 
+class TooManyReadsAtOnce(AttacheError):
+    """The client already has as many reads (API and console ``GET``s) in flight in this web process as it may
+    (``429``): ask again when one of them is done (``ATTACHE_MAX_READS_PER_CLIENT``). One token's 600 pages of 1000
+    events in 3 s took 19 s of a process's CPU, and honest uploads waited seconds for their 202 (an adversarial
+    review)."""
+
+    error_code = "too_many_reads_at_once"
+    retryable = True
+
+
 class TooManyParts(UploadRejected):
     """A resumable upload already has as many parts as one may (``ATTACHE_MAX_PARTS_PER_UPLOAD``): its rest must come
     in one PATCH, which is always taken. The upload stays where it was.

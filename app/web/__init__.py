@@ -22,11 +22,12 @@ from app.errors import (
     OutcomeUnknown,
     StorageUnavailable,
     TooManyDownloadsAtOnce,
+    TooManyReadsAtOnce,
     UploadRejected,
 )
 from app.observability import logs
 from app.services import Services, exit_on_config_error, settings_or_exit
-from app.web import lingering_close, parse_errors, request_head
+from app.web import lingering_close, parse_errors, reads_in_flight, request_head
 from app.web.bodies_in_flight import BodiesInFlight
 from app.web.connection import UNREAD_BODY, CloseUnreadBodies
 from app.web.expect_continue import ContinueOnFirstRead
@@ -52,6 +53,8 @@ def create_app(settings: Settings | None = None) -> Flask:
     app.extensions["attache_bodies"] = BodiesInFlight(settings.max_bodies_per_uploader)
     app.extensions["attache_answers"] = BodiesInFlight(  # and the downloads it streams to one client at once
         settings.max_downloads_per_client, TooManyDownloadsAtOnce, "downloads being sent by this server at once")
+    app.extensions["attache_reads"] = BodiesInFlight(  # and the reads of the API and console it answers one at once
+        settings.max_reads_per_client, TooManyReadsAtOnce, "reads being answered by this server at once")
     lingering_close.install()  # under gunicorn gthread: a client that keeps its side open never holds the accept loop
     request_head.install(settings.body_idle_seconds)  # under gunicorn gthread: a thread only for a request here
     parse_errors.install()  # under gunicorn: what it cannot parse is refused in JSON, as the API refuses
@@ -64,6 +67,9 @@ def create_app(settings: Settings | None = None) -> Flask:
 
     from app.web import attachments, events, health, metrics, openapi, ops, tus
 
+    # each client's reads in flight, bounded per process (ATTACHE_MAX_READS_PER_CLIENT): uploads and downloads aside
+    for bounded in (attachments.bp, ops.bp, events.bp):
+        reads_in_flight.bound(bounded)
     app.register_blueprint(openapi.bp)
     app.register_blueprint(attachments.bp)
     app.register_blueprint(tus.bp)  # resumable uploads (tus 1.0)
@@ -77,6 +83,7 @@ def create_app(settings: Settings | None = None) -> Flask:
     from app.web import console  # the /ops operator console (HTML, login session)
     from app.web import console_webhooks  # noqa: F401  its webhooks page, on the same blueprint
 
+    reads_in_flight.bound(console.bp)  # its pages, operators' reads too
     app.register_blueprint(console.bp)
     from app.web import (
         page,  # the upload page at / (HTML + static/upload.js, same session)

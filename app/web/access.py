@@ -167,9 +167,11 @@ def _host_name() -> str | None:
 
 @dataclass(frozen=True)
 class Protection:
-    """What :func:`protect` requires of a blueprint's callers: a valid token, and ``role`` if not None."""
+    """What :func:`protect` requires of a blueprint's callers: a valid token, and ``role`` if not None; the API
+    document also says where a read counts against ``ATTACHE_MAX_READS_PER_CLIENT`` (:mod:`app.web.reads_in_flight`)."""
 
     role: str | None
+    reads_bounded: bool = False
 
 
 def protection(blueprint: Blueprint | None) -> Protection | None:

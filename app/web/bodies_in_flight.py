@@ -69,11 +69,14 @@ class AnswerPlace:
     once the download's stream was open, a client's downloads waiting on a store that did not answer (90 s a call)
     were not counted, and one client's 40 held every thread of a process (``/healthz`` timed out: an adversarial
     run). :class:`TooManyDownloadsAtOnce` when the principal has its fill. Given back by :meth:`release`, at once
-    or by the :class:`HeldAnswer` it is handed to."""
+    or by the :class:`HeldAnswer` it is handed to, or by whatever closes the answer.
 
-    def __init__(self, principal: str):
+    ``counts``: the app's count it is taken in (``attache_answers``, the downloads'; ``attache_reads``, the reads'
+    of :mod:`app.web.reads_in_flight`), whose refusal it raises past the limit."""
+
+    def __init__(self, principal: str, counts: str = "attache_answers"):
         self._hold = None  # a refused place is collected too
-        hold = current_app.extensions["attache_answers"].hold(principal)
+        hold = current_app.extensions[counts].hold(principal)
         hold.__enter__()  # raises past the limit: nothing held, nothing to give back
         self._hold = hold
 

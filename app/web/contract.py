@@ -29,6 +29,7 @@ from flask import Flask
 from pydantic import BaseModel, Field, TypeAdapter
 from pydantic.json_schema import GenerateJsonSchema, models_json_schema
 
+from app.web import reads_in_flight
 from app.web.access import protection
 from app.web.request import FORM_MAX_BYTES
 from app.web.schemas import Error
@@ -185,6 +186,9 @@ SHARED = {
     "Forbidden": refused("The token is valid but lacks the `operator` role.", "forbidden"),
     "DatabaseUnavailable": refused("PostgreSQL is unreachable; retry after the delay.", "database_unavailable",
                                    retry_after=True),
+    "TooManyReadsAtOnce": refused("The client already has `ATTACHE_MAX_READS_PER_CLIENT` reads in flight in this web "
+                                  "process; ask again when one of them is done.", "too_many_reads_at_once",
+                                  retry_after=True),
 }
 TOO_LARGE_BODY = refused(f"The request body is larger than {FORM_MAX_BYTES // (1024 * 1024)} MiB.", "too_large")
 
@@ -239,9 +243,12 @@ class _Walk:
             declared = getattr(app.view_functions.get(rule.endpoint), VIEW_ATTRIBUTE, None)
             if declared is None:
                 continue
-            guard = protection(app.blueprints.get(rule.endpoint.rpartition(".")[0]))
+            blueprint = app.blueprints.get(rule.endpoint.rpartition(".")[0])
+            guard = protection(blueprint)
             for method in sorted(rule.methods - {"HEAD", "OPTIONS"}):
-                self.operations.append((rule.rule, method.lower(), declared, guard))
+                counted = guard is not None and reads_in_flight.counted(blueprint, rule.endpoint, method)
+                self.operations.append((rule.rule, method.lower(), declared,
+                                        replace(guard, reads_bounded=True) if counted else guard))
         answers = [a for _, _, op, guard in self.operations for a in self._answers(op, guard).values()
                    if isinstance(a, Answer)] + list(SHARED.values())
         wanted = {(m, "serialization") for a in answers for m in a.models}
@@ -259,6 +266,8 @@ class _Walk:
             answers.setdefault(401, "Unauthorized")
             if guard.role is not None:
                 answers.setdefault(403, "Forbidden")
+            if guard.reads_bounded:  # app.web.reads_in_flight
+                answers.setdefault(429, "TooManyReadsAtOnce")
         if op.database:
             answers.setdefault(503, "DatabaseUnavailable")
         if _json_body(op):

@@ -8,7 +8,6 @@ from app.adapters.postgres.db import transaction
 from app.core import events
 from app.web.access import identity, protect
 from app.web.contract import in_query, ok, operation, refused
-from app.web.responses import answer
 from app.web.responses import error as _error
 from app.web.schemas import EventPage
 
@@ -38,4 +37,8 @@ def listing():
     with transaction(current_app.extensions["attache"].engine) as conn:
         found = events.page(conn, after=int(after), limit=int(limit),
                             owner=None if who.is_operator else who.principal)
-    return answer(EventPage.model_validate(found))
+    # the events' texts joined as they are (EventPage describes the page): built through the model, a page of 1000
+    # cost the web 25-33 ms of CPU (an adversarial run; events.page)
+    body = (f'{{"events":[{",".join(found["events"])}],"more":{"true" if found["more"] else "false"},'
+            f'"next_after":{int(found["next_after"])}}}\n')
+    return current_app.response_class(body, mimetype="application/json")

@@ -39,6 +39,7 @@ from app.errors import (
     TooManyOpenUploads,
     TooManyParts,
     TooManyPending,
+    TooManyReadsAtOnce,
     TooManyUploadsAtOnce,
     TransientError,
     UnknownQueue,
@@ -65,6 +66,7 @@ STATUS: dict[type[AttacheError], int] = {
     TooManyOpenUploads: 429,
     TooManyUploadsAtOnce: 429,
     TooManyDownloadsAtOnce: 429,
+    TooManyReadsAtOnce: 429,
     # the probe's refusals: the bytes are the problem (UnsupportedFormat, CorruptImage: 415)
     PermanentError: 415,
     DecompressionBomb: 413,
