@@ -24,6 +24,10 @@ left behind in storage, once untouched for the same grace
 ``.tmp-*`` file in file storage (``abandoned_writes``), and a finished
 resumable upload or a retired version an empty directory
 (``empty_directories``).
+
+An object whose delete the store refuses stays decided, is counted in
+``not_removed`` and passed over: the round goes on with its other keys and
+phases, and the next round tries it again after them (:class:`Refusals`).
 """
 
 from __future__ import annotations
@@ -42,11 +46,11 @@ from app.adapters.postgres.models import UNFINISHED, jobs, variants
 from app.adapters.storage import Storage
 from app.core import objects
 from scheduler.locking import exclusive, sweep_storage
+from scheduler.refusals import NOT_REMOVED, Refusals
 
 log = logging.getLogger("attache.scheduler.objects")
 
 PREFIX = "attachments/"
-
 
 def referenced_query(keys: list[str]):
     """The keys among ``keys`` that a live variant row points at (an index lookup: ``variants_storage_key_idx``).
@@ -92,23 +96,33 @@ class ObjectGc:
         self.engine = engine
         self.storage = storage
         self.config = config
+        self.refusals = Refusals(storage, log)
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
         counts = {"examined": 0, "removed": 0, "referenced": 0, "young": 0, "in_flight": 0, "decided_elsewhere": 0,
-                  "abandoned_writes": 0, "empty_directories": 0, "skipped": 0}
+                  "abandoned_writes": 0, "empty_directories": 0, NOT_REMOVED: 0, "skipped": 0}
         with exclusive(self.engine, self.name) as lock:
             if not lock:
                 counts["skipped"] = 1
                 return counts
-            if not dry_run:
-                self._finish_decided(counts)
-            sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
-                          lambda chunk: self._process(chunk, counts, dry_run))
-            lock.renew()
-            counts.update(self.storage.remove_leftovers(self.config.grace_seconds, dry_run=dry_run))
+            with self.refusals.round(dry_run=dry_run):
+                # a key refused last round is decided still: tried again after the round's other keys and phases
+                first, later = self.refusals.split(self._decided()) if not dry_run else ([], [])
+                self._finish_decided(first, counts)
+                sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
+                              lambda chunk: self._process(chunk, counts, dry_run))
+                lock.renew()
+                self.refusals.phase("leftovers", lambda: counts.update(
+                    self.storage.remove_leftovers(self.config.grace_seconds, dry_run=dry_run)), counts)
+                if later:
+                    lock.renew()
+                    self._finish_decided(later, counts)
         if counts["removed"] or counts["abandoned_writes"] or counts["empty_directories"]:
             log.info("object gc removed %(removed)d unreferenced objects, %(abandoned_writes)d abandoned writes "
                      "and %(empty_directories)d empty directories", counts, extra=counts)
+        if counts[NOT_REMOVED]:
+            log.warning("object gc could not remove %(not_removed)d objects; the next round tries them again",
+                        counts, extra=counts)
         return counts
 
     def _referenced(self, keys: list[str], conn=None) -> set[str]:
@@ -144,9 +158,8 @@ class ObjectGc:
             if verdict != "removed":
                 counts[verdict] += 1
                 continue
-            if not dry_run:
-                self._remove(info.key)
-            counts["removed"] += 1
+            if dry_run or self._remove(info.key, counts):
+                counts["removed"] += 1
 
     def _decide(self, key: str, now: datetime, grace: timedelta, dry_run: bool) -> str:
         """Check the key again (a rewrite since it was listed; then, under the lock of its attachment, a reference
@@ -167,29 +180,36 @@ class ObjectGc:
                 return "decided_elsewhere"
         return "removed"
 
-    def _remove(self, key: str) -> None:
-        """Delete an object whose removal is decided (committed), then forget the decision."""
+    def _remove(self, key: str, counts: dict[str, int]) -> bool:
+        """Delete an object whose removal is decided (committed), then forget the decision. False when the store
+        refused this object (:class:`Refusals`): the decision stands, and the claims of its attachment wait."""
         faults.point("object_gc_before_delete")
-        self.storage.delete(key)
+        if not self.refusals.delete(key, counts):
+            return False
         log.info("removed unreferenced object %s", key, extra={"key": key})
         with transaction(self.engine) as conn:
             objects.removed(conn, key)
+        return True
 
-    def _finish_decided(self, counts) -> None:
-        """First in a round, under the GC's lock: removals a GC decided and did not finish (it died between its
-        decision and its delete). No job of their attachments has been claimed since, so they are removed as
-        decided. Only those decided ``decision_grace_seconds`` ago: a GC whose session was lost (a PostgreSQL
-        restart) may still be in its delete, and a second delete after the claims went on would remove what they
-        write. However long ago, that GC may be frozen in its delete: each key is tainted first, in a transaction
-        that finds its decision still standing (a GC that thawed and finished it meanwhile let the claims go on,
-        and a replay may have written the key since), and the claims' steps write its variant under another key."""
+    def _decided(self) -> list[str]:
+        """The removals a GC decided ``decision_grace_seconds`` ago and did not finish, oldest first."""
         with transaction(self.engine) as conn:
-            keys = objects.decided(conn, older_than_seconds=self.config.decision_grace_seconds)
+            return objects.decided(conn, older_than_seconds=self.config.decision_grace_seconds)
+
+    def _finish_decided(self, keys: list[str], counts) -> None:
+        """First in a round, under the GC's lock: removals a GC decided and did not finish (it died between its
+        decision and its delete, or the store refused its delete); those the store refused last round, at the
+        end of the round (:class:`Refusals`). No job of their attachments has been claimed since, so they are
+        removed as decided. Only those decided ``decision_grace_seconds`` ago (:meth:`_decided`): a GC whose
+        session was lost (a PostgreSQL restart) may still be in its delete, and a second delete after the claims
+        went on would remove what they write. However long ago, that GC may be frozen in its delete: each key is
+        tainted first, in a transaction that finds its decision still standing (a GC that thawed and finished it
+        meanwhile let the claims go on, and a replay may have written the key since), and the claims' steps write
+        its variant under another key."""
         for key in keys:
             with transaction(self.engine) as conn:
                 standing = objects.taint_if_decided(conn, key, _owner(key))
-            if standing:
-                self._remove(key)
+            if standing and self._remove(key, counts):
                 counts["removed"] += 1
 
 

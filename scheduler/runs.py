@@ -8,7 +8,8 @@ upserts, in one transaction:
 
 * ``sweeper_runs``: the service's interval, one more ``ok``, ``skipped``
   (another scheduler holds the lock, or the broker is unreachable) or
-  ``failed`` (``run_once()`` raised) round, the last success and the
+  ``failed`` (``run_once()`` raised, or returned a count of
+  :data:`FAILURE_KEYS` above zero) round, the last success and the
   round's duration;
 * ``sweeper_items``: each count ``run_once()`` returned, added to the
   service's running totals (``published``, ``requeued``, ``removed``,
@@ -16,7 +17,11 @@ upserts, in one transaction:
   exists from the first round on.
 
 Two schedulers add to the same rows. A round that raised adds no items:
-what it did before it failed is not known. Recording is best effort: a
+what it did before it failed is not known. A storage cleanup that went on
+past objects the store refused to delete returns its counts, ``not_removed``
+among them: it is ``failed`` (its service's last success stays, and
+``AttacheSweeperOverdue`` fires while an object stays refused, as when such
+an object made every round raise), and its items are added. Recording is best effort: a
 lost database costs the round's figures, never the scheduler.
 """
 
@@ -36,13 +41,19 @@ log = logging.getLogger("attache.scheduler.runs")
 
 #: keys of ``run_once()`` results that describe the moment rather than work done: not added up
 SNAPSHOT_KEYS = frozenset({"pending", "backlog", "skipped", "deferred"})
+#: keys of ``run_once()`` results that count work the round could not do: one above zero makes the round ``failed``
+#: (the storage cleanups' deletes the store refused, ``scheduler/refusals.py``)
+FAILURE_KEYS = frozenset({"not_removed"})
 
 
 def outcome_of(counts: Mapping[str, int] | None) -> str:
-    """``None`` (the round raised) is ``failed``; a round that says ``skipped`` did nothing."""
+    """``None`` (the round raised) is ``failed``, and so is a round that counts work it could not do
+    (:data:`FAILURE_KEYS`); a round that says ``skipped`` did nothing."""
     if counts is None:
         return "failed"
-    return "skipped" if counts.get("skipped") else "ok"
+    if counts.get("skipped"):
+        return "skipped"
+    return "failed" if any(counts.get(key) for key in FAILURE_KEYS) else "ok"
 
 
 def items_of(counts: Mapping[str, int] | None) -> dict[str, int]:

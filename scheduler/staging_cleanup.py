@@ -21,6 +21,12 @@ holds until its COMMIT: :mod:`app.core.staging`).
 It also ends resumable uploads (:mod:`app.core.resumable`): an expired
 upload is forgotten with its partial bytes (``partial/{upload_id}/…``), and
 a part whose upload is gone or finished is removed.
+
+An object whose delete the store refuses keeps its decision, is counted in
+``not_removed`` and passed over: the round goes on with its other objects,
+the expired uploads and the parts, and the next round tries it again after
+them (:class:`scheduler.refusals.Refusals`: one immutable staged file
+among 30 orphans kept all 30, and every expired upload, round after round).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from app.adapters.postgres.models import UNFINISHED, JobState, attachments, jobs
 from app.adapters.storage import Storage
 from app.core import resumable, staging
 from scheduler.locking import exclusive, sweep_storage
+from scheduler.refusals import NOT_REMOVED, Refusals
 
 log = logging.getLogger("attache.scheduler.staging")
 
@@ -70,25 +77,45 @@ class StagingCleanup:
         self.engine = engine
         self.storage = storage
         self.config = config
+        self.refusals = Refusals(storage, log)
 
     def run_once(self, *, dry_run: bool = False) -> dict[str, int]:
-        counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0, "uploads_expired": 0, "parts_removed": 0}
+        counts = {"examined": 0, "removed": 0, "kept": 0, "skipped": 0, "uploads_expired": 0, "parts_removed": 0,
+                  NOT_REMOVED: 0}
         with exclusive(self.engine, self.name) as lock:  # one lock for the round: its parts are one round's
             if not lock:
                 counts["skipped"] = 1
                 return counts
-            sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
-                          lambda chunk: self._process(chunk, counts, dry_run))
-            lock.renew()
-            counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage,
-                                                                 batch=self.config.batch, dry_run=dry_run)
-            sweep_storage(lock, self.storage.list_objects(resumable.PREFIX), self.config.batch,
-                          lambda chunk: self._process_parts(chunk, counts, dry_run))
+            with self.refusals.round(dry_run=dry_run):
+                # what the store refused to delete last round is set aside, and tried again at the round's end
+                staged, parts = [], []
+                sweep_storage(lock, self.storage.list_objects(PREFIX), self.config.batch,
+                              lambda chunk: self._process(self._aside(chunk, staged), counts, dry_run))
+                lock.renew()
+                self.refusals.phase("expired uploads' parts", lambda: self._forget_expired(counts, dry_run), counts)
+                sweep_storage(lock, self.storage.list_objects(resumable.PREFIX), self.config.batch,
+                              lambda chunk: self._process_parts(self._aside(chunk, parts), counts, dry_run))
+                sweep_storage(lock, staged, self.config.batch, lambda chunk: self._process(chunk, counts, dry_run))
+                sweep_storage(lock, parts, self.config.batch,
+                              lambda chunk: self._process_parts(chunk, counts, dry_run))
         if counts["removed"] or counts["uploads_expired"] or counts["parts_removed"]:
             log.info("staging cleanup removed %(removed)d of %(examined)d staged objects, forgot "
                      "%(uploads_expired)d expired uploads and removed %(parts_removed)d unneeded parts",
                      counts, extra=counts)
+        if counts[NOT_REMOVED]:
+            log.warning("staging cleanup could not remove %(not_removed)d objects; the next round tries them again",
+                        counts, extra=counts)
         return counts
+
+    def _aside(self, batch, later: list) -> list:
+        """The batch without the objects the store refused to delete last round, which go to ``later``."""
+        now, refused = self.refusals.split(batch, key=lambda info: info.key)
+        later.extend(refused)
+        return now
+
+    def _forget_expired(self, counts, dry_run: bool) -> None:
+        counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage, batch=self.config.batch,
+                                                             dry_run=dry_run)
 
     def _process_parts(self, batch, counts, dry_run: bool) -> None:
         now = datetime.now(timezone.utc)
@@ -96,12 +123,12 @@ class StagingCleanup:
             removable = resumable.part_removable(self.engine, info.key)
             if removable is None:  # not a part this version wrote: an orphan after the grace period
                 removable = now - (info.last_modified or now) >= timedelta(seconds=self.config.grace_seconds)
-            if removable:
-                if not dry_run:
-                    self.storage.delete(info.key)
+            if removable and (dry_run or self.refusals.delete(info.key, counts)):
                 counts["parts_removed"] += 1
 
     def _process(self, batch, counts, dry_run: bool) -> None:
+        if not batch:  # every object of it set aside (_aside)
+            return
         now = datetime.now(timezone.utc)
         with self.engine.connect() as conn:
             busy = set(conn.execute(busy_query([info.key for info in batch])).scalars())
@@ -117,12 +144,15 @@ class StagingCleanup:
                 removable = staging.try_lock(conn, info.key) and self._removable(conn, info, now)
                 if removable and not dry_run:
                     staging.decide_removal(conn, info.key)
-            if removable and not dry_run:
-                self.storage.delete(info.key)
+            if not removable:
+                counts["kept"] += 1
+            elif dry_run:
+                counts["removed"] += 1
+            elif self.refusals.delete(info.key, counts):  # refused: the decision stands, for the next round's try
                 log.info("removed staged object %s", info.key, extra={"key": info.key})
                 with transaction(self.engine) as conn:
                     staging.removed(conn, info.key)
-            counts["removed" if removable else "kept"] += 1
+                counts["removed"] += 1
 
     def _removable(self, conn, info, now: datetime) -> bool:
         try:

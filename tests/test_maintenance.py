@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -14,17 +16,20 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import func, insert, select, text, update
 
-from app.adapters.postgres.models import attachments, jobs, outbox, variants
+from app.adapters.postgres.models import attachments, jobs, outbox, upload_parts, uploads, variants
 from app.core import outbox as outbox_rows
 from app.core import pipeline, resumable, states
 from app.core.steps import Step
 from app.observability.tracing import new_traceparent
+from scheduler.__main__ import guarded
 from scheduler.lease_recovery import LeaseRecovery, LeaseRecoveryConfig
 from scheduler.locking import exclusive
 from scheduler.object_gc import ObjectGc, ObjectGcConfig
 from scheduler.outbox_relay import OutboxRelay, OutboxRelayConfig
+from scheduler.runs import SweeperRuns
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.conftest import REPO
+from tests.filesystems import read_only_view
 from tests.processes import read_only, wait_for
 from tests.sql_log import sql_log
 from tests.tcp import Listener
@@ -991,3 +996,158 @@ def test_a_removal_decided_by_a_gc_that_died_is_finished_by_the_next_round(servi
         assert states.claim(conn, job_id, 1, lease) is not None, "the claim rolled back, and now goes through"
         objects.await_removals(conn, attachment_id)
         assert not conn.execute(text("SELECT count(*) FROM object_removals")).scalar()
+
+
+# --- objects the store will not delete ------------------------------------------------
+
+
+@contextlib.contextmanager
+def immutable(*paths):
+    """``chattr +i`` on ``paths``: not even root may unlink them. Yields ``lift()``, which makes them deletable
+    again; lifted however the test ends."""
+    names = [str(path) for path in paths]
+    made = subprocess.run(["chattr", "+i", *names], capture_output=True)
+    if made.returncode != 0:
+        pytest.skip(f"chattr +i is needed (root, a filesystem with the attribute): {made.stderr.decode().strip()}")
+
+    def lift():
+        subprocess.run(["chattr", "-i", *names], check=True, capture_output=True)
+
+    try:
+        yield lift
+    finally:
+        subprocess.run(["chattr", "-i", *names], capture_output=True)
+
+
+def _messages(caplog, logger: str) -> list[str]:
+    return [record.getMessage() for record in caplog.records if record.name == logger]
+
+
+def _before(messages: list[str], first: str, then: str) -> bool:
+    """Whether a message containing ``first`` was logged before one containing ``then``."""
+    at = {text: next(i for i, message in enumerate(messages) if text in message) for text in (first, then)}
+    return at[first] < at[then]
+
+
+def _staging_decisions(engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.execute(text("SELECT key FROM staging_removals")).scalars())
+
+
+def test_a_staged_object_the_store_will_not_delete_holds_up_nothing_else(services, engine, storage_dir, caplog):
+    """An adversarial run: one staged orphan made immutable (``chattr +i``) among 30 kept all 30 round after round,
+    and an expired resumable upload's row and part were never removed: the first refused delete raised out of the
+    round, before the other objects and before ``forget_expired`` and the parts sweep. Now the refused object is
+    counted (``not_removed``), keeps its decision, and is tried again by every round after the others."""
+    orphans = [f"staging/{uuid.uuid4()}" for _ in range(6)]
+    for key in orphans:
+        services.storage.put_bytes(key, b"orphan")
+        age(storage_dir, key, 2 * HOUR)
+    stuck = orphans[0]
+    expired = uuid.uuid4()
+    expired_part, orphan_part = resumable.part_key(expired, 0, "t"), resumable.part_key(uuid.uuid4(), 0, "u")
+    with engine.begin() as conn:
+        conn.execute(insert(uploads).values(id=expired, owner="t", upload_length=10, upload_offset=5, filename="a.jpg",
+                                            expires_at=func.now() - text("interval '1 hour'")))
+        conn.execute(insert(upload_parts).values(upload_id=expired, offset=0, token="t"))
+    for key in (expired_part, orphan_part):
+        services.storage.put_bytes(key, b"12345")
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=HOUR))
+    with immutable(storage_dir / stuck) as lift:
+        counts = cleanup.run_once()  # before: StorageUnavailable (EPERM), and whatever came after it stayed
+        assert (counts["removed"], counts["not_removed"]) == (5, 1), counts
+        assert [key for key in orphans if exists(storage_dir, key)] == [stuck]
+        assert (counts["uploads_expired"], counts["parts_removed"]) == (1, 1), "the later phases ran"
+        assert not exists(storage_dir, expired_part) and not exists(storage_dir, orphan_part)
+        with engine.connect() as conn:
+            assert conn.execute(select(func.count()).select_from(uploads)).scalar() == 0
+        assert _staging_decisions(engine) == [stuck], "its decision stands: no upload may take those bytes"
+
+        newcomer = f"staging/{uuid.uuid4()}"
+        services.storage.put_bytes(newcomer, b"orphan")
+        age(storage_dir, newcomer, 2 * HOUR)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="attache.scheduler.staging"):
+            counts = cleanup.run_once()
+        assert (counts["removed"], counts["not_removed"]) == (1, 1), counts
+        assert not exists(storage_dir, newcomer) and exists(storage_dir, stuck)
+        messages = _messages(caplog, "attache.scheduler.staging")
+        assert _before(messages, f"removed staged object {newcomer}", f"could not remove {stuck}"), \
+            "the object refused last round is tried after the others"
+
+        lift()  # the operator's fix
+        counts = cleanup.run_once()
+    assert (counts["removed"], counts["not_removed"]) == (1, 0), counts
+    assert not exists(storage_dir, stuck) and _staging_decisions(engine) == []
+
+
+def test_an_object_the_store_will_not_delete_holds_up_nothing_else(services, engine, storage_dir, caplog):
+    """An adversarial run: one orphan object made immutable (``chattr +i``) among 30 kept all 30, and a ``.tmp-``
+    leftover, round after round: its delete raised out of the round, and once its decision was a grace old
+    (``ATTACHE_OBJECT_DECISION_GRACE_SECONDS``) every round began with it. Now it is counted (``not_removed``, the
+    round recorded ``failed``), its decision stands, and every later round tries it after its other work."""
+    orphans = [pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", f"{n:064x}", "jpg") for n in range(5)]
+    for key in orphans:
+        services.storage.put_bytes(key, b"bytes")
+        age(storage_dir, key, 2 * HOUR)
+    stuck = orphans[0]
+    leftover = storage_dir / stuck.rpartition("/")[0] / ".tmp-cut"  # a write cut short
+    leftover.write_bytes(b"half an object")
+    os.utime(leftover, (time.time() - 2 * HOUR,) * 2)
+    gc = ObjectGc(services.engine, services.storage, ObjectGcConfig(grace_seconds=HOUR, decision_grace_seconds=0))
+    with immutable(storage_dir / stuck) as lift:
+        counts = gc.run_once()  # before: StorageUnavailable (EPERM), and whatever came after it stayed
+        assert (counts["removed"], counts["not_removed"]) == (4, 1), counts
+        assert [key for key in orphans if exists(storage_dir, key)] == [stuck]
+        assert counts["abandoned_writes"] == 1 and not leftover.exists(), "the leftovers were swept"
+        assert _decisions(engine) == 1, "its decision stands: the claims of its attachment wait"
+
+        newcomer = pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", "f" * 64, "jpg")
+        services.storage.put_bytes(newcomer, b"bytes")
+        age(storage_dir, newcomer, 2 * HOUR)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="attache.scheduler.objects"):
+            guarded(gc, 300.0, SweeperRuns(engine))()  # as the scheduler runs it, recorded
+        assert not exists(storage_dir, newcomer) and exists(storage_dir, stuck)
+        messages = _messages(caplog, "attache.scheduler.objects")
+        assert _before(messages, f"removed unreferenced object {newcomer}", f"could not remove {stuck}"), \
+            "the decision refused last round is finished after the others"
+        with engine.connect() as conn:
+            runs = conn.execute(text("SELECT runs_ok, runs_failed FROM sweeper_runs WHERE service = :s"),
+                                {"s": "object_gc"}).one()
+            items = dict(conn.execute(text("SELECT action, total FROM sweeper_items WHERE service = :s"),
+                                      {"s": "object_gc"}).all())
+        assert tuple(runs) == (0, 1), "a round that left an object it should have removed failed"
+        assert (items["removed"], items["not_removed"]) == (1, 1), items
+
+        lift()  # the operator's fix
+        counts = gc.run_once()
+    assert (counts["removed"], counts["not_removed"]) == (1, 0), counts
+    assert not exists(storage_dir, stuck) and _decisions(engine) == 0
+
+
+@pytest.mark.parametrize("cleanup", ["staging_cleanup", "object_gc"])
+def test_a_store_that_is_down_ends_the_round_at_its_first_refused_delete(services, engine, storage_dir, monkeypatch,
+                                                                        cleanup):
+    """The other side of going on past a refused delete: a whole store refusing (a read-only filesystem, EROFS;
+    its probe write refused too) ends the round at once, as before, rather than sending every delete to it."""
+    from app.adapters.storage.filesystem import FilesystemStorage
+    from app.errors import StorageUnavailable
+
+    prefix = "staging/" if cleanup == "staging_cleanup" else "attachments/"
+    keys = [f"staging/{uuid.uuid4()}" if cleanup == "staging_cleanup"
+            else pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", f"{n:064x}", "jpg") for n in range(3)]
+    for key in keys:
+        services.storage.put_bytes(key, b"bytes")
+        age(storage_dir, key, 2 * HOUR)
+    deletes = []
+    delete = FilesystemStorage.delete
+    monkeypatch.setattr(FilesystemStorage, "delete", lambda self, key: (deletes.append(key), delete(self, key))[1])
+    with read_only_view(storage_dir) as view:
+        store = FilesystemStorage(view)
+        service = (StagingCleanup(engine, store, StagingCleanupConfig(grace_seconds=HOUR))
+                   if cleanup == "staging_cleanup" else ObjectGc(engine, store, ObjectGcConfig(grace_seconds=HOUR)))
+        with pytest.raises(StorageUnavailable):
+            service.run_once()
+    assert len(deletes) == 1 and deletes[0].startswith(prefix), deletes
+    assert all(exists(storage_dir, key) for key in keys)

@@ -9,8 +9,12 @@ store goes through the S3 API (the storage adapter), never the disk.
 from __future__ import annotations
 
 import hashlib
+import http.client
+import http.server
 import socket
-from urllib.parse import parse_qs, urlparse
+import threading
+import uuid
+from urllib.parse import parse_qs, unquote, urlparse
 
 import pytest
 import requests
@@ -19,6 +23,8 @@ from sqlalchemy import func, select
 from app.adapters.postgres.models import attachments, jobs, outbox, variants
 from app.adapters.storage import Storage, storage_from_url
 from app.core import pipeline
+from scheduler.object_gc import ObjectGc, ObjectGcConfig
+from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from tests.processes import Deployment, wait_for
 from tests.s3server import moto_server
 
@@ -180,3 +186,80 @@ def test_downloads_on_s3_redirect_to_a_short_lived_presigned_url(env, store, tmp
             'attachment; filename="Chelsea_the_cat.jpg"; filename*=UTF-8\'\'Chelsea%20the%20cat.jpg')
     finally:
         deployment.stop_all()
+
+
+class _LockedObjects(http.server.BaseHTTPRequestHandler):
+    """A proxy in front of moto that answers the DELETE of a key in ``locked`` with ``403 AccessDenied``, as a
+    bucket's Object Lock or policy does; every other request is moto's."""
+
+    protocol_version = "HTTP/1.1"
+    upstream = ""
+    locked: set = set()
+
+    def log_message(self, *args):
+        pass
+
+    def _forward(self):
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        key = unquote(urlparse(self.path).path).split("/", 2)[-1]
+        if self.command == "DELETE" and key in self.locked:
+            error = b"<Error><Code>AccessDenied</Code><Message>object is locked</Message></Error>"
+            self.send_response(403)
+            self.send_header("Content-Type", "application/xml")
+            self.send_header("Content-Length", str(len(error)))
+            self.end_headers()
+            self.wfile.write(error)
+            return
+        upstream = http.client.HTTPConnection(urlparse(self.upstream).netloc, timeout=30)
+        upstream.request(self.command, self.path, body=body or None, headers=dict(self.headers.items()))
+        answer = upstream.getresponse()
+        data = answer.read()
+        upstream.close()
+        self.send_response(answer.status)
+        for name, value in answer.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                self.send_header(name, value)
+        self.send_header("Content-Length", answer.getheader("Content-Length", "0") if self.command == "HEAD"
+                         else str(len(data)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(data)
+
+    do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _forward
+
+
+def test_s3_objects_whose_delete_the_bucket_refuses_hold_up_no_other_removal(moto_endpoint, engine):
+    """An adversarial run: a bucket refusing the DELETE of one key (403 AccessDenied: Object Lock, a bucket policy)
+    kept 25 of 25 deletable orphans, round after round: the refused delete raised out of each cleanup's round. The
+    403 is the object's own (not ``StorageUnavailable``): the round goes on, counts it (``not_removed``), and a
+    round after the lock is lifted removes it."""
+    handler = type("Handler", (_LockedObjects,), {"upstream": moto_endpoint, "locked": set()})
+    proxy = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=proxy.serve_forever, daemon=True).start()
+    try:
+        # a bucket of its own: moto's buckets outlive its server, with the objects of the tests before
+        bucket = f"attache-locked-{uuid.uuid4().hex[:8]}"
+        store = storage_from_url(f"s3://{bucket}?endpoint=http://127.0.0.1:{proxy.server_address[1]}",
+                                 access_key=ACCESS_KEY, secret_key=SECRET_KEY)
+        store.ensure_bucket()
+        objects = [pipeline.variant_key(uuid.uuid4(), 1, "thumbnail", f"{n:064x}", "jpg") for n in range(5)]
+        staged = [f"staging/{uuid.uuid4()}" for _ in range(4)]
+        for key in objects + staged:
+            store.put_bytes(key, b"orphan")
+        handler.locked.update({objects[0], staged[0]})
+        gc = ObjectGc(engine, store, ObjectGcConfig(grace_seconds=0, decision_grace_seconds=0))
+        cleanup = StagingCleanup(engine, store, StagingCleanupConfig(grace_seconds=0))
+
+        counts = gc.run_once()  # before: StorageError (AccessDenied) at the locked key, the others kept
+        assert (counts["removed"], counts["not_removed"]) == (4, 1), counts
+        counts = cleanup.run_once()
+        assert (counts["removed"], counts["not_removed"]) == (3, 1), counts
+        assert [key for key in objects + staged if store.stat(key) is not None] == [objects[0], staged[0]]
+        assert gc.run_once()["not_removed"] == 1 and cleanup.run_once()["not_removed"] == 1, "still locked"
+
+        handler.locked.clear()  # the retention ends
+        assert (gc.run_once()["removed"], cleanup.run_once()["removed"]) == (1, 1)
+        assert list(store.list_keys("attachments/")) == [] and list(store.list_keys("staging/")) == []
+    finally:
+        proxy.shutdown()
+        proxy.server_close()

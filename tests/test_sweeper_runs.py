@@ -19,7 +19,7 @@ from app.services import Services
 from app.web import create_app
 from scheduler.__main__ import guarded
 from scheduler.locking import exclusive
-from scheduler.runs import SweeperRuns
+from scheduler.runs import SweeperRuns, outcome_of
 from scheduler.staging_cleanup import StagingCleanup, StagingCleanupConfig
 from scheduler.sweepers import sweepers
 from tests.conftest import OPERATOR_TOKEN, authed
@@ -133,6 +133,16 @@ def test_a_sweeper_that_never_succeeded_has_no_last_success(settings, engine):
     assert of(samples, "attache_sweeper_last_success_timestamp_seconds", service="object_gc") is None
     assert of(samples, "attache_sweeper_last_duration_seconds", service="object_gc") == 0.25
     app.extensions["attache"].close()
+
+
+def test_a_cleanup_round_that_left_objects_the_store_refused_to_delete_failed():
+    """A storage cleanup goes on past an object whose delete the store refuses, and returns its counts: before, one
+    such object made every round raise (``failed``, an adversarial run), and a round that now returns ``not_removed``
+    is ``failed`` still, so ``AttacheSweeperOverdue`` fires while the object stays."""
+    assert outcome_of({"removed": 29, "not_removed": 1}) == "failed"
+    assert outcome_of({"removed": 29, "not_removed": 0}) == "ok"
+    assert outcome_of({"skipped": 1, "not_removed": 0}) == "skipped"
+    assert outcome_of(None) == "failed"
 
 
 def test_recording_never_fails_the_scheduler(caplog):
