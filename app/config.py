@@ -180,8 +180,9 @@ class Settings:
     spool_min_free_bytes: int = setting(
         "ATTACHE_SPOOL_MIN_FREE_BYTES", 128 * 1024 * 1024, _int(0),
         "free space an upload's spool file (in the web's temporary directory, TMPDIR) always leaves on its "
-        "filesystem: a body that would go below is refused with 503 and Retry-After (before it is read, when "
-        "its declared length alone would); on the filesystem backend, an upload is also refused (503 "
+        "filesystem, and on the file storage's filesystem the room the unfinished jobs hold there besides: a body "
+        "that would go below is refused with 503 spool_unavailable and Retry-After (before it is read, when its "
+        "declared length alone would; docs/deploy.md, Disk room); on the filesystem backend, an upload is also refused (503 "
         "storage_unavailable, Retry-After) unless the storage's disk keeps this much free beyond room for what "
         "every unfinished job still writes and this upload's job will, in bytes and in files (an inode kept "
         "free for each 16 KiB of this) (docs/architecture.md); 0: no floor")

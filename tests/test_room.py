@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 from sqlalchemy import select, text, update
 
@@ -147,3 +148,81 @@ def test_a_disk_short_of_inodes_takes_no_more_uploads_than_it_has_files_for(env,
             assert services.storage.free_inodes() >= floor // room.FLOOR_BYTES_PER_INODE
         finally:
             services.engine.dispose()
+
+
+def test_a_spool_on_the_storages_disk_leaves_free_the_room_the_accepted_jobs_hold(env, engine, data_file, tmp_path,
+                                                                                    monkeypatch):
+    """The spool kept its floor alone free, and the room of the jobs accepted was checked at the upload's commit,
+    after its body: one uploader's two raw POSTs sized to the free space less the floor, trickled a byte every 4 s,
+    held the disk while five jobs accepted before them waited, and 3 of the 5 ended ``failed storage_unavailable``
+    (an adversarial run, twice: a 60 MB tmpfs held the storage and TMPDIR). A body that would eat into that room is
+    now refused, 503 ``spool_unavailable`` with ``Retry-After``: before it is read when its declared length would,
+    at the write that would otherwise; the sum read once as the spool is made when this process had not read it.
+    With the storage on another filesystem the spool keeps its floor alone, as before."""
+    import tempfile
+
+    import pytest
+    from flask import request
+
+    from app.config import Settings
+    from app.errors import SpoolUnavailable
+    from app.web import create_app
+    from app.web.spool import CHUNK
+    from tests.conftest import authed
+    from tests.filesystems import small_filesystem
+
+    floor = 1 << 20
+    photo = data_file("photos/astronaut_12mp_3464x3464.jpg").read_bytes()
+
+    def app_on(storage):
+        return create_app(Settings.from_env({**env, "STORAGE_URL": f"file://{storage}",
+                                             "ATTACHE_SPOOL_MIN_FREE_BYTES": str(floor)}))
+
+    with small_filesystem(48 << 20) as disk:
+        (disk / "tmp").mkdir()
+        monkeypatch.setattr(tempfile, "tempdir", str(disk / "tmp"))  # TMPDIR on the storage's disk
+
+        def free() -> int:
+            found = os.statvfs(disk)
+            return found.f_bavail * found.f_frsize
+
+        app = app_on(disk / "storage")
+        try:
+            client = authed(app)
+            for _ in range(3):  # accepted, and not processed: no worker
+                answer = client.post("/v1/attachments", data=photo, content_type="image/jpeg")
+                assert answer.status_code == 202, answer.get_data(as_text=True)
+            holding = held(engine)
+            database = app.extensions["attache"].engine.url
+            room._seen.pop(database, None)  # this process has not read it yet: the spool reads it
+            into = free() - floor - holding // 2  # above the floor, half into the room held
+            answer = client.post("/v1/attachments", data=photo + bytes(into - len(photo)), content_type="image/jpeg")
+            assert answer.status_code == 503 and answer.json["error"] == "spool_unavailable", answer.json
+            assert answer.headers["Retry-After"]
+            assert room.held_lately(database) == holding, "read as the spool was made"
+            assert list((disk / "tmp").iterdir()) == []
+
+            with app.test_request_context("/v1/attachments", method="POST"):  # no length declared: at a write
+                spool = request.spool()
+                with pytest.raises(SpoolUnavailable):
+                    for _ in range(into // CHUNK + 1):
+                        spool.write(bytes(CHUNK))
+                assert spool.size <= into - holding // 2 + CHUNK
+            assert free() >= floor + holding
+
+            answer = client.post("/v1/attachments", data=photo, content_type="image/jpeg")  # it fits: taken
+            assert answer.status_code == 202, answer.get_data(as_text=True)
+        finally:
+            app.extensions["attache"].close()
+
+        elsewhere = app_on(tmp_path / "elsewhere")  # the storage on another filesystem: the floor alone
+        try:
+            into = free() - floor - held(engine) // 2
+            with elsewhere.test_request_context("/v1/attachments", method="POST",
+                                                headers={"Content-Length": str(into)}):
+                spool = request.spool()
+                for _ in range(into // CHUNK):
+                    spool.write(bytes(CHUNK))
+                assert spool.size == into // CHUNK * CHUNK
+        finally:
+            elsewhere.extensions["attache"].close()

@@ -30,6 +30,14 @@ cost. It summed every unfinished job joined to its attachment: 0.5-0.6 s of Post
 jobs among a million attachments (what a long outage leaves), each second per web process and on each request
 near the bound. Jobs made without ``room_bytes`` (before migration 0030, or by the release before it while it
 rolls out) are read from an index of those alone, a few by their keys.
+
+The check at the upload's commit comes after its body. A spool on the storage's disk (TMPDIR there, as under
+``make up``) took the room held before it: one uploader's two raw POSTs, sized to the free space less the floor and
+sent to their last bytes, then a byte every 4 s, held the disk full while five jobs accepted before them waited, and
+3 of the 5 ended ``failed storage_unavailable`` (an adversarial run, twice; with the defaults one token holds 8 bodies
+of 50 MB per web process so). Such a spool now leaves free the floor and :func:`held_lately`, the sum this process
+read last (no query on a write); one made when it is older than :data:`SPOOL_READ_AFTER_SECONDS`, or never read,
+reads it first (:func:`read_held`) (:mod:`app.web.spool`, :meth:`app.web.request.UploadRequest.spool`).
 """
 
 from __future__ import annotations
@@ -56,6 +64,10 @@ BYTES_PER_OUTPUT_PIXEL = 2
 FLOOR_BYTES_PER_INODE = 16 * 1024
 #: how long a sum of what the unfinished jobs need is used by a process before it is read again (far from the bound)
 FRESH_SECONDS = 1.0
+#: a spool made on the storage's disk reads the sum first when this process read it longer ago than this (or never):
+#: an upload's commit reads it each :data:`FRESH_SECONDS` under load, so a busy process's spools read nothing, and a
+#: quiet one's first upload pays one read (two small tables) before its body
+SPOOL_READ_AFTER_SECONDS = 5.0
 
 NO_ROOM = "the storage's disk has no room for the work still being done; retry later"
 
@@ -156,4 +168,28 @@ def _recent(seen: dict, conn: Connection, read, *, room: int, adding: int) -> in
     value = read(conn)
     with _seen_lock:
         seen[database] = (now, value + adding)
+    return value
+
+
+def held_lately(database, *, within: float | None = None) -> int | None:
+    """What the unfinished jobs need, as this process read it last for ``database`` (an engine's URL), with what
+    it admitted since; ``None`` if it has not read it, or not in the last ``within`` seconds. No query: a spool on
+    the storage's disk asks it on each write."""
+    with _seen_lock:
+        last = _seen.get(database)
+    if last is None or (within is not None and time.monotonic() - last[0] >= within):
+        return None
+    return last[1]
+
+
+def read_held(engine, version) -> int:
+    """Read what the unfinished jobs need now (``version``'s specs for the jobs made without their need), kept as
+    :func:`admit`'s sum is: :func:`held_lately` gives it, and the next check of :func:`admit` may use it."""
+    now = time.monotonic()
+    with engine.connect() as conn:
+        value = _read_held(conn, version)
+    with _seen_lock:
+        last = _seen.get(engine.url)
+        if last is None or last[0] <= now:  # a sum another thread read after this one began is newer: kept
+            _seen[engine.url] = (now, value)
     return value

@@ -14,6 +14,16 @@ its disk with the storage (the staged original is the spool file, moved in
 by rename), so a client trickling a large body, or many at once, could
 otherwise fill the disk the workers write the accepted uploads' variants
 to, and hold it full for as long as they keep sending.
+
+On that disk the floor alone was not enough: the room the unfinished jobs
+hold (:mod:`app.core.room`, checked at the upload's commit, after its
+body) was the spool's to take. Two raw POSTs of one uploader, sized to the
+free space less the floor and trickled a byte every 4 s, held it while
+five jobs accepted before them waited: 3 of the 5 ended ``failed
+storage_unavailable`` (an adversarial run, twice). A spool whose directory
+is on the storage's filesystem (:func:`same_disk`) leaves free the floor
+and that room, as its process read it last (``held``: no query on a
+write); with ``min_free_bytes`` 0, neither.
 """
 
 from __future__ import annotations
@@ -26,7 +36,7 @@ import re
 import tempfile
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
 from app.core.intake import SPOOL_REMOVED, Received
 from app.errors import DigestMismatch, SpoolUnavailable, UploadRejected, UploadTooLarge
@@ -35,21 +45,48 @@ CHUNK = 64 * 1024
 SPOOL_PREFIX = "attache-upload-"
 
 
-def _keep_free(filesystem: os.statvfs_result, more: int, min_free_bytes: int) -> None:
+NEARLY_FULL = "the server's disk is nearly full; retry later"
+HELD = "the server's disk is keeping its room for the uploads already accepted; retry later"
+
+
+def _keep_free(filesystem: os.statvfs_result, more: int, min_free_bytes: int, held: int = 0) -> None:
     """Refuse ``more`` bytes that would leave less than ``min_free_bytes`` free (what an unprivileged writer may
-    still use: a web running as root would otherwise eat the reserved blocks too)."""
-    if filesystem.f_bavail * filesystem.f_frsize - more < min_free_bytes:
-        raise SpoolUnavailable("the server's disk is nearly full; retry later")
+    still use: a web running as root would otherwise eat the reserved blocks too), or less than that and ``held``,
+    the room the unfinished jobs hold on this disk."""
+    free = filesystem.f_bavail * filesystem.f_frsize - more
+    if free < min_free_bytes:
+        raise SpoolUnavailable(NEARLY_FULL)
+    if free < min_free_bytes + held:
+        raise SpoolUnavailable(HELD)
 
 
-def _spool_file(directory: str, min_free_bytes: int, expected_bytes: int) -> tuple[int, str]:
+def _device(path) -> int | None:
+    """The device of ``path``, or of its nearest ancestor there (a storage root not made yet is made there)."""
+    path = Path(os.path.abspath(path))
+    for each in (path, *path.parents):
+        try:
+            return os.stat(each).st_dev
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        except OSError:
+            return None
+    return None
+
+
+def same_disk(directory: str, root) -> bool:
+    """``directory`` (a spool's) is on the filesystem of ``root`` (the file storage's): two ``stat`` calls."""
+    device = _device(directory)
+    return device is not None and device == _device(root)
+
+
+def _spool_file(directory: str, min_free_bytes: int, expected_bytes: int, held: int = 0) -> tuple[int, str]:
     """A new spool file in ``directory``, made again if it is gone: a temporary directory a cleaner removed (the
     object GC removed an empty one under the storage root, a tmp cleaner may too) failed every upload with 503 until
     the web restarted, ``/readyz`` ready all along (an adversarial run)."""
     for again in (True, False):
         try:
             if min_free_bytes:
-                _keep_free(os.statvfs(directory), expected_bytes, min_free_bytes)
+                _keep_free(os.statvfs(directory), expected_bytes, min_free_bytes, held)
             return tempfile.mkstemp(prefix=SPOOL_PREFIX, dir=directory)
         except FileNotFoundError:
             if not again:
@@ -79,16 +116,20 @@ class HashingSpool:
     """
 
     def __init__(self, max_bytes: int, directory: str | None = None, *, md5: bool = False,
-                 min_free_bytes: int = 0, expected_bytes: int = 0):
+                 min_free_bytes: int = 0, expected_bytes: int = 0, held: Callable[[], int] | None = None):
         """``md5``: also compute the MD5 digest, for a ``Content-MD5`` to check (it costs twice the
         SHA-256 here: 7 ms of CPU for 5 MB, against 3.6 ms), else ``Received.md5`` is ``None``.
         ``min_free_bytes``: the free space every write leaves on the spool's filesystem (0: none);
-        ``expected_bytes``: what the body says it will bring, refused at once if that alone would cross it."""
+        ``expected_bytes``: what the body says it will bring, refused at once if that alone would cross it;
+        ``held``: the room the unfinished jobs hold on this filesystem (the storage's), left free with the floor
+        (asked on each write: it must cost no query)."""
         self.max_bytes = max_bytes
         self.min_free_bytes = min_free_bytes
+        self._held = held if min_free_bytes else None
         directory = directory or tempfile.gettempdir()
         try:
-            fd, name = _spool_file(directory, min_free_bytes, min(expected_bytes, max_bytes))
+            fd, name = _spool_file(directory, min_free_bytes, min(expected_bytes, max_bytes),
+                                   self._held() if self._held is not None else 0)
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         self.path = Path(name)
@@ -109,7 +150,8 @@ class HashingSpool:
             self._md5.update(data)
         try:
             if self.min_free_bytes:
-                _keep_free(os.fstatvfs(self._file.fileno()), len(data), self.min_free_bytes)
+                _keep_free(os.fstatvfs(self._file.fileno()), len(data), self.min_free_bytes,
+                           self._held() if self._held is not None else 0)
             return self._file.write(data)
         except OSError as exc:  # the temporary directory is full: nothing is wrong with the upload
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
