@@ -125,3 +125,40 @@ def test_a_temporary_directory_removed_under_the_web_is_made_again(web, data_fil
     response = web.upload(data_file("photos/coffee.jpg"))
     assert response.status_code == 202, response.text
     assert web.temp.is_dir() and left_behind(web) == []
+
+
+def test_a_spool_its_process_holds_is_never_swept_however_old_and_one_whose_process_died_is(tmp_path):
+    """The sweep judged a spool by its age alone, and the body is read a block (1 MiB) at a time, the spool written
+    only when a block is whole: a client sending steadily at under a block per ten idle periods saw its spool
+    removed while it sent, and its whole body answered 503 (an adversarial run). A live spool is held (a lock its
+    process keeps while it has the file open); a killed process's is not, and goes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from app.web.spool import SPOOL_PREFIX, HashingSpool, remove_abandoned_spools
+
+    mine = HashingSpool(1_000_000, str(tmp_path))
+    mine.write(b"x" * 1000)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom app.web.spool import HashingSpool\n"
+        f"spool = HashingSpool(1_000_000, {str(tmp_path)!r})\nspool.write(b'y' * 1000)\nspool.flush()\n"
+        "print(spool.path, flush=True)\ntime.sleep(60)")], stdout=subprocess.PIPE, text=True)
+    try:
+        theirs = holder.stdout.readline().strip()
+        long_ago = time.time() - 3600
+        for path in tmp_path.glob(SPOOL_PREFIX + "*"):
+            os.utime(path, (long_ago, long_ago))
+        assert remove_abandoned_spools(60, str(tmp_path)) == 0, "a spool a live process holds is swept"
+        assert {str(p) for p in tmp_path.glob(SPOOL_PREFIX + "*")} == {str(mine.path), theirs}
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        assert remove_abandoned_spools(60, str(tmp_path)) == 1
+        assert [str(p) for p in tmp_path.glob(SPOOL_PREFIX + "*")] == [str(mine.path)]
+    finally:
+        holder.kill()
+        holder.wait(10)
+        mine.discard()
+    assert list(tmp_path.iterdir()) == []

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import fcntl
 import hashlib
 import os
 import re
@@ -133,7 +134,8 @@ class HashingSpool:
         except OSError as exc:
             raise SpoolUnavailable(f"cannot hold the upload right now ({exc.strerror}); retry later") from None
         self.path = Path(name)
-        self._file = os.fdopen(fd, "w+b")
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: never waits. Held while the file is open,
+        self._file = os.fdopen(fd, "w+b")  # and by nothing once its process is gone (remove_abandoned_spools)
         self._sha256 = hashlib.sha256()
         self._md5 = hashlib.md5(usedforsecurity=False) if md5 else None
         self.size = 0
@@ -202,29 +204,48 @@ class HashingSpool:
 
 
 def remove_abandoned_spools(older_than_seconds: float, directory: str | None = None) -> int:
-    """Remove spool files nobody has written to for ``older_than_seconds``; returns how many.
+    """Remove spool files nobody has written to for ``older_than_seconds`` and no process holds; returns how many.
 
     A request removes its own spools when it ends, but a process killed
     mid-upload (SIGKILL, the OOM killer, gunicorn's graceful timeout) leaves
-    its spool behind. A live upload writes to its spool at least every
-    ``ATTACHE_BODY_IDLE_SECONDS`` (a quieter client is cut off), so a spool
-    untouched for many times that belongs to no request; several web
-    processes may share the directory. A process paused for that long
-    (SIGSTOP, a frozen VM) does own its spool: its request, resumed, finds
-    the file gone when it finishes it and answers ``503`` (retry), not
-    ``500`` (:meth:`HashingSpool.finish`).
+    its spool behind; several web processes may share the directory. A
+    spool's request holds a lock on it (``flock``) for as long as it has it
+    open, and the kernel drops the lock with the process: a spool untouched
+    for many ``ATTACHE_BODY_IDLE_SECONDS`` whose lock can be taken belongs to
+    no request. By its age alone, a live upload's spool went too: the body
+    is read a block (1 MiB) at a time, and the spool written only when a
+    block is whole, so a client sending steadily at under a block per ten
+    idle periods (1.7 KB/s with the defaults) saw its spool removed while
+    it sent, and its whole body answered ``503`` (an adversarial run). A
+    process paused for that long (SIGSTOP, a frozen VM) keeps its lock,
+    and its spool, too. A spool its request has closed (finished, to be
+    moved into storage) is held by nobody: one removed then is a ``503`` to
+    retry (:func:`app.core.intake.stage`), as it always was.
     """
     root = Path(directory or tempfile.gettempdir())
     now = time.time()
     removed = 0
     for path in root.glob(SPOOL_PREFIX + "*"):
         try:
-            if now - path.stat().st_mtime >= older_than_seconds:
-                path.unlink()
+            if now - path.stat().st_mtime >= older_than_seconds and _unheld_removed(path):
                 removed += 1
         except FileNotFoundError:  # its request, or another process, removed it first
             continue
     return removed
+
+
+def _unheld_removed(path: Path) -> bool:
+    """Remove ``path`` if no open spool holds its lock; whether it did."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # its request's, alive (or paused)
+            return False
+        path.unlink()
+        return True
+    finally:
+        os.close(fd)
 
 
 def spool_stream(stream: IO[bytes], spool: HashingSpool) -> None:
