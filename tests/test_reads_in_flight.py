@@ -97,16 +97,16 @@ def test_one_more_read_than_the_bound_is_429_at_once_and_others_read_on(app, hel
     assert alice.get("/v1/events").status_code == 200
 
 
-def test_an_answer_holds_its_place_until_the_server_closes_it(app):
-    """A large answer read slowly holds a thread as a slow request does: its place comes back when the server closes
-    it, read or not (the client gone)."""
+def test_an_answer_made_whole_gives_its_place_back_unread(app):
+    """Held until the server closed it, a page whose answer object nobody closed at once (a test client's, left to
+    the collector) kept its place, and the fifth page of a run of the tests was 429: the view's work is done once
+    its answer is made, and the answer's writing is bounded as every answer's is."""
     alice = authed(app, UPLOADER_TOKEN)
-    unread = [alice.get("/v1/events", buffered=False) for _ in range(BOUND)]
-    assert _refused(alice.get("/v1/events"))
+    unread = [alice.get("/v1/events", buffered=False) for _ in range(BOUND + 1)]
+    assert [answer.status_code for answer in unread] == [200] * (BOUND + 1)
+    assert app.extensions["attache_reads"].sending("alice") == 0
     for answer in unread:
         answer.close()
-    assert app.extensions["attache_reads"].sending("alice") == 0
-    assert alice.get("/v1/events").status_code == 200
 
 
 def test_a_read_that_raises_gives_its_place_back(app, monkeypatch):
