@@ -178,6 +178,10 @@ class Layout:
     #: grid of 3,072 64x64 tiles, every second one tagged with operating point 1, took 3.2 GB of a worker priced
     #: 122 MB, holding a decoder and its threads per tile (an adversarial run).
     av1_decoders: int = 0
+    #: :attr:`coded_bytes` with each frame's rows as dav1d lays them out, padded to
+    #: :data:`DAV1D_ROW_ALIGNMENT` pixels: what each of several decoders holds at once (a 130-pixel-wide tile takes
+    #: 256 columns)
+    padded_coded_bytes: float = 0.0
 
 
 #: An overlay's canvas: libheif draws it in RGB planes at its first input's bit depth, up to 16 bits (a 5400x5400
@@ -218,6 +222,15 @@ def _decoded_items(found: "_Found") -> set[int] | None:
 
 #: ``lsel``'s layer_id that selects no layer (all of them): as absent, the decoder outputs its usual frame.
 ALL_LAYERS = 0xFFFF
+
+
+#: dav1d allocates a picture's rows padded to a multiple of this many pixels (its planes' stride)
+DAV1D_ROW_ALIGNMENT = 128
+
+
+def _dav1d_row(width: int) -> int:
+    """The pixels of a ``width``-wide frame's row as dav1d allocates it."""
+    return -(-width // DAV1D_ROW_ALIGNMENT) * DAV1D_ROW_ALIGNMENT
 
 
 def _av1_decoders(found: "_Found", wanted: set[int] | None) -> int:
@@ -378,11 +391,12 @@ def read_layout(fp: BinaryIO) -> Layout:
             size for size in dict.fromkeys(found.hevc_sizes) if size not in found.sizes)
         coded_pixels = max(sum(w * h for w, h, _ in source) for source in decoded.values())
         coded_bytes = max(sum(w * h * bpp for w, h, bpp in source) for source in decoded.values())
+        padded_coded_bytes = max(sum(_dav1d_row(w) * h * bpp for w, h, bpp in source) for source in decoded.values())
         canvas_pixels = sum(width * height for item, (width, height) in found.canvases.items()
                             if wanted is None or item in wanted)
         return Layout(sizes, truncated, picture, end, coded, coded_pixels, coded_bytes, _item_pixels(found, wanted),
                       canvas_pixels, *_heif_bytes(found, picture, wanted), _profile_bytes(found),
-                      _metadata_bytes(found, end), _av1_decoders(found, wanted))
+                      _metadata_bytes(found, end), _av1_decoders(found, wanted), padded_coded_bytes)
     finally:
         fp.seek(position)
 

@@ -181,6 +181,13 @@ DAV1D_MAX_THREADS = 256
 #: a photo needs, however many CPUs give each its threads): a split grid's 1,024 decoders held 2,050 threads at
 #: once (an adversarial run), threads a worker shares with its other renders. More is a bomb.
 MAX_AV1_DECODER_THREADS = 256
+#: the pictures each tile's own decoder holds until the image is done, when libavif opens one a tile
+#: (``bmff.Layout.av1_decoders`` above 1), at their rows' padded size (``bmff.Layout.padded_coded_bytes``), beside
+#: the grid's canvas rather than instead of it: the decoded frame, its film-grained copy (dav1d applies grain to a
+#: picture of its own) and libavif's view of it. A one-row grid of 22 tiles of 130x8192 at 4:4:4 with film grain,
+#: every second tile tagged with operating point 1, 1,969 bytes, was priced 268 MB and took 537 MB a render (632 MB
+#: of a worker: an adversarial run); measured 1.5-2.9 such pictures a tile, so 4: no encoder writes such a grid
+SPLIT_TILE_PICTURES = 4
 #: Bytes per pixel of the deepest HEIC pictures libheif turns into 8-bit RGB(A) directly: a deep (10- or 12-bit)
 #: 4:2:0 one, or an 8-bit 4:4:4 one. A deeper one (deep 4:2:2 at 4, deep 4:4:4 at 6) goes through RGB(A) of 16
 #: bits a sample first, twice the 8-bit RGB(A), held with the coded picture and the 8-bit copy (measured at 12 MP:
@@ -431,6 +438,8 @@ def _decoder_bytes(img: Image.Image, family: str, fp: BinaryIO) -> tuple[int, in
         # per pixel), a decoder's state for each, and a frame larger than ``ispe`` says is scaled to it, a copy more
         largest = layout.coded[0] * layout.coded[1] if layout.coded else 0
         pictures = max(layout.coded_bytes, pixels * picture)
+        if layout.av1_decoders > 1:  # each tile's pictures held by its own decoder beside the grid's canvas
+            pictures = pixels * picture + layout.padded_coded_bytes * SPLIT_TILE_PICTURES
         decoders = max(layout.coded_pixels, pixels) * AV1_DECODER_BYTES + _av1_instance_bytes(layout.av1_decoders)
         scaled = pixels * picture if largest > pixels else 0
         return pixels * rgb, math.ceil(pictures + decoders + scaled) + layout.file_bytes
