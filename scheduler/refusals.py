@@ -98,6 +98,16 @@ class Refusals:
                 raise
             self.refused(what, exc, counts)
 
+    def told(self, what: str, counts: dict[str, int]) -> Callable[[object, Exception], None]:
+        """A callback for a phase that passes over what the store refuses (:func:`resumable.forget_expired`'s
+        ``refused``): counts the refusal of ``what`` (and the item) when it is the object's alone, re-raises it
+        when the store is down or the error is another's."""
+        def refused(item, exc: Exception) -> None:
+            if not isinstance(exc, StorageError) or not self.object_alone(exc):
+                raise exc
+            self.refused(f"{what} {item}", exc, counts)
+        return refused
+
     def object_alone(self, exc: StorageError) -> bool:
         """Whether ``exc``, raised by a delete, is its object's alone (the round goes on), not the store's."""
         if not isinstance(exc, StorageUnavailable):

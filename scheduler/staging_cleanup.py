@@ -114,8 +114,9 @@ class StagingCleanup:
         return now
 
     def _forget_expired(self, counts, dry_run: bool) -> None:
-        counts["uploads_expired"] = resumable.forget_expired(self.engine, self.storage, batch=self.config.batch,
-                                                             dry_run=dry_run)
+        counts["uploads_expired"] = resumable.forget_expired(
+            self.engine, self.storage, batch=self.config.batch, dry_run=dry_run,
+            refused=self.refusals.told("the parts of expired upload", counts))
 
     def _process_parts(self, batch, counts, dry_run: bool) -> None:
         now = datetime.now(timezone.utc)

@@ -192,6 +192,24 @@ def test_dashboard_shows_failed_jobs_with_their_error_code(app, failed_job):
     assert "unavailable" in page.text, "RabbitMQ is down in this test: DLQ depths say so, the page still renders"
 
 
+def test_a_dashboard_whose_job_counts_time_out_says_so_and_shows_the_rest(app, engine, failed_job):
+    """A re-attack: a lock held on the kept counts (a migration, a VACUUM FULL) past their time limit made every
+    dashboard waiting on the read a 500; the counts' line says so now, as the charts' does."""
+    from app.core import operations
+
+    with engine.connect() as conn, conn.begin():
+        conn.execute(text("LOCK TABLE job_deltas IN ACCESS EXCLUSIVE MODE"))
+        limit = operations.COUNTS_TIME_LIMIT_SECONDS
+        operations.COUNTS_TIME_LIMIT_SECONDS = 0.3
+        try:
+            page = signed_in(app).get("/ops")
+        finally:
+            operations.COUNTS_TIME_LIMIT_SECONDS = limit
+    assert page.status_code == 200, page.status_code
+    assert 'id="counts-error"' in page.text and "took too long to count" in page.text
+    assert f'href="/ops/jobs/{failed_job}"' in page.text, "the rest of the page is there"
+
+
 #: dashboards loaded at once in the test below
 AT_ONCE = 8
 

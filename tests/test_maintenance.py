@@ -1151,3 +1151,37 @@ def test_a_store_that_is_down_ends_the_round_at_its_first_refused_delete(service
             service.run_once()
     assert len(deletes) == 1 and deletes[0].startswith(prefix), deletes
     assert all(exists(storage_dir, key) for key in keys)
+
+
+def test_an_expired_upload_whose_part_the_store_will_not_delete_keeps_no_other_from_being_forgotten(
+        services, engine, storage_dir):
+    """A re-attack: the oldest of four expired uploads had an immutable part (``chattr +i``), and the first refused
+    delete rolled back the whole batch: every round forgot none of them (``not_removed`` 1, all four rows and the
+    other three's parts kept). Now that upload alone is passed over, and forgotten once its part can go."""
+    made = []
+    with engine.begin() as conn:
+        for hours in (4, 3, 2, 1):  # the oldest first in the round
+            upload_id = uuid.uuid4()
+            conn.execute(insert(uploads).values(id=upload_id, owner="t", upload_length=10, upload_offset=5,
+                                                filename="a.jpg",
+                                                expires_at=func.now() - text(f"interval '{hours} hours'")))
+            conn.execute(insert(upload_parts).values(upload_id=upload_id, offset=0, token="t"))
+            made.append((upload_id, resumable.part_key(upload_id, 0, "t")))
+    for _, key in made:
+        services.storage.put_bytes(key, b"12345")
+    (stuck, stuck_part), others = made[0], made[1:]
+    cleanup = StagingCleanup(services.engine, services.storage, StagingCleanupConfig(grace_seconds=HOUR))
+
+    def left() -> set:
+        with engine.connect() as conn:
+            return set(conn.execute(select(uploads.c.id)).scalars())
+
+    with immutable(storage_dir / stuck_part) as lift:
+        counts = cleanup.run_once()
+        assert (counts["uploads_expired"], counts["not_removed"]) == (3, 1), counts
+        assert left() == {stuck} and exists(storage_dir, stuck_part)
+        assert not any(exists(storage_dir, key) for _, key in others)
+        lift()
+        counts = cleanup.run_once()
+    assert (counts["uploads_expired"], counts["not_removed"]) == (1, 0), counts
+    assert left() == set() and not exists(storage_dir, stuck_part)

@@ -434,24 +434,42 @@ def terminate(services, upload_id: uuid.UUID, owner: str, *, untouched_only: boo
     return None
 
 
-def forget_expired(engine: Engine, storage: Storage, *, batch: int = 200, dry_run: bool = False) -> int:
+def forget_expired(engine: Engine, storage: Storage, *, batch: int = 200, dry_run: bool = False,
+                   refused: Callable[[uuid.UUID, AttacheError], None] | None = None) -> int:
     """Forget every expired upload, finished or not, and remove its parts; returns how many.
 
     Rows are locked with ``SKIP LOCKED``: an upload whose PATCH holds its row
     is left for the next round (that PATCH extends its life anyway).
+
+    ``refused(upload_id, error)``: told of an upload whose part the store would not delete; it raises to end the
+    round (the store is down: the batch is rolled back), or returns, and that upload is passed over, its row kept
+    for a later round, while the others are forgotten. Without it the first refusal ended the round: one expired
+    upload whose part was immutable (``chattr +i``; on S3, a DELETE denied by Object Lock or a policy) kept every
+    other expired upload, oldest first, from being forgotten, round after round (a re-attack).
     """
-    forgotten = 0
+    forgotten, passed = 0, []
     while True:
         with transaction(engine) as conn:
-            expired = conn.execute(select(uploads.c.id).where(uploads.c.expires_at <= _now(conn))
-                                   .order_by(uploads.c.expires_at).limit(batch)
+            query = select(uploads.c.id).where(uploads.c.expires_at <= _now(conn))
+            if passed:
+                query = query.where(uploads.c.id.not_in(passed))
+            expired = conn.execute(query.order_by(uploads.c.expires_at).limit(batch)
                                    .with_for_update(skip_locked=True)).scalars().all()
-            if not dry_run:
-                for upload_id in expired:
+            for upload_id in expired:
+                if dry_run:
+                    forgotten += 1
+                    continue
+                try:
                     _remove_parts(storage, upload_id, quietly=False)
-                    conn.execute(delete(uploads).where(uploads.c.id == upload_id))
-                    log.info("forgot expired upload %s", upload_id, extra={"upload_id": str(upload_id)})
-        forgotten += len(expired)
+                except AttacheError as exc:
+                    if refused is None:
+                        raise
+                    refused(upload_id, exc)
+                    passed.append(upload_id)
+                    continue
+                conn.execute(delete(uploads).where(uploads.c.id == upload_id))
+                forgotten += 1
+                log.info("forgot expired upload %s", upload_id, extra={"upload_id": str(upload_id)})
         if dry_run or len(expired) < batch:
             return forgotten
 

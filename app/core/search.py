@@ -104,7 +104,9 @@ def _by_filename(text: str, limit: int):
 def _check_fragment(text: str) -> None:
     """ValueError for a text long enough to be searched as a filename fragment with too few letters or digits in
     it: ``...`` or ``___`` is in nearly every filename or in none, and tells no upload from another."""
-    if len(text) >= MIN_FRAGMENT and sum(ch.isalnum() for ch in text) < MIN_FRAGMENT:
+    # letters of any script and decimal digits: pg_trgm makes no trigram of "²³¹" or "½½½", which str.isalnum()
+    # counts (numbers, not digits), and such a part was a read of every row again (a re-attack)
+    if len(text) >= MIN_FRAGMENT and sum(ch.isalpha() or ch.isdecimal() for ch in text) < MIN_FRAGMENT:
         raise ValueError(f"a part of a filename needs at least {MIN_FRAGMENT} letters or digits: type more of it "
                          "(or an id, a sha256 or an uploader)")
 
