@@ -288,6 +288,30 @@ def test_a_dead_letter_with_a_nul_in_its_id_or_body_is_recorded(engine):
     assert row.body == {"job_id": "x", "note": "a\\x00b", "\\x00key": ["\\ud800"]}
 
 
+def test_a_dead_letter_declares_its_xq_again_before_the_worker_rejects_it(services, broker_url, engine):
+    """An adversarial run: with ``attache.inspect.XQ`` deleted under running workers, RabbitMQ dropped every
+    message the worker rejected to it (declared only with its queue, at a process's start), while its row was
+    written and the dead-letter list said 0."""
+    from app.adapters.broker.dead_letter_recorder import DeadLetterRecorder
+
+    message = Message(queue_name="attache.inspect", actor_name="inspect", args=({"job_id": "x"},), kwargs={},
+                      options={})
+    services.broker.enqueue(message)  # the queue and its XQ declared, as a running process has them
+    connection = pika.BlockingConnection(pika.URLParameters(broker_url))
+    try:
+        connection.channel().queue_delete(XQ)
+    finally:
+        connection.close()
+
+    class Died:
+        message_id, queue_name, actor_name, failed = message.message_id, "attache.inspect", "inspect", True
+        args, options = message.args, {}
+
+    DeadLetterRecorder(engine).after_process_message(services.broker, Died(), exception=ValueError("poison"))
+    reject(services, broker_url, [message.message_id])  # as the worker does next
+    assert depth(broker_url, XQ) == 1
+
+
 def test_purge_of_some_ids_hands_the_others_back_in_place_and_unchanged(dlq, dead, broker_url):
     before = dlq.messages(XQ)
     assert dlq.purge(XQ, actor="ops:carol", message_ids=[dead[1], "nope"]) == {

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 
+from dramatiq.brokers.rabbitmq import q_name
 from dramatiq.middleware import Middleware
 from sqlalchemy import insert
 
@@ -63,6 +64,7 @@ class DeadLetterRecorder(Middleware):
             reason=sanitized_reason(exception), retries=message.options.get("retries", 0),
             body=_storable(body) if isinstance(body, (dict, list, str, int, float)) else None,
         )
+        _keep_its_xq(broker, message.queue_name)
         try:
             with transaction(self.engine) as conn:
                 conn.execute(insert(dead_letters).values(**record))
@@ -72,3 +74,18 @@ class DeadLetterRecorder(Middleware):
             return
         log.warning("message dead-lettered: %s", record["reason"],
                     extra={"message_id": record["message_id"], "error_code": record["error_code"]})
+
+
+def _keep_its_xq(broker, queue_name: str) -> None:
+    """Declare the dead-letter queue the message is about to be rejected to, on RabbitMQ, where the worker rejects
+    it next (``queue_declare`` of a queue that exists changes nothing). Declared only with its queue, at a
+    process's start, an ``<queue>.XQ`` deleted under running workers (by an operator, or lost with a node) was
+    gone until they restarted: RabbitMQ dropped every message rejected to it, while its ``dead_letters`` row was
+    written and the dead-letter list said the queue held 0 (an adversarial run). One round trip a dead letter."""
+    declare = getattr(broker, "_declare_xq_queue", None)  # RabbitMQ's; the PostgreSQL broker keeps its own rows
+    if declare is None:
+        return
+    try:
+        declare(q_name(queue_name))
+    except Exception as exc:  # RabbitMQ unreachable: the reject fails too, and the message comes back
+        log.warning("could not declare the dead-letter queue of %s: %s", queue_name, exc)
