@@ -11,23 +11,14 @@ Two folds at once take disjoint deltas (``SKIP LOCKED``) and add them to the one
 
 from __future__ import annotations
 
-from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-_FOLD = text("""
-    WITH moved AS (
-        DELETE FROM room_deltas WHERE id IN (
-            SELECT id FROM room_deltas ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
-        RETURNING bytes
-    ), added AS (
-        UPDATE room_total SET bytes = bytes + (SELECT coalesce(sum(bytes), 0) FROM moved) WHERE id = 1
-    )
-    SELECT count(*) FROM moved
-""")
+from app.adapters.postgres.row_counts import one_row_fold, one_row_sum
+
+_FOLD = one_row_fold("room_deltas", "bytes", "room_total", "bytes")
 
 #: the need of the jobs the triggers count: the folded total and the deltas not yet folded (an SQL expression)
-COUNTED = ("((SELECT coalesce(sum(bytes), 0) FROM room_total) "
-           "+ (SELECT coalesce(sum(bytes), 0) FROM room_deltas))")
+COUNTED = one_row_sum("room_deltas", "bytes", "room_total", "bytes")
 
 
 def fold(conn: Connection, *, batch: int) -> int:

@@ -22,16 +22,29 @@ from __future__ import annotations
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
-_FOLD_UPLOADS = text("""
-    WITH moved AS (
-        DELETE FROM upload_deltas WHERE id IN (
-            SELECT id FROM upload_deltas ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
-        RETURNING rows
-    ), added AS (
-        UPDATE upload_total SET total = total + (SELECT coalesce(sum(rows), 0) FROM moved) WHERE id = 1
-    )
-    SELECT count(*) FROM moved
-""")
+
+def one_row_fold(deltas: str, delta: str, totals: str, total: str):
+    """The statement that moves up to ``:batch`` rows of ``deltas`` (their ``delta`` column) into the one row of
+    ``totals`` (its ``total``, ``id = 1``), returning how many it moved: the uploads' fold here, the room's in
+    ``room_held.py``."""
+    return text(f"""
+        WITH moved AS (
+            DELETE FROM {deltas} WHERE id IN (
+                SELECT id FROM {deltas} ORDER BY id LIMIT :batch FOR UPDATE SKIP LOCKED)
+            RETURNING {delta}
+        ), added AS (
+            UPDATE {totals} SET {total} = {total} + (SELECT coalesce(sum({delta}), 0) FROM moved) WHERE id = 1
+        )
+        SELECT count(*) FROM moved
+    """)
+
+
+def one_row_sum(deltas: str, delta: str, totals: str, total: str) -> str:
+    """An SQL expression: the one-row total and the deltas not yet folded into it, added up."""
+    return f"((SELECT coalesce(sum({total}), 0) FROM {totals}) + (SELECT coalesce(sum({delta}), 0) FROM {deltas}))"
+
+
+_FOLD_UPLOADS = one_row_fold("upload_deltas", "rows", "upload_total", "total")
 
 _FOLD_JOBS = text("""
     WITH moved AS (
@@ -46,8 +59,7 @@ _FOLD_JOBS = text("""
     SELECT count(*) FROM moved
 """)
 
-_UPLOADS = text("SELECT (SELECT coalesce(sum(total), 0) FROM upload_total) "
-                "+ (SELECT coalesce(sum(rows), 0) FROM upload_deltas)")
+_UPLOADS = text("SELECT " + one_row_sum("upload_deltas", "rows", "upload_total", "total"))
 
 #: the jobs per state and version; a pair whose jobs all moved on adds up to 0 and is left out
 _JOBS = text("""
