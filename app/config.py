@@ -171,7 +171,7 @@ class Settings:
         "too_many_downloads_at_once, so one client's downloads read slowly cannot hold every thread of a process "
         "(redirects to presigned URLs hold none); 0: no limit")
     max_reads_per_client: int = setting(
-        "ATTACHE_MAX_READS_PER_CLIENT", 4, _int(0),
+        "ATTACHE_MAX_READS_PER_CLIENT", 16, _int(0),
         "reads (GET and HEAD of the API and the /ops console, downloads and uploads aside: they have their own "
         "bounds) one web process answers one client (a token's or a browser session's principal, operators too) at "
         "once; one more is refused at once with 429 too_many_reads_at_once and Retry-After, so one client's reads "
