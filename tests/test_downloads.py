@@ -80,7 +80,11 @@ def test_ranges_on_originals(ready):
     assert tail.status_code == 206 and tail.data == data[-50:]
     open_ended = client.get(path, headers={"Range": f"bytes={len(data) - 10}-"})
     assert open_ended.data == data[-10:]
-    assert client.get(path, headers={"Range": f"bytes={len(data)}-"}).status_code == 416
+    unsatisfiable = client.get(path, headers={"Range": f"bytes={len(data)}-"})
+    assert unsatisfiable.status_code == 416 and unsatisfiable.data == b""
+    assert "Content-Type" not in unsatisfiable.headers, "no body, nothing to type (it came as text/html)"
+    not_modified = client.get(path, headers={"If-None-Match": part.headers["ETag"]})
+    assert not_modified.status_code == 304 and "Content-Type" not in not_modified.headers
     stale = client.get(path, headers={"Range": "bytes=0-9", "If-Range": '"other"'})
     assert stale.status_code == 200 and stale.data == data, "If-Range mismatch: the whole, current body"
 

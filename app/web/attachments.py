@@ -408,7 +408,7 @@ def download_variant(attachment_id: uuid.UUID, name: str):
         "Accept-Ranges": "bytes",
     }
     if request.if_none_match.star_tag or request.if_none_match.contains_weak(row.sha256):
-        return Response(status=304, headers=headers)
+        return _no_body(304, headers)
     try:
         place = bodies_in_flight.AnswerPlace(identity().principal)  # before storage is asked anything
     except TooManyDownloadsAtOnce as exc:
@@ -438,7 +438,7 @@ def _stored(attachment_id: uuid.UUID, row, headers: dict, etag: str, place) -> t
                                              "X-Content-Type-Options": "nosniff"}), False
     byte_range = _requested_range(row.size, etag)
     if byte_range == "unsatisfiable":
-        return Response(status=416, headers={**headers, "Content-Range": f"bytes */{row.size}"}), False
+        return _no_body(416, {**headers, "Content-Range": f"bytes */{row.size}"}), False
     start, length = byte_range or (0, row.size)
     try:
         stream = storage.open_stream(row.storage_key, start=start, length=length)
@@ -462,6 +462,14 @@ def _stored(attachment_id: uuid.UUID, row, headers: dict, etag: str, place) -> t
         status = 206
         headers["Content-Range"] = f"bytes {start}-{start + length - 1}/{row.size}"
     return Response(chunks, status=status, mimetype=row.content_type, headers=headers), True
+
+
+def _no_body(status: int, headers: dict) -> Response:
+    """An answer without a body (``304``, ``416``), with no ``Content-Type`` to describe one: werkzeug gives every
+    answer its default, and an empty ``416`` came as ``text/html`` (an adversarial run)."""
+    response = Response(status=status, headers=headers)
+    del response.headers["Content-Type"]
+    return response
 
 
 _RANGE_SPEC = re.compile(r"(\d*)-(\d*)")
