@@ -47,6 +47,9 @@ depends_on = None
 #: a job moved between ``(state, pipeline_version)`` pairs (a row trigger's ``WHEN``): what a change of its
 #: state or version does, and a fence, a heartbeat or a hand-off does not
 MOVED = "(OLD.state IS DISTINCT FROM NEW.state OR OLD.pipeline_version IS DISTINCT FROM NEW.pipeline_version)"
+#: the statement triggers on ``jobs``: (name, transition table, sign of its count, event, NEW or OLD)
+JOBS_COUNTED = (("jobs_counted_inserted", "added", "", "INSERT", "NEW"),
+                ("jobs_counted_deleted", "removed", "-", "DELETE", "OLD"))
 
 
 def upgrade() -> None:
@@ -86,20 +89,16 @@ def upgrade() -> None:
         END $$""")
     op.execute("CREATE TRIGGER attachments_counted AFTER INSERT ON attachments REFERENCING NEW TABLE AS added "
                "FOR EACH STATEMENT EXECUTE FUNCTION attachments_counted()")
-    op.execute("""
-        CREATE FUNCTION jobs_counted_inserted() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            INSERT INTO job_deltas (state, pipeline_version, rows)
-            SELECT state, pipeline_version, count(*) FROM added GROUP BY 1, 2;
-            RETURN NULL;
-        END $$""")
-    op.execute("""
-        CREATE FUNCTION jobs_counted_deleted() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            INSERT INTO job_deltas (state, pipeline_version, rows)
-            SELECT state, pipeline_version, -count(*) FROM removed GROUP BY 1, 2;
-            RETURN NULL;
-        END $$""")
+    for name, rows, sign, event, table in JOBS_COUNTED:  # each insert's jobs (+), each delete's (-)
+        op.execute(f"""
+            CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO job_deltas (state, pipeline_version, rows)
+                SELECT state, pipeline_version, {sign}count(*) FROM {rows} GROUP BY 1, 2;
+                RETURN NULL;
+            END $$""")
+        op.execute(f"CREATE TRIGGER {name} AFTER {event} ON jobs REFERENCING {table} TABLE AS {rows} "
+                   f"FOR EACH STATEMENT EXECUTE FUNCTION {name}()")
     op.execute("""
         CREATE FUNCTION jobs_counted_moved() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -107,10 +106,6 @@ def upgrade() -> None:
             VALUES (OLD.state, OLD.pipeline_version, -1), (NEW.state, NEW.pipeline_version, 1);
             RETURN NULL;
         END $$""")
-    op.execute("CREATE TRIGGER jobs_counted_inserted AFTER INSERT ON jobs REFERENCING NEW TABLE AS added "
-               "FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_inserted()")
-    op.execute("CREATE TRIGGER jobs_counted_deleted AFTER DELETE ON jobs REFERENCING OLD TABLE AS removed "
-               "FOR EACH STATEMENT EXECUTE FUNCTION jobs_counted_deleted()")
     op.execute(f"CREATE TRIGGER jobs_counted_moved AFTER UPDATE OF state, pipeline_version ON jobs FOR EACH ROW "
                f"WHEN {MOVED} EXECUTE FUNCTION jobs_counted_moved()")
     op.execute("INSERT INTO upload_total (id, total) SELECT 1, count(*) FROM attachments")
@@ -119,10 +114,11 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    on_jobs = (*(name for name, *_ in JOBS_COUNTED), "jobs_counted_moved")
     op.execute("DROP TRIGGER IF EXISTS attachments_counted ON attachments")
-    for name in ("jobs_counted_inserted", "jobs_counted_deleted", "jobs_counted_moved"):
+    for name in on_jobs:
         op.execute(f"DROP TRIGGER IF EXISTS {name} ON jobs")
-    for name in ("attachments_counted", "jobs_counted_inserted", "jobs_counted_deleted", "jobs_counted_moved"):
+    for name in ("attachments_counted", *on_jobs):
         op.execute(f"DROP FUNCTION IF EXISTS {name}()")
     op.drop_table("job_deltas")
     op.drop_table("job_counts")
